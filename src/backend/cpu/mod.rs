@@ -1,0 +1,237 @@
+//! The CPU reference backend: plain f32 loops (GEMMs through the `gemm` crate, rayon over
+//! both cores for large work). It is the oracle every GPU result is checked against.
+
+mod attention;
+pub mod ops;
+
+use attention::AttnGeom;
+
+use super::{Backend, BackendError, BatchPlan, KvShape};
+use crate::model::{HostTensor, ModelSpec, RopeLayout};
+use crate::sampling::{CpuSampler, SampleRow, Sampled};
+
+/// A `[rows, cols]` activation buffer.
+#[derive(Debug, Clone)]
+pub struct CpuTensor {
+    pub data: Vec<f32>,
+    pub cols: usize,
+}
+
+/// The paged KV pool: per layer, `[num_blocks * block_size, n_kv_heads * head_dim]` for K and V.
+#[derive(Debug)]
+pub struct CpuKv {
+    pub shape: KvShape,
+    pub k: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
+}
+
+/// A validated step plus the row-to-sequence map.
+#[derive(Debug)]
+pub struct CpuBatch {
+    pub plan: BatchPlan,
+    pub row_seq: Vec<u32>,
+    pub logits_rows: Vec<u32>,
+}
+
+/// The CPU backend. Holds only scratch; no global state.
+#[derive(Debug, Default)]
+pub struct CpuBackend {
+    kv_shape: Option<KvShape>,
+    sampler: CpuSampler,
+    inv_freqs: Vec<f32>,
+    cos_sin: Vec<(f32, f32)>,
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+fn check_cols(what: &'static str, got: usize, want: usize) -> Result<(), BackendError> {
+    if got != want {
+        return Err(BackendError::InvalidBatch(format!("{what}: {got} columns, expected {want}")));
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = HostTensor;
+    type Kv = CpuKv;
+    type Batch = CpuBatch;
+
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn upload_weight(&mut self, w: HostTensor) -> Result<HostTensor, BackendError> {
+        Ok(w)
+    }
+
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<CpuTensor, BackendError> {
+        Ok(CpuTensor { data: vec![0.0; rows * cols], cols })
+    }
+
+    fn alloc_kv(&mut self, shape: &KvShape) -> Result<CpuKv, BackendError> {
+        let per_layer = shape.num_slots() * shape.slot_width();
+        let layer = || vec![0.0f32; per_layer];
+        self.kv_shape = Some(*shape);
+        Ok(CpuKv {
+            shape: *shape,
+            k: (0..shape.num_layers).map(|_| layer()).collect(),
+            v: (0..shape.num_layers).map(|_| layer()).collect(),
+        })
+    }
+
+    fn prepare(&mut self, plan: &BatchPlan) -> Result<CpuBatch, BackendError> {
+        let shape = self.kv_shape.ok_or_else(|| BackendError::InvalidBatch("no KV cache allocated".into()))?;
+        plan.validate(&shape)?;
+        let mut row_seq = Vec::with_capacity(plan.num_tokens());
+        for (i, s) in plan.seqs.iter().enumerate() {
+            row_seq.extend(std::iter::repeat_n(i as u32, s.q_len as usize));
+        }
+        Ok(CpuBatch { plan: plan.clone(), row_seq, logits_rows: plan.logits_rows() })
+    }
+
+    fn embed(&mut self, table: &HostTensor, b: &CpuBatch, out: &mut CpuTensor) -> Result<(), BackendError> {
+        let h = table.cols();
+        check_cols("embed", out.cols, h)?;
+        for (t, &id) in b.plan.token_ids.iter().enumerate() {
+            let id = id as usize;
+            if id >= table.rows() {
+                return Err(BackendError::InvalidBatch(format!("token id {id} >= vocab {}", table.rows())));
+            }
+            out.data[t * h..(t + 1) * h].copy_from_slice(&table.data[id * h..(id + 1) * h]);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&mut self, x: &CpuTensor, w: &HostTensor, eps: f32, n: usize, out: &mut CpuTensor) -> Result<(), BackendError> {
+        let h = x.cols;
+        for (xr, or) in x.data[..n * h].chunks_exact(h).zip(out.data.chunks_exact_mut(h)) {
+            ops::rms_norm_row(xr, &w.data, eps, or);
+        }
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &mut self,
+        x: &CpuTensor,
+        residual: &mut CpuTensor,
+        w: &HostTensor,
+        eps: f32,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        let h = x.cols;
+        let rows = x.data[..n * h].chunks_exact(h).zip(residual.data.chunks_exact_mut(h));
+        for ((xr, rr), or) in rows.zip(out.data.chunks_exact_mut(h)) {
+            rr.iter_mut().zip(xr).for_each(|(r, v)| *r += v);
+            ops::rms_norm_row(rr, &w.data, eps, or);
+        }
+        Ok(())
+    }
+
+    fn matmul(
+        &mut self,
+        x: &CpuTensor,
+        w: &HostTensor,
+        bias: Option<&HostTensor>,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        let (m, k) = (w.rows(), w.cols());
+        check_cols("matmul input", x.cols, k)?;
+        check_cols("matmul output", out.cols, m)?;
+        ops::matmul(&x.data, &w.data, bias.map(|b| &b.data[..]), n, k, m, &mut out.data);
+        Ok(())
+    }
+
+    fn rope(&mut self, qkv: &mut CpuTensor, b: &CpuBatch, spec: &ModelSpec) -> Result<(), BackendError> {
+        check_cols("rope", qkv.cols, spec.qkv_dim())?;
+        if self.inv_freqs.len() != spec.rope.dim / 2 {
+            self.inv_freqs = spec.rope.inv_freqs();
+        }
+        let hd = spec.head_dim;
+        let heads = spec.n_heads + spec.n_kv_heads;
+        let interleaved = spec.rope.layout == RopeLayout::Interleaved;
+        for (t, &pos) in b.plan.positions.iter().enumerate() {
+            self.cos_sin.clear();
+            self.cos_sin.extend(self.inv_freqs.iter().map(|&f| {
+                let (s, c) = (pos as f64 * f as f64).sin_cos();
+                (c as f32, s as f32)
+            }));
+            let row = &mut qkv.data[t * qkv.cols..t * qkv.cols + heads * hd];
+            for head in row.chunks_exact_mut(hd) {
+                ops::rope_head(&mut head[..spec.rope.dim], &self.cos_sin, interleaved);
+            }
+        }
+        Ok(())
+    }
+
+    fn write_kv(&mut self, kv: &mut CpuKv, layer: usize, qkv: &CpuTensor, b: &CpuBatch, spec: &ModelSpec) -> Result<(), BackendError> {
+        let (q, w) = (spec.q_dim(), spec.kv_dim());
+        check_cols("write_kv", w, kv.shape.slot_width())?;
+        for (t, &slot) in b.plan.slot_mapping.iter().enumerate() {
+            let row = &qkv.data[t * qkv.cols..(t + 1) * qkv.cols];
+            let s = slot as usize * w;
+            kv.k[layer][s..s + w].copy_from_slice(&row[q..q + w]);
+            kv.v[layer][s..s + w].copy_from_slice(&row[q + w..q + 2 * w]);
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        qkv: &CpuTensor,
+        kv: &CpuKv,
+        layer: usize,
+        b: &CpuBatch,
+        spec: &ModelSpec,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        check_cols("attention output", out.cols, spec.q_dim())?;
+        let g = AttnGeom {
+            n_heads: spec.n_heads,
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+            qkv_stride: qkv.cols,
+            kv: kv.shape,
+        };
+        attention::attention(&g, &b.plan, &b.row_seq, &qkv.data, &kv.k[layer], &kv.v[layer], &mut out.data);
+        Ok(())
+    }
+
+    fn silu_mul(&mut self, gate_up: &CpuTensor, n: usize, out: &mut CpuTensor) -> Result<(), BackendError> {
+        let f = out.cols;
+        check_cols("silu_mul", gate_up.cols, 2 * f)?;
+        for (gu, o) in gate_up.data[..n * 2 * f].chunks_exact(2 * f).zip(out.data.chunks_exact_mut(f)) {
+            ops::silu_mul_row(&gu[..f], &gu[f..], o);
+        }
+        Ok(())
+    }
+
+    fn gather_rows(&mut self, x: &CpuTensor, b: &CpuBatch, out: &mut CpuTensor) -> Result<(), BackendError> {
+        let c = x.cols;
+        check_cols("gather_rows", out.cols, c)?;
+        for (i, &r) in b.logits_rows.iter().enumerate() {
+            let r = r as usize;
+            out.data[i * c..(i + 1) * c].copy_from_slice(&x.data[r * c..(r + 1) * c]);
+        }
+        Ok(())
+    }
+
+    fn sample(&mut self, logits: &CpuTensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>, BackendError> {
+        let v = logits.cols;
+        Ok(rows
+            .iter()
+            .enumerate()
+            .map(|(i, row)| self.sampler.sample(&logits.data[i * v..(i + 1) * v], row))
+            .collect())
+    }
+
+    fn to_host(&mut self, x: &CpuTensor, n: usize) -> Result<Vec<f32>, BackendError> {
+        Ok(x.data[..n * x.cols].to_vec())
+    }
+}

@@ -1,0 +1,100 @@
+//! Plain-loop CPU kernels: norms, activations and matmuls, in forward order.
+
+use rayon::prelude::*;
+
+/// Work (multiply-adds) below which a matmul stays on the calling thread: on tiny models
+/// the cost of waking the pool is larger than the work.
+const PAR_MIN_WORK: usize = 1 << 17;
+
+/// Dot product with eight independent accumulators (vectorizes well).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = 0.0;
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s + acc.iter().sum::<f32>()
+}
+
+/// `out[j] = dot(x, w[j]) (+ bias[j])` for one row `x` of length `k`; `w` is `[m, k]`.
+fn matvec(x: &[f32], w: &[f32], bias: Option<&[f32]>, k: usize, out: &mut [f32]) {
+    let body = |(j, o): (usize, &mut f32)| {
+        *o = dot(x, &w[j * k..(j + 1) * k]) + bias.map_or(0.0, |b| b[j]);
+    };
+    if out.len() * k >= PAR_MIN_WORK {
+        out.par_iter_mut().enumerate().with_min_len(64).for_each(body);
+    } else {
+        out.iter_mut().enumerate().for_each(body);
+    }
+}
+
+/// `out[n, m] = x[n, k] @ w[m, k]^T (+ bias)`.
+pub fn matmul(x: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, k: usize, m: usize, out: &mut [f32]) {
+    let (x, out) = (&x[..n * k], &mut out[..n * m]);
+    assert_eq!(w.len(), m * k, "weight is not [{m}, {k}]");
+    if n == 1 {
+        return matvec(x, w, bias, k, out);
+    }
+    let par = if n * m * k >= PAR_MIN_WORK { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+    // SAFETY: the slices above cover exactly the strided ranges gemm reads and writes:
+    // dst is [n, m] row-major (rs = m, cs = 1), lhs is [n, k] row-major, and rhs is w^T,
+    // a [k, m] view of the row-major [m, k] weight (rs = 1, cs = k). `read_dst = false`
+    // means dst's prior contents are never read.
+    unsafe {
+        gemm::gemm(
+            n, m, k,
+            out.as_mut_ptr(), 1, m as isize,
+            false,
+            x.as_ptr(), 1, k as isize,
+            w.as_ptr(), k as isize, 1,
+            0.0, 1.0,
+            false, false, false,
+            par,
+        );
+    }
+    if let Some(b) = bias {
+        for row in out.chunks_exact_mut(m) {
+            row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
+        }
+    }
+}
+
+/// `out = x / sqrt(mean(x^2) + eps) * w` for one row.
+#[inline]
+pub fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (ss + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * inv * g;
+    }
+}
+
+/// `silu(g) * u`.
+#[inline]
+pub fn silu_mul_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
+/// Rotates one head in place by angles `pos * inv_freq[i]`.
+/// Interleaved: pairs `(2i, 2i+1)`; half: pairs `(i, i + dim/2)`.
+#[inline]
+pub fn rope_head(x: &mut [f32], cos_sin: &[(f32, f32)], interleaved: bool) {
+    let half = cos_sin.len();
+    for (i, &(c, s)) in cos_sin.iter().enumerate() {
+        let (a, b) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}

@@ -1,0 +1,105 @@
+//! Compute backends behind one op contract; the llama forward is written once against it.
+
+pub mod cpu;
+pub mod batch;
+
+pub use batch::{BatchPlan, KvShape, SeqSlice};
+
+use crate::model::{HostTensor, ModelSpec};
+use crate::sampling::{SampleRow, Sampled};
+
+/// Errors from a backend. A device error fails the lane's in-flight requests, not the process.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend '{backend}' does not support op '{op}' for {dtype}")]
+    Unsupported { backend: &'static str, op: &'static str, dtype: String },
+    #[error("backend '{0}' is not compiled into this build (enable the `{0}` feature)")]
+    NotCompiled(&'static str),
+    #[error("out of memory allocating {bytes} bytes for {what}")]
+    OutOfMemory { what: &'static str, bytes: usize },
+    #[error("device error in {op}: {message}")]
+    Device { op: &'static str, message: String },
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+}
+
+/// The op contract. Activations are `[rows, cols]` tensors allocated once with a row
+/// capacity; every op takes `n`, the number of rows in use. Matrices are `[out, in]`.
+pub trait Backend {
+    /// Activation buffer.
+    type Tensor;
+    /// Uploaded weight.
+    type Weight;
+    /// The paged KV pool of all layers.
+    type Kv;
+    /// Batch metadata prepared for the device.
+    type Batch;
+
+    /// Short name for logs and metrics (`cpu`, `cuda:0`).
+    fn name(&self) -> String;
+    /// Moves a host tensor to the backend.
+    fn upload_weight(&mut self, w: HostTensor) -> Result<Self::Weight, BackendError>;
+    /// An activation buffer with capacity for `rows` rows of `cols` values.
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<Self::Tensor, BackendError>;
+    /// The KV pool.
+    fn alloc_kv(&mut self, shape: &KvShape) -> Result<Self::Kv, BackendError>;
+    /// Uploads the step's metadata (the only host-to-device traffic of a step).
+    fn prepare(&mut self, plan: &BatchPlan) -> Result<Self::Batch, BackendError>;
+
+    /// `out[t] = table[token_ids[t]]`.
+    fn embed(&mut self, table: &Self::Weight, b: &Self::Batch, out: &mut Self::Tensor) -> Result<(), BackendError>;
+    /// `out = rmsnorm(x) * w`.
+    fn rms_norm(&mut self, x: &Self::Tensor, w: &Self::Weight, eps: f32, n: usize, out: &mut Self::Tensor)
+    -> Result<(), BackendError>;
+    /// Fused residual add: `residual += x; out = rmsnorm(residual) * w`.
+    fn add_rms_norm(
+        &mut self,
+        x: &Self::Tensor,
+        residual: &mut Self::Tensor,
+        w: &Self::Weight,
+        eps: f32,
+        n: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+    /// `out[n, out] = x[n, in] @ w[out, in]^T (+ bias)`.
+    fn matmul(
+        &mut self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        n: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+    /// Rotates the q and k parts of a fused `qkv` tensor in place at each token's position.
+    fn rope(&mut self, qkv: &mut Self::Tensor, b: &Self::Batch, spec: &ModelSpec) -> Result<(), BackendError>;
+    /// Writes the k and v parts of `qkv` into `layer`'s cache at each token's slot.
+    fn write_kv(
+        &mut self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        qkv: &Self::Tensor,
+        b: &Self::Batch,
+        spec: &ModelSpec,
+    ) -> Result<(), BackendError>;
+    /// Causal attention of every token's query (q part of `qkv`) over its sequence's paged
+    /// context, prefill chunks and decode tokens in one call. `out` is `[n, q_dim]`.
+    fn attention(
+        &mut self,
+        qkv: &Self::Tensor,
+        kv: &Self::Kv,
+        layer: usize,
+        b: &Self::Batch,
+        spec: &ModelSpec,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
+    /// `out[n, f] = silu(gu[:, :f]) * gu[:, f:]` for a fused gate/up tensor of width `2f`.
+    fn silu_mul(&mut self, gate_up: &Self::Tensor, n: usize, out: &mut Self::Tensor) -> Result<(), BackendError>;
+    /// Copies the rows that need logits (`b`'s logits rows) to the front of `out`.
+    fn gather_rows(&mut self, x: &Self::Tensor, b: &Self::Batch, out: &mut Self::Tensor) -> Result<(), BackendError>;
+    /// Samples one token per logits row.
+    fn sample(&mut self, logits: &Self::Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>, BackendError>;
+    /// Downloads `n` rows of a tensor (tests and debugging).
+    fn to_host(&mut self, x: &Self::Tensor, n: usize) -> Result<Vec<f32>, BackendError>;
+}

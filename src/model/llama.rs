@@ -1,0 +1,108 @@
+//! The llama forward pass, written once against the backend op contract.
+
+use super::{ModelFiles, ModelSpec, ModelWeights};
+use crate::backend::{Backend, BackendError, BatchPlan};
+
+/// Activation buffers, allocated once for the largest step.
+struct Scratch<T> {
+    /// `[T, hidden]` residual stream.
+    x: T,
+    /// `[T, hidden]` normalized input of the next block.
+    h: T,
+    /// `[T, q_dim + 2 * kv_dim]`
+    qkv: T,
+    /// `[T, q_dim]`
+    attn: T,
+    /// `[T, hidden]` output of attention or FFN, added into `x` by the next norm.
+    delta: T,
+    /// `[T, 2 * intermediate]`
+    gate_up: T,
+    /// `[T, intermediate]`
+    act: T,
+    /// `[S, hidden]` rows that produce logits.
+    last: T,
+    /// `[S, vocab]`
+    logits: T,
+}
+
+/// A Llama-family model resident on a backend.
+pub struct Llama<B: Backend> {
+    pub spec: ModelSpec,
+    pub weights: ModelWeights<B::Weight>,
+    scratch: Scratch<B::Tensor>,
+    max_tokens: usize,
+    max_seqs: usize,
+}
+
+impl<B: Backend> Llama<B> {
+    /// Uploads the weights of `files` and allocates scratch for steps of up to
+    /// `max_tokens` tokens and `max_seqs` sequences.
+    pub fn load(backend: &mut B, files: &ModelFiles, max_tokens: usize, max_seqs: usize) -> Result<Self, BackendError> {
+        let weights = files.load_weights(|t| backend.upload_weight(t))?;
+        let s = &files.spec;
+        let (t, sq) = (max_tokens, max_seqs);
+        let scratch = Scratch {
+            x: backend.alloc(t, s.hidden)?,
+            h: backend.alloc(t, s.hidden)?,
+            qkv: backend.alloc(t, s.qkv_dim())?,
+            attn: backend.alloc(t, s.q_dim())?,
+            delta: backend.alloc(t, s.hidden)?,
+            gate_up: backend.alloc(t, 2 * s.intermediate)?,
+            act: backend.alloc(t, s.intermediate)?,
+            last: backend.alloc(sq, s.hidden)?,
+            logits: backend.alloc(sq, s.vocab_size)?,
+        };
+        Ok(Self { spec: s.clone(), weights, scratch, max_tokens, max_seqs })
+    }
+
+    /// Largest step this model's scratch holds: (tokens, sequences).
+    pub fn capacity(&self) -> (usize, usize) {
+        (self.max_tokens, self.max_seqs)
+    }
+
+    /// The logits buffer written by the last [`Llama::forward`].
+    pub fn logits(&self) -> &B::Tensor {
+        &self.scratch.logits
+    }
+
+    /// Runs one step. Returns the logits `[L, vocab]` of the plan's logits rows
+    /// (`plan.logits_rows()`, in order), valid until the next call.
+    pub fn forward(&mut self, backend: &mut B, kv: &mut B::Kv, plan: &BatchPlan) -> Result<&B::Tensor, BackendError> {
+        let n = plan.num_tokens();
+        let n_logits = plan.seqs.iter().filter(|s| s.wants_logits).count();
+        if n == 0 || n > self.max_tokens || plan.seqs.len() > self.max_seqs {
+            return Err(BackendError::InvalidBatch(format!(
+                "step of {n} tokens / {} sequences outside capacity {} / {}",
+                plan.seqs.len(),
+                self.max_tokens,
+                self.max_seqs
+            )));
+        }
+        let b = backend.prepare(plan)?;
+        let (spec, w, s) = (&self.spec, &self.weights, &mut self.scratch);
+        let eps = spec.rms_eps;
+        backend.embed(&w.embed, &b, &mut s.x)?;
+        for (l, lw) in w.layers.iter().enumerate() {
+            if l == 0 {
+                backend.rms_norm(&s.x, &lw.attn_norm, eps, n, &mut s.h)?;
+            } else {
+                backend.add_rms_norm(&s.delta, &mut s.x, &lw.attn_norm, eps, n, &mut s.h)?;
+            }
+            backend.matmul(&s.h, &lw.wqkv, lw.bqkv.as_ref(), n, &mut s.qkv)?;
+            backend.rope(&mut s.qkv, &b, spec)?;
+            backend.write_kv(kv, l, &s.qkv, &b, spec)?;
+            backend.attention(&s.qkv, kv, l, &b, spec, &mut s.attn)?;
+            backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
+            backend.add_rms_norm(&s.delta, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
+            backend.matmul(&s.h, &lw.w_gate_up, None, n, &mut s.gate_up)?;
+            backend.silu_mul(&s.gate_up, n, &mut s.act)?;
+            backend.matmul(&s.act, &lw.w_down, None, n, &mut s.delta)?;
+        }
+        if n_logits > 0 {
+            backend.add_rms_norm(&s.delta, &mut s.x, &w.norm, eps, n, &mut s.h)?;
+            backend.gather_rows(&s.h, &b, &mut s.last)?;
+            backend.matmul(&s.last, w.output(), None, n_logits, &mut s.logits)?;
+        }
+        Ok(&s.logits)
+    }
+}

@@ -1,0 +1,158 @@
+//! Where weights come from: GGUF files, Hugging Face safetensors directories, or random dummies.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use rand::{RngExt, SeedableRng};
+use safetensors::{Dtype, SafeTensors};
+
+use super::ModelError;
+use super::gguf::GgufFile;
+
+/// A source of named tensors. Names are GGUF-style (`blk.0.attn_q.weight`); shapes are
+/// row-major `[rows, cols]` (GGUF `[ne0, ne1]` reversed) or `[len]`.
+pub trait TensorSource: Send {
+    /// The tensor's values, or `None` when the file has no such tensor.
+    /// Errors when it exists with a different shape or cannot be decoded.
+    fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError>;
+}
+
+fn shape_error(name: &str, want: &[usize], got: &[usize]) -> ModelError {
+    ModelError::Shape(format!("tensor '{name}': expected shape {want:?}, file has {got:?}"))
+}
+
+impl TensorSource for GgufFile {
+    fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+        let Some(info) = self.tensor(name) else { return Ok(None) };
+        let got: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+        if squeeze(&got) != squeeze(shape) {
+            return Err(shape_error(name, shape, &got));
+        }
+        Ok(Some(self.tensor_f32(name)?))
+    }
+}
+
+/// A Hugging Face directory's safetensors files, memory-mapped.
+pub struct SafetensorsSource {
+    maps: Vec<Mmap>,
+    /// HF tensor name -> index into `maps`.
+    index: HashMap<String, usize>,
+}
+
+impl SafetensorsSource {
+    /// Maps every `*.safetensors` file of `dir` (sharded checkpoints included).
+    pub fn open(dir: &Path) -> Result<Self, ModelError> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| ModelError::io(dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(ModelError::Format(format!("no *.safetensors files in {}", dir.display())));
+        }
+        let mut maps = Vec::new();
+        let mut index = HashMap::new();
+        for (i, path) in files.iter().enumerate() {
+            let file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
+            // SAFETY: the map is read-only and model files are not modified while Kiln runs;
+            // every byte is validated by the safetensors parser before use.
+            let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+            let st = SafeTensors::deserialize(&map)
+                .map_err(|e| ModelError::Format(format!("{}: {e}", path.display())))?;
+            for name in st.names() {
+                index.insert(name.to_string(), i);
+            }
+            maps.push(map);
+        }
+        Ok(Self { maps, index })
+    }
+}
+
+/// Maps a GGUF tensor name to its Hugging Face name.
+pub fn hf_name(gguf: &str) -> String {
+    let map_leaf = |leaf: &str| -> Option<&'static str> {
+        Some(match leaf {
+            "attn_norm.weight" => "input_layernorm.weight",
+            "attn_q.weight" => "self_attn.q_proj.weight",
+            "attn_k.weight" => "self_attn.k_proj.weight",
+            "attn_v.weight" => "self_attn.v_proj.weight",
+            "attn_q.bias" => "self_attn.q_proj.bias",
+            "attn_k.bias" => "self_attn.k_proj.bias",
+            "attn_v.bias" => "self_attn.v_proj.bias",
+            "attn_output.weight" => "self_attn.o_proj.weight",
+            "ffn_norm.weight" => "post_attention_layernorm.weight",
+            "ffn_gate.weight" => "mlp.gate_proj.weight",
+            "ffn_up.weight" => "mlp.up_proj.weight",
+            "ffn_down.weight" => "mlp.down_proj.weight",
+            _ => return None,
+        })
+    };
+    match gguf {
+        "token_embd.weight" => "model.embed_tokens.weight".into(),
+        "output_norm.weight" => "model.norm.weight".into(),
+        "output.weight" => "lm_head.weight".into(),
+        _ => {
+            if let Some(rest) = gguf.strip_prefix("blk.")
+                && let Some((layer, leaf)) = rest.split_once('.')
+                && let Some(hf) = map_leaf(leaf)
+            {
+                return format!("model.layers.{layer}.{hf}");
+            }
+            gguf.to_string()
+        }
+    }
+}
+
+impl TensorSource for SafetensorsSource {
+    fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+        let hf = hf_name(name);
+        let Some(&i) = self.index.get(&hf) else { return Ok(None) };
+        let st = SafeTensors::deserialize(&self.maps[i]).map_err(|e| ModelError::Format(e.to_string()))?;
+        let view = st.tensor(&hf).map_err(|e| ModelError::Format(format!("{hf}: {e}")))?;
+        if view.shape() != shape {
+            return Err(shape_error(&hf, shape, view.shape()));
+        }
+        let bytes = view.data();
+        let out: Vec<f32> = match view.dtype() {
+            Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(ModelError::Format(format!("tensor '{hf}': unsupported dtype {other:?}")));
+            }
+        };
+        Ok(Some(out))
+    }
+}
+
+/// Random weights at the real shapes (for benchmarks): matrices uniform in ±1/sqrt(cols),
+/// norm weights 1, biases 0. Deterministic for a given seed.
+pub struct DummySource {
+    pub seed: u64,
+}
+
+impl TensorSource for DummySource {
+    fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+        let n: usize = shape.iter().product();
+        if name.ends_with("norm.weight") {
+            return Ok(Some(vec![1.0; n]));
+        }
+        if name.ends_with(".bias") {
+            return Ok(None);
+        }
+        let cols = *shape.last().unwrap_or(&1) as f32;
+        let a = 1.0 / cols.sqrt();
+        let name_hash = name.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ name_hash);
+        Ok(Some((0..n).map(|_| rng.random_range(-a..a)).collect()))
+    }
+}

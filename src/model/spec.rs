@@ -1,0 +1,296 @@
+//! The model spec: every shape and constant the forward pass needs, from GGUF metadata or `config.json`.
+
+use serde::Deserialize;
+
+use super::ModelError;
+use super::gguf::GgufFile;
+
+/// Which elements RoPE rotates together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Adjacent pairs `(x[2i], x[2i+1])`: llama.cpp's "normal" rope, used by GGUF llama files.
+    Interleaved,
+    /// Half split `(x[i], x[i + d/2])`: NeoX / Hugging Face layout.
+    Half,
+}
+
+/// Llama-3 style frequency scaling (`rope_scaling.rope_type = "llama3"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3Scaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_max_position: f32,
+}
+
+/// RoPE parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeSpec {
+    pub theta: f32,
+    /// Number of leading dims of each head that are rotated (usually `head_dim`).
+    pub dim: usize,
+    pub layout: RopeLayout,
+    pub llama3: Option<Llama3Scaling>,
+}
+
+impl RopeSpec {
+    /// Inverse frequencies, one per rotated pair, with Llama-3 scaling applied. Length `dim / 2`.
+    pub fn inv_freqs(&self) -> Vec<f32> {
+        let half = self.dim / 2;
+        (0..half)
+            .map(|i| {
+                let f = (self.theta as f64).powf(-(2.0 * i as f64) / self.dim as f64);
+                match self.llama3 {
+                    None => f as f32,
+                    Some(s) => llama3_scale(f, s) as f32,
+                }
+            })
+            .collect()
+    }
+}
+
+fn llama3_scale(freq: f64, s: Llama3Scaling) -> f64 {
+    let two_pi = 2.0 * std::f64::consts::PI;
+    let wavelen = two_pi / freq;
+    let low_wavelen = s.original_max_position as f64 / s.low_freq_factor as f64;
+    let high_wavelen = s.original_max_position as f64 / s.high_freq_factor as f64;
+    if wavelen < high_wavelen {
+        freq
+    } else if wavelen > low_wavelen {
+        freq / s.factor as f64
+    } else {
+        let smooth = (s.original_max_position as f64 / wavelen - s.low_freq_factor as f64)
+            / (s.high_freq_factor as f64 - s.low_freq_factor as f64);
+        (1.0 - smooth) * freq / s.factor as f64 + smooth * freq
+    }
+}
+
+/// Shapes and constants of a Llama-family decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    /// Architecture name as the file gives it (`llama`, `mistral`, `qwen2`, ...).
+    pub arch: String,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub max_position: usize,
+    pub rms_eps: f32,
+    pub rope: RopeSpec,
+    /// Output projection shares the token embedding.
+    pub tied_embeddings: bool,
+    /// q/k/v projections carry biases (Qwen2).
+    pub qkv_bias: bool,
+}
+
+impl ModelSpec {
+    /// Width of the query projection (`n_heads * head_dim`).
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+    /// Width of the key (= value) projection (`n_kv_heads * head_dim`).
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+    /// Width of the fused qkv projection.
+    pub fn qkv_dim(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+
+    /// Checks the shapes are internally consistent.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let bad = |m: String| Err(ModelError::Spec(m));
+        if self.hidden == 0 || self.n_layers == 0 || self.n_heads == 0 || self.vocab_size == 0 {
+            return bad(format!("zero-sized model dimension in {self:?}"));
+        }
+        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+            return bad(format!(
+                "n_heads {} is not a multiple of n_kv_heads {}",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.head_dim == 0 || self.rope.dim > self.head_dim || self.rope.dim % 2 != 0 {
+            return bad(format!(
+                "rope dim {} invalid for head_dim {}",
+                self.rope.dim, self.head_dim
+            ));
+        }
+        if self.hidden > 1 << 20 || self.intermediate > 1 << 22 || self.vocab_size > 1 << 24 {
+            return bad("model dimensions out of the supported range".into());
+        }
+        Ok(())
+    }
+
+    /// Reads the spec from GGUF metadata (`<arch>.*` keys).
+    pub fn from_gguf(g: &GgufFile) -> Result<Self, ModelError> {
+        let arch = g
+            .meta_str("general.architecture")
+            .ok_or_else(|| ModelError::Spec("missing general.architecture".into()))?
+            .to_string();
+        let layout = match arch.as_str() {
+            "llama" | "mistral" => RopeLayout::Interleaved,
+            "qwen2" => RopeLayout::Half,
+            other => return Err(ModelError::Spec(format!("unsupported architecture '{other}'"))),
+        };
+        let key = |k: &str| format!("{arch}.{k}");
+        let req = |k: &str| {
+            g.meta_u64(&key(k))
+                .map(|v| v as usize)
+                .ok_or_else(|| ModelError::Spec(format!("missing metadata key '{}'", key(k))))
+        };
+        let hidden = req("embedding_length")?;
+        let n_heads = req("attention.head_count")?;
+        let n_kv_heads = g
+            .meta_u64(&key("attention.head_count_kv"))
+            .map(|v| v as usize)
+            .unwrap_or(n_heads);
+        let head_dim = g
+            .meta_u64(&key("attention.key_length"))
+            .map(|v| v as usize)
+            .unwrap_or(hidden / n_heads.max(1));
+        let rope_dim = g
+            .meta_u64(&key("rope.dimension_count"))
+            .map(|v| v as usize)
+            .unwrap_or(head_dim);
+        let vocab_size = match g.meta_u64(&key("vocab_size")) {
+            Some(v) => v as usize,
+            None => g
+                .meta_str_array("tokenizer.ggml.tokens")
+                .map(|t| t.len())
+                .or_else(|| g.tensor("token_embd.weight").map(|t| t.dims[1] as usize))
+                .ok_or_else(|| ModelError::Spec("cannot determine vocab size".into()))?,
+        };
+        let llama3 = match g.meta_str(&key("rope.scaling.type")) {
+            Some("llama3") => Some(Llama3Scaling {
+                factor: g.meta_f64(&key("rope.scaling.factor")).unwrap_or(8.0) as f32,
+                low_freq_factor: g.meta_f64(&key("rope.scaling.low_freq_factor")).unwrap_or(1.0) as f32,
+                high_freq_factor: g.meta_f64(&key("rope.scaling.high_freq_factor")).unwrap_or(4.0) as f32,
+                original_max_position: g
+                    .meta_f64(&key("rope.scaling.original_context_length"))
+                    .unwrap_or(8192.0) as f32,
+            }),
+            _ => None,
+        };
+        let spec = ModelSpec {
+            hidden,
+            intermediate: req("feed_forward_length")?,
+            n_layers: req("block_count")?,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            vocab_size,
+            max_position: g.meta_u64(&key("context_length")).map(|v| v as usize).unwrap_or(2048),
+            rms_eps: g.meta_f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f32,
+            rope: RopeSpec {
+                theta: g.meta_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
+                dim: rope_dim,
+                layout,
+                llama3,
+            },
+            tied_embeddings: g.tensor("output.weight").is_none(),
+            qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
+            arch,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Reads the spec from a Hugging Face `config.json` text.
+    pub fn from_hf_config(text: &str) -> Result<Self, ModelError> {
+        let c: HfConfig = serde_json::from_str(text)
+            .map_err(|e| ModelError::Spec(format!("config.json: {e}")))?;
+        let arch = match c.model_type.as_deref() {
+            Some(t) => t.to_string(),
+            None => "llama".to_string(),
+        };
+        if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
+            return Err(ModelError::Spec(format!("unsupported model_type '{arch}'")));
+        }
+        let n_kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
+        let head_dim = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
+        let llama3 = match &c.rope_scaling {
+            Some(s) if s.rope_type.as_deref().or(s.kind.as_deref()) == Some("llama3") => Some(Llama3Scaling {
+                factor: s.factor.unwrap_or(8.0),
+                low_freq_factor: s.low_freq_factor.unwrap_or(1.0),
+                high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
+                original_max_position: s.original_max_position_embeddings.unwrap_or(8192.0),
+            }),
+            _ => None,
+        };
+        let spec = ModelSpec {
+            qkv_bias: arch == "qwen2" || c.attention_bias.unwrap_or(false),
+            arch,
+            hidden: c.hidden_size,
+            intermediate: c.intermediate_size,
+            n_layers: c.num_hidden_layers,
+            n_heads: c.num_attention_heads,
+            n_kv_heads,
+            head_dim,
+            vocab_size: c.vocab_size,
+            max_position: c.max_position_embeddings.unwrap_or(2048),
+            rms_eps: c.rms_norm_eps.unwrap_or(1e-6),
+            rope: RopeSpec {
+                theta: c.rope_theta.unwrap_or(10000.0),
+                dim: head_dim,
+                layout: RopeLayout::Half,
+                llama3,
+            },
+            tied_embeddings: c.tie_word_embeddings.unwrap_or(false),
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+#[derive(Deserialize)]
+struct HfRopeScaling {
+    rope_type: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    factor: Option<f32>,
+    low_freq_factor: Option<f32>,
+    high_freq_factor: Option<f32>,
+    original_max_position_embeddings: Option<f32>,
+}
+
+#[derive(Deserialize)]
+struct HfConfig {
+    model_type: Option<String>,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: usize,
+    max_position_embeddings: Option<usize>,
+    rms_norm_eps: Option<f32>,
+    rope_theta: Option<f32>,
+    rope_scaling: Option<HfRopeScaling>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_scaling_keeps_high_freqs_and_divides_low_ones() {
+        let s = Llama3Scaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 8192.0,
+        };
+        let rope = RopeSpec { theta: 500000.0, dim: 128, layout: RopeLayout::Half, llama3: Some(s) };
+        let plain = RopeSpec { llama3: None, ..rope };
+        let (a, b) = (rope.inv_freqs(), plain.inv_freqs());
+        assert_eq!(a[0], b[0]);
+        assert!((a[63] - b[63] / 8.0).abs() < 1e-12);
+        assert!(a[40] < b[40] && a[40] > b[40] / 8.0 || a[40] == b[40] || a[40] == b[40] / 8.0);
+    }
+}
