@@ -1,6 +1,15 @@
 //! One typed configuration: `config/default.toml` < `KILN_*` environment < command-line flags.
 
+mod hub;
+
 use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::engine::{Device, EngineConfig};
+use crate::model::LoadFormat;
+
+pub use hub::{HubError, HubSettings, resolve_model};
 
 /// The project root (where `config/` lives) as known at build time.
 pub fn project_root() -> PathBuf {
@@ -10,10 +19,334 @@ pub fn project_root() -> PathBuf {
 /// Resolves a path from the config: absolute, or relative to the working directory if it
 /// exists there, else relative to the project root.
 pub fn resolve_path(p: &Path) -> PathBuf {
-    if p.is_absolute() || p.exists() { p.to_path_buf() } else { project_root().join(p) }
+    if p.is_absolute() || p.exists() {
+        p.to_path_buf()
+    } else {
+        project_root().join(p)
+    }
 }
 
 /// The default model: `../shared/models/stories260K.gguf` relative to the project root.
 pub fn default_model_path() -> PathBuf {
-    resolve_path(Path::new("../shared/models/stories260K.gguf"))
+    resolve_path(Path::new(DEFAULT_MODEL))
+}
+
+const DEFAULT_MODEL: &str = "../shared/models/stories260K.gguf";
+
+/// Errors from reading the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid setting `{key}`: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+/// Everything `kiln serve` needs.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub model: ModelConfig,
+    pub limits: LimitsConfig,
+    pub engine: EngineConfig,
+}
+
+/// The HTTP listener and its protections.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Bearer keys accepted on every route but `/health`; empty means no authentication.
+    pub api_keys: Vec<String>,
+    /// HTTP worker threads; 0 means one per CPU core.
+    pub workers: usize,
+    /// Largest accepted request body (413 past it).
+    pub max_body_bytes: usize,
+    /// Largest accepted sum of header names and values (431 past it).
+    pub max_header_bytes: usize,
+    /// Seconds SIGTERM waits for in-flight requests before closing them.
+    pub shutdown_timeout_s: u64,
+    /// Seconds without an event before a streaming response sends a keep-alive comment.
+    pub sse_keep_alive_s: f64,
+    /// Origins allowed by CORS (`*` for any); empty turns CORS off.
+    pub cors_allowed_origins: Vec<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            api_keys: Vec::new(),
+            workers: 0,
+            max_body_bytes: 4 << 20,
+            max_header_bytes: 16 << 10,
+            shutdown_timeout_s: 30,
+            sse_keep_alive_s: 10.0,
+            cors_allowed_origins: Vec::new(),
+        }
+    }
+}
+
+/// Which model to serve and where.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// GGUF file, Hugging Face directory, or `hf:OWNER/REPO[/FILE]`.
+    pub path: String,
+    pub load_format: LoadFormat,
+    /// Name clients use in `model`; defaults to the file or directory name.
+    pub served_model_name: Option<String>,
+    /// One lane per device: `cpu`, `cuda:N`, `rocm:N`.
+    pub devices: Vec<String>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            path: DEFAULT_MODEL.into(),
+            load_format: LoadFormat::Auto,
+            served_model_name: None,
+            devices: vec!["cpu".into()],
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The parsed device list.
+    pub fn parsed_devices(&self) -> Result<Vec<Device>, ConfigError> {
+        self.devices
+            .iter()
+            .map(|d| {
+                d.parse().map_err(|message| ConfigError::Invalid {
+                    key: "model.devices",
+                    message,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Caps on what one request may ask for.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Most choices (`n`) per prompt.
+    pub max_n: usize,
+    /// Most stop strings, and the longest one in bytes.
+    pub max_stop: usize,
+    pub max_stop_len: usize,
+    /// Most alternatives per token (`logprobs`, `top_logprobs`).
+    pub max_logprobs: usize,
+    /// Most prompts in one completions request.
+    pub max_prompts: usize,
+    /// Most `logit_bias` entries.
+    pub max_logit_bias: usize,
+    /// Most chat messages.
+    pub max_messages: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_n: 16,
+            max_stop: 16,
+            max_stop_len: 256,
+            max_logprobs: 20,
+            max_prompts: 64,
+            max_logit_bias: 1024,
+            max_messages: 1024,
+        }
+    }
+}
+
+/// `kiln serve` flags; each also reads a `KILN_*` variable and overrides the config file.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// Config file [default: config/default.toml in the project root].
+    #[arg(long, env = "KILN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// GGUF file, Hugging Face directory, or hf:OWNER/REPO[/FILE].
+    #[arg(long, env = "KILN_MODEL")]
+    pub model: Option<String>,
+    #[arg(long, value_enum, env = "KILN_LOAD_FORMAT")]
+    pub load_format: Option<LoadFormat>,
+    /// Name clients send as `model`.
+    #[arg(long, env = "KILN_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+    #[arg(long, env = "KILN_HOST")]
+    pub host: Option<String>,
+    #[arg(long, env = "KILN_PORT")]
+    pub port: Option<u16>,
+    /// Accepted bearer key; repeat for several (comma-separated in KILN_API_KEY).
+    #[arg(long = "api-key", env = "KILN_API_KEY", value_delimiter = ',', hide_env_values = true)]
+    pub api_keys: Vec<String>,
+    /// cpu, cuda:N or rocm:N; repeat for one lane per device.
+    #[arg(long = "device", env = "KILN_DEVICE", value_delimiter = ',')]
+    pub devices: Vec<String>,
+    #[arg(long, env = "KILN_MAX_NUM_SEQS")]
+    pub max_num_seqs: Option<usize>,
+    #[arg(long, env = "KILN_MAX_NUM_BATCHED_TOKENS")]
+    pub max_num_batched_tokens: Option<usize>,
+    #[arg(long, env = "KILN_BLOCK_SIZE")]
+    pub block_size: Option<usize>,
+    #[arg(long, env = "KILN_KV_BLOCKS")]
+    pub kv_blocks: Option<usize>,
+    #[arg(long, env = "KILN_MAX_WAITING")]
+    pub max_waiting: Option<usize>,
+    #[arg(long, env = "KILN_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
+    #[arg(long, env = "KILN_WORKERS")]
+    pub workers: Option<usize>,
+    /// Allowed CORS origin; repeat for several.
+    #[arg(long = "cors-allowed-origin", env = "KILN_CORS_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub cors_allowed_origins: Vec<String>,
+}
+
+impl Config {
+    /// Parses TOML text (unknown keys are errors).
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Reads `path`, or the project's `config/default.toml` (built-in defaults if absent).
+    pub fn from_file(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let (path, required) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (project_root().join("config/default.toml"), false),
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Self::from_toml(&text, &path),
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(source) => Err(ConfigError::Io { path, source }),
+        }
+    }
+
+    /// The file named by `args` (or the default) with `args` applied on top.
+    pub fn load(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let mut cfg = Self::from_file(args.config.as_deref())?;
+        cfg.apply(args);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Overrides every setting that `args` carries.
+    pub fn apply(&mut self, args: &ServeArgs) {
+        fn set<T: Clone>(dst: &mut T, v: &Option<T>) {
+            if let Some(v) = v {
+                *dst = v.clone();
+            }
+        }
+        fn set_opt<T: Clone>(dst: &mut Option<T>, v: &Option<T>) {
+            if v.is_some() {
+                dst.clone_from(v);
+            }
+        }
+        fn set_list(dst: &mut Vec<String>, v: &[String]) {
+            if !v.is_empty() {
+                *dst = v.to_vec();
+            }
+        }
+        let (s, m, e) = (&mut self.server, &mut self.model, &mut self.engine);
+        set(&mut m.path, &args.model);
+        set(&mut m.load_format, &args.load_format);
+        set_opt(&mut m.served_model_name, &args.served_model_name);
+        set_list(&mut m.devices, &args.devices);
+        set(&mut s.host, &args.host);
+        set(&mut s.port, &args.port);
+        set(&mut s.workers, &args.workers);
+        set_list(&mut s.api_keys, &args.api_keys);
+        set_list(&mut s.cors_allowed_origins, &args.cors_allowed_origins);
+        set(&mut e.max_num_seqs, &args.max_num_seqs);
+        set(&mut e.max_num_batched_tokens, &args.max_num_batched_tokens);
+        set(&mut e.block_size, &args.block_size);
+        set_opt(&mut e.kv_blocks, &args.kv_blocks);
+        set(&mut e.max_waiting, &args.max_waiting);
+        set_opt(&mut e.max_model_len, &args.max_model_len);
+    }
+
+    /// Rejects settings that cannot work (bad devices, empty keys, zero limits).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                message: message.into(),
+            })
+        };
+        self.model.parsed_devices()?;
+        if self.model.devices.is_empty() {
+            return invalid("model.devices", "at least one device is needed");
+        }
+        if self.server.api_keys.iter().any(|k| k.trim().is_empty()) {
+            return invalid("server.api_keys", "API keys must not be empty");
+        }
+        if self.server.max_body_bytes == 0 || self.server.max_header_bytes == 0 {
+            return invalid("server.max_body_bytes", "size limits must be positive");
+        }
+        let ka = self.server.sse_keep_alive_s;
+        if !(ka.is_finite() && (0.01..=3600.0).contains(&ka)) {
+            return invalid("server.sse_keep_alive_s", "must be between 0.01 and 3600 seconds");
+        }
+        let l = &self.limits;
+        if l.max_n == 0 || l.max_prompts == 0 || l.max_messages == 0 {
+            return invalid("limits", "max_n, max_prompts and max_messages must be positive");
+        }
+        Ok(())
+    }
+
+    /// The model reference resolved to a local path (`hf:` references through the HF cache).
+    pub fn model_path(&self, hub: &HubSettings) -> Result<PathBuf, HubError> {
+        resolve_model(&self.model.path, hub)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_default_toml_parses_and_matches_builtin_defaults() {
+        let path = project_root().join("config/default.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let cfg = Config::from_toml(&text, &path).unwrap();
+        assert_eq!(cfg, Config::default());
+        cfg.validate().unwrap();
+    }
+
+    #[test]
+    fn flags_override_file() {
+        let text = "[server]\nport = 9000\nhost = \"0.0.0.0\"\n[engine]\nmax_num_seqs = 4\n";
+        let mut cfg = Config::from_toml(text, Path::new("x.toml")).unwrap();
+        assert_eq!((cfg.server.port, cfg.engine.max_num_seqs), (9000, 4));
+        let args = ServeArgs {
+            port: Some(1234),
+            api_keys: vec!["k1".into(), "k2".into()],
+            kv_blocks: Some(64),
+            ..ServeArgs::default()
+        };
+        cfg.apply(&args);
+        assert_eq!(cfg.server.port, 1234);
+        assert_eq!(cfg.server.host, "0.0.0.0");
+        assert_eq!(cfg.server.api_keys, ["k1", "k2"]);
+        assert_eq!(cfg.engine.kv_blocks, Some(64));
+        assert_eq!(cfg.engine.max_num_seqs, 4);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_devices_are_errors() {
+        assert!(Config::from_toml("[server]\nprot = 1\n", Path::new("x")).is_err());
+        let mut cfg = Config::default();
+        cfg.model.devices = vec!["tpu:0".into()];
+        assert!(cfg.validate().is_err());
+    }
 }

@@ -6,3 +6,6 @@ pub mod sampling;
 pub mod tokenizer;
 pub mod generate;
 pub mod config;
+pub mod engine;
+pub mod api;
+pub mod metrics;

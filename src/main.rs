@@ -1,13 +1,13 @@
 //! `kiln`: the command-line entry point (generate, serve, bench, openapi).
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use kiln::backend::cpu::CpuBackend;
+use kiln::config::{HubSettings, ServeArgs};
 use kiln::generate::{GenerateOptions, SingleGenerator};
 use kiln::model::{LoadFormat, ModelFiles};
 use kiln::sampling::SamplingParams;
@@ -24,13 +24,17 @@ struct Cli {
 enum Command {
     /// Generate a continuation of a prompt and print it.
     Generate(GenerateArgs),
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(ServeArgs),
+    /// Print the OpenAPI document (the committed openapi/openapi.json).
+    Openapi,
 }
 
 #[derive(clap::Args)]
 struct GenerateArgs {
-    /// GGUF file, Hugging Face directory, or config.json (with --load-format dummy).
+    /// GGUF file, Hugging Face directory, config.json (with --load-format dummy), or hf:OWNER/REPO[/FILE].
     #[arg(long)]
-    model: Option<PathBuf>,
+    model: Option<String>,
     #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
     load_format: LoadFormat,
     #[arg(long)]
@@ -71,11 +75,19 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Generate(args) => generate(args),
+        Command::Serve(args) => kiln::api::serve::run(&args),
+        Command::Openapi => {
+            print!("{}", kiln::api::openapi_json());
+            Ok(())
+        }
     }
 }
 
 fn generate(args: GenerateArgs) -> Result<()> {
-    let path = args.model.unwrap_or_else(kiln::config::default_model_path);
+    let path = match &args.model {
+        Some(m) => kiln::config::resolve_model(m, &HubSettings::from_env())?,
+        None => kiln::config::default_model_path(),
+    };
     let t0 = Instant::now();
     let files = ModelFiles::open(&path, args.load_format).with_context(|| format!("opening {}", path.display()))?;
     let tokenizer = files.tokenizer.clone().context("the model has no tokenizer")?;

@@ -12,10 +12,11 @@
 //! ```
 //!
 //! Every count, length, dim and offset is checked against the bytes that remain with checked
-//! arithmetic before anything is allocated; the parser never panics. Metadata values are
-//! capped at [`MAX_META_VALUES`] in all (at most ~128 MB of `MetaValue`s), arrays nest at most [`MAX_ARRAY_DEPTH`] deep and
-//! tensors have at most [`MAX_DIMS`] dims. Tensors of types Kiln cannot dequantize parse
-//! as [`GgmlType::Other`]; only [`GgufFile::tensor_f32`] rejects them.
+//! arithmetic before anything is allocated; the parser never panics. Metadata array elements
+//! are capped at [`MAX_META_VALUES`] per file (about 128 MB of `MetaValue`s at most), arrays
+//! nest at most [`MAX_ARRAY_DEPTH`] deep and tensors have at most [`MAX_DIMS`] dims. Tensors
+//! of types Kiln cannot dequantize parse as [`GgmlType::Other`]; only
+//! [`GgufFile::tensor_f32`] rejects them.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -302,7 +303,11 @@ impl GgufFile {
 
     /// Array of strings (e.g. `tokenizer.ggml.tokens`); None if any element is not a string.
     pub fn meta_str_array(&self, key: &str) -> Option<Vec<&str>> {
-        self.meta(key)?.as_array()?.iter().map(MetaValue::as_str).collect()
+        self.meta(key)?
+            .as_array()?
+            .iter()
+            .map(MetaValue::as_str)
+            .collect()
     }
 
     /// Array of numbers as f32 (e.g. `tokenizer.ggml.scores`); None if any element is not a number.
@@ -314,7 +319,11 @@ impl GgufFile {
     /// Array of integers as i64 (e.g. `tokenizer.ggml.token_type`); None if any element is
     /// not an integer or does not fit.
     pub fn meta_i64_array(&self, key: &str) -> Option<Vec<i64>> {
-        self.meta(key)?.as_array()?.iter().map(MetaValue::as_i64).collect()
+        self.meta(key)?
+            .as_array()?
+            .iter()
+            .map(MetaValue::as_i64)
+            .collect()
     }
 
     /// All tensor infos in file order; names are unique.
@@ -381,10 +390,10 @@ mod parse {
         GgufError::Malformed(msg.into())
     }
 
-    /// Prefixes a Malformed message with where it happened.
-    fn ctx(what: impl std::fmt::Display) -> impl FnOnce(GgufError) -> GgufError {
+    /// Prefixes a Malformed message with where it happened; `what` runs only on error.
+    fn ctx<D: std::fmt::Display>(what: impl FnOnce() -> D) -> impl FnOnce(GgufError) -> GgufError {
         move |e| match e {
-            GgufError::Malformed(m) => GgufError::Malformed(format!("{what}: {m}")),
+            GgufError::Malformed(m) => GgufError::Malformed(format!("{}: {m}", what())),
             other => other,
         }
     }
@@ -471,13 +480,13 @@ mod parse {
 
     /// Magic, version and the two counts.
     fn header(r: &mut Reader<'_>) -> Result<(u32, u64, u64), GgufError> {
-        let magic = r.array::<4>().map_err(ctx("header: magic"))?;
+        let magic = r.array::<4>().map_err(ctx(|| "header: magic"))?;
         if &magic != MAGIC {
             return Err(bad(format!(
                 "bad magic {magic:02x?} (expected \"GGUF\" = [47, 47, 55, 46])"
             )));
         }
-        let version = r.u32().map_err(ctx("header: version"))?;
+        let version = r.u32().map_err(ctx(|| "header: version"))?;
         match version {
             2 | 3 => {}
             1 => {
@@ -497,8 +506,8 @@ mod parse {
                 )));
             }
         }
-        let n_tensors = r.u64().map_err(ctx("header: tensor count"))?;
-        let n_kv = r.u64().map_err(ctx("header: metadata count"))?;
+        let n_tensors = r.u64().map_err(ctx(|| "header: tensor count"))?;
+        let n_kv = r.u64().map_err(ctx(|| "header: metadata count"))?;
         let rem = r.remaining();
         for (what, n, min) in [
             ("metadata count", n_kv, MIN_KV_BYTES),
@@ -522,12 +531,14 @@ mod parse {
         let mut index = HashMap::with_capacity(n_kv as usize);
         let mut budget = MAX_META_VALUES;
         for i in 0..n_kv {
-            let key = r.string().map_err(ctx(format!("metadata entry {i}: key")))?;
+            let key = r
+                .string()
+                .map_err(ctx(|| format!("metadata entry {i}: key")))?;
             let value = (|| {
-                let vtype = r.u32().map_err(ctx("value type"))?;
+                let vtype = r.u32().map_err(ctx(|| "value type"))?;
                 value(r, vtype, 0, &mut budget)
             })()
-            .map_err(ctx(format!("metadata key '{key}'")))?;
+            .map_err(ctx(|| format!("metadata key '{key}'")))?;
             if index.insert(key.clone(), entries.len()).is_some() {
                 return Err(bad(format!("duplicate metadata key '{key}'")));
             }
@@ -593,8 +604,8 @@ mod parse {
                 "arrays nested deeper than {MAX_ARRAY_DEPTH} levels"
             )));
         }
-        let etype = r.u32().map_err(ctx("array element type"))?;
-        let n = r.u64().map_err(ctx("array length"))?;
+        let etype = r.u32().map_err(ctx(|| "array element type"))?;
+        let n = r.u64().map_err(ctx(|| "array length"))?;
         let (tname, min) =
             value_type(etype).ok_or_else(|| bad(format!("unknown array element type {etype}")))?;
         let rem = r.remaining();
@@ -611,7 +622,7 @@ mod parse {
         *budget -= n;
         let mut items = Vec::with_capacity(n as usize);
         for i in 0..n {
-            items.push(value(r, etype, depth, budget).map_err(ctx(format!("element {i}")))?);
+            items.push(value(r, etype, depth, budget).map_err(ctx(|| format!("element {i}")))?);
         }
         Ok(MetaValue::Array(items))
     }
@@ -654,7 +665,7 @@ mod parse {
         let mut tensors = Vec::with_capacity(n_tensors as usize);
         let mut index = HashMap::with_capacity(n_tensors as usize);
         for i in 0..n_tensors {
-            let name = r.string().map_err(ctx(format!("tensor {i}: name")))?;
+            let name = r.string().map_err(ctx(|| format!("tensor {i}: name")))?;
             let info = tensor_info(r, name)?;
             if index.insert(info.name.clone(), tensors.len()).is_some() {
                 return Err(bad(format!("duplicate tensor name '{}'", info.name)));
@@ -666,21 +677,22 @@ mod parse {
 
     /// Dims, type and relative offset of the tensor called `name`.
     fn tensor_info(r: &mut Reader<'_>, name: String) -> Result<TensorInfo, GgufError> {
-        let at = ctx(format!("tensor '{name}'"));
         let fields = (|| {
-            let n_dims = r.u32().map_err(ctx("n_dims"))?;
+            let n_dims = r.u32().map_err(ctx(|| "n_dims"))?;
             if n_dims > MAX_DIMS {
-                return Err(bad(format!("n_dims {n_dims} exceeds the maximum {MAX_DIMS}")));
+                return Err(bad(format!(
+                    "n_dims {n_dims} exceeds the maximum {MAX_DIMS}"
+                )));
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for d in 0..n_dims {
-                dims.push(r.u64().map_err(ctx(format!("dim {d}")))?);
+                dims.push(r.u64().map_err(ctx(|| format!("dim {d}")))?);
             }
-            let type_id = r.u32().map_err(ctx("type"))?;
-            let offset = r.u64().map_err(ctx("offset"))?;
+            let type_id = r.u32().map_err(ctx(|| "type"))?;
+            let offset = r.u64().map_err(ctx(|| "offset"))?;
             Ok((dims, type_id, offset))
         })();
-        let (dims, type_id, offset) = fields.map_err(at)?;
+        let (dims, type_id, offset) = fields.map_err(ctx(|| format!("tensor '{name}'")))?;
         Ok(TensorInfo {
             name,
             dims,
@@ -700,7 +712,7 @@ mod parse {
     ) -> Result<(), GgufError> {
         for t in tensors.iter_mut() {
             place_tensor(t, data_offset, alignment, file_size)
-                .map_err(ctx(format!("tensor '{}'", t.name)))?;
+                .map_err(ctx(|| format!("tensor '{}'", t.name)))?;
         }
         let mut by_start: Vec<&TensorInfo> = tensors.iter().filter(|t| t.n_bytes > 0).collect();
         by_start.sort_by_key(|t| t.offset);
@@ -733,7 +745,7 @@ mod parse {
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
             .filter(|&n| n <= i64::MAX as u64)
             .ok_or_else(|| bad(format!("dims {:?} overflow the element count", t.dims)))?;
-        if t.offset % alignment != 0 {
+        if !t.offset.is_multiple_of(alignment) {
             return Err(bad(format!(
                 "offset {} is not a multiple of the alignment {alignment}",
                 t.offset
@@ -744,7 +756,7 @@ mod parse {
             None => 0,
             Some(block) => {
                 let ne0 = t.dims.first().copied().unwrap_or(1);
-                if ne0 % block != 0 {
+                if !ne0.is_multiple_of(block) {
                     return Err(bad(format!(
                         "row length {ne0} (dim 0) is not a multiple of the {ty} block size {block}"
                     )));

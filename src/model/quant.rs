@@ -170,7 +170,7 @@ impl GgmlType {
             Some((_, block, bytes)) => (block, bytes),
             None => return Err(QuantError::Unsupported(self)),
         };
-        if n_elements % block != 0 {
+        if !n_elements.is_multiple_of(block) {
             return Err(QuantError::PartialBlock {
                 ty: self,
                 n_elements,
@@ -258,7 +258,9 @@ fn for_each_block<const B: usize, const E: usize>(
             .with_min_len(64)
             .for_each(|(s, d)| block(s, d));
     } else {
-        src.iter().zip(dst.iter_mut()).for_each(|(s, d)| block(s, d));
+        src.iter()
+            .zip(dst.iter_mut())
+            .for_each(|(s, d)| block(s, d));
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use super::gguf::GgufFile;
 
 /// A source of named tensors. Names are GGUF-style (`blk.0.attn_q.weight`); shapes are
 /// row-major `[rows, cols]` (GGUF `[ne0, ne1]` reversed) or `[len]`.
-pub trait TensorSource: Send {
+pub trait TensorSource: Send + Sync {
     /// The tensor's values, or `None` when the file has no such tensor.
     /// Errors when it exists with a different shape or cannot be decoded.
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError>;

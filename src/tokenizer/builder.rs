@@ -16,10 +16,47 @@ use tokenizers::{AddedToken, DecoderWrapper, PreTokenizerWrapper, SplitDelimiter
 use super::TokenizerError;
 use super::gguf_vocab::{GgufVocab, TokenType, VocabModel};
 
-/// The Llama-3 split regex (`tokenizer.ggml.pre` = `llama-bpe` / `llama3`).
+/// How a byte-level BPE vocabulary splits text before BPE (GGUF `tokenizer.ggml.pre`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreTokenizer {
+    /// GPT-2's regex (`gpt-2`, `default`).
+    Gpt2,
+    /// Llama 3's regex (`llama-bpe`, `llama3`), with whole-word vocabulary hits before merges.
+    Llama3,
+    /// Qwen2's regex (`qwen2`): Llama 3's with single digits.
+    Qwen2,
+}
+
+impl PreTokenizer {
+    /// Maps a GGUF `tokenizer.ggml.pre` name; absent means GPT-2.
+    pub fn from_gguf_name(name: Option<&str>) -> Result<Self, TokenizerError> {
+        match name {
+            None | Some("default" | "gpt-2" | "gpt2") => Ok(Self::Gpt2),
+            Some("llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe") => Ok(Self::Llama3),
+            Some("qwen2" | "deepseek-r1-qwen") => Ok(Self::Qwen2),
+            Some(other) => Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
+        }
+    }
+
+    /// The split regex (`None`: the GPT-2 regex built into `ByteLevel`).
+    pub fn pattern(self) -> Option<&'static str> {
+        match self {
+            Self::Gpt2 => None,
+            Self::Llama3 => Some(LLAMA3_PATTERN),
+            Self::Qwen2 => Some(QWEN2_PATTERN),
+        }
+    }
+
+    /// Whether a piece found whole in the vocabulary skips the merges (`ignore_merges`).
+    pub fn ignore_merges(self) -> bool {
+        self == Self::Llama3
+    }
+}
+
+/// The Llama-3 split regex.
 pub const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// The Qwen2 split regex (`tokenizer.ggml.pre` = `qwen2`): Llama-3's with single digits.
+/// The Qwen2 split regex: Llama 3's with single digits.
 pub const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// SentencePiece's word-boundary marker.
@@ -40,26 +77,26 @@ pub fn from_gguf_vocab(vocab: &GgufVocab) -> Result<tokenizers::Tokenizer, Token
                     })
                 })
                 .collect::<Result<Merges, _>>()?;
-            let pattern = pre_tokenizer_pattern(vocab.pre.as_deref())?;
-            byte_level(vocab_map(&vocab.tokens), merges, pattern)?
+            let pre = PreTokenizer::from_gguf_name(vocab.pre.as_deref())?;
+            byte_level(vocab_map(&vocab.tokens), merges, pre)?
         }
     };
     add_gguf_added_tokens(&mut tok, vocab)?;
     Ok(tok)
 }
 
-/// Byte-level BPE (GPT-2 style): `pattern` is a split regex applied before the byte mapping, or
-/// `None` for the GPT-2 regex built into the `ByteLevel` pre-tokenizer.
+/// Byte-level BPE (GPT-2 style) splitting text by `pre`.
 pub fn byte_level(
     vocab: Vocab,
     merges: Merges,
-    pattern: Option<&str>,
+    pre: PreTokenizer,
 ) -> Result<tokenizers::Tokenizer, TokenizerError> {
     let model = BPE::builder()
         .vocab_and_merges(vocab, merges)
+        .ignore_merges(pre.ignore_merges())
         .build()
         .map_err(build_err)?;
-    let pre: PreTokenizerWrapper = match pattern {
+    let pre: PreTokenizerWrapper = match pre.pattern() {
         None => ByteLevel::new(false, true, true).into(),
         Some(p) => {
             let split = Split::new(
@@ -79,16 +116,6 @@ pub fn byte_level(
     tok.with_pre_tokenizer(Some(pre));
     tok.with_decoder(Some(ByteLevel::new(false, true, true)));
     Ok(tok)
-}
-
-/// The split regex for a GGUF `tokenizer.ggml.pre` name (`None` = GPT-2's own regex).
-fn pre_tokenizer_pattern(pre: Option<&str>) -> Result<Option<&'static str>, TokenizerError> {
-    match pre {
-        None | Some("default" | "gpt-2" | "gpt2") => Ok(None),
-        Some("llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe") => Ok(Some(LLAMA3_PATTERN)),
-        Some("qwen2" | "deepseek-r1-qwen") => Ok(Some(QWEN2_PATTERN)),
-        Some(other) => Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
-    }
 }
 
 /// SentencePiece (`llama`) vocabulary as BPE with byte fallback, the way llama.cpp segments:

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use tokenizers::models::bpe::{Merges, Vocab};
 
 use super::TokenizerError;
-use super::builder;
+use super::builder::{self, PreTokenizer};
 
 /// The `tokenizer_config.json` fields Kiln uses. Wrong-typed fields are errors, not defaults.
 #[derive(Debug, Default)]
@@ -99,7 +99,7 @@ pub(super) fn sibling_chat_template(
 pub(super) fn gpt2_files(
     encoder_json: &Path,
     vocab_bpe: &Path,
-    pattern: Option<&str>,
+    pre: PreTokenizer,
 ) -> Result<tokenizers::Tokenizer, TokenizerError> {
     let encoder: HashMap<String, u32> = read_json(encoder_json)?;
     let text = fs::read_to_string(vocab_bpe).map_err(|source| TokenizerError::Io {
@@ -118,7 +118,7 @@ pub(super) fn gpt2_files(
         merges.push(pair);
     }
     let vocab: Vocab = encoder.into_iter().collect();
-    builder::byte_level(vocab, merges, pattern)
+    builder::byte_level(vocab, merges, pre)
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, TokenizerError> {

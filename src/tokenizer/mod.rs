@@ -1,6 +1,8 @@
 //! Tokenizer: the `tokenizers` crate, loaded from `tokenizer.json` or built from GGUF metadata.
 
 mod builder;
+mod decode;
+pub mod chat;
 mod gguf_vocab;
 mod hf;
 mod incremental;
@@ -12,7 +14,7 @@ use std::sync::Arc;
 
 use crate::model::gguf::GgufFile;
 
-pub use builder::{LLAMA3_PATTERN, QWEN2_PATTERN};
+pub use builder::{LLAMA3_PATTERN, PreTokenizer, QWEN2_PATTERN};
 pub use gguf_vocab::{GgufVocab, TokenType, VocabModel, vocab_from_gguf};
 pub use incremental::IncrementalDecoder;
 
@@ -83,6 +85,8 @@ struct Inner {
     add_bos_default: bool,
     chat_template: Option<String>,
     special: HashSet<u32>,
+    /// The decoder turns `<0xXX>` pieces into bytes (see `decode::decode`).
+    byte_fallback: bool,
     vocab_size: usize,
 }
 
@@ -177,14 +181,14 @@ impl Tokenizer {
         Ok(Self::assemble(hf, meta, Some(vocab.tokens.len())))
     }
 
-    /// Loads GPT-2 style `encoder.json` + `vocab.bpe` as byte-level BPE. `pattern` is the split
-    /// regex (e.g. [`LLAMA3_PATTERN`]); `None` uses GPT-2's. No BOS; no special tokens.
+    /// Loads GPT-2 style `encoder.json` + `vocab.bpe` as byte-level BPE split by `pre`
+    /// (e.g. [`PreTokenizer::Llama3`] for Llama 3's files). No BOS; no special tokens.
     pub fn from_gpt2_files(
         encoder_json: &Path,
         vocab_bpe: &Path,
-        pattern: Option<&str>,
+        pre: PreTokenizer,
     ) -> Result<Self, TokenizerError> {
-        let hf = hf::gpt2_files(encoder_json, vocab_bpe, pattern)?;
+        let hf = hf::gpt2_files(encoder_json, vocab_bpe, pre)?;
         let meta = Meta {
             bos_id: None,
             eos_ids: Vec::new(),
@@ -224,8 +228,10 @@ impl Tokenizer {
                 .max()
                 .map_or(0, |&max| max as usize + 1)
         });
+        let byte_fallback = hf.get_decoder().is_some_and(decode::has_byte_fallback);
         Self {
             inner: Arc::new(Inner {
+                byte_fallback,
                 hf,
                 bos_id: meta.bos_id,
                 eos_ids: meta.eos_ids,
@@ -254,16 +260,21 @@ impl Tokenizer {
     }
 
     /// The text of `ids`; special tokens are left out when `skip_special` is set. Invalid UTF-8
-    /// (e.g. an incomplete byte sequence) becomes U+FFFD. SentencePiece vocabularies drop the
-    /// one leading space that encoding added, so `decode(encode(s))` gives back `s`.
+    /// (e.g. an incomplete byte sequence) becomes U+FFFD, valid characters around it stay.
+    /// SentencePiece vocabularies drop the one leading space that encoding added, so
+    /// `decode(encode(s))` gives back `s`. Ids outside the vocabulary are an error.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
         for &id in ids {
             self.check_id(id)?;
         }
-        self.inner
-            .hf
-            .decode(ids, skip_special)
-            .map_err(|e| TokenizerError::Decode(e.to_string()))
+        let inner = &*self.inner;
+        decode::decode(
+            &inner.hf,
+            &inner.special,
+            inner.byte_fallback,
+            ids,
+            skip_special,
+        )
     }
 
     fn check_id(&self, id: u32) -> Result<(), TokenizerError> {

@@ -1,0 +1,268 @@
+//! `POST /v1/completions`: prompts in, text completions out (one JSON body or SSE chunks).
+
+use std::sync::Arc;
+
+use actix_web::web::{Bytes, Data};
+use actix_web::{HttpResponse, post};
+
+use super::errors::ApiError;
+use super::extract::ApiJson;
+use super::generation::{self, Generation};
+use super::logprobs::TokenTexts;
+use super::sse::{self, ChunkWriter, data_frame};
+use super::state::AppState;
+use super::types::{
+    CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest, CompletionResponse,
+    ErrorResponse, PromptInput, UsageInfo,
+};
+use super::{ResponseMeta, blocking, validate};
+use crate::config::LimitsConfig;
+use crate::engine::{FinishReason, GenerateRequest, TokenInfo, Usage};
+use crate::tokenizer::Tokenizer;
+
+/// Default `max_tokens` of the completions API.
+const DEFAULT_MAX_TOKENS: usize = 16;
+
+/// A prompt as sent: text to tokenize or ids to use as they are.
+enum PromptSource {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// A tokenized prompt, with its text when it is to be echoed.
+struct Prompt {
+    ids: Vec<u32>,
+    echo: Option<String>,
+}
+
+fn sources(prompt: PromptInput, limits: &LimitsConfig) -> Result<Vec<PromptSource>, ApiError> {
+    let list = match prompt {
+        PromptInput::Text(t) => vec![PromptSource::Text(t)],
+        PromptInput::Texts(v) => v.into_iter().map(PromptSource::Text).collect(),
+        PromptInput::Tokens(ids) => vec![PromptSource::Ids(ids)],
+        PromptInput::TokenLists(v) => v.into_iter().map(PromptSource::Ids).collect(),
+    };
+    if list.is_empty() {
+        return Err(ApiError::invalid("prompt", "`prompt` must not be empty"));
+    }
+    if list.len() > limits.max_prompts {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("at most {} prompts per request, got {}", limits.max_prompts, list.len()),
+        ));
+    }
+    let empty = |s: &PromptSource| match s {
+        PromptSource::Text(t) => t.is_empty(),
+        PromptSource::Ids(ids) => ids.is_empty(),
+    };
+    if list.iter().any(empty) {
+        return Err(ApiError::invalid("prompt", "prompts must not be empty"));
+    }
+    Ok(list)
+}
+
+/// Tokenizes text prompts (BOS as the model wants) and decodes id prompts to be echoed.
+fn encode(tok: &Tokenizer, sources: Vec<PromptSource>, echo: bool) -> Result<Vec<Prompt>, ApiError> {
+    sources
+        .into_iter()
+        .map(|s| match s {
+            PromptSource::Text(t) => {
+                let ids = tok
+                    .encode(&t, tok.add_bos_default())
+                    .map_err(|e| ApiError::from_tokenizer("prompt", e))?;
+                Ok(Prompt { ids, echo: echo.then_some(t) })
+            }
+            PromptSource::Ids(ids) => {
+                let echo = if echo {
+                    Some(tok.decode(&ids, true).map_err(|e| ApiError::from_tokenizer("prompt", e))?)
+                } else {
+                    None
+                };
+                Ok(Prompt { ids, echo })
+            }
+        })
+        .collect()
+}
+
+/// Create a completion for one or more prompts.
+#[utoipa::path(
+    post,
+    path = "/v1/completions",
+    tag = "openai",
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "The completion; with `stream: true` an SSE stream of `CompletionChunk` frames ending with `data: [DONE]`", body = CompletionResponse),
+        (status = 400, description = "Invalid request", body = ErrorResponse),
+        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 413, description = "Body too large", body = ErrorResponse),
+        (status = 429, description = "Overloaded; see Retry-After", body = ErrorResponse),
+        (status = 503, description = "Not ready", body = ErrorResponse),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/completions")]
+pub async fn completions(
+    state: Data<AppState>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let ready = state.ready()?;
+    ready.check_model(req.model.as_deref())?;
+    let limits = &state.config.limits;
+    if req.suffix.is_some() {
+        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+    }
+    let logprobs = req
+        .logprobs
+        .map(|n| validate::logprobs_count("logprobs", n, limits))
+        .transpose()?;
+    let echo = req.echo.unwrap_or(false);
+    if echo && logprobs.is_some() {
+        return Err(ApiError::invalid("echo", "`echo` together with `logprobs` is not supported"));
+    }
+    let v = validate::sampling(&req.sampling(), limits, ready.client.spec().vocab_size, logprobs)?;
+    let max_tokens = validate::max_tokens("max_tokens", req.max_tokens, DEFAULT_MAX_TOKENS)?;
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = req
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let srcs = sources(req.prompt, limits)?;
+    let tok = ready.tokenizer.clone();
+    let prompts = blocking(move || encode(&tok, srcs, echo)).await?;
+    let mut streams = Vec::with_capacity(prompts.len());
+    let mut echoes = Vec::with_capacity(prompts.len() * v.n);
+    for p in prompts {
+        echoes.extend(std::iter::repeat_n(p.echo, v.n));
+        streams.push(ready.client.submit(GenerateRequest {
+            prompt_ids: p.ids,
+            params: v.params.clone(),
+            max_tokens,
+            stop: v.stop.clone(),
+            n: v.n,
+            priority: 0,
+        })?);
+    }
+    let generated = Generation::new(streams, v.n, state.clone());
+    let meta = ResponseMeta::new("cmpl", &ready.model_name);
+    let texts = ready.token_texts.clone();
+    if stream {
+        let writer = CompletionWriter::new(meta, texts, echoes, logprobs.is_some(), include_usage);
+        return Ok(sse::response(generated, writer, state.keep_alive()));
+    }
+    let (outputs, usage) = generation::collect(generated).await?;
+    let choices = outputs
+        .into_iter()
+        .zip(echoes)
+        .enumerate()
+        .map(|(index, (out, echo))| {
+            let prefix = echo.unwrap_or_default();
+            let logprobs = logprobs.map(|_| {
+                let mut lp = CompletionLogprobs::default();
+                texts.completion(&out.tokens, prefix.chars().count(), &mut lp);
+                lp
+            });
+            CompletionChoice {
+                index,
+                text: prefix + &out.text,
+                logprobs,
+                finish_reason: out.finish.map(|r| r.as_str().to_string()),
+            }
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(CompletionResponse {
+        id: meta.id,
+        object: "text_completion".into(),
+        created: meta.created,
+        model: meta.model,
+        choices,
+        usage: usage_info(usage),
+    }))
+}
+
+/// Wire usage from engine usage.
+pub fn usage_info(u: Usage) -> UsageInfo {
+    UsageInfo {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        total_tokens: u.prompt_tokens + u.completion_tokens,
+    }
+}
+
+/// Completion stream chunks.
+struct CompletionWriter {
+    meta: ResponseMeta,
+    texts: Arc<TokenTexts>,
+    echoes: Vec<Option<String>>,
+    /// Char offset of the next token of each choice (for `text_offset`).
+    offsets: Vec<usize>,
+    logprobs: bool,
+    include_usage: bool,
+}
+
+impl CompletionWriter {
+    fn new(meta: ResponseMeta, texts: Arc<TokenTexts>, echoes: Vec<Option<String>>, logprobs: bool, include_usage: bool) -> Self {
+        let offsets = echoes.iter().map(|e| e.as_ref().map_or(0, |t| t.chars().count())).collect();
+        Self { meta, texts, echoes, offsets, logprobs, include_usage }
+    }
+
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<UsageInfo>) -> Bytes {
+        data_frame(&CompletionChunk {
+            id: self.meta.id.clone(),
+            object: "text_completion".into(),
+            created: self.meta.created,
+            model: self.meta.model.clone(),
+            choices,
+            usage: if self.include_usage { Some(usage) } else { None },
+        })
+    }
+
+    fn one(&self, index: usize, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<FinishReason>) -> Bytes {
+        let choice = CompletionChoice {
+            index,
+            text,
+            logprobs,
+            finish_reason: finish.map(|r| r.as_str().to_string()),
+        };
+        self.chunk(vec![choice], None)
+    }
+}
+
+impl ChunkWriter for CompletionWriter {
+    fn begin(&mut self) -> Vec<Bytes> {
+        let echoes = std::mem::take(&mut self.echoes);
+        echoes
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.map(|text| self.one(i, text, None, None)))
+            .collect()
+    }
+
+    fn delta(&mut self, index: usize, text: String, tokens: Vec<TokenInfo>) -> Option<Bytes> {
+        let logprobs = if self.logprobs && !tokens.is_empty() {
+            let mut lp = CompletionLogprobs::default();
+            let offset = self.offsets.get(index).copied().unwrap_or(0);
+            let next = self.texts.completion(&tokens, offset, &mut lp);
+            if let Some(o) = self.offsets.get_mut(index) {
+                *o = next;
+            }
+            Some(lp)
+        } else {
+            None
+        };
+        if text.is_empty() && logprobs.is_none() {
+            return None;
+        }
+        Some(self.one(index, text, logprobs, None))
+    }
+
+    fn finish(&mut self, index: usize, reason: FinishReason) -> Bytes {
+        self.one(index, String::new(), None, Some(reason))
+    }
+
+    fn usage(&mut self, usage: Usage) -> Option<Bytes> {
+        self.include_usage
+            .then(|| self.chunk(Vec::new(), Some(usage_info(usage))))
+    }
+}

@@ -1,0 +1,157 @@
+//! The JSON body extractor: size-limited, and every type error names the field at fault.
+
+use actix_web::dev::Payload;
+use actix_web::http::header::CONTENT_LENGTH;
+use actix_web::web::{BytesMut, Data};
+use actix_web::{FromRequest, HttpRequest};
+use futures_util::StreamExt;
+use futures_util::future::LocalBoxFuture;
+use serde::de::DeserializeOwned;
+use serde_json::error::Category;
+
+use super::errors::ApiError;
+use super::state::AppState;
+
+/// Body limit when no state is configured.
+const DEFAULT_LIMIT: usize = 4 << 20;
+
+/// A JSON request body of type `T`. Malformed JSON, a non-object body, a missing field or a
+/// field of the wrong type is a 400 whose `param` names the field (`messages[0].content`).
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned + 'static> FromRequest for ApiJson<T> {
+    type Error = ApiError;
+    type Future = LocalBoxFuture<'static, Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let limit = req
+            .app_data::<Data<AppState>>()
+            .map_or(DEFAULT_LIMIT, |s| s.config.server.max_body_bytes);
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let mut payload = payload.take();
+        Box::pin(async move {
+            if declared.is_some_and(|n| n > limit) {
+                return Err(ApiError::PayloadTooLarge { limit });
+            }
+            let mut body = BytesMut::new();
+            while let Some(chunk) = payload.next().await {
+                let chunk = chunk.map_err(|e| {
+                    ApiError::invalid_with_code(None, format!("cannot read the request body: {e}"), "invalid_body")
+                })?;
+                if body.len() + chunk.len() > limit {
+                    return Err(ApiError::PayloadTooLarge { limit });
+                }
+                body.extend_from_slice(&chunk);
+            }
+            parse_json(&body).map(ApiJson)
+        })
+    }
+}
+
+/// Deserializes `body`, turning serde's error into a 400 naming the field.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid_with_code(None, "the request body is empty; expected a JSON object", "invalid_json"));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        describe(&path, &e.into_inner())
+    })?;
+    de.end().map_err(|e| describe(".", &e))?;
+    Ok(value)
+}
+
+fn describe(path: &str, e: &serde_json::Error) -> ApiError {
+    let root = path == "." || path.is_empty();
+    match e.classify() {
+        Category::Syntax | Category::Eof | Category::Io => ApiError::invalid_with_code(
+            None,
+            format!("the request body is not valid JSON: {e}"),
+            "invalid_json",
+        ),
+        Category::Data => {
+            let msg = strip_position(&e.to_string());
+            if let Some(field) = missing_field(&msg) {
+                let param = if root { field.to_string() } else { format!("{path}.{field}") };
+                return ApiError::invalid_with_code(
+                    Some(param.clone()),
+                    format!("missing required parameter `{param}`"),
+                    "missing_required_parameter",
+                );
+            }
+            if root {
+                return ApiError::invalid_with_code(
+                    None,
+                    format!("the request body must be a JSON object of the right shape: {msg}"),
+                    "invalid_type",
+                );
+            }
+            ApiError::invalid_with_code(
+                Some(path.to_string()),
+                format!("invalid `{path}`: {msg}"),
+                "invalid_type",
+            )
+        }
+    }
+}
+
+/// `missing field `x`` -> `x`.
+fn missing_field(msg: &str) -> Option<&str> {
+    msg.strip_prefix("missing field `")?.split('`').next()
+}
+
+/// Drops serde_json's " at line 1 column 20" suffix.
+fn strip_position(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Inner {
+        content: String,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Req {
+        prompt: String,
+        #[serde(default)]
+        stream: Option<bool>,
+        #[serde(default)]
+        messages: Vec<Inner>,
+    }
+
+    fn param(body: &str) -> (Option<String>, String) {
+        let b = parse_json::<Req>(body.as_bytes()).unwrap_err().body().error;
+        (b.param, b.code)
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert_eq!(param(r#"{"prompt": "x", "stream": "true"}"#), (Some("stream".into()), "invalid_type".into()));
+        assert_eq!(param(r#"{"stream": true}"#), (Some("prompt".into()), "missing_required_parameter".into()));
+        assert_eq!(
+            param(r#"{"prompt": "x", "messages": [{"content": 5}]}"#),
+            (Some("messages[0].content".into()), "invalid_type".into())
+        );
+        assert_eq!(param(r#"{"prompt": "x""#).1, "invalid_json");
+        assert_eq!(param(r#"[1, 2]"#), (None, "invalid_type".into()));
+        assert_eq!(param(r#"{"prompt": "x"} trailing"#).1, "invalid_json");
+        assert_eq!(param("").1, "invalid_json");
+        assert!(parse_json::<Req>(br#"{"prompt": "x", "unknown": 1}"#).is_ok());
+    }
+}

@@ -1,0 +1,179 @@
+//! One API request's engine streams merged into one, with global choice indexes, metrics
+//! observed as events pass, and a disconnect counted when it is dropped before the end.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use actix_web::web::Data;
+use futures_util::stream::{SelectAll, Stream, StreamExt};
+
+use super::errors::ApiError;
+use super::state::AppState;
+use crate::engine::{FinishReason, ResponseStream, StreamEvent, TokenInfo, Usage};
+
+/// An event of the merged stream.
+#[derive(Debug)]
+pub enum GenEvent {
+    /// New text for choice `index` (`prompt * n + choice`).
+    Delta {
+        index: usize,
+        text: String,
+        tokens: Vec<TokenInfo>,
+    },
+    Finish {
+        index: usize,
+        reason: FinishReason,
+    },
+    /// Every choice of every prompt ended.
+    Done { usage: Usage },
+    /// The request failed; nothing follows.
+    Error(ApiError),
+}
+
+/// One engine stream tagged with its prompt's position.
+struct Tagged {
+    part: usize,
+    inner: ResponseStream,
+}
+
+impl Stream for Tagged {
+    type Item = (usize, StreamEvent);
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let part = self.part;
+        self.inner.poll_next_unpin(cx).map(|e| e.map(|e| (part, e)))
+    }
+}
+
+/// The merged events of one request's engine streams (one per prompt, `n` choices each).
+/// Dropping it before `Done` or `Error` aborts the engine requests and counts a disconnect.
+pub struct Generation {
+    streams: SelectAll<Tagged>,
+    n: usize,
+    parts_left: usize,
+    open_choices: usize,
+    usage: Usage,
+    state: Data<AppState>,
+    finished: bool,
+}
+
+impl Generation {
+    /// Merges `streams` (in prompt order), each with `n` choices.
+    pub fn new(streams: Vec<ResponseStream>, n: usize, state: Data<AppState>) -> Self {
+        let parts = streams.len();
+        let mut all = SelectAll::new();
+        for (part, inner) in streams.into_iter().enumerate() {
+            all.push(Tagged { part, inner });
+        }
+        Self {
+            streams: all,
+            n,
+            parts_left: parts,
+            open_choices: parts * n,
+            usage: Usage::default(),
+            state,
+            finished: false,
+        }
+    }
+
+    /// The server state (for metrics).
+    pub fn state(&self) -> &Data<AppState> {
+        &self.state
+    }
+
+    /// Total number of choices.
+    pub fn num_choices(&self) -> usize {
+        self.n * self.streams.len()
+    }
+
+    fn fail(&mut self, e: ApiError) -> GenEvent {
+        self.finished = true;
+        self.streams = SelectAll::new();
+        GenEvent::Error(e)
+    }
+}
+
+impl Stream for Generation {
+    type Item = GenEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<GenEvent>> {
+        let this = &mut *self;
+        loop {
+            if this.finished {
+                return Poll::Ready(None);
+            }
+            let (part, event) = match this.streams.poll_next_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    let e = ApiError::Internal("the engine stream ended early".into());
+                    return Poll::Ready(Some(this.fail(e)));
+                }
+                Poll::Ready(Some(x)) => x,
+            };
+            let index = part * this.n;
+            match event {
+                StreamEvent::Delta { choice, text, tokens } => {
+                    return Poll::Ready(Some(GenEvent::Delta { index: index + choice, text, tokens }));
+                }
+                StreamEvent::Finish { choice, reason } => {
+                    this.open_choices = this.open_choices.saturating_sub(1);
+                    this.state.metrics.observe_finish(reason);
+                    return Poll::Ready(Some(GenEvent::Finish { index: index + choice, reason }));
+                }
+                StreamEvent::Done { usage, timings } => {
+                    this.state.metrics.observe_done(&usage, &timings);
+                    this.usage.prompt_tokens += usage.prompt_tokens;
+                    this.usage.completion_tokens += usage.completion_tokens;
+                    this.parts_left -= 1;
+                    if this.parts_left == 0 {
+                        this.finished = true;
+                        return Poll::Ready(Some(GenEvent::Done { usage: this.usage }));
+                    }
+                }
+                StreamEvent::Error(e) => return Poll::Ready(Some(this.fail(e.into()))),
+            }
+        }
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.state.metrics.observe_disconnect();
+            for _ in 0..self.open_choices {
+                self.state.metrics.observe_finish(FinishReason::Abort);
+            }
+        }
+    }
+}
+
+/// What one choice produced, for a non-streamed response.
+#[derive(Debug, Clone, Default)]
+pub struct ChoiceOutput {
+    pub text: String,
+    pub tokens: Vec<TokenInfo>,
+    pub finish: Option<FinishReason>,
+}
+
+/// Runs `generated` to the end. If the client goes away, actix drops this future, which drops
+/// `generated` and aborts the engine requests.
+pub async fn collect(mut generated: Generation) -> Result<(Vec<ChoiceOutput>, Usage), ApiError> {
+    let mut choices = vec![ChoiceOutput::default(); generated.num_choices()];
+    while let Some(event) = generated.next().await {
+        match event {
+            GenEvent::Delta { index, text, tokens } => {
+                if let Some(c) = choices.get_mut(index) {
+                    c.text.push_str(&text);
+                    c.tokens.extend(tokens);
+                }
+            }
+            GenEvent::Finish { index, reason } => {
+                if let Some(c) = choices.get_mut(index) {
+                    c.finish = Some(reason);
+                }
+            }
+            GenEvent::Done { usage } => return Ok((choices, usage)),
+            GenEvent::Error(e) => return Err(e),
+        }
+    }
+    Err(ApiError::Internal("the response ended without a result".into()))
+}

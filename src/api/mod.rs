@@ -1,0 +1,184 @@
+//! The OpenAI-compatible HTTP API on actix-web: routes, wire types, SSE, errors, auth, server.
+
+pub mod auth;
+pub mod chat;
+pub mod completions;
+pub mod errors;
+pub mod extract;
+pub mod generation;
+pub mod health;
+pub mod logprobs;
+pub mod models;
+pub mod openapi;
+pub mod serve;
+pub mod sse;
+pub mod state;
+pub mod tokenize;
+pub mod types;
+pub mod validate;
+
+use std::net::{SocketAddr, TcpListener};
+use std::thread::JoinHandle;
+
+use actix_cors::Cors;
+use actix_web::dev::ServerHandle;
+use actix_web::middleware::{Condition, from_fn};
+use actix_web::web::{self, Data};
+use actix_web::{App, HttpRequest, HttpServer};
+use utoipa::OpenApi;
+use utoipa_swagger_ui::SwaggerUi;
+
+pub use errors::ApiError;
+pub use openapi::{ApiDoc, openapi_json};
+pub use state::AppState;
+
+use crate::config::ServerConfig;
+
+/// Id, creation time and model name shared by every chunk of one response.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseMeta {
+    /// A fresh `PREFIX-<32 hex digits>` id stamped now.
+    pub fn new(prefix: &str, model: &str) -> Self {
+        Self {
+            id: format!("{prefix}-{:032x}", rand::random::<u128>()),
+            created: state::unix_now(),
+            model: model.to_string(),
+        }
+    }
+}
+
+/// Runs CPU work (tokenizing, template rendering) on actix's blocking pool, off the workers.
+pub async fn blocking<T, F>(f: F) -> Result<T, ApiError>
+where
+    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+    T: Send + 'static,
+{
+    web::block(f)
+        .await
+        .map_err(|e| ApiError::Internal(format!("blocking task failed: {e}")))?
+}
+
+async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
+    Err(ApiError::RouteNotFound {
+        method: req.method().to_string(),
+        path: req.path().to_string(),
+    })
+}
+
+/// Registers every route (used by the server and by in-process tests).
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(completions::completions)
+        .service(chat::chat_completions)
+        .service(models::list_models)
+        .service(tokenize::tokenize)
+        .service(tokenize::detokenize)
+        .service(health::health)
+        .service(health::metrics)
+        .service(
+            SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", ApiDoc::openapi()),
+        )
+        .route(
+            "/docs",
+            web::get().to(|| async {
+                actix_web::HttpResponse::PermanentRedirect()
+                    .insert_header(("Location", "/docs/"))
+                    .finish()
+            }),
+        );
+}
+
+fn cors(server: &ServerConfig) -> Cors {
+    let mut c = Cors::default()
+        .allowed_methods(["GET", "POST", "OPTIONS"])
+        .allowed_headers([
+            actix_web::http::header::AUTHORIZATION,
+            actix_web::http::header::CONTENT_TYPE,
+        ])
+        .max_age(3600);
+    for origin in &server.cors_allowed_origins {
+        c = if origin == "*" {
+            c.allow_any_origin()
+        } else {
+            c.allowed_origin(origin)
+        };
+    }
+    c
+}
+
+/// A running HTTP server on its own thread (with its own actix system).
+pub struct Server {
+    addr: SocketAddr,
+    handle: ServerHandle,
+    thread: JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    /// Serves `state` on `listener` (bind `127.0.0.1:0` for an ephemeral port). The state is
+    /// built once by the caller; the per-worker factory only clones its `Arc`.
+    pub fn start(state: Data<AppState>, listener: TcpListener) -> std::io::Result<Server> {
+        let addr = listener.local_addr()?;
+        let server_cfg = state.config.server.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("kiln-http".into())
+            .spawn(move || {
+                actix_web::rt::System::new().block_on(async move {
+                    let cors_on = !server_cfg.cors_allowed_origins.is_empty();
+                    let factory_cfg = server_cfg.clone();
+                    let built = HttpServer::new(move || {
+                        App::new()
+                            .app_data(state.clone())
+                            .wrap(from_fn(auth::guard))
+                            .wrap(Condition::new(cors_on, cors(&factory_cfg)))
+                            .configure(routes)
+                            .default_service(web::to(not_found))
+                    })
+                    .workers(if server_cfg.workers == 0 {
+                        std::thread::available_parallelism().map_or(2, |n| n.get())
+                    } else {
+                        server_cfg.workers
+                    })
+                    .shutdown_timeout(server_cfg.shutdown_timeout_s)
+                    .h1_allow_half_closed(false)
+                    .listen(listener);
+                    let server = match built {
+                        Ok(s) => s.run(),
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            return Ok(());
+                        }
+                    };
+                    let _ = tx.send(Ok(server.handle()));
+                    server.await
+                })
+            })?;
+        let handle = rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the HTTP server thread exited during start"))??;
+        Ok(Server { addr, handle, thread })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A handle to stop the server (graceful: in-flight requests finish first, bounded by
+    /// the shutdown timeout).
+    pub fn handle(&self) -> ServerHandle {
+        self.handle.clone()
+    }
+
+    /// Waits until the server stops (SIGTERM, SIGINT, or [`ServerHandle::stop`]).
+    pub fn join(self) -> std::io::Result<()> {
+        self.thread
+            .join()
+            .map_err(|_| std::io::Error::other("the HTTP server thread panicked"))?
+    }
+}

@@ -1,0 +1,35 @@
+//! `GET /v1/models`: the one served model.
+
+use actix_web::web::Data;
+use actix_web::{HttpResponse, get};
+
+use super::errors::ApiError;
+use super::state::AppState;
+use super::types::{ErrorResponse, ModelCard, ModelList};
+
+/// List the served models.
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    tag = "openai",
+    responses(
+        (status = 200, description = "The served model", body = ModelList),
+        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 503, description = "Not ready", body = ErrorResponse),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/models")]
+pub async fn list_models(state: Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let ready = state.ready()?;
+    Ok(HttpResponse::Ok().json(ModelList {
+        object: "list".into(),
+        data: vec![ModelCard {
+            id: ready.model_name.clone(),
+            object: "model".into(),
+            created: ready.created,
+            owned_by: "kiln".into(),
+            max_model_len: ready.client.max_model_len(),
+        }],
+    }))
+}

@@ -1,0 +1,49 @@
+//! `kiln serve`: config, model, engine, then the HTTP server; SIGTERM drains and exits.
+
+use std::net::TcpListener;
+use std::time::Instant;
+
+use actix_web::web::Data;
+use anyhow::{Context, Result};
+
+use super::{AppState, Server};
+use crate::config::{Config, HubSettings, ServeArgs};
+use crate::engine::Engine;
+use crate::model::ModelFiles;
+
+/// Loads the model (with progress), starts the lanes and waits until they are ready, then
+/// binds and serves until SIGTERM/SIGINT, draining in-flight requests (bounded by
+/// `server.shutdown_timeout_s`) before the engine stops.
+pub fn run(args: &ServeArgs) -> Result<()> {
+    let config = Config::load(args)?;
+    let devices = config.model.parsed_devices()?;
+    let path = config.model_path(&HubSettings::from_env())?;
+    tracing::info!(
+        model = %path.display(),
+        devices = ?devices.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        backends = %crate::metrics::compiled_backends(),
+        version = env!("CARGO_PKG_VERSION"),
+        "starting"
+    );
+    let t0 = Instant::now();
+    let files = ModelFiles::open(&path, config.model.load_format)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let engine = Engine::start(files, &devices, config.engine.clone()).context("starting the engine")?;
+    let client = engine.client();
+    tracing::info!(
+        model = client.model_name(),
+        max_model_len = client.max_model_len(),
+        load_s = t0.elapsed().as_secs_f64(),
+        "engine ready"
+    );
+    let addr = format!("{}:{}", config.server.host, config.server.port);
+    let state = Data::new(AppState::new(config));
+    state.set_engine(client)?;
+    let listener = TcpListener::bind(&addr).with_context(|| format!("binding {addr}"))?;
+    let server = Server::start(state, listener)?;
+    tracing::info!("listening on http://{}", server.addr());
+    let result = server.join();
+    tracing::info!("HTTP server stopped; stopping the engine");
+    engine.shutdown();
+    result.context("HTTP server")
+}

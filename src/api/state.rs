@@ -1,0 +1,127 @@
+//! Shared server state, built once before the HTTP workers start.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use super::errors::ApiError;
+use super::logprobs::TokenTexts;
+use crate::config::Config;
+use crate::engine::EngineClient;
+use crate::metrics::Metrics;
+use crate::tokenizer::Tokenizer;
+use crate::tokenizer::chat::ChatTemplate;
+
+/// What the handlers need once the engine is up.
+pub struct Ready {
+    pub client: EngineClient,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Arc<ChatTemplate>,
+    pub token_texts: Arc<TokenTexts>,
+    /// The name clients send as `model`.
+    pub model_name: String,
+    /// Unix seconds when the engine became ready (the model card's `created`).
+    pub created: u64,
+}
+
+impl Ready {
+    /// 404 unless `model` is absent or names the served model.
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            None => Ok(()),
+            Some(m) if m == self.model_name || m == self.client.model_name() => Ok(()),
+            Some(m) => Err(ApiError::ModelNotFound(m.to_string())),
+        }
+    }
+
+    /// Tokens of the KV pool of the largest lane: no request can use more.
+    pub fn kv_capacity_tokens(&self) -> usize {
+        let stats = self.client.stats();
+        let blocks = stats.lanes.iter().map(|l| l.kv_total_blocks).max().unwrap_or(0);
+        blocks * self.client.config().block_size
+    }
+}
+
+/// State shared by every worker (wrapped in `web::Data`, i.e. one `Arc`).
+pub struct AppState {
+    pub config: Config,
+    pub metrics: Metrics,
+    ready: OnceLock<Ready>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("ready", &self.ready.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl AppState {
+    /// State with no engine yet: every model route answers 503 until [`AppState::set_engine`].
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            metrics: Metrics::new(),
+            ready: OnceLock::new(),
+        }
+    }
+
+    /// Makes the engine available; compiles the chat template (the default one when the
+    /// model has none, or when the model's does not compile, with a warning).
+    pub fn set_engine(&self, client: EngineClient) -> Result<(), ApiError> {
+        let tokenizer = client
+            .tokenizer()
+            .ok_or_else(|| ApiError::Internal("the model has no tokenizer".into()))?;
+        let template = match ChatTemplate::for_tokenizer(&tokenizer) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "the model's chat template does not compile; using the default");
+                let bos = tokenizer.bos_id().and_then(|id| tokenizer.id_to_piece(id));
+                let eos = tokenizer.eos_ids().first().and_then(|&id| tokenizer.id_to_piece(id));
+                ChatTemplate::default_for(&bos.unwrap_or_default(), &eos.unwrap_or_default())?
+            }
+        };
+        if template.is_default() {
+            tracing::info!("the model has no chat template; chat uses the built-in default");
+        }
+        let model_name = self
+            .config
+            .model
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| client.model_name().to_string());
+        let ready = Ready {
+            token_texts: Arc::new(TokenTexts::new(&tokenizer)),
+            tokenizer,
+            template: Arc::new(template),
+            model_name,
+            created: unix_now(),
+            client,
+        };
+        self.ready
+            .set(ready)
+            .map_err(|_| ApiError::Internal("the engine was set twice".into()))
+    }
+
+    /// The engine, or 503 while it loads.
+    pub fn ready(&self) -> Result<&Ready, ApiError> {
+        self.ready.get().ok_or_else(ApiError::not_ready)
+    }
+
+    /// Whether the engine is loaded and every lane is healthy.
+    pub fn is_healthy(&self) -> bool {
+        self.ready.get().is_some_and(|r| r.client.is_healthy())
+    }
+
+    /// Idle time after which a stream sends a keep-alive comment.
+    pub fn keep_alive(&self) -> Duration {
+        Duration::from_secs_f64(self.config.server.sse_keep_alive_s.clamp(0.01, 3600.0))
+    }
+}

@@ -1,0 +1,207 @@
+//! `POST /v1/chat/completions` request and response shapes.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{SamplingFields, StopSpec, StreamOptions, UsageInfo};
+
+/// A text part of a message's content.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ContentPart {
+    /// Only `text` is supported.
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// `content`: a string or a list of text parts.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One message of the conversation.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ChatMessageIn {
+    /// `system`, `developer` (as system), `user` or `assistant`.
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// A chat completions request. Unknown fields are ignored; known fields of the wrong type
+/// are rejected with 400 naming the field.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ChatCompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessageIn>,
+    /// Deprecated alias of `max_completion_tokens`.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Tokens to generate per choice (default: the rest of the context).
+    #[serde(default)]
+    pub max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    #[serde(default)]
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub stop: Option<StopSpec>,
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
+    /// Return the log-probability of each output token.
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    /// Alternatives per token (needs `logprobs: true`).
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
+    #[serde(default)]
+    pub logit_bias: Option<HashMap<String, f32>>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+    /// End the prompt with the assistant's turn header (default true).
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// Not supported; must be absent, null or empty.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// Only `{"type": "text"}` is supported.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<serde_json::Value>,
+}
+
+impl ChatCompletionRequest {
+    /// The sampling fields, for validation.
+    pub fn sampling(&self) -> SamplingFields<'_> {
+        SamplingFields {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+            stop: self.stop.as_ref(),
+            stop_token_ids: self.stop_token_ids.as_deref(),
+            logit_bias: self.logit_bias.as_ref(),
+            ignore_eos: self.ignore_eos,
+            n: self.n,
+        }
+    }
+}
+
+/// An alternative token.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    /// UTF-8 bytes of the token.
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// One output token with its alternatives.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Option<Vec<u8>>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// Chat log-probabilities.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ChatLogprobs {
+    pub content: Option<Vec<ChatTokenLogprob>>,
+}
+
+/// The assistant's reply.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChatMessageOut {
+    /// Always `assistant`.
+    pub role: String,
+    pub content: Option<String>,
+}
+
+/// One chat choice.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: ChatMessageOut,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+/// `object: "chat.completion"`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: UsageInfo,
+}
+
+/// What a stream chunk adds to a choice's message.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ChatDelta {
+    /// `assistant`, in each choice's first chunk only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// One choice in a stream chunk.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChatChunkChoice {
+    pub index: usize,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+/// One server-sent event of a streamed chat completion (`object: "chat.completion.chunk"`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    /// With `stream_options.include_usage`: null, except in the last chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<UsageInfo>)]
+    pub usage: Option<Option<UsageInfo>>,
+}

@@ -1,0 +1,305 @@
+//! The engine's front door: starts lanes, routes requests to the lane with the most free
+//! KV blocks, and hands back a stream of events per request.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+
+use futures_util::Stream;
+use tokio::sync::mpsc;
+
+use super::lane::{self, LaneEvent, LaneMsg, NewRequest};
+use super::output::OutputProcessor;
+use super::scheduler::SeqId;
+use super::{Device, EngineConfig, EngineError, EngineStats, GenerateRequest, LaneStats, StreamEvent};
+use crate::backend::BackendError;
+use crate::backend::cpu::CpuBackend;
+use crate::model::{ModelFiles, ModelSpec};
+use crate::tokenizer::Tokenizer;
+
+/// Most choices one request may ask for.
+pub const MAX_CHOICES: usize = 256;
+
+struct LaneHandle {
+    tx: mpsc::Sender<LaneMsg>,
+    stats: Arc<Mutex<LaneStats>>,
+    num_blocks: usize,
+    /// Requests routed here whose streams are still open.
+    outstanding: Arc<AtomicUsize>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Shared {
+    lanes: Vec<LaneHandle>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    spec: ModelSpec,
+    name: String,
+    cfg: EngineConfig,
+    max_len: usize,
+    next_id: AtomicU64,
+}
+
+/// A running engine; dropping it stops the lanes.
+pub struct Engine {
+    client: EngineClient,
+}
+
+/// A cheap, clonable handle for submitting requests.
+#[derive(Clone)]
+pub struct EngineClient {
+    shared: Arc<Shared>,
+}
+
+fn spawn_lane(
+    index: usize,
+    device: Device,
+    files: Arc<ModelFiles>,
+    cfg: &EngineConfig,
+    max_len: usize,
+) -> Result<(LaneHandle, std::sync::mpsc::Receiver<Result<lane::LaneReady, EngineError>>), EngineError> {
+    let (tx, rx) = mpsc::channel(cfg.max_waiting.max(1) + 64);
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+    let stats = Arc::new(Mutex::new(LaneStats { device: device.to_string(), ..Default::default() }));
+    let (st, cfg2) = (stats.clone(), cfg.clone());
+    let thread = std::thread::Builder::new()
+        .name(format!("kiln-lane-{index}"))
+        .spawn(move || match device {
+            Device::Cpu => lane::run(|| Ok(CpuBackend::new()), files, cfg2, max_len, rx, st, ready_tx),
+            Device::Cuda(_) => {
+                lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("cuda")), files, cfg2, max_len, rx, st, ready_tx)
+            }
+            Device::Rocm(_) => {
+                lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("rocm")), files, cfg2, max_len, rx, st, ready_tx)
+            }
+        })
+        .map_err(|e| EngineError::Load(format!("cannot start lane thread: {e}")))?;
+    let handle = LaneHandle { tx, stats, num_blocks: 0, outstanding: Arc::default(), thread: Mutex::new(Some(thread)) };
+    Ok((handle, ready_rx))
+}
+
+impl Engine {
+    /// Starts one lane per device and waits until every lane has loaded the model.
+    pub fn start(files: ModelFiles, devices: &[Device], cfg: EngineConfig) -> Result<Engine, EngineError> {
+        if devices.is_empty() {
+            return Err(EngineError::Load("no devices given".into()));
+        }
+        if cfg.block_size == 0 || cfg.max_num_seqs == 0 || cfg.max_num_batched_tokens == 0 {
+            return Err(EngineError::Load("block_size, max_num_seqs and max_num_batched_tokens must be > 0".into()));
+        }
+        let max_len = cfg.max_model_len.unwrap_or(files.spec.max_position).min(files.spec.max_position);
+        let tokenizer = files.tokenizer.clone().map(Arc::new);
+        let (spec, name) = (files.spec.clone(), files.name.clone());
+        let files = Arc::new(files);
+        let mut pending = Vec::new();
+        for (i, d) in devices.iter().enumerate() {
+            pending.push(spawn_lane(i, *d, files.clone(), &cfg, max_len)?);
+        }
+        drop(files);
+        let mut lanes = Vec::new();
+        let mut failure = None;
+        for (mut handle, ready) in pending {
+            match ready.recv() {
+                Ok(Ok(r)) => handle.num_blocks = r.num_blocks,
+                Ok(Err(e)) => failure = Some(e),
+                Err(_) => failure = Some(EngineError::Load("lane thread exited during load".into())),
+            }
+            lanes.push(handle);
+        }
+        let shared = Shared { lanes, tokenizer, spec, name, cfg, max_len, next_id: AtomicU64::new(1) };
+        let engine = Engine { client: EngineClient { shared: Arc::new(shared) } };
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(engine),
+        }
+    }
+
+    pub fn client(&self) -> EngineClient {
+        self.client.clone()
+    }
+
+    /// Stops every lane (in-flight requests end with an error) and joins the threads.
+    pub fn shutdown(&self) {
+        for l in &self.client.shared.lanes {
+            let _ = l.tx.try_send(LaneMsg::Shutdown);
+        }
+        for l in &self.client.shared.lanes {
+            if let Some(t) = l.thread.lock().expect("thread lock").take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl EngineClient {
+    pub fn tokenizer(&self) -> Option<Arc<Tokenizer>> {
+        self.shared.tokenizer.clone()
+    }
+    pub fn spec(&self) -> &ModelSpec {
+        &self.shared.spec
+    }
+    pub fn model_name(&self) -> &str {
+        &self.shared.name
+    }
+    /// Prompt plus generated tokens may not exceed this.
+    pub fn max_model_len(&self) -> usize {
+        self.shared.max_len
+    }
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared.cfg
+    }
+    /// A snapshot of every lane.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats { lanes: self.shared.lanes.iter().map(|l| l.stats.lock().expect("stats lock").clone()).collect() }
+    }
+    pub fn is_healthy(&self) -> bool {
+        self.stats().healthy()
+    }
+
+    fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
+        let invalid = |param, message: String| Err(EngineError::InvalidRequest { param: Some(param), message });
+        let (p, m) = (req.prompt_ids.len(), req.max_tokens);
+        if p == 0 {
+            return invalid("prompt", "the prompt is empty".into());
+        }
+        if let Some(t) = req.prompt_ids.iter().find(|&&t| t as usize >= self.shared.spec.vocab_size) {
+            return invalid("prompt", format!("token id {t} is out of range (vocabulary of {})", self.shared.spec.vocab_size));
+        }
+        if m == 0 {
+            return invalid("max_tokens", "max_tokens must be at least 1".into());
+        }
+        if req.n == 0 || req.n > MAX_CHOICES {
+            return invalid("n", format!("n must be between 1 and {MAX_CHOICES}"));
+        }
+        let max_len = self.shared.max_len;
+        if p + m > max_len {
+            return invalid(
+                "max_tokens",
+                format!(
+                    "This model's maximum context length is {max_len} tokens. However, you requested {} tokens ({p} in the prompt, {m} for the completion).",
+                    p + m
+                ),
+            );
+        }
+        let bs = self.shared.cfg.block_size;
+        let pool = self.shared.lanes.iter().map(|l| l.num_blocks).max().unwrap_or(0);
+        if (p + m).div_ceil(bs) > pool {
+            return invalid("max_tokens", format!("{} tokens do not fit the KV cache of {} tokens", p + m, pool * bs));
+        }
+        Ok(())
+    }
+
+    /// Validates and queues a request. Fails fast with `Overloaded` when too many wait.
+    pub fn submit(&self, req: GenerateRequest) -> Result<ResponseStream, EngineError> {
+        self.validate(&req)?;
+        let stats = self.stats();
+        if !stats.healthy() && stats.lanes.iter().all(|l| !l.healthy) {
+            return Err(EngineError::LaneFailed { lane: 0, message: "no healthy lane".into() });
+        }
+        let waiting = stats.waiting();
+        if waiting >= self.shared.cfg.max_waiting {
+            return Err(EngineError::Overloaded { waiting, retry_after_s: 1 });
+        }
+        let lane = stats
+            .lanes
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.healthy)
+            .max_by_key(|(i, l)| {
+                let queued = self.shared.lanes[*i].outstanding.load(Ordering::Relaxed);
+                (l.kv_free_blocks, usize::MAX - queued, usize::MAX - i)
+            })
+            .map(|(i, _)| i)
+            .ok_or(EngineError::ShuttingDown)?;
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let first = SeqId(id * MAX_CHOICES as u64);
+        let capacity = req.n * (req.max_tokens + 1) + 4;
+        let (tx, rx) = mpsc::channel(capacity);
+        let mut stop_ids = req.stop.token_ids.clone();
+        if !req.stop.ignore_eos
+            && let Some(t) = &self.shared.tokenizer
+        {
+            stop_ids.extend_from_slice(t.eos_ids());
+        }
+        let processor = OutputProcessor::new(self.shared.tokenizer.as_ref(), &req.prompt_ids, req.n, req.stop.strings.clone());
+        let seed = req.params.seed.unwrap_or_else(rand::random);
+        let msg = NewRequest { first, req, seed, stop_ids, events: tx, arrival: id };
+        let lane_tx = self.shared.lanes[lane].tx.clone();
+        lane_tx.try_send(LaneMsg::Submit(Box::new(msg))).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => EngineError::Overloaded { waiting, retry_after_s: 1 },
+            mpsc::error::TrySendError::Closed(_) => EngineError::ShuttingDown,
+        })?;
+        let outstanding = self.shared.lanes[lane].outstanding.clone();
+        outstanding.fetch_add(1, Ordering::Relaxed);
+        Ok(ResponseStream { rx, lane_tx, first, processor, done: false, outstanding })
+    }
+}
+
+/// Events of one request. Dropping it aborts the request; its blocks are freed within a step.
+pub struct ResponseStream {
+    rx: mpsc::Receiver<LaneEvent>,
+    lane_tx: mpsc::Sender<LaneMsg>,
+    first: SeqId,
+    processor: OutputProcessor,
+    done: bool,
+    outstanding: Arc<AtomicUsize>,
+}
+
+impl Drop for ResponseStream {
+    fn drop(&mut self) {
+        self.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl ResponseStream {
+    /// The next event, or `None` after `Done`/`Error`.
+    pub async fn next_event(&mut self) -> Option<StreamEvent> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
+    }
+
+    /// Collects the whole stream.
+    pub async fn collect_all(mut self) -> Vec<StreamEvent> {
+        let mut v = Vec::new();
+        while let Some(e) = self.next_event().await {
+            v.push(e);
+        }
+        v
+    }
+}
+
+impl Stream for ResponseStream {
+    type Item = StreamEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<StreamEvent>> {
+        let this = &mut *self;
+        loop {
+            if let Some(ev) = this.processor.out.pop_front() {
+                return Poll::Ready(Some(ev));
+            }
+            if this.done || this.processor.is_finished() {
+                this.done = true;
+                this.rx.close();
+                return Poll::Ready(None);
+            }
+            match this.rx.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    this.done = true;
+                    return Poll::Ready(Some(StreamEvent::Error(EngineError::ShuttingDown)));
+                }
+                Poll::Ready(Some(ev)) => {
+                    if let Some(choice) = this.processor.push(ev) {
+                        let _ = this.lane_tx.try_send(LaneMsg::Abort(SeqId(this.first.0 + choice as u64)));
+                    }
+                }
+            }
+        }
+    }
+}

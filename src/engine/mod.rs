@@ -1,0 +1,109 @@
+//! The continuous-batching engine: lanes (one per device), router, scheduler, paged KV
+//! block manager and per-request output processing.
+
+pub mod blocks;
+mod client;
+mod lane;
+mod output;
+pub mod scheduler;
+pub mod stats;
+pub mod types;
+
+pub use client::{Engine, EngineClient, ResponseStream};
+pub use stats::{EngineStats, LaneStats};
+pub use types::*;
+
+use std::str::FromStr;
+
+/// Errors the engine reports to callers. The API maps each to an HTTP status.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    /// The waiting queue is full; retry later.
+    #[error("the server is overloaded ({waiting} requests waiting); retry later")]
+    Overloaded { waiting: usize, retry_after_s: u64 },
+    /// The request cannot be served as given (e.g. longer than the context).
+    #[error("{message}")]
+    InvalidRequest { param: Option<&'static str>, message: String },
+    /// A device or model error failed this lane's requests.
+    #[error("lane {lane} failed: {message}")]
+    LaneFailed { lane: usize, message: String },
+    /// The engine is shutting down or has stopped.
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    /// The model could not be loaded.
+    #[error("model load failed: {0}")]
+    Load(String),
+}
+
+/// Where a lane runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+    Rocm(usize),
+}
+
+impl FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let idx = |rest: &str| rest.parse::<usize>().map_err(|_| format!("bad device index in '{s}'"));
+        match s.split_once(':') {
+            None if s == "cpu" => Ok(Device::Cpu),
+            None if s == "cuda" => Ok(Device::Cuda(0)),
+            None if s == "rocm" => Ok(Device::Rocm(0)),
+            Some(("cpu", _)) => Ok(Device::Cpu),
+            Some(("cuda", i)) => Ok(Device::Cuda(idx(i)?)),
+            Some(("rocm", i)) => Ok(Device::Rocm(idx(i)?)),
+            _ => Err(format!("unknown device '{s}' (expected cpu, cuda:N or rocm:N)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+            Device::Rocm(i) => write!(f, "rocm:{i}"),
+        }
+    }
+}
+
+/// Scheduler and cache limits (config keys and `kiln serve` flags).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Sequences running at once per lane.
+    pub max_num_seqs: usize,
+    /// Tokens per forward step per lane.
+    pub max_num_batched_tokens: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Exact KV pool size in blocks (per lane); otherwise sized from memory.
+    pub kv_blocks: Option<usize>,
+    /// KV memory per lane on the CPU when `kv_blocks` is unset.
+    pub cpu_kv_cache_bytes: usize,
+    /// Fraction of device memory to use on GPUs.
+    pub gpu_memory_utilization: f32,
+    /// Requests allowed to wait (all lanes); past it submit fails with `Overloaded`.
+    pub max_waiting: usize,
+    pub enable_prefix_caching: bool,
+    /// Context limit; defaults to the model's.
+    pub max_model_len: Option<usize>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 128,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            kv_blocks: None,
+            cpu_kv_cache_bytes: 1 << 30,
+            gpu_memory_utilization: 0.9,
+            max_waiting: 1024,
+            enable_prefix_caching: true,
+            max_model_len: None,
+        }
+    }
+}

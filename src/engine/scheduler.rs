@@ -1,0 +1,351 @@
+//! The token-budget scheduler (vLLM v1 style): running sequences first, then chunked
+//! prefill of waiting ones; no prefill/decode modes. Out of blocks, it preempts the newest
+//! running sequence, which is recomputed later (its cached full blocks usually survive).
+
+use std::collections::VecDeque;
+
+use super::blocks::{BlockId, BlockPool};
+use crate::backend::{BatchPlan, SeqSlice};
+
+/// Identifies one sequence (one choice of one request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// A sequence as the scheduler sees it: tokens and how many of them are in the cache.
+#[derive(Debug)]
+pub struct Sequence {
+    pub id: SeqId,
+    /// Prompt followed by generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose KV is in the cache.
+    pub num_computed: usize,
+    blocks: Vec<BlockId>,
+    /// Hash chain of the registered full blocks.
+    hashes: Vec<u64>,
+    /// Lower runs first.
+    pub priority: i32,
+    /// Submission order (FCFS within a priority).
+    pub arrival: u64,
+    /// Wait until this sequence's prompt is computed (n > 1 choices share its blocks).
+    pub after: Option<SeqId>,
+}
+
+impl Sequence {
+    pub fn new(id: SeqId, prompt: Vec<u32>, priority: i32, arrival: u64, after: Option<SeqId>) -> Self {
+        Self {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            num_computed: 0,
+            blocks: Vec::new(),
+            hashes: Vec::new(),
+            priority,
+            arrival,
+            after,
+        }
+    }
+    /// Generated tokens so far.
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+}
+
+/// Limits of one lane's scheduler.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerConfig {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub block_size: usize,
+}
+
+/// Counters for the stats snapshot.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SchedulerCounters {
+    /// Prompt tokens looked up in the prefix cache / found there.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+}
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheduled {
+    pub id: SeqId,
+    pub num_tokens: usize,
+    /// The chunk reaches the end of the sequence: a token is sampled.
+    pub wants_logits: bool,
+}
+
+/// A step: the plan for the model plus who is in it.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub plan: BatchPlan,
+    pub seqs: Vec<Scheduled>,
+}
+
+/// Waiting and running sequences plus the block pool.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    pool: BlockPool,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    pub counters: SchedulerCounters,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig, pool: BlockPool) -> Self {
+        Self { cfg, pool, waiting: VecDeque::new(), running: Vec::new(), counters: SchedulerCounters::default() }
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Queues a sequence by (priority, arrival).
+    pub fn add(&mut self, seq: Sequence) {
+        let key = (seq.priority, seq.arrival);
+        let at = self.waiting.iter().position(|s| (s.priority, s.arrival) > key).unwrap_or(self.waiting.len());
+        self.waiting.insert(at, seq);
+    }
+
+    /// A sequence by id, running or waiting.
+    pub fn get(&self, id: SeqId) -> Option<&Sequence> {
+        self.running.iter().chain(self.waiting.iter()).find(|s| s.id == id)
+    }
+
+    /// Ids of every sequence held (running then waiting).
+    pub fn ids(&self) -> Vec<SeqId> {
+        self.running.iter().chain(self.waiting.iter()).map(|s| s.id).collect()
+    }
+
+    /// Removes a sequence (finish or abort) and frees its blocks. The one release path.
+    pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
+        let mut seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            self.running.remove(i)
+        } else {
+            let i = self.waiting.iter().position(|s| s.id == id)?;
+            self.waiting.remove(i)?
+        };
+        self.release(&mut seq);
+        Some(seq)
+    }
+
+    fn release(&mut self, seq: &mut Sequence) {
+        self.pool.release(&seq.blocks);
+        seq.blocks.clear();
+        seq.hashes.clear();
+        seq.num_computed = 0;
+    }
+
+    /// Makes sure `seq` has blocks for `upto` tokens. `false` (and no change) if the pool is short.
+    fn grow(pool: &mut BlockPool, seq: &mut Sequence, upto: usize, bs: usize) -> bool {
+        let need = upto.div_ceil(bs).saturating_sub(seq.blocks.len());
+        if need == 0 {
+            return true;
+        }
+        match pool.allocate(need) {
+            Some(b) => {
+                seq.blocks.extend(b);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn ready(&self, seq: &Sequence) -> bool {
+        match seq.after {
+            None => true,
+            Some(p) => match self.get(p) {
+                None => true,
+                Some(parent) => parent.num_computed >= parent.prompt_len,
+            },
+        }
+    }
+
+    /// Picks the next step's work, or `None` when there is nothing to run.
+    pub fn schedule(&mut self) -> Option<Step> {
+        let bs = self.cfg.block_size;
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut picked: Vec<Scheduled> = Vec::new();
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let (computed, len) = (self.running[i].num_computed, self.running[i].tokens.len());
+            let n = (len - computed).min(budget);
+            let mut fits = Self::grow(&mut self.pool, &mut self.running[i], computed + n, bs);
+            while !fits && self.running.len() > i + 1 {
+                let victim = self.running.pop().expect("len > i + 1");
+                self.preempt(victim);
+                preempted = true;
+                fits = Self::grow(&mut self.pool, &mut self.running[i], computed + n, bs);
+            }
+            if !fits {
+                let me = self.running.remove(i);
+                self.preempt(me);
+                preempted = true;
+                break;
+            }
+            picked.push(Scheduled { id: self.running[i].id, num_tokens: n, wants_logits: computed + n == len });
+            budget -= n;
+            i += 1;
+        }
+        if !preempted {
+            self.admit_waiting(&mut budget, &mut picked);
+        }
+        (!picked.is_empty()).then(|| self.build_step(picked))
+    }
+
+    fn preempt(&mut self, mut seq: Sequence) {
+        self.counters.preemptions += 1;
+        self.release(&mut seq);
+        self.add(seq);
+    }
+
+    fn admit_waiting(&mut self, budget: &mut usize, picked: &mut Vec<Scheduled>) {
+        let bs = self.cfg.block_size;
+        let mut w = 0;
+        while w < self.waiting.len() && *budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            if !self.ready(&self.waiting[w]) {
+                w += 1;
+                continue;
+            }
+            let mut seq = self.waiting.remove(w).expect("index checked");
+            if seq.blocks.is_empty() {
+                // Keep at least one token to compute so the step yields logits.
+                let lookup = &seq.tokens[..seq.tokens.len() - 1];
+                let (blocks, hashes) = self.pool.take_cached_prefix(lookup, bs);
+                self.counters.prefix_queries += seq.tokens.len() as u64;
+                self.counters.prefix_hits += (blocks.len() * bs) as u64;
+                seq.num_computed = blocks.len() * bs;
+                seq.blocks = blocks;
+                seq.hashes = hashes;
+            }
+            let n = (seq.tokens.len() - seq.num_computed).min(*budget);
+            let upto = seq.num_computed + n;
+            if !Self::grow(&mut self.pool, &mut seq, upto, bs) {
+                self.release(&mut seq);
+                self.waiting.insert(w, seq);
+                break;
+            }
+            picked.push(Scheduled { id: seq.id, num_tokens: n, wants_logits: seq.num_computed + n == seq.tokens.len() });
+            *budget -= n;
+            self.running.push(seq);
+        }
+    }
+
+    fn build_step(&self, picked: Vec<Scheduled>) -> Step {
+        let bs = self.cfg.block_size;
+        let mut plan = BatchPlan { block_size: bs as u32, ..Default::default() };
+        for p in &picked {
+            let s = self.running.iter().find(|s| s.id == p.id).expect("picked from running");
+            plan.seqs.push(SeqSlice {
+                q_start: plan.token_ids.len() as u32,
+                q_len: p.num_tokens as u32,
+                ctx_len: (s.num_computed + p.num_tokens) as u32,
+                block_table: s.blocks.iter().map(|b| b.0).collect(),
+                wants_logits: p.wants_logits,
+            });
+            plan.token_ids.extend_from_slice(&s.tokens[s.num_computed..s.num_computed + p.num_tokens]);
+        }
+        plan.fill_positions_and_slots();
+        Step { plan, seqs: picked }
+    }
+
+    /// Marks a step's tokens as computed and registers newly full blocks in the prefix cache.
+    pub fn on_computed(&mut self, step: &Step) {
+        let bs = self.cfg.block_size;
+        for p in &step.seqs {
+            let Some(s) = self.running.iter_mut().find(|s| s.id == p.id) else { continue };
+            s.num_computed += p.num_tokens;
+            let full = s.num_computed / bs;
+            while s.hashes.len() < full {
+                let b = s.hashes.len();
+                let parent = s.hashes.last().copied().unwrap_or(0);
+                let h = self.pool.register_full(s.blocks[b], parent, &s.tokens[b * bs..(b + 1) * bs]);
+                s.hashes.push(h);
+            }
+        }
+    }
+
+    /// Appends a sampled token to a running sequence.
+    pub fn push_token(&mut self, id: SeqId, token: u32) {
+        if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
+            s.tokens.push(token);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sched(blocks: usize, budget: usize) -> Scheduler {
+        let cfg = SchedulerConfig { max_num_seqs: 8, max_num_batched_tokens: budget, block_size: 4 };
+        Scheduler::new(cfg, BlockPool::new(blocks, true))
+    }
+
+    fn run_step(s: &mut Scheduler, next: u32) -> Step {
+        let step = s.schedule().expect("work");
+        s.on_computed(&step);
+        for p in &step.seqs {
+            if p.wants_logits {
+                s.push_token(p.id, next);
+            }
+        }
+        step
+    }
+
+    #[test]
+    fn chunked_prefill_then_decode_within_budget() {
+        let mut s = sched(16, 6);
+        s.add(Sequence::new(SeqId(1), (0..10).collect(), 0, 0, None));
+        let a = run_step(&mut s, 99);
+        assert_eq!((a.plan.num_tokens(), a.seqs[0].wants_logits), (6, false));
+        let b = run_step(&mut s, 99);
+        assert_eq!((b.plan.num_tokens(), b.seqs[0].wants_logits), (4, true));
+        let c = run_step(&mut s, 99);
+        assert_eq!(c.plan.num_tokens(), 1);
+        assert_eq!(c.plan.positions, vec![10]);
+        s.remove(SeqId(1));
+        assert_eq!(s.pool().num_free(), 16);
+    }
+
+    #[test]
+    fn preempts_newest_when_blocks_run_out() {
+        let mut s = sched(4, 64);
+        s.add(Sequence::new(SeqId(1), (0..7).collect(), 0, 0, None));
+        s.add(Sequence::new(SeqId(2), (10..17).collect(), 0, 1, None));
+        run_step(&mut s, 5); // both prefilled: 2 blocks each, 8 tokens each now
+        assert_eq!(s.num_running(), 2);
+        let step = run_step(&mut s, 5); // seq 1 needs a third block: seq 2 is preempted
+        assert_eq!(s.counters.preemptions, 1);
+        assert_eq!(step.seqs.iter().map(|p| p.id).collect::<Vec<_>>(), vec![SeqId(1)]);
+        assert_eq!(s.num_waiting(), 1);
+        s.remove(SeqId(1));
+        s.remove(SeqId(2));
+        assert_eq!(s.pool().num_free(), 4);
+    }
+
+    #[test]
+    fn second_request_hits_prefix_cache() {
+        let mut s = sched(16, 64);
+        s.add(Sequence::new(SeqId(1), (0..9).collect(), 0, 0, None));
+        run_step(&mut s, 1);
+        s.remove(SeqId(1));
+        s.add(Sequence::new(SeqId(2), (0..9).collect(), 0, 1, None));
+        let step = run_step(&mut s, 1);
+        assert_eq!(step.plan.num_tokens(), 1, "8 of 9 prompt tokens come from the cache");
+        assert_eq!(s.counters.prefix_hits, 8);
+    }
+}

@@ -1,0 +1,113 @@
+//! What goes into the engine and what comes out: validated requests and token events.
+//! No OpenAI types here; `api/` maps these to wire JSON.
+
+use std::time::Duration;
+
+use crate::sampling::SamplingParams;
+
+/// Identifies a request within the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// When a choice stops.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StopCriteria {
+    /// Stop when one of these tokens is sampled (the token is not shown as text).
+    pub token_ids: Vec<u32>,
+    /// Stop when the text contains one of these (the stop string is not shown).
+    pub strings: Vec<String>,
+    /// Keep going past the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+/// A validated generation request: prompt tokens plus everything that shapes the output.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt_ids: Vec<u32>,
+    pub params: SamplingParams,
+    /// Tokens to generate per choice at most.
+    pub max_tokens: usize,
+    pub stop: StopCriteria,
+    /// Number of choices; they share the prompt's KV blocks through the prefix cache.
+    pub n: usize,
+    /// Lower runs first among waiting requests; FCFS within a priority.
+    pub priority: i32,
+}
+
+impl GenerateRequest {
+    /// A greedy request for `max_tokens` tokens with default settings.
+    pub fn greedy(prompt_ids: Vec<u32>, max_tokens: usize) -> Self {
+        Self {
+            prompt_ids,
+            params: SamplingParams::greedy(),
+            max_tokens,
+            stop: StopCriteria::default(),
+            n: 1,
+            priority: 0,
+        }
+    }
+}
+
+/// Why a choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the model's context length.
+    Length,
+    /// The client went away or the request was cancelled.
+    Abort,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// One generated token with its log-probability and top alternatives (when asked).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenInfo {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Token counts of a request (all choices).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// Latencies of one request, for the metrics layer.
+#[derive(Debug, Clone, Default)]
+pub struct RequestTimings {
+    /// Submit to first scheduled.
+    pub queue: Duration,
+    /// Submit to first token.
+    pub ttft: Duration,
+    /// Gaps between consecutive tokens of a choice.
+    pub inter_token: Vec<Duration>,
+    /// Submit to finish.
+    pub e2e: Duration,
+}
+
+/// What a response stream yields.
+#[derive(Debug, Clone)]
+pub enum StreamEvent {
+    /// New text for a choice, with the tokens that completed it. `text` may be empty while
+    /// text that could begin a stop string (or half a UTF-8 character) is held back.
+    Delta { choice: usize, text: String, tokens: Vec<TokenInfo> },
+    /// A choice ended.
+    Finish { choice: usize, reason: FinishReason },
+    /// Every choice ended; the last event of a successful stream.
+    Done { usage: Usage, timings: RequestTimings },
+    /// The request failed; the last event of the stream.
+    Error(super::EngineError),
+}

@@ -1,0 +1,273 @@
+//! Chat templates: the model's Jinja `chat_template` (or a plain default) rendered with minijinja.
+
+use minijinja::value::Value;
+use minijinja::{Environment, Error, ErrorKind};
+
+use super::Tokenizer;
+
+/// Used when a model ships no template: plain `Role: text` turns, BOS first, EOS after each
+/// assistant turn, and `Assistant:` as the generation prompt.
+pub const DEFAULT_CHAT_TEMPLATE: &str = "{{ bos_token }}\
+{% for message in messages %}\
+{% if message['role'] == 'system' %}{{ message['content'] }}\n\n\
+{% elif message['role'] == 'user' %}User: {{ message['content'] }}\n\
+{% elif message['role'] == 'assistant' %}Assistant: {{ message['content'] }}{{ eos_token }}\n\
+{% else %}{{ raise_exception('unsupported role: ' ~ message['role']) }}\
+{% endif %}\
+{% endfor %}\
+{% if add_generation_prompt %}Assistant:{% endif %}";
+
+/// Name under which the template is stored in its environment.
+const NAME: &str = "chat";
+
+/// Errors from compiling or rendering a chat template.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatTemplateError {
+    /// The template source does not compile.
+    #[error("invalid chat template: {0}")]
+    Syntax(String),
+    /// The template refused the conversation (`raise_exception`) or failed while rendering.
+    #[error("chat template: {0}")]
+    Render(String),
+}
+
+/// One chat turn, its content already flattened to text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with `role` and `content`.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template with the tokenizer's BOS and EOS texts. `Send + Sync`; render it
+/// on a blocking pool, it is CPU work proportional to the conversation.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+    is_default: bool,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .field("is_default", &self.is_default)
+            .finish()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source` with Hugging Face's Jinja settings (`trim_blocks`, `lstrip_blocks`),
+    /// Python string/dict methods, `raise_exception` and `strftime_now`.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, ChatTemplateError> {
+        let mut env = Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| ChatTemplateError::Syntax(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
+        Ok(Self {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+            is_default: false,
+        })
+    }
+
+    /// The tokenizer's own template, or [`DEFAULT_CHAT_TEMPLATE`] when it has none. A model
+    /// template that does not compile is an error (the caller decides whether to fall back).
+    pub fn for_tokenizer(tokenizer: &Tokenizer) -> Result<Self, ChatTemplateError> {
+        let piece = |id: Option<u32>| {
+            id.and_then(|id| tokenizer.id_to_piece(id))
+                .unwrap_or_default()
+        };
+        let bos = piece(tokenizer.bos_id());
+        let eos = piece(tokenizer.eos_ids().first().copied());
+        match tokenizer.chat_template() {
+            Some(source) => Self::new(source, &bos, &eos),
+            None => Self::default_for(&bos, &eos),
+        }
+    }
+
+    /// [`DEFAULT_CHAT_TEMPLATE`] with the given BOS and EOS texts.
+    pub fn default_for(bos_token: &str, eos_token: &str) -> Result<Self, ChatTemplateError> {
+        let mut t = Self::new(DEFAULT_CHAT_TEMPLATE, bos_token, eos_token)?;
+        t.is_default = true;
+        Ok(t)
+    }
+
+    /// Whether this is the built-in default rather than the model's template.
+    pub fn is_default(&self) -> bool {
+        self.is_default
+    }
+
+    /// The prompt text for `messages`; with `add_generation_prompt` it ends where the
+    /// assistant's reply begins. Encode it without adding BOS: templates write `bos_token`.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                Value::from_iter([
+                    ("role", Value::from(m.role.as_str())),
+                    ("content", Value::from(m.content.as_str())),
+                ])
+            })
+            .collect();
+        let ctx = Value::from_iter([
+            ("messages", Value::from(messages)),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+            ("bos_token", Value::from(self.bos_token.as_str())),
+            ("eos_token", Value::from(self.eos_token.as_str())),
+        ]);
+        let template = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
+        template
+            .render(ctx)
+            .map_err(|e| ChatTemplateError::Render(describe(&e)))
+    }
+}
+
+/// `raise_exception(msg)`: the template rejects the conversation with `msg`.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `strftime_now(fmt)`: today's date; only the formats chat templates use are understood
+/// (`%d`, `%m`, `%Y`, `%b`, `%B`), in UTC.
+fn strftime_now(format: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let month = MONTHS[(m - 1) as usize];
+    format
+        .replace("%d", &format!("{d:02}"))
+        .replace("%m", &format!("{m:02}"))
+        .replace("%Y", &y.to_string())
+        .replace("%B", month)
+        .replace("%b", &month[..3])
+}
+
+/// Year, month (1..=12) and day of a count of days since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// The error's message with its cause (minijinja keeps the `raise_exception` text in `detail`).
+fn describe(e: &Error) -> String {
+    match e.detail() {
+        Some(detail) if e.kind() == ErrorKind::InvalidOperation => detail.to_string(),
+        _ => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conv() -> Vec<ChatMessage> {
+        vec![
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "Hi"),
+            ChatMessage::new("assistant", "Hello"),
+            ChatMessage::new("user", "Tell a story"),
+        ]
+    }
+
+    #[test]
+    fn default_template_renders_turns() {
+        let t = ChatTemplate::default_for("<s>", "</s>").unwrap();
+        let s = t.render(&conv(), true).unwrap();
+        assert_eq!(
+            s,
+            "<s>Be brief.\n\nUser: Hi\nAssistant: Hello</s>\nUser: Tell a story\nAssistant:"
+        );
+        let s = t.render(&conv()[..2], false).unwrap();
+        assert_eq!(s, "<s>Be brief.\n\nUser: Hi\n");
+    }
+
+    #[test]
+    fn hf_style_template_with_python_methods_and_trim_blocks() {
+        let src = "{% for m in messages %}\n<|{{ m.role }}|>{{ m['content'].strip() }}\n{% endfor %}\n{% if add_generation_prompt %}<|assistant|>{% endif %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let s = t.render(&[ChatMessage::new("user", "  x  ")], true).unwrap();
+        assert_eq!(s, "<|user|>x\n<|assistant|>");
+    }
+
+    #[test]
+    fn raise_exception_reports_its_message() {
+        let src = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('roles must alternate') }}{% endif %}ok";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let err = t
+            .render(&[ChatMessage::new("assistant", "x")], true)
+            .unwrap_err();
+        assert!(err.to_string().contains("roles must alternate"), "{err}");
+        assert!(
+            ChatTemplate::default_for("", "")
+                .unwrap()
+                .render(&[ChatMessage::new("tool", "x")], true)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn bad_template_is_a_syntax_error() {
+        assert!(matches!(
+            ChatTemplate::new("{% for %}", "", ""),
+            Err(ChatTemplateError::Syntax(_))
+        ));
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+        assert!(strftime_now("%d %b %Y".into()).len() >= 10);
+    }
+}
