@@ -88,7 +88,10 @@ fn llama_spm_gguf_matches_llama_cpp() {
     assert_eq!(tok.bos_id(), Some(1));
     assert_eq!(tok.eos_ids(), &[2]);
     assert!(tok.add_bos_default());
-    assert_eq!(tok.encode("Hello world", true).unwrap(), vec![1, 15043, 3186]);
+    assert_eq!(
+        tok.encode("Hello world", true).unwrap(),
+        vec![1, 15043, 3186]
+    );
     assert_eq!(tok.id_to_piece(15043).as_deref(), Some("▁Hello"));
     assert_eq!(tok.id_to_piece(13).as_deref(), Some("<0x0A>"));
     assert_eq!(tok.token_to_id("</s>"), Some(2));
@@ -100,7 +103,10 @@ fn llama_spm_gguf_matches_llama_cpp() {
 fn llama2_model_file_has_the_same_vocab() {
     let tok = gguf_tokenizer("llama-2-tiny-random.gguf");
     assert_matches_llama_cpp(&tok, "ggml-vocab-llama-spm.gguf");
-    assert!(tok.add_bos_default(), "SentencePiece default without the key");
+    assert!(
+        tok.add_bos_default(),
+        "SentencePiece default without the key"
+    );
 }
 
 #[test]
@@ -110,7 +116,10 @@ fn gpt2_gguf_matches_llama_cpp() {
     assert_eq!(tok.vocab_size(), 50257);
     assert_eq!(tok.bos_id(), Some(50256));
     assert_eq!(tok.eos_ids(), &[50256]);
-    assert!(!tok.add_bos_default(), "byte-level BPE default without the key");
+    assert!(
+        !tok.add_bos_default(),
+        "byte-level BPE default without the key"
+    );
     assert!(tok.is_special(50256));
     assert_eq!(
         tok.encode("a<|endoftext|>b", false).unwrap(),
@@ -191,10 +200,16 @@ fn stream(tok: &Tokenizer, ids: &[u32], skip_special: bool, valid: bool) -> Vec<
     for &id in ids {
         let piece = dec.push(id).unwrap();
         if valid {
-            assert!(!piece.contains('\u{FFFD}'), "U+FFFD in {piece:?} of {full:?}");
+            assert!(
+                !piece.contains('\u{FFFD}'),
+                "U+FFFD in {piece:?} of {full:?}"
+            );
         }
         so_far.push_str(&piece);
-        assert!(full.starts_with(&so_far), "{so_far:?} is not a prefix of {full:?}");
+        assert!(
+            full.starts_with(&so_far),
+            "{so_far:?} is not a prefix of {full:?}"
+        );
         pieces.push(piece);
     }
     let rest = dec.finish();
@@ -243,11 +258,17 @@ fn incremental_decoding_holds_back_partial_characters() {
     assert_eq!(pieces.concat(), " this is 🦙.cpp");
 
     // Byte-level BPE: a CJK character and an emoji split over several tokens.
-    for tok in [gguf_tokenizer("vocab/ggml-vocab-gpt-2.gguf"), llama3_tokenizer()] {
+    for tok in [
+        gguf_tokenizer("vocab/ggml-vocab-gpt-2.gguf"),
+        llama3_tokenizer(),
+    ] {
         for text in ["龘 🦙", "🚀 (normal) 😶\u{200d}🌫️ ✅"] {
             let ids = tok.encode(text, false).unwrap();
             let pieces = stream(&tok, &ids, false, true);
-            assert!(pieces.iter().any(String::is_empty), "{text:?}: some ids end mid-character");
+            assert!(
+                pieces.iter().any(String::is_empty),
+                "{text:?}: some ids end mid-character"
+            );
             assert_eq!(pieces.concat(), text);
         }
     }
@@ -370,7 +391,11 @@ fn tokenizer_config_fields() {
     assert_eq!(tok.bos_id(), Some(1));
 
     // No add_bos_token: the post-processor (which prepends <s>) decides.
-    std::fs::write(&config, r#"{"bos_token": "<s>", "chat_template": "{{ x }}"}"#).unwrap();
+    std::fs::write(
+        &config,
+        r#"{"bos_token": "<s>", "chat_template": "{{ x }}"}"#,
+    )
+    .unwrap();
     let tok = Tokenizer::from_file(&json, Some(&config)).unwrap();
     assert!(tok.add_bos_default());
     assert_eq!(tok.chat_template(), Some("{{ x }}"));
@@ -415,6 +440,7 @@ fn incremental_decoding_of_arbitrary_ids() {
         gguf_tokenizer("vocab/ggml-vocab-llama-spm.gguf"),
         gguf_tokenizer("vocab/ggml-vocab-gpt-2.gguf"),
         llama3_tokenizer(),
+        stories_hf(),
     ];
     for tok in &tokenizers {
         for _ in 0..200 {

@@ -39,7 +39,9 @@ fuzz_target!(|data: &[u8]| {
         assert!(info.offset + info.n_bytes <= data.len() as u64);
         if info.ggml_type.is_supported() && info.n_bytes <= MAX_DEQUANT_BYTES {
             // A tensor that parsed must dequantize: any error here is a reader bug.
-            let values = file.tensor_f32(&info.name).expect("validated tensor dequantizes");
+            let values = file
+                .tensor_f32(&info.name)
+                .expect("validated tensor dequantizes");
             assert_eq!(values.len() as u64, info.n_elements());
         } else if !info.ggml_type.is_supported() {
             assert!(file.tensor_f32(&info.name).is_err());

@@ -56,7 +56,16 @@ impl<T: DeserializeOwned + 'static> FromRequest for ApiJson<T> {
 /// Deserializes `body`, turning serde's error into a 400 naming the field.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::invalid_with_code(None, "the request body is empty; expected a JSON object", "invalid_json"));
+        return Err(ApiError::invalid_with_code(
+            None,
+            "the request body is empty; expected a JSON object",
+            "invalid_json",
+        ));
+    }
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(|e| describe(".", &e))?;
+        return Err(ApiError::invalid_with_code(None, "the request body must be a JSON object", "invalid_type"));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {

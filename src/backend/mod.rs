@@ -2,6 +2,8 @@
 
 pub mod cpu;
 pub mod batch;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 pub use batch::{BatchPlan, KvShape, SeqSlice};
 
@@ -102,4 +104,16 @@ pub trait Backend {
     fn sample(&mut self, logits: &Self::Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>, BackendError>;
     /// Downloads `n` rows of a tensor (tests and debugging).
     fn to_host(&mut self, x: &Self::Tensor, n: usize) -> Result<Vec<f32>, BackendError>;
+
+    /// Bytes the KV pool may take, from the device memory left after weights and
+    /// workspaces, keeping `1 - utilization` of the device free. `None`: not a device with
+    /// its own memory (the configured CPU budget applies).
+    fn kv_budget_bytes(&self, utilization: f32) -> Option<usize> {
+        let _ = utilization;
+        None
+    }
+    /// Bytes per cached K or V element.
+    fn kv_element_bytes(&self) -> usize {
+        std::mem::size_of::<f32>()
+    }
 }

@@ -67,8 +67,17 @@ fn spawn_lane(
         .name(format!("kiln-lane-{index}"))
         .spawn(move || match device {
             Device::Cpu => lane::run(|| Ok(CpuBackend::new()), files, cfg2, max_len, rx, st, ready_tx),
-            Device::Cuda(_) => {
-                lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("cuda")), files, cfg2, max_len, rx, st, ready_tx)
+            Device::Cuda(i) => {
+                #[cfg(feature = "cuda")]
+                {
+                    use crate::backend::cuda::{CudaBackend, CudaOptions};
+                    lane::run(move || CudaBackend::new(i, CudaOptions::default()), files, cfg2, max_len, rx, st, ready_tx)
+                }
+                #[cfg(not(feature = "cuda"))]
+                {
+                    let _ = i;
+                    lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("cuda")), files, cfg2, max_len, rx, st, ready_tx)
+                }
             }
             Device::Rocm(_) => {
                 lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("rocm")), files, cfg2, max_len, rx, st, ready_tx)

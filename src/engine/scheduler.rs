@@ -327,7 +327,8 @@ mod tests {
         s.add(Sequence::new(SeqId(1), (0..7).collect(), 0, 0, None));
         s.add(Sequence::new(SeqId(2), (10..17).collect(), 0, 1, None));
         run_step(&mut s, 5); // both prefilled: 2 blocks each, 8 tokens each now
-        assert_eq!(s.num_running(), 2);
+        run_step(&mut s, 5); // token 8 computed: still 2 blocks each
+        assert_eq!((s.num_running(), s.counters.preemptions), (2, 0));
         let step = run_step(&mut s, 5); // seq 1 needs a third block: seq 2 is preempted
         assert_eq!(s.counters.preemptions, 1);
         assert_eq!(step.seqs.iter().map(|p| p.id).collect::<Vec<_>>(), vec![SeqId(1)]);

@@ -128,13 +128,13 @@ impl ChatTemplate {
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
-                Value::from_iter([
+                Value::from_pairs([
                     ("role", Value::from(m.role.as_str())),
                     ("content", Value::from(m.content.as_str())),
                 ])
             })
             .collect();
-        let ctx = Value::from_iter([
+        let ctx = Value::from_pairs([
             ("messages", Value::from(messages)),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
             ("bos_token", Value::from(self.bos_token.as_str())),

@@ -99,7 +99,10 @@ mod tests {
     #[test]
     fn runs_split_at_utf8_chunks() {
         let got = split_byte_runs(strings(&["a", "<0x15>", "<0xE2>", "<0x41>", "b"]));
-        assert_eq!(got, strings(&["a", "<0x15>", "", "<0xE2>", "", "<0x41>", "", "b"]));
+        assert_eq!(
+            got,
+            strings(&["a", "<0x15>", "", "<0xE2>", "", "<0x41>", "", "b"])
+        );
         let got = split_byte_runs(strings(&["<0xE2>", "<0x82>", "<0xAC>"]));
         assert_eq!(got, strings(&["<0xE2>", "<0x82>", "<0xAC>", ""]));
         assert_eq!(piece_byte("<0x0A>"), Some(10));

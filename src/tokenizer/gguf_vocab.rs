@@ -159,7 +159,10 @@ impl GgufVocab {
         ];
         for (key, id) in ids {
             if let Some(id) = id.filter(|&id| id as usize >= n) {
-                return Err(invalid(key, format!("id {id} is out of range for {n} tokens")));
+                return Err(invalid(
+                    key,
+                    format!("id {id} is out of range for {n} tokens"),
+                ));
             }
         }
         if self.model == VocabModel::Llama && self.scores.is_empty() {
@@ -239,7 +242,12 @@ fn special_id(raw: Option<u64>, n_tokens: usize, key: &str) -> Option<u32> {
         return None;
     }
     if raw >= n_tokens as u64 {
-        tracing::warn!(key, id = raw, n_tokens, "special token id out of range, ignored");
+        tracing::warn!(
+            key,
+            id = raw,
+            n_tokens,
+            "special token id out of range, ignored"
+        );
         return None;
     }
     u32::try_from(raw).ok()

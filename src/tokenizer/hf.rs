@@ -54,7 +54,9 @@ fn token_field(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, St
             Some(Value::String(s)) => Ok(Some(s.clone())),
             _ => Err(format!("`{key}` object has no string `content`")),
         },
-        Some(other) => Err(format!("`{key}` is neither a string nor a token object: {other}")),
+        Some(other) => Err(format!(
+            "`{key}` is neither a string nor a token object: {other}"
+        )),
     }
 }
 

@@ -1,8 +1,8 @@
 //! Tokenizer: the `tokenizers` crate, loaded from `tokenizer.json` or built from GGUF metadata.
 
 mod builder;
-mod decode;
 pub mod chat;
+mod decode;
 mod gguf_vocab;
 mod hf;
 mod incremental;
@@ -107,16 +107,17 @@ impl Tokenizer {
         tokenizer_json: &Path,
         tokenizer_config_json: Option<&Path>,
     ) -> Result<Self, TokenizerError> {
-        let hf = tokenizers::Tokenizer::from_file(tokenizer_json).map_err(|e| {
-            TokenizerError::Load {
+        let hf =
+            tokenizers::Tokenizer::from_file(tokenizer_json).map_err(|e| TokenizerError::Load {
                 path: tokenizer_json.to_path_buf(),
                 message: e.to_string(),
-            }
-        })?;
+            })?;
         let config = tokenizer_config_json.map(hf::read_config).transpose()?;
         let lookup = |token: &str, key: &str| {
             hf.token_to_id(token).ok_or_else(|| TokenizerError::Config {
-                path: tokenizer_config_json.unwrap_or(tokenizer_json).to_path_buf(),
+                path: tokenizer_config_json
+                    .unwrap_or(tokenizer_json)
+                    .to_path_buf(),
                 message: format!("{key} {token:?} is not in the vocabulary"),
             })
         };
@@ -173,9 +174,7 @@ impl Tokenizer {
                 .into_iter()
                 .flatten()
                 .collect(),
-            add_bos_default: vocab
-                .add_bos
-                .unwrap_or(vocab.model == VocabModel::Llama),
+            add_bos_default: vocab.add_bos.unwrap_or(vocab.model == VocabModel::Llama),
             chat_template: vocab.chat_template,
         };
         Ok(Self::assemble(hf, meta, Some(vocab.tokens.len())))

@@ -98,3 +98,57 @@ pub fn rope_head(x: &mut [f32], cos_sin: &[(f32, f32)], interleaved: bool) {
         x[b] = x0 * s + x1 * c;
     }
 }
+
+/// `x = exp(x)` for `x <= 0` (softmax after max subtraction), vectorizable:
+/// `exp(x) = 2^k * p(r)` with `x = k ln2 + r`, `|r| <= ln2 / 2`, and a degree-6
+/// polynomial for `p` (relative error below 3e-7). Inputs below -87 give 0.
+pub fn exp_in_place(xs: &mut [f32]) {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    for x in xs.iter_mut() {
+        let v = x.max(-87.0);
+        let k = (v * LOG2E).round();
+        let r = v - k * LN2_HI - k * LN2_LO;
+        let p = 1.0
+            + r * (1.0
+                + r * (0.5
+                    + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+        let scale = f32::from_bits(((k as i32 + 127) as u32) << 23);
+        *x = if *x < -87.0 { 0.0 } else { p * scale };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_matches_libm() {
+        let mut xs: Vec<f32> = (0..2000).map(|i| -(i as f32) * 0.05).collect();
+        let want: Vec<f32> = xs.iter().map(|x| x.exp()).collect();
+        exp_in_place(&mut xs);
+        for (g, w) in xs.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-6 * w + 1e-37, "{g} vs {w}");
+        }
+    }
+
+    #[test]
+    fn matmul_paths_agree_with_naive() {
+        let (n, k, m) = (5, 37, 70);
+        let x: Vec<f32> = (0..n * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+        let w: Vec<f32> = (0..m * k).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1).collect();
+        let b: Vec<f32> = (0..m).map(|i| i as f32 * 0.01).collect();
+        let mut out = vec![0.0; n * m];
+        matmul(&x, &w, Some(&b), n, k, m, &mut out);
+        for r in 0..n {
+            let mut one = vec![0.0; m];
+            matmul(&x[r * k..(r + 1) * k], &w, Some(&b), 1, k, m, &mut one);
+            for j in 0..m {
+                let naive: f32 = (0..k).map(|i| x[r * k + i] * w[j * k + i]).sum::<f32>() + b[j];
+                assert!((out[r * m + j] - naive).abs() < 1e-4);
+                assert!((one[j] - naive).abs() < 1e-4);
+            }
+        }
+    }
+}

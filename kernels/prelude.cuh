@@ -1,0 +1,121 @@
+// Kiln kernel prelude: the only place where CUDA (NVRTC) and HIP (hipRTC) differ.
+//
+// Kernels include nothing: NVRTC and hipRTC search no include directories, so the
+// storage types, conversions, shuffles and reductions every kernel needs are defined here.
+// The host prepends this text to each kernel file and passes:
+//   -DKILN_WARP_SIZE=<32 on NVIDIA and RDNA, 64 on CDNA>
+// Never write a literal 32 in a reduction: use WARP.
+
+#ifndef KILN_WARP_SIZE
+#error "the host must define KILN_WARP_SIZE"
+#endif
+
+constexpr int WARP = KILN_WARP_SIZE;
+// Most warps of a 1024-thread block; sizes the scratch of block reductions.
+constexpr int MAX_WARPS = 1024 / WARP;
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+
+#define KILN_INF (__uint_as_float(0x7f800000u))
+
+#if defined(__HIPCC_RTC__) || defined(__HIPCC__)
+#define KILN_HIP 1
+template <typename V>
+__device__ __forceinline__ V shfl_xor(V v, int mask) { return __shfl_xor(v, mask, WARP); }
+template <typename V>
+__device__ __forceinline__ V shfl(V v, int src) { return __shfl(v, src, WARP); }
+__device__ __forceinline__ void sync_warp() {}
+#else
+#define KILN_CUDA 1
+template <typename V>
+__device__ __forceinline__ V shfl_xor(V v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask, WARP); }
+template <typename V>
+__device__ __forceinline__ V shfl(V v, int src) { return __shfl_sync(0xffffffffu, v, src, WARP); }
+__device__ __forceinline__ void sync_warp() { __syncwarp(); }
+#endif
+
+// bfloat16 storage: the top 16 bits of an IEEE float. Same layout as __nv_bfloat16 and
+// hip_bfloat16, so buffers are shared with cuBLAS / hipBLAS as-is.
+struct bf16 {
+    u16 bits;
+};
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __uint_as_float(((u32)x.bits) << 16); }
+
+template <typename T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) { return x; }
+// Round to nearest even; NaN stays NaN.
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float x) {
+    u32 u = __float_as_uint(x);
+    bf16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        r.bits = 0x7fc0;
+    } else {
+        u += 0x7fffu + ((u >> 16) & 1u);
+        r.bits = (u16)(u >> 16);
+    }
+    return r;
+}
+
+template <typename V>
+__device__ __forceinline__ V warp_sum(V v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
+    return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds MAX_WARPS values.
+template <typename V>
+__device__ V block_sum(V v, V* scratch) {
+    const int w = threadIdx.x / WARP, l = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (l == 0) scratch[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        V t = l < nw ? scratch[l] : (V)0;
+        t = warp_sum(t);
+        if (l == 0) scratch[0] = t;
+    }
+    __syncthreads();
+    return scratch[0];
+}
+
+// Max over the block; every thread gets the result.
+__device__ float block_max(float v, float* scratch) {
+    const int w = threadIdx.x / WARP, l = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (l == 0) scratch[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float t = l < nw ? scratch[l] : -KILN_INF;
+        t = warp_max(t);
+        if (l == 0) scratch[0] = t;
+    }
+    __syncthreads();
+    return scratch[0];
+}
+
+// One instantiation per storage type: M(suffix, type). The host passes -DKILN_DTYPE_F32 or
+// -DKILN_DTYPE_BF16 to build only the type a backend uses (default: both).
+#if defined(KILN_DTYPE_F32)
+#define KILN_FOR_DTYPES(M) M(f32, float)
+#elif defined(KILN_DTYPE_BF16)
+#define KILN_FOR_DTYPES(M) M(bf16, bf16)
+#else
+#define KILN_FOR_DTYPES(M) \
+    M(f32, float)          \
+    M(bf16, bf16)
+#endif

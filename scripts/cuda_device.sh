@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root, with target/device/ staged by
+# scripts/cuda_stage.sh. Usage: scripts/cuda_device.sh [parity [ROUNDS] | bench | all]
+# Logs go to $OUT (or /tmp/kiln-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dev=target/device
+out=${OUT:-/tmp/kiln-out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+# The CUDA libraries cudarc loads at run time: the toolkit's, else pip's nvidia wheels.
+pylibs=$(python3 -c 'import os, nvidia
+for p in nvidia.__path__:
+    for sub in sorted(os.listdir(p)):
+        if os.path.isdir(os.path.join(p, sub, "lib")): print(os.path.join(p, sub, "lib"))' 2>/dev/null)
+for d in /usr/local/cuda/lib64 $pylibs; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+ldconfig -p | grep -E "libcuda\.so|libnvrtc\.so|libcublas\.so" | head -6
+export KILN_MODELS_DIR=$dev/models
+parity() {
+    local rounds=${1:-1}
+    # Warm the on-disk kernel cache once, so parallel tests do not all compile at once.
+    local t0=$(date +%s.%N)
+    "$dev/parity" --exact embed_and_gather_rows > "$out/warm.log" 2>&1 || { tail -40 "$out/warm.log"; return 1; }
+    echo "kernel compile + first test: $(echo "$(date +%s.%N) - $t0" | bc) s"
+    for r in $(seq 1 "$rounds"); do
+        "$dev/parity" --nocapture > "$out/parity-$r.log" 2>&1
+        echo "round $r: exit $?"
+        grep -E "^test |test result|panicked|relative error|agree|notice" "$out/parity-$r.log" | grep -v " ok$" | head -40
+    done
+}
+bench() {
+    "$dev/parity" --ignored --exact bench_llama3_8b_shape --nocapture > "$out/bench.log" 2>&1
+    echo "bench exit $?"
+    grep -E "BENCH|loaded|panicked|error" "$out/bench.log" | head -20
+}
+case "${1:-parity}" in
+    parity) parity "${2:-1}" ;;
+    bench) bench ;;
+    all) parity "${2:-1}"; bench ;;
+esac

@@ -1,0 +1,80 @@
+//! Host side of paged attention: picks the kernel instantiation for the head size and the
+//! step's largest item, launches it once over every item and KV head, then merges split-K
+//! partials when the step has any.
+
+use super::device::{Arg, Grid};
+use super::kernels::{AttnHead, Kernel};
+use super::{CudaBackend, CudaKv, CudaTensor, check_cols, check_rows, ensure, invalid};
+use crate::backend::BackendError;
+use crate::model::ModelSpec;
+
+/// Warps per attention block (`ATTN_WARPS` in `kernels/attention.cu`).
+const ATTN_WARPS: usize = 4;
+
+impl CudaBackend {
+    pub(super) fn launch_attention(
+        &mut self,
+        qkv: &CudaTensor,
+        kv: &CudaKv,
+        layer: usize,
+        b: &super::CudaBatch,
+        spec: &ModelSpec,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
+        let l = self.layout(b)?;
+        let (hd, n_heads, n_kv) = (spec.head_dim, spec.n_heads, spec.n_kv_heads);
+        check_cols("attention output", out.cols, spec.q_dim())?;
+        check_cols("attention input", qkv.cols, spec.qkv_dim())?;
+        check_rows("attention", l.n_tokens, qkv.rows.min(out.rows))?;
+        if kv.shape.head_dim != hd || kv.shape.n_kv_heads != n_kv || layer >= kv.shape.num_layers {
+            return Err(invalid(format!("attention: cache {:?} does not fit layer {layer} of {spec:?}", kv.shape)));
+        }
+        let head = AttnHead::for_head_dim(hd);
+        let group = n_heads / n_kv;
+        let vectors = l.max_item_rows as usize * group;
+        let sizes = head.group_sizes();
+        let qv = sizes.iter().copied().find(|&q| q as usize >= vectors).unwrap_or(sizes[sizes.len() - 1]);
+        let (mut part_acc, mut part_ml) = (0u64, 0u64);
+        if l.n_parts > 0 {
+            let acc_bytes = l.n_parts * n_heads * hd * 4;
+            part_acc = ensure(&self.dev, &mut self.attn_ws, acc_bytes + l.n_parts * n_heads * 8, "attention partials")?;
+            part_ml = part_acc + acc_bytes as u64;
+        }
+        let size = self.dt.size() as u64;
+        let layer_elems = (kv.shape.num_slots() * kv.shape.slot_width()) as u64;
+        let k = kv.buf.ptr() + 2 * layer as u64 * layer_elems * size;
+        let grid = Grid { blocks: (l.n_items as u32, n_kv as u32, 1), threads: (ATTN_WARPS * self.dev.warp_size) as u32 };
+        let args = [
+            Arg::Ptr(qkv.buf.ptr()),
+            Arg::I32(qkv.cols as i32),
+            Arg::Ptr(k),
+            Arg::Ptr(k + layer_elems * size),
+            Arg::Ptr(out.buf.ptr()),
+            Arg::Ptr(part_acc),
+            Arg::Ptr(part_ml),
+            Arg::Ptr(self.meta_ptr(l.positions)),
+            Arg::Ptr(self.meta_ptr(l.seqinfo)),
+            Arg::Ptr(self.meta_ptr(l.tables)),
+            Arg::Ptr(self.meta_ptr(l.items)),
+            Arg::I32(n_heads as i32),
+            Arg::I32(n_kv as i32),
+            Arg::I32(hd as i32),
+            Arg::I32(kv.shape.block_size as i32),
+            Arg::F32(1.0 / (hd as f32).sqrt()),
+        ];
+        self.launch(Kernel::Attention { head, qv }, grid, &args)?;
+        if l.n_splits > 0 {
+            let grid = Grid { blocks: (l.n_splits as u32, n_heads as u32, 1), threads: 128 };
+            let args = [
+                Arg::Ptr(part_acc),
+                Arg::Ptr(part_ml),
+                Arg::Ptr(self.meta_ptr(l.splits)),
+                Arg::Ptr(out.buf.ptr()),
+                Arg::I32(n_heads as i32),
+                Arg::I32(hd as i32),
+            ];
+            self.launch(Kernel::AttnCombine, grid, &args)?;
+        }
+        Ok(())
+    }
+}

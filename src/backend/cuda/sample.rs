@@ -1,0 +1,173 @@
+//! Host side of sampling on the device: packs each row's parameters and its penalty/bias
+//! entries into one upload, launches the sampling kernels, and downloads only the chosen
+//! ids, their logprobs and the requested top alternatives.
+
+use super::device::{Arg, Grid};
+use super::kernels::Kernel;
+use super::{CudaBackend, CudaTensor, check_rows, ensure};
+use crate::backend::BackendError;
+use crate::sampling::{SampleRow, Sampled};
+
+/// Words of one row's parameters (see `kernels/sample.cu`).
+pub const PARAM_WORDS: usize = 8;
+/// Words of one penalty/bias entry: row, token, bias, repetition, subtraction.
+pub const ENTRY_WORDS: usize = 5;
+/// Most top alternatives one row may ask for (one per thread of the top-n kernel).
+pub const MAX_TOP: usize = 1024;
+
+/// The packed upload of one `sample` call.
+#[derive(Debug, Default)]
+pub struct SamplePack {
+    /// `[rows x PARAM_WORDS]` then `[entries x ENTRY_WORDS]`.
+    pub words: Vec<u32>,
+    pub rows: usize,
+    pub entries: usize,
+    /// Total top alternatives over all rows.
+    pub total_top: usize,
+    pub any_top: bool,
+}
+
+impl SamplePack {
+    /// Words of the output: `[token, logprob]` per row, then `[id, logprob]` per alternative.
+    pub fn out_words(&self) -> usize {
+        2 * self.rows + 2 * self.total_top
+    }
+}
+
+/// Packs `rows` for a vocabulary of `vocab`, reusing `pack`'s buffer.
+pub fn pack(rows: &[SampleRow<'_>], vocab: usize, pack: &mut SamplePack) -> Result<(), BackendError> {
+    pack.words.clear();
+    pack.rows = rows.len();
+    pack.total_top = 0;
+    pack.any_top = false;
+    for row in rows {
+        let p = row.params;
+        let n_top = match p.logprobs {
+            Some(n) if n > 0 => n.min(vocab),
+            _ => 0,
+        };
+        if n_top > MAX_TOP {
+            return Err(BackendError::Unsupported { backend: "cuda", op: "sample", dtype: format!("{n_top} top logprobs (max {MAX_TOP})") });
+        }
+        let inv_t = if p.is_greedy() { 1.0 } else { 1.0 / p.temperature };
+        pack.words.extend_from_slice(&[
+            p.is_greedy() as u32,
+            inv_t.to_bits(),
+            p.top_k.min(u32::MAX as usize) as u32,
+            p.top_p.to_bits(),
+            p.min_p.to_bits(),
+            row.uniform.to_bits(),
+            n_top as u32,
+            pack.total_top as u32,
+        ]);
+        pack.total_top += n_top;
+        pack.any_top |= n_top > 0;
+    }
+    let start = pack.words.len();
+    for (i, row) in rows.iter().enumerate() {
+        entries(i as u32, row, vocab, &mut pack.words);
+    }
+    pack.entries = (pack.words.len() - start) / ENTRY_WORDS;
+    Ok(())
+}
+
+/// Appends one entry per distinct token that bias or penalties touch, composed in the CPU
+/// sampler's order: bias, then repetition (prompt and output), then presence/frequency.
+fn entries(row: u32, r: &SampleRow<'_>, vocab: usize, out: &mut Vec<u32>) {
+    let p = r.params;
+    let rep_on = p.repetition_penalty != 1.0;
+    let sub_on = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+    if p.logit_bias.is_empty() && !rep_on && !sub_on {
+        return;
+    }
+    // token -> (bias, in history for repetition, count in output)
+    let mut map: std::collections::BTreeMap<u32, (f32, bool, u32)> = std::collections::BTreeMap::new();
+    for &(id, b) in &p.logit_bias {
+        if (id as usize) < vocab {
+            map.entry(id).or_default().0 += b;
+        }
+    }
+    if rep_on {
+        for &t in r.prompt.iter().chain(r.output) {
+            if (t as usize) < vocab {
+                map.entry(t).or_default().1 = true;
+            }
+        }
+    }
+    if sub_on {
+        for &t in r.output {
+            if (t as usize) < vocab {
+                map.entry(t).or_default().2 += 1;
+            }
+        }
+    }
+    for (t, (bias, rep, count)) in map {
+        let rep = if rep { p.repetition_penalty } else { 1.0 };
+        let sub = if count > 0 { p.presence_penalty + p.frequency_penalty * count as f32 } else { 0.0 };
+        out.extend_from_slice(&[row, t, bias.to_bits(), rep.to_bits(), sub.to_bits()]);
+    }
+}
+
+/// Turns the downloaded output words into one result per row.
+pub fn unpack(pack: &SamplePack, words: &[u32]) -> Vec<Sampled> {
+    (0..pack.rows)
+        .map(|i| {
+            let param = &pack.words[i * PARAM_WORDS..(i + 1) * PARAM_WORDS];
+            let at = 2 * pack.rows + 2 * param[7] as usize;
+            let top = (0..param[6] as usize)
+                .map(|j| (words[at + 2 * j], f32::from_bits(words[at + 2 * j + 1])))
+                .collect();
+            Sampled { token: words[2 * i], logprob: f32::from_bits(words[2 * i + 1]), top }
+        })
+        .collect()
+}
+
+/// Threads of the per-row sampling kernels (`SAMPLE_THREADS` in `kernels/sample.cu`).
+const SAMPLE_THREADS: u32 = 1024;
+
+impl CudaBackend {
+    pub(super) fn sample_on_device(&mut self, logits: &CudaTensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>, BackendError> {
+        check_rows("sample", rows.len(), logits.rows)?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pk = std::mem::take(&mut self.sample_pack);
+        let out = pack(rows, logits.cols, &mut pk).and_then(|()| self.run_sample(logits, &pk)).map(|w| unpack(&pk, &w));
+        self.sample_pack = pk;
+        out
+    }
+
+    /// One upload (parameters and entries), the kernels, one download (ids and logprobs).
+    /// Kernel order: prep (float copy and lse), top-n on the raw values, penalties, pick.
+    fn run_sample(&mut self, logits: &CudaTensor, pk: &SamplePack) -> Result<Vec<u32>, BackendError> {
+        let (s, v) = (pk.rows, logits.cols);
+        let bytes: Vec<u8> = pk.words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let input = ensure(&self.dev, &mut self.sample_in, bytes.len(), "sampling parameters")?;
+        let work = ensure(&self.dev, &mut self.sample_work, (s * v + s) * 4, "sampling workspace")?;
+        let lse = work + (s * v * 4) as u64;
+        let out = ensure(&self.dev, &mut self.sample_out, pk.out_words() * 4, "sampling output")?;
+        if let Some(buf) = &self.sample_in {
+            self.dev.upload(buf, 0, &bytes)?;
+        }
+        let entries = input + (s * PARAM_WORDS * 4) as u64;
+        let rows = Grid { blocks: (s as u32, 1, 1), threads: SAMPLE_THREADS };
+        let (vi, si) = (Arg::I32(v as i32), Arg::I32(s as i32));
+        self.launch(Kernel::SamplePrep, rows, &[Arg::Ptr(logits.buf.ptr()), vi, Arg::Ptr(work), Arg::Ptr(lse)])?;
+        if pk.any_top {
+            let args = [Arg::Ptr(work), Arg::Ptr(lse), Arg::Ptr(input), vi, si, Arg::Ptr(out)];
+            self.launch(Kernel::SampleTopN, rows, &args)?;
+        }
+        if pk.entries > 0 {
+            let grid = Grid { blocks: (pk.entries.div_ceil(256) as u32, 1, 1), threads: 256 };
+            let args = [Arg::Ptr(entries), Arg::I32(pk.entries as i32), Arg::Ptr(work), vi];
+            self.launch(Kernel::SamplePenalty, grid, &args)?;
+        }
+        let args = [Arg::Ptr(logits.buf.ptr()), Arg::Ptr(work), Arg::Ptr(lse), Arg::Ptr(input), vi, Arg::Ptr(out)];
+        self.launch(Kernel::SamplePick, rows, &args)?;
+        let mut raw = vec![0u8; pk.out_words() * 4];
+        if let Some(buf) = &self.sample_out {
+            self.dev.download(buf, 0, &mut raw)?;
+        }
+        Ok(raw.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+}

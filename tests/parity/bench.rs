@@ -1,0 +1,174 @@
+//! Speed at a real shape (ignored: run on a GPU with `--ignored bench_`). Dummy weights in the
+//! Llama-3-8B shape, bf16; prints median step times next to the bandwidth floor.
+//! Layers default to 32 and can be cut with `KILN_BENCH_LAYERS` (the floor scales with them).
+
+#![cfg(feature = "cuda")]
+
+use std::time::Instant;
+
+use kiln::backend::cuda::{CudaBackend, CudaOptions, DType};
+use kiln::backend::{Backend, BatchPlan, KvShape, SeqSlice};
+use kiln::model::llama::Llama;
+use kiln::model::spec::Llama3Scaling;
+use kiln::model::{ModelError, ModelFiles, ModelSpec, RopeLayout, RopeSpec, TensorSource};
+use kiln::sampling::{SampleRow, SamplingParams};
+use rayon::prelude::*;
+
+/// Random weights, generated in parallel (speed does not depend on the values).
+struct FastDummy;
+
+impl TensorSource for FastDummy {
+    fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+        let n: usize = shape.iter().product();
+        if name.ends_with("norm.weight") {
+            return Ok(Some(vec![1.0; n]));
+        }
+        if name.ends_with(".bias") {
+            return Ok(None);
+        }
+        let a = 1.0 / (*shape.last().unwrap_or(&1) as f32).sqrt();
+        let salt = name.bytes().fold(0x9e37_79b9_7f4a_7c15u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        let mut v = vec![0.0f32; n];
+        v.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
+            let mut x = salt ^ ((c as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
+            for o in chunk {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *o = ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a;
+            }
+        });
+        Ok(Some(v))
+    }
+}
+
+fn llama3_8b(layers: usize) -> ModelSpec {
+    ModelSpec {
+        arch: "llama".into(),
+        hidden: 4096,
+        intermediate: 14336,
+        n_layers: layers,
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+        vocab_size: 128256,
+        max_position: 8192,
+        rms_eps: 1e-5,
+        rope: RopeSpec {
+            theta: 500000.0,
+            dim: 128,
+            layout: RopeLayout::Half,
+            llama3: Some(Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 8192.0 }),
+        },
+        tied_embeddings: false,
+        qkv_bias: false,
+    }
+}
+
+struct Rig {
+    b: CudaBackend,
+    model: Llama<CudaBackend>,
+    kv: <CudaBackend as Backend>::Kv,
+    shape: KvShape,
+}
+
+/// A plan where sequence `i` owns blocks `i * bps ..`, each with (new tokens, context).
+fn plan(seqs: &[(u32, u32)], first_seq: usize, bps: usize, block_size: u32) -> BatchPlan {
+    let mut p = BatchPlan { block_size, ..Default::default() };
+    for (i, &(q, ctx)) in seqs.iter().enumerate() {
+        let s = first_seq + i;
+        let table = (0..bps).map(|b| (s * bps + b) as u32).collect();
+        p.seqs.push(SeqSlice { q_start: p.token_ids.len() as u32, q_len: q, ctx_len: ctx, block_table: table, wants_logits: true });
+        p.token_ids.extend((0..q).map(|t| (t * 7919 + s as u32 * 31) % 128000));
+    }
+    p.fill_positions_and_slots();
+    p
+}
+
+impl Rig {
+    fn new(num_blocks: usize, max_seqs: usize) -> Rig {
+        let layers = std::env::var("KILN_BENCH_LAYERS").ok().and_then(|s| s.parse().ok()).unwrap_or(32);
+        let spec = llama3_8b(layers);
+        let files = ModelFiles { name: "llama-3-8b-dummy".into(), spec: spec.clone(), tokenizer: None, source: Box::new(FastDummy) };
+        let mut b = CudaBackend::new(0, CudaOptions { dtype: DType::Bf16, ..CudaOptions::default() }).expect("cuda");
+        let t0 = Instant::now();
+        let model = Llama::load(&mut b, &files, 2048, max_seqs).expect("load");
+        let shape = KvShape { num_layers: layers, num_blocks, block_size: 16, n_kv_heads: 8, head_dim: 128 };
+        let kv = b.alloc_kv(&shape).expect("kv");
+        eprintln!("loaded {layers} layers in {:.1}s", t0.elapsed().as_secs_f64());
+        Rig { b, model, kv, shape }
+    }
+
+    /// One forward + greedy sample; returns seconds (synchronized by the sample download).
+    fn step(&mut self, p: &BatchPlan) -> f64 {
+        let greedy = SamplingParams::greedy();
+        let rows: Vec<SampleRow<'_>> =
+            (0..p.seqs.len()).map(|_| SampleRow { params: &greedy, uniform: 0.5, prompt: &[], output: &[] }).collect();
+        let t = Instant::now();
+        let logits = self.model.forward(&mut self.b, &mut self.kv, p).expect("forward");
+        self.b.sample(logits, &rows).expect("sample");
+        t.elapsed().as_secs_f64()
+    }
+
+    /// Prefills `n` sequences of `ctx` tokens (ctx <= 2048), packed into 2048-token steps.
+    fn fill(&mut self, n: usize, ctx: u32, bps: usize) {
+        let per_step = (2048 / ctx as usize).max(1);
+        for first in (0..n).step_by(per_step) {
+            let k = per_step.min(n - first);
+            self.step(&plan(&vec![(ctx, ctx); k], first, bps, 16));
+        }
+    }
+
+    fn decode(&mut self, batch: usize, ctx: u32) {
+        let bps = (ctx as usize + 64).div_ceil(16);
+        assert!(batch * bps <= self.shape.num_blocks, "KV pool too small for batch {batch} ctx {ctx}");
+        self.fill(batch, ctx, bps);
+        let mut times = Vec::new();
+        for i in 0..20u32 {
+            let seqs: Vec<(u32, u32)> = (0..batch).map(|_| (1, ctx + 1 + i)).collect();
+            times.push(self.step(&plan(&seqs, 0, bps, 16)));
+        }
+        let t = median(times);
+        let spec = &self.model.spec;
+        let kv_bytes = 2.0 * 2.0 * (spec.n_layers * spec.kv_dim()) as f64 * batch as f64 * ctx as f64;
+        let floor = (weight_bytes(spec) + kv_bytes) / 3.0e12;
+        eprintln!(
+            "BENCH decode batch {batch} ctx {ctx} layers {}: {:.3} ms/step, {:.0} tok/s; bandwidth floor {:.3} ms ({:.0}% of floor)",
+            spec.n_layers,
+            t * 1e3,
+            batch as f64 / t,
+            floor * 1e3,
+            100.0 * floor / t
+        );
+    }
+
+    fn prefill(&mut self) {
+        let p = plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16);
+        self.step(&p);
+        let t = median((0..5).map(|_| self.step(&p)).collect());
+        let s = &self.model.spec;
+        let floor = 2.0 * weight_bytes(s) / 2.0 * 2048.0 / 800e12;
+        eprintln!("BENCH prefill 2048 layers {}: {:.1} ms; GEMM floor {:.1} ms ({:.0}% of floor)", s.n_layers, t * 1e3, floor * 1e3, 100.0 * floor / t);
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn weight_bytes(s: &ModelSpec) -> f64 {
+    let per_layer = s.qkv_dim() * s.hidden + s.hidden * s.q_dim() + 3 * s.intermediate * s.hidden;
+    2.0 * (s.n_layers * per_layer + s.vocab_size * s.hidden) as f64
+}
+
+/// Prefill of 2048 tokens, then decode at batch 1 (ctx 512), 32 (ctx 2048), 256 (ctx 512).
+#[test]
+#[ignore]
+fn bench_llama3_8b_shape() {
+    let mut rig = Rig::new(256 * (512 + 64) / 16, 256);
+    rig.prefill();
+    rig.decode(1, 512);
+    rig.decode(32, 2048);
+    rig.decode(256, 512);
+}

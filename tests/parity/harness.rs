@@ -1,0 +1,158 @@
+//! What the parity tests need beyond the op contract: writing host data into a backend's
+//! tensors, a per-dtype tolerance, and running one test body on every compiled backend.
+
+use kiln::backend::cpu::CpuBackend;
+use kiln::backend::{Backend, BatchPlan, SeqSlice};
+use kiln::model::HostTensor;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// A backend under test.
+pub trait TestBackend: Backend {
+    /// Name for messages (`cpu`, `cuda:0 f32`).
+    fn label(&self) -> String;
+    /// Relative error allowed against the f32 CPU reference.
+    fn tol(&self) -> f64;
+    /// Writes `data` into the first rows of `t`.
+    fn write(&mut self, t: &mut Self::Tensor, data: &[f32]);
+    /// `data` as this backend stores it (bf16 rounding), so references can see the same inputs.
+    fn quantize(&self, data: &[f32]) -> Vec<f32>;
+}
+
+impl TestBackend for CpuBackend {
+    fn label(&self) -> String {
+        "cpu".into()
+    }
+    fn tol(&self) -> f64 {
+        1e-6
+    }
+    fn write(&mut self, t: &mut Self::Tensor, data: &[f32]) {
+        t.data[..data.len()].copy_from_slice(data);
+    }
+    fn quantize(&self, data: &[f32]) -> Vec<f32> {
+        data.to_vec()
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl TestBackend for kiln::backend::cuda::CudaBackend {
+    fn label(&self) -> String {
+        format!("{} {:?}", self.name(), self.dtype())
+    }
+    fn tol(&self) -> f64 {
+        match self.dtype() {
+            kiln::backend::cuda::DType::F32 => 2e-5,
+            kiln::backend::cuda::DType::Bf16 => 2e-2,
+        }
+    }
+    fn write(&mut self, t: &mut Self::Tensor, data: &[f32]) {
+        self.write_tensor(t, data).expect("write tensor");
+    }
+    fn quantize(&self, data: &[f32]) -> Vec<f32> {
+        match self.dtype() {
+            kiln::backend::cuda::DType::F32 => data.to_vec(),
+            kiln::backend::cuda::DType::Bf16 => data.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect(),
+        }
+    }
+}
+
+/// A CUDA backend of `dtype` on device 0, or `None` (with a notice) where no GPU is usable.
+#[cfg(feature = "cuda")]
+pub fn cuda(dtype: kiln::backend::cuda::DType) -> Option<kiln::backend::cuda::CudaBackend> {
+    use kiln::backend::cuda::{CudaBackend, CudaOptions, device_available};
+    if !device_available() {
+        eprintln!("notice: no CUDA device or driver here; CUDA parity skipped");
+        return None;
+    }
+    let opts = CudaOptions { dtype, sync_check: true, ..CudaOptions::default() };
+    Some(CudaBackend::new(0, opts).expect("a CUDA device is present, so the backend must start"))
+}
+
+/// Defines `#[test] fn $name` running `$body::<B>(&mut backend)` on the CPU and, when
+/// compiled with CUDA and a GPU is present, on CUDA in f32 and in bf16.
+#[macro_export]
+macro_rules! parity_test {
+    ($name:ident, $body:ident) => {
+        #[test]
+        fn $name() {
+            $body(&mut kiln::backend::cpu::CpuBackend::new());
+            #[cfg(feature = "cuda")]
+            for dt in [kiln::backend::cuda::DType::F32, kiln::backend::cuda::DType::Bf16] {
+                if let Some(mut b) = $crate::harness::cuda(dt) {
+                    $body(&mut b);
+                }
+            }
+        }
+    };
+}
+
+/// A generator seeded freshly each run; the seed is printed so a failure can be replayed
+/// with `KILN_PARITY_SEED`.
+pub fn rng(test: &str) -> ChaCha8Rng {
+    let seed = std::env::var("KILN_PARITY_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
+    eprintln!("{test}: seed {seed}");
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// `n` values uniform in `[-scale, scale)`.
+pub fn random(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale).collect()
+}
+
+/// A tensor holding `data` (`rows x cols`).
+pub fn tensor<B: TestBackend>(b: &mut B, rows: usize, cols: usize, data: &[f32]) -> B::Tensor {
+    assert_eq!(data.len(), rows * cols);
+    let mut t = b.alloc(rows, cols).expect("alloc");
+    b.write(&mut t, data);
+    t
+}
+
+/// A tensor whose every element is NaN, so unwritten outputs show.
+pub fn poisoned<B: TestBackend>(b: &mut B, rows: usize, cols: usize) -> B::Tensor {
+    tensor(b, rows, cols, &vec![f32::NAN; rows * cols])
+}
+
+pub fn weight<B: Backend>(b: &mut B, shape: Vec<usize>, data: &[f32]) -> B::Weight {
+    b.upload_weight(HostTensor::new(shape, data.to_vec())).expect("upload weight")
+}
+
+/// Checks every element was written (finite) and `‖got − want‖₂ / ‖want‖₂ <= tol`.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!("{what}: element {i} not written or not finite ({})", got[i]);
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += (*g as f64 - *w as f64).powi(2);
+        den += (*w as f64).powi(2);
+    }
+    let err = (num / den.max(1e-30)).sqrt();
+    assert!(err <= tol, "{what}: relative error {err:.3e} > {tol:.1e}");
+}
+
+/// A plan over sequences given as (q_len, ctx_len, block table); tokens are `token`.
+pub fn plan(seqs: &[(u32, u32, Vec<u32>)], block_size: u32, token: impl Fn(usize) -> u32) -> BatchPlan {
+    let mut p = BatchPlan { block_size, ..Default::default() };
+    let mut row = 0;
+    for (q_len, ctx_len, table) in seqs {
+        p.seqs.push(SeqSlice { q_start: row, q_len: *q_len, ctx_len: *ctx_len, block_table: table.clone(), wants_logits: true });
+        row += q_len;
+    }
+    p.token_ids = (0..row as usize).map(token).collect();
+    p.fill_positions_and_slots();
+    p
+}
+
+/// Block tables for sequences of the given lengths: blocks drawn at random without
+/// replacement from a pool of `num_blocks`, so tables are out of order and leave gaps.
+pub fn block_tables(rng: &mut ChaCha8Rng, ctx: &[u32], block_size: u32, num_blocks: usize) -> Vec<Vec<u32>> {
+    let mut free: Vec<u32> = (0..num_blocks as u32).collect();
+    ctx.iter()
+        .map(|&c| {
+            (0..c.div_ceil(block_size))
+                .map(|_| free.swap_remove(rng.random_range(0..free.len())))
+                .collect()
+        })
+        .collect()
+}
