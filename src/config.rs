@@ -186,7 +186,12 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_PORT")]
     pub port: Option<u16>,
     /// Accepted bearer key; repeat for several (comma-separated in KILN_API_KEY).
-    #[arg(long = "api-key", env = "KILN_API_KEY", value_delimiter = ',', hide_env_values = true)]
+    #[arg(
+        long = "api-key",
+        env = "KILN_API_KEY",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     pub api_keys: Vec<String>,
     /// cpu, cuda:N or rocm:N; repeat for one lane per device.
     #[arg(long = "device", env = "KILN_DEVICE", value_delimiter = ',')]
@@ -206,7 +211,11 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_WORKERS")]
     pub workers: Option<usize>,
     /// Allowed CORS origin; repeat for several.
-    #[arg(long = "cors-allowed-origin", env = "KILN_CORS_ALLOWED_ORIGINS", value_delimiter = ',')]
+    #[arg(
+        long = "cors-allowed-origin",
+        env = "KILN_CORS_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
     pub cors_allowed_origins: Vec<String>,
 }
 
@@ -295,11 +304,17 @@ impl Config {
         }
         let ka = self.server.sse_keep_alive_s;
         if !(ka.is_finite() && (0.01..=3600.0).contains(&ka)) {
-            return invalid("server.sse_keep_alive_s", "must be between 0.01 and 3600 seconds");
+            return invalid(
+                "server.sse_keep_alive_s",
+                "must be between 0.01 and 3600 seconds",
+            );
         }
         let l = &self.limits;
         if l.max_n == 0 || l.max_prompts == 0 || l.max_messages == 0 {
-            return invalid("limits", "max_n, max_prompts and max_messages must be positive");
+            return invalid(
+                "limits",
+                "max_n, max_prompts and max_messages must be positive",
+            );
         }
         Ok(())
     }

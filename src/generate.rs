@@ -44,7 +44,13 @@ pub struct SingleGenerator<B: Backend> {
 
 impl<B: Backend> SingleGenerator<B> {
     /// Loads `files` onto `backend` with room for `max_context` tokens.
-    pub fn new(mut backend: B, files: &ModelFiles, max_context: usize, chunk: usize, block_size: usize) -> Result<Self, BackendError> {
+    pub fn new(
+        mut backend: B,
+        files: &ModelFiles,
+        max_context: usize,
+        chunk: usize,
+        block_size: usize,
+    ) -> Result<Self, BackendError> {
         let model = Llama::load(&mut backend, files, chunk, 1)?;
         let s = &files.spec;
         let kv_shape = KvShape {
@@ -55,7 +61,12 @@ impl<B: Backend> SingleGenerator<B> {
             head_dim: s.head_dim,
         };
         let kv = backend.alloc_kv(&kv_shape)?;
-        Ok(Self { backend, model, kv, kv_shape })
+        Ok(Self {
+            backend,
+            model,
+            kv,
+            kv_shape,
+        })
     }
 
     /// Generates from `prompt`. `on_token` sees each new token as it is sampled.
@@ -85,7 +96,11 @@ impl<B: Backend> SingleGenerator<B> {
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
         };
-        let step = |this: &mut Self, tokens: &[u32], done: usize, want: bool| -> Result<(), BackendError> {
+        let step = |this: &mut Self,
+                    tokens: &[u32],
+                    done: usize,
+                    want: bool|
+         -> Result<(), BackendError> {
             let mut plan = BatchPlan {
                 token_ids: tokens.to_vec(),
                 seqs: vec![SeqSlice {

@@ -14,7 +14,11 @@ use kiln::sampling::SamplingParams;
 use kiln::tokenizer::IncrementalDecoder;
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "OpenAI-compatible continuous-batching inference server")]
+#[command(
+    name = "kiln",
+    version,
+    about = "OpenAI-compatible continuous-batching inference server"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -70,7 +74,10 @@ struct GenerateArgs {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KILN_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
@@ -89,11 +96,16 @@ fn generate(args: GenerateArgs) -> Result<()> {
         None => kiln::config::default_model_path(),
     };
     let t0 = Instant::now();
-    let files = ModelFiles::open(&path, args.load_format).with_context(|| format!("opening {}", path.display()))?;
-    let tokenizer = files.tokenizer.clone().context("the model has no tokenizer")?;
+    let files = ModelFiles::open(&path, args.load_format)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let tokenizer = files
+        .tokenizer
+        .clone()
+        .context("the model has no tokenizer")?;
     let prompt = tokenizer.encode(&args.prompt, tokenizer.add_bos_default())?;
     let context = prompt.len() + args.max_tokens;
-    let mut generator = SingleGenerator::new(CpuBackend::new(), &files, context, args.chunk.max(1), 16)?;
+    let mut generator =
+        SingleGenerator::new(CpuBackend::new(), &files, context, args.chunk.max(1), 16)?;
     tracing::info!(model = %files.name, load_s = t0.elapsed().as_secs_f64(), "model loaded");
     let params = SamplingParams {
         temperature: args.temperature,
@@ -107,7 +119,11 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         params,
-        stop_ids: if args.ignore_eos { vec![] } else { tokenizer.eos_ids().to_vec() },
+        stop_ids: if args.ignore_eos {
+            vec![]
+        } else {
+            tokenizer.eos_ids().to_vec()
+        },
         chunk: args.chunk.max(1),
         block_size: 16,
         record_logits: 0,
@@ -123,7 +139,12 @@ fn generate(args: GenerateArgs) -> Result<()> {
             }
         }
     })?;
-    let shown: Vec<u32> = out.token_ids.iter().copied().filter(|t| !tokenizer.eos_ids().contains(t)).collect();
+    let shown: Vec<u32> = out
+        .token_ids
+        .iter()
+        .copied()
+        .filter(|t| !tokenizer.eos_ids().contains(t))
+        .collect();
     if args.json {
         let text = tokenizer.decode(&shown, true)?;
         let line = serde_json::json!({"prompt_token_ids": prompt, "token_ids": out.token_ids, "text": text});

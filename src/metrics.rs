@@ -101,14 +101,37 @@ impl Metrics {
         let m = Self {
             registry: Registry::new(),
             ttft: histogram(TTFT, "Time to first token in seconds.", TTFT_BUCKETS),
-            itl: histogram(ITL, "Time between consecutive output tokens in seconds.", ITL_BUCKETS),
-            e2e: histogram(E2E, "End-to-end request latency in seconds.", REQUEST_BUCKETS),
-            queue: histogram(QUEUE_TIME, "Time requests spent waiting before being scheduled.", REQUEST_BUCKETS),
+            itl: histogram(
+                ITL,
+                "Time between consecutive output tokens in seconds.",
+                ITL_BUCKETS,
+            ),
+            e2e: histogram(
+                E2E,
+                "End-to-end request latency in seconds.",
+                REQUEST_BUCKETS,
+            ),
+            queue: histogram(
+                QUEUE_TIME,
+                "Time requests spent waiting before being scheduled.",
+                REQUEST_BUCKETS,
+            ),
             prompt_tokens: counter(PROMPT_TOKENS, "Prompt tokens processed."),
             generation_tokens: counter(GENERATION_TOKENS, "Tokens generated."),
-            success: counter_vec(REQUEST_SUCCESS, "Finished choices by finish reason.", "finished_reason"),
-            errors: counter_vec(REQUEST_ERRORS, "Failed requests by OpenAI error type.", "type"),
-            disconnects: counter(CLIENT_DISCONNECTS, "Requests whose client went away before the end."),
+            success: counter_vec(
+                REQUEST_SUCCESS,
+                "Finished choices by finish reason.",
+                "finished_reason",
+            ),
+            errors: counter_vec(
+                REQUEST_ERRORS,
+                "Failed requests by OpenAI error type.",
+                "type",
+            ),
+            disconnects: counter(
+                CLIENT_DISCONNECTS,
+                "Requests whose client went away before the end.",
+            ),
         };
         let build_info = IntGaugeVec::new(
             Opts::new(BUILD_INFO, "Kiln version and compiled backends."),
@@ -139,7 +162,8 @@ impl Metrics {
     /// A finished request: token counts and latencies.
     pub fn observe_done(&self, usage: &Usage, timings: &RequestTimings) {
         self.prompt_tokens.inc_by(usage.prompt_tokens as u64);
-        self.generation_tokens.inc_by(usage.completion_tokens as u64);
+        self.generation_tokens
+            .inc_by(usage.completion_tokens as u64);
         self.ttft.observe(timings.ttft.as_secs_f64());
         self.e2e.observe(timings.e2e.as_secs_f64());
         self.queue.observe(timings.queue.as_secs_f64());
@@ -191,15 +215,35 @@ fn engine_families(s: &EngineStats) -> Vec<MetricFamily> {
         c.inc_by(v);
         c.collect()
     };
-    out.extend(gauge_i(REQUESTS_RUNNING, "Requests running on a lane.", s.running()));
-    out.extend(gauge_i(REQUESTS_WAITING, "Requests waiting to be scheduled.", s.waiting()));
+    out.extend(gauge_i(
+        REQUESTS_RUNNING,
+        "Requests running on a lane.",
+        s.running(),
+    ));
+    out.extend(gauge_i(
+        REQUESTS_WAITING,
+        "Requests waiting to be scheduled.",
+        s.waiting(),
+    ));
     let kv = Gauge::new(KV_CACHE_USAGE, "Fraction of KV cache blocks in use (0..1).")
         .expect("static gauge");
     kv.set(s.kv_usage());
     out.extend(kv.collect());
-    out.extend(counter(PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries()));
-    out.extend(counter(PREFIX_CACHE_HITS, "Prompt tokens served from the prefix cache.", s.prefix_cache_hits()));
-    out.extend(counter(PREEMPTIONS, "Requests preempted for lack of KV blocks.", s.preemptions()));
+    out.extend(counter(
+        PREFIX_CACHE_QUERIES,
+        "Prompt tokens looked up in the prefix cache.",
+        s.prefix_cache_queries(),
+    ));
+    out.extend(counter(
+        PREFIX_CACHE_HITS,
+        "Prompt tokens served from the prefix cache.",
+        s.prefix_cache_hits(),
+    ));
+    out.extend(counter(
+        PREEMPTIONS,
+        "Requests preempted for lack of KV blocks.",
+        s.preemptions(),
+    ));
     let healthy = GaugeVec::new(
         Opts::new(LANE_HEALTHY, "1 while a lane serves, 0 after it failed."),
         &["lane", "device"],
@@ -229,7 +273,13 @@ mod tests {
             inter_token: vec![Duration::from_millis(2); 3],
             e2e: Duration::from_millis(11),
         };
-        m.observe_done(&Usage { prompt_tokens: 7, completion_tokens: 4 }, &timings);
+        m.observe_done(
+            &Usage {
+                prompt_tokens: 7,
+                completion_tokens: 4,
+            },
+            &timings,
+        );
         m.observe_finish(FinishReason::Length);
         m.observe_error("invalid_request_error");
         m.observe_disconnect();

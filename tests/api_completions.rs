@@ -35,7 +35,12 @@ async fn greedy_completion_equals_kiln_generate() {
 #[tokio::test]
 async fn default_max_tokens_is_16() {
     let s = shared();
-    let (status, _, body) = post(&s.base, "/v1/completions", &json!({"prompt": PROMPT, "temperature": 0, "ignore_eos": true})).await;
+    let (status, _, body) = post(
+        &s.base,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 16);
     assert_eq!(body["choices"][0]["finish_reason"], "length");
@@ -48,7 +53,11 @@ async fn streamed_text_equals_non_streamed_text() {
                      "stream_options": {"include_usage": true}});
     let sse = stream(&s.base, "/v1/completions", &req).await;
     assert_eq!(sse.status, 200);
-    assert!(sse.content_type.starts_with("text/event-stream"), "{}", sse.content_type);
+    assert!(
+        sse.content_type.starts_with("text/event-stream"),
+        "{}",
+        sse.content_type
+    );
     assert_eq!(sse.data.last().map(String::as_str), Some("[DONE]"));
     assert_eq!(sse.data.iter().filter(|d| *d == "[DONE]").count(), 1);
     let chunks = sse.chunks();
@@ -60,16 +69,28 @@ async fn streamed_text_equals_non_streamed_text() {
     for c in deltas {
         assert_eq!(c["object"], "text_completion");
         assert_eq!(c["id"], chunks[0]["id"]);
-        assert!(c["usage"].is_null(), "usage is null before the last chunk: {c}");
+        assert!(
+            c["usage"].is_null(),
+            "usage is null before the last chunk: {c}"
+        );
         let choice = &c["choices"][0];
         text.push_str(choice["text"].as_str().unwrap());
         if !choice["finish_reason"].is_null() {
             finishes.push(choice["finish_reason"].clone());
         }
     }
-    assert_eq!(finishes.len(), 1, "exactly one chunk carries the finish reason");
+    assert_eq!(
+        finishes.len(),
+        1,
+        "exactly one chunk carries the finish reason"
+    );
     assert!(deltas.last().unwrap()["choices"][0]["finish_reason"].is_string());
-    let (_, _, body) = post(&s.base, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 48, "temperature": 0})).await;
+    let (_, _, body) = post(
+        &s.base,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 48, "temperature": 0}),
+    )
+    .await;
     assert_eq!(text, body["choices"][0]["text"].as_str().unwrap());
     assert_eq!(last["usage"], body["usage"]);
 }
@@ -77,7 +98,12 @@ async fn streamed_text_equals_non_streamed_text() {
 #[tokio::test]
 async fn stream_without_include_usage_has_no_usage_field() {
     let s = shared();
-    let sse = stream(&s.base, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 4, "stream": true})).await;
+    let sse = stream(
+        &s.base,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 4, "stream": true}),
+    )
+    .await;
     for c in sse.chunks() {
         assert!(c.get("usage").is_none(), "{c}");
         assert_eq!(c["choices"].as_array().unwrap().len(), 1);
@@ -95,12 +121,19 @@ async fn n_and_several_prompts_give_indexed_choices() {
     for (i, c) in choices.iter().enumerate() {
         assert_eq!(c["index"], i);
     }
-    assert_eq!(choices[0]["text"], choices[1]["text"], "greedy choices agree");
+    assert_eq!(
+        choices[0]["text"], choices[1]["text"],
+        "greedy choices agree"
+    );
     assert_eq!(choices[0]["text"], greedy_reference(PROMPT, 8));
     assert_eq!(choices[2]["text"], greedy_reference("The dog", 8));
     let tok = model_files().tokenizer.unwrap();
-    let prompt_tokens = tok.encode(PROMPT, true).unwrap().len() + tok.encode("The dog", true).unwrap().len();
-    assert_eq!(body["usage"]["prompt_tokens"], prompt_tokens, "usage sums the prompts");
+    let prompt_tokens =
+        tok.encode(PROMPT, true).unwrap().len() + tok.encode("The dog", true).unwrap().len();
+    assert_eq!(
+        body["usage"]["prompt_tokens"], prompt_tokens,
+        "usage sums the prompts"
+    );
 }
 
 #[tokio::test]
@@ -132,15 +165,22 @@ async fn seed_makes_sampling_reproducible() {
 async fn stop_string_ends_the_choice_and_is_not_shown() {
     let s = shared();
     let full = greedy_reference(PROMPT, 30);
-    let cut = full.find(" was").expect("the reference text contains ' was'");
-    let req = json!({"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "stop": [" was", "zzz"]});
+    let cut = full
+        .find(" was")
+        .expect("the reference text contains ' was'");
+    let req =
+        json!({"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "stop": [" was", "zzz"]});
     let (status, _, body) = post(&s.base, "/v1/completions", &req).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["choices"][0]["text"], &full[..cut]);
     assert_eq!(body["choices"][0]["finish_reason"], "stop");
     let single = json!({"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "stop": " was", "stream": true});
     let sse = stream(&s.base, "/v1/completions", &single).await;
-    let text: String = sse.chunks().iter().map(|c| c["choices"][0]["text"].as_str().unwrap().to_string()).collect();
+    let text: String = sse
+        .chunks()
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(text, &full[..cut]);
 }
 
@@ -166,8 +206,14 @@ async fn logprobs_have_the_completions_shape() {
         assert!(!top.is_empty() && top.len() <= 3, "{top:?}");
         let chosen = lp["token_logprobs"][i].as_f64().unwrap();
         assert!(chosen <= 0.0);
-        let best = top.values().map(|v| v.as_f64().unwrap()).fold(f64::MIN, f64::max);
-        assert!((best - chosen).abs() < 1e-4, "greedy picks the top token: {best} vs {chosen}");
+        let best = top
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert!(
+            (best - chosen).abs() < 1e-4,
+            "greedy picks the top token: {best} vs {chosen}"
+        );
     }
     let sse = stream(&s.base, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3, "ignore_eos": true, "stream": true})).await;
     let streamed: Vec<Value> = sse
@@ -184,11 +230,18 @@ async fn echo_prepends_the_prompt() {
     let s = shared();
     let req = json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "echo": true});
     let (_, _, body) = post(&s.base, "/v1/completions", &req).await;
-    assert_eq!(body["choices"][0]["text"], format!("{PROMPT}{}", greedy_reference(PROMPT, 8)));
+    assert_eq!(
+        body["choices"][0]["text"],
+        format!("{PROMPT}{}", greedy_reference(PROMPT, 8))
+    );
     let mut streamed = req.clone();
     streamed["stream"] = json!(true);
     let sse = stream(&s.base, "/v1/completions", &streamed).await;
-    let text: String = sse.chunks().iter().map(|c| c["choices"][0]["text"].as_str().unwrap().to_string()).collect();
+    let text: String = sse
+        .chunks()
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(text, body["choices"][0]["text"].as_str().unwrap());
 }
 
@@ -197,10 +250,20 @@ async fn token_id_prompts_match_text_prompts() {
     let s = shared();
     let (_, _, tokens) = post(&s.base, "/tokenize", &json!({"prompt": PROMPT})).await;
     let ids = tokens["tokens"].clone();
-    let (status, _, body) = post(&s.base, "/v1/completions", &json!({"prompt": ids, "max_tokens": 10, "temperature": 0})).await;
+    let (status, _, body) = post(
+        &s.base,
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 10, "temperature": 0}),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["choices"][0]["text"], greedy_reference(PROMPT, 10));
-    let (status, _, body) = post(&s.base, "/v1/completions", &json!({"prompt": [ids, ids], "max_tokens": 3, "temperature": 0})).await;
+    let (status, _, body) = post(
+        &s.base,
+        "/v1/completions",
+        &json!({"prompt": [ids, ids], "max_tokens": 3, "temperature": 0}),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["choices"].as_array().unwrap().len(), 2);
 }
@@ -208,7 +271,11 @@ async fn token_id_prompts_match_text_prompts() {
 #[tokio::test]
 async fn emoji_and_cjk_prompts_never_stream_replacement_characters() {
     let s = shared();
-    for prompt in ["😀 Once upon a time", "你好，世界。Once", "Ünïcödé 🎉🎉 story"] {
+    for prompt in [
+        "😀 Once upon a time",
+        "你好，世界。Once",
+        "Ünïcödé 🎉🎉 story",
+    ] {
         let req = json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "stream": true, "echo": true});
         let sse = stream(&s.base, "/v1/completions", &req).await;
         assert_eq!(sse.status, 200);

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use kiln::backend::cpu::CpuBackend;
 use kiln::engine::{
-    Device, Engine, EngineConfig, EngineError, FinishReason, GenerateRequest, StopCriteria, StreamEvent,
+    Device, Engine, EngineConfig, EngineError, FinishReason, GenerateRequest, StopCriteria,
+    StreamEvent,
 };
 use kiln::generate::{GenerateOptions, SingleGenerator};
 use kiln::model::{LoadFormat, ModelFiles};
@@ -68,18 +69,29 @@ struct Outcome {
 
 async fn run(client: &kiln::engine::EngineClient, req: GenerateRequest) -> Outcome {
     let n = req.n;
-    let mut o = Outcome { tokens: vec![vec![]; n], text: vec![String::new(); n], finish: vec![FinishReason::Abort; n] };
+    let mut o = Outcome {
+        tokens: vec![vec![]; n],
+        text: vec![String::new(); n],
+        finish: vec![FinishReason::Abort; n],
+    };
     let mut stream = client.submit(req).unwrap();
     let mut done = false;
     while let Some(ev) = stream.next_event().await {
         match ev {
-            StreamEvent::Delta { choice, text, tokens } => {
+            StreamEvent::Delta {
+                choice,
+                text,
+                tokens,
+            } => {
                 o.text[choice].push_str(&text);
                 o.tokens[choice].extend(tokens.iter().map(|t| t.id));
             }
             StreamEvent::Finish { choice, reason } => o.finish[choice] = reason,
             StreamEvent::Done { usage, .. } => {
-                assert_eq!(usage.completion_tokens, o.tokens.iter().map(|t| t.len()).sum::<usize>());
+                assert_eq!(
+                    usage.completion_tokens,
+                    o.tokens.iter().map(|t| t.len()).sum::<usize>()
+                );
                 done = true;
             }
             StreamEvent::Error(e) => panic!("request failed: {e}"),
@@ -95,7 +107,10 @@ fn ignore_eos(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
     r
 }
 
-async fn batch_matches_reference(cfg: EngineConfig, devices: &[Device]) -> kiln::engine::EngineStats {
+async fn batch_matches_reference(
+    cfg: EngineConfig,
+    devices: &[Device],
+) -> kiln::engine::EngineStats {
     let f = files();
     let tok = f.tokenizer.clone().unwrap();
     let ps = prompts(&tok);
@@ -103,9 +118,16 @@ async fn batch_matches_reference(cfg: EngineConfig, devices: &[Device]) -> kiln:
     let want = reference(&f, &ps, max_tokens);
     let engine = Engine::start(f, devices, cfg).unwrap();
     let client = engine.client();
-    let outs = join_all(ps.iter().map(|p| run(&client, ignore_eos(p.clone(), max_tokens)))).await;
+    let outs = join_all(
+        ps.iter()
+            .map(|p| run(&client, ignore_eos(p.clone(), max_tokens))),
+    )
+    .await;
     for (i, (o, w)) in outs.iter().zip(&want).enumerate() {
-        assert_eq!(&o.tokens[0], w, "request {i} differs from the single-sequence reference");
+        assert_eq!(
+            &o.tokens[0], w,
+            "request {i} differs from the single-sequence reference"
+        );
         assert_eq!(o.finish[0], FinishReason::Length);
     }
     wait_idle(&client).await
@@ -115,7 +137,10 @@ async fn batch_matches_reference(cfg: EngineConfig, devices: &[Device]) -> kiln:
 async fn wait_idle(client: &kiln::engine::EngineClient) -> kiln::engine::EngineStats {
     for _ in 0..400 {
         let s = client.stats();
-        if s.lanes.iter().all(|l| l.kv_free_blocks == l.kv_total_blocks && l.running + l.waiting == 0) {
+        if s.lanes
+            .iter()
+            .all(|l| l.kv_free_blocks == l.kv_total_blocks && l.running + l.waiting == 0)
+        {
             return s;
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -125,31 +150,52 @@ async fn wait_idle(client: &kiln::engine::EngineClient) -> kiln::engine::EngineS
 
 #[tokio::test]
 async fn batch_of_32_matches_single_sequence_reference() {
-    let cfg = EngineConfig { max_num_seqs: 32, max_num_batched_tokens: 96, ..Default::default() };
+    let cfg = EngineConfig {
+        max_num_seqs: 32,
+        max_num_batched_tokens: 96,
+        ..Default::default()
+    };
     let stats = batch_matches_reference(cfg, &[Device::Cpu]).await;
     assert_eq!(stats.preemptions(), 0);
-    assert!(stats.prefix_cache_hits() > 0, "shared prefixes should hit the cache");
+    assert!(
+        stats.prefix_cache_hits() > 0,
+        "shared prefixes should hit the cache"
+    );
 }
 
 #[tokio::test]
 async fn oversubscribed_kv_preempts_and_still_matches() {
     // 32 requests of up to ~60 tokens need ~100 blocks of 16; give a quarter of that.
-    let cfg = EngineConfig { max_num_seqs: 32, kv_blocks: Some(24), ..Default::default() };
+    let cfg = EngineConfig {
+        max_num_seqs: 32,
+        kv_blocks: Some(24),
+        ..Default::default()
+    };
     let stats = batch_matches_reference(cfg, &[Device::Cpu]).await;
     assert!(stats.preemptions() > 0, "4x oversubscription must preempt");
 }
 
 #[tokio::test]
 async fn two_lanes_match_and_share_the_load() {
-    let cfg = EngineConfig { max_num_seqs: 8, ..Default::default() };
+    let cfg = EngineConfig {
+        max_num_seqs: 8,
+        ..Default::default()
+    };
     let stats = batch_matches_reference(cfg, &[Device::Cpu, Device::Cpu]).await;
     assert_eq!(stats.lanes.len(), 2);
-    assert!(stats.lanes.iter().all(|l| l.steps > 0), "both lanes must have run steps");
+    assert!(
+        stats.lanes.iter().all(|l| l.steps > 0),
+        "both lanes must have run steps"
+    );
 }
 
 #[tokio::test]
 async fn no_prefix_caching_matches_too() {
-    let cfg = EngineConfig { enable_prefix_caching: false, max_num_batched_tokens: 40, ..Default::default() };
+    let cfg = EngineConfig {
+        enable_prefix_caching: false,
+        max_num_batched_tokens: 40,
+        ..Default::default()
+    };
     let stats = batch_matches_reference(cfg, &[Device::Cpu]).await;
     assert_eq!(stats.prefix_cache_hits(), 0);
 }
@@ -167,10 +213,15 @@ async fn stop_strings_spanning_tokens_are_cut_and_never_leaked() {
     let prompt = tok.encode("Once upon a time", true).unwrap();
     let full = run(&client, ignore_eos(prompt.clone(), 48)).await.text[0].clone();
     // Pick a stop string that spans several tokens in the middle of the text.
-    let at = full.find("named").expect("the fixture's story names a girl");
+    let at = full
+        .find("named")
+        .expect("the fixture's story names a girl");
     let stop = full[at..at + 9].to_string();
     let mut req = ignore_eos(prompt.clone(), 48);
-    req.stop = StopCriteria { strings: vec![stop.clone(), "zzzz".into()], ..req.stop };
+    req.stop = StopCriteria {
+        strings: vec![stop.clone(), "zzzz".into()],
+        ..req.stop
+    };
     let o = run(&client, req).await;
     assert_eq!(o.text[0], full[..at]);
     assert_eq!(o.finish[0], FinishReason::Stop);
@@ -183,7 +234,10 @@ async fn stop_strings_spanning_tokens_are_cut_and_never_leaked() {
     while let Some(ev) = stream.next_event().await {
         if let StreamEvent::Delta { text, .. } = ev {
             seen.push_str(&text);
-            assert!(full[..at].starts_with(&seen), "leaked held-back text: {seen:?}");
+            assert!(
+                full[..at].starts_with(&seen),
+                "leaked held-back text: {seen:?}"
+            );
         }
     }
     assert_eq!(seen, full[..at]);
@@ -206,14 +260,23 @@ async fn eos_and_stop_token_ids_finish_with_stop() {
 async fn n_choices_share_the_prompt_and_seeds_reproduce() {
     let (engine, tok) = engine(EngineConfig::default());
     let client = engine.client();
-    let prompt = tok.encode(&format!("{} {}", SENTENCES[5], SENTENCES[3]), true).unwrap();
+    let prompt = tok
+        .encode(&format!("{} {}", SENTENCES[5], SENTENCES[3]), true)
+        .unwrap();
     let mut req = ignore_eos(prompt.clone(), 16);
     req.n = 3;
-    req.params = SamplingParams { temperature: 1.0, seed: Some(42), ..Default::default() };
+    req.params = SamplingParams {
+        temperature: 1.0,
+        seed: Some(42),
+        ..Default::default()
+    };
     let before = client.stats().prefix_cache_hits();
     let a = run(&client, req.clone()).await;
     let hits = client.stats().prefix_cache_hits() - before;
-    assert!(hits >= 2 * (prompt.len() as u64 / 16) * 16, "choices 1 and 2 reuse the prompt blocks ({hits})");
+    assert!(
+        hits >= 2 * (prompt.len() as u64 / 16) * 16,
+        "choices 1 and 2 reuse the prompt blocks ({hits})"
+    );
     let b = run(&client, req).await;
     assert_eq!(a.tokens, b.tokens, "same seed, same output");
     assert_ne!(a.tokens[0], a.tokens[1], "choices draw different samples");
@@ -226,7 +289,13 @@ async fn seeded_sampling_is_independent_of_batching() {
     let client = engine.client();
     let mk = |s: &str| {
         let mut r = ignore_eos(tok.encode(s, true).unwrap(), 20);
-        r.params = SamplingParams { temperature: 0.8, top_p: 0.9, seed: Some(7), logprobs: Some(2), ..Default::default() };
+        r.params = SamplingParams {
+            temperature: 0.8,
+            top_p: 0.9,
+            seed: Some(7),
+            logprobs: Some(2),
+            ..Default::default()
+        };
         r
     };
     let alone = run(&client, mk(SENTENCES[0])).await;
@@ -238,7 +307,9 @@ async fn seeded_sampling_is_independent_of_batching() {
 async fn dropping_a_stream_frees_its_blocks() {
     let (engine, tok) = engine(EngineConfig::default());
     let client = engine.client();
-    let mut stream = client.submit(ignore_eos(tok.encode(SENTENCES[5], true).unwrap(), 400)).unwrap();
+    let mut stream = client
+        .submit(ignore_eos(tok.encode(SENTENCES[5], true).unwrap(), 400))
+        .unwrap();
     let mut got = 0;
     while got < 3 {
         if let Some(StreamEvent::Delta { tokens, .. }) = stream.next_event().await {
@@ -252,21 +323,56 @@ async fn dropping_a_stream_frees_its_blocks() {
 
 #[tokio::test]
 async fn bad_requests_are_rejected_before_queueing() {
-    let (engine, tok) = engine(EngineConfig { max_model_len: Some(64), ..Default::default() });
+    let (engine, tok) = engine(EngineConfig {
+        max_model_len: Some(64),
+        ..Default::default()
+    });
     let client = engine.client();
     let p = tok.encode(SENTENCES[0], true).unwrap();
-    let too_long = client.submit(GenerateRequest::greedy(p.clone(), 100)).err().unwrap();
-    assert!(matches!(too_long, EngineError::InvalidRequest { param: Some("max_tokens"), .. }), "{too_long}");
-    assert!(too_long.to_string().contains("maximum context length is 64"));
-    let bad_id = client.submit(GenerateRequest::greedy(vec![1, 100000], 4)).err().unwrap();
-    assert!(matches!(bad_id, EngineError::InvalidRequest { param: Some("prompt"), .. }));
-    let empty = client.submit(GenerateRequest::greedy(vec![], 4)).err().unwrap();
+    let too_long = client
+        .submit(GenerateRequest::greedy(p.clone(), 100))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            too_long,
+            EngineError::InvalidRequest {
+                param: Some("max_tokens"),
+                ..
+            }
+        ),
+        "{too_long}"
+    );
+    assert!(
+        too_long
+            .to_string()
+            .contains("maximum context length is 64")
+    );
+    let bad_id = client
+        .submit(GenerateRequest::greedy(vec![1, 100000], 4))
+        .err()
+        .unwrap();
+    assert!(matches!(
+        bad_id,
+        EngineError::InvalidRequest {
+            param: Some("prompt"),
+            ..
+        }
+    ));
+    let empty = client
+        .submit(GenerateRequest::greedy(vec![], 4))
+        .err()
+        .unwrap();
     assert!(matches!(empty, EngineError::InvalidRequest { .. }));
 }
 
 #[tokio::test]
 async fn full_waiting_queue_is_overloaded() {
-    let (engine, tok) = engine(EngineConfig { max_waiting: 2, max_num_seqs: 1, ..Default::default() });
+    let (engine, tok) = engine(EngineConfig {
+        max_waiting: 2,
+        max_num_seqs: 1,
+        ..Default::default()
+    });
     let client = engine.client();
     let p = tok.encode(SENTENCES[5], true).unwrap();
     let mut streams = Vec::new();

@@ -18,13 +18,21 @@ fn rel_error(ours: &[f32], reference: &Value) -> f64 {
     let pairs: Vec<(f64, f64)> = if let Some(full) = reference.get("logits") {
         let full = full.as_array().expect("logits array");
         assert_eq!(full.len(), ours.len(), "vocab size");
-        full.iter().zip(ours).map(|(r, &o)| (o as f64, r.as_f64().unwrap())).collect()
+        full.iter()
+            .zip(ours)
+            .map(|(r, &o)| (o as f64, r.as_f64().unwrap()))
+            .collect()
     } else {
         let ids = reference["top_k_ids"].as_array().expect("top_k_ids");
         let vals = reference["top_k_logits"].as_array().expect("top_k_logits");
         ids.iter()
             .zip(vals)
-            .map(|(i, v)| (ours[i.as_u64().unwrap() as usize] as f64, v.as_f64().unwrap()))
+            .map(|(i, v)| {
+                (
+                    ours[i.as_u64().unwrap() as usize] as f64,
+                    v.as_f64().unwrap(),
+                )
+            })
             .collect()
     };
     let scale = pairs.iter().map(|p| p.1.abs()).fold(0.0, f64::max);
@@ -33,16 +41,32 @@ fn rel_error(ours: &[f32], reference: &Value) -> f64 {
 
 fn check_model(golden: &str, model: &str, min_exact: usize) {
     let g: Value = serde_json::from_str(
-        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(golden)).unwrap(),
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/golden")
+                .join(golden),
+        )
+        .unwrap(),
     )
     .unwrap();
     let files = ModelFiles::open(&models_dir().join(model), LoadFormat::Auto).unwrap();
     let mut generator = SingleGenerator::new(CpuBackend::new(), &files, 256, 7, 4).unwrap();
     for p in g["prompts"].as_array().unwrap() {
-        let ids = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
+        let ids = |v: &Value| {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect::<Vec<_>>()
+        };
         let prompt = ids(&p["prompt_ids"]);
         let want = ids(&p["generated_ids"]);
-        let margins: Vec<f64> = p["top2_margin"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
+        let margins: Vec<f64> = p["top2_margin"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_f64().unwrap())
+            .collect();
         let opts = GenerateOptions {
             max_tokens: want.len(),
             params: SamplingParams::greedy(),
@@ -54,8 +78,15 @@ fn check_model(golden: &str, model: &str, min_exact: usize) {
         let out = generator.generate(&prompt, &opts, |_| {}).unwrap();
         // Ids must agree up to the first near-tie (where float rounding may pick either).
         let exact = margins.iter().position(|&m| m < 1e-3).unwrap_or(want.len());
-        assert!(exact >= min_exact, "{model}: reference has a near-tie at step {exact}");
-        assert_eq!(out.token_ids[..exact], want[..exact], "{model}: greedy ids for {prompt:?}");
+        assert!(
+            exact >= min_exact,
+            "{model}: reference has a near-tie at step {exact}"
+        );
+        assert_eq!(
+            out.token_ids[..exact],
+            want[..exact],
+            "{model}: greedy ids for {prompt:?}"
+        );
         let err = rel_error(&out.step_logits[0], &p["prompt_logits_last"]);
         assert!(err < 1e-4, "{model}: prompt logits rel error {err}");
         for s in p["step_logits"].as_array().unwrap() {

@@ -34,7 +34,12 @@ fn spec(n_heads: usize, n_kv: usize, hd: usize, rope: RopeSpec) -> ModelSpec {
 }
 
 fn rope(dim: usize, layout: RopeLayout) -> RopeSpec {
-    RopeSpec { theta: 10000.0, dim, layout, llama3: None }
+    RopeSpec {
+        theta: 10000.0,
+        dim,
+        layout,
+        llama3: None,
+    }
 }
 
 fn embed_and_gather<B: TestBackend>(b: &mut B) {
@@ -42,13 +47,26 @@ fn embed_and_gather<B: TestBackend>(b: &mut B) {
     let mut cpu = CpuBackend::new();
     let (vocab, h) = (300, 40);
     let table = random(&mut rng, vocab * h, 1.0);
-    let (tw, cw) = (weight(b, vec![vocab, h], &table), weight(&mut cpu, vec![vocab, h], &table));
-    let shape = KvShape { num_layers: 1, num_blocks: 8, block_size: 4, n_kv_heads: 1, head_dim: 8 };
+    let (tw, cw) = (
+        weight(b, vec![vocab, h], &table),
+        weight(&mut cpu, vec![vocab, h], &table),
+    );
+    let shape = KvShape {
+        num_layers: 1,
+        num_blocks: 8,
+        block_size: 4,
+        n_kv_heads: 1,
+        head_dim: 8,
+    };
     b.alloc_kv(&shape).unwrap();
     cpu.alloc_kv(&shape).unwrap();
     let tables = block_tables(&mut rng, &[7, 3, 3], 4, 8);
     let ids: Vec<u32> = (0..9).map(|_| rng.random_range(0..vocab as u32)).collect();
-    let seqs = [(5, 7, tables[0].clone()), (1, 3, tables[1].clone()), (3, 3, tables[2].clone())];
+    let seqs = [
+        (5, 7, tables[0].clone()),
+        (1, 3, tables[1].clone()),
+        (3, 3, tables[2].clone()),
+    ];
     let p = plan(&seqs, 4, |i| ids[i]);
     let (bb, cb) = (b.prepare(&p).unwrap(), cpu.prepare(&p).unwrap());
     let mut out = poisoned(b, 9, h);
@@ -56,16 +74,30 @@ fn embed_and_gather<B: TestBackend>(b: &mut B) {
     b.embed(&tw, &bb, &mut out).unwrap();
     cpu.embed(&cw, &cb, &mut cout).unwrap();
     let want = cpu.to_host(&cout, 9).unwrap();
-    assert_close(&format!("{} embed", b.label()), &b.to_host(&out, 9).unwrap(), &want, b.tol());
+    assert_close(
+        &format!("{} embed", b.label()),
+        &b.to_host(&out, 9).unwrap(),
+        &want,
+        b.tol(),
+    );
     let mut g = poisoned(b, 3, h);
     let mut cg = cpu.alloc(3, h).unwrap();
     b.gather_rows(&out, &bb, &mut g).unwrap();
     cpu.gather_rows(&cout, &cb, &mut cg).unwrap();
     let want = cpu.to_host(&cg, 3).unwrap();
-    assert_close(&format!("{} gather_rows", b.label()), &b.to_host(&g, 3).unwrap(), &want, b.tol());
+    assert_close(
+        &format!("{} gather_rows", b.label()),
+        &b.to_host(&g, 3).unwrap(),
+        &want,
+        b.tol(),
+    );
     let bad = plan(&[(1, 1, tables[1].clone())], 4, |_| vocab as u32);
     let bb = b.prepare(&bad).unwrap();
-    assert!(b.embed(&tw, &bb, &mut out).is_err(), "{}: out-of-vocab token accepted", b.label());
+    assert!(
+        b.embed(&tw, &bb, &mut out).is_err(),
+        "{}: out-of-vocab token accepted",
+        b.label()
+    );
 }
 parity_test!(embed_and_gather_rows, embed_and_gather);
 
@@ -73,7 +105,11 @@ fn norms<B: TestBackend>(b: &mut B) {
     let mut rng = rng("norms");
     let mut cpu = CpuBackend::new();
     for (n, h) in [(1, 8), (7, 64), (33, 1000), (3, 4096)] {
-        let (x, r, w) = (random(&mut rng, n * h, 2.0), random(&mut rng, n * h, 2.0), random(&mut rng, h, 1.5));
+        let (x, r, w) = (
+            random(&mut rng, n * h, 2.0),
+            random(&mut rng, n * h, 2.0),
+            random(&mut rng, h, 1.5),
+        );
         let (bw, cw) = (weight(b, vec![h], &w), weight(&mut cpu, vec![h], &w));
         let bx = tensor(b, n, h, &x);
         let cx = tensor(&mut cpu, n, h, &x);
@@ -82,16 +118,33 @@ fn norms<B: TestBackend>(b: &mut B) {
         b.rms_norm(&bx, &bw, 1e-5, n, &mut out).unwrap();
         cpu.rms_norm(&cx, &cw, 1e-5, n, &mut cout).unwrap();
         let what = format!("{} rms_norm {n}x{h}", b.label());
-        assert_close(&what, &b.to_host(&out, n).unwrap(), &cpu.to_host(&cout, n).unwrap(), b.tol());
+        assert_close(
+            &what,
+            &b.to_host(&out, n).unwrap(),
+            &cpu.to_host(&cout, n).unwrap(),
+            b.tol(),
+        );
 
         let mut br = tensor(b, n, h, &r);
         let mut cr = tensor(&mut cpu, n, h, &r);
         let mut out = poisoned(b, n, h);
-        b.add_rms_norm(&bx, &mut br, &bw, 1e-5, n, &mut out).unwrap();
-        cpu.add_rms_norm(&cx, &mut cr, &cw, 1e-5, n, &mut cout).unwrap();
+        b.add_rms_norm(&bx, &mut br, &bw, 1e-5, n, &mut out)
+            .unwrap();
+        cpu.add_rms_norm(&cx, &mut cr, &cw, 1e-5, n, &mut cout)
+            .unwrap();
         let what = format!("{} add_rms_norm {n}x{h}", b.label());
-        assert_close(&what, &b.to_host(&out, n).unwrap(), &cpu.to_host(&cout, n).unwrap(), b.tol());
-        assert_close(&format!("{what} residual"), &b.to_host(&br, n).unwrap(), &cpu.to_host(&cr, n).unwrap(), b.tol());
+        assert_close(
+            &what,
+            &b.to_host(&out, n).unwrap(),
+            &cpu.to_host(&cout, n).unwrap(),
+            b.tol(),
+        );
+        assert_close(
+            &format!("{what} residual"),
+            &b.to_host(&br, n).unwrap(),
+            &cpu.to_host(&cr, n).unwrap(),
+            b.tol(),
+        );
     }
 }
 parity_test!(rms_norm_and_fused_add, norms);
@@ -99,20 +152,40 @@ parity_test!(rms_norm_and_fused_add, norms);
 fn matmuls<B: TestBackend>(b: &mut B) {
     let mut rng = rng("matmuls");
     let mut cpu = CpuBackend::new();
-    for (n, k, m, with_bias) in [(1, 64, 172, false), (7, 172, 64, true), (33, 512, 1000, false), (5, 4096, 256, true), (64, 96, 80, false)] {
-        let (x, w, bias) = (random(&mut rng, n * k, 1.0), random(&mut rng, m * k, 1.0), random(&mut rng, m, 1.0));
+    for (n, k, m, with_bias) in [
+        (1, 64, 172, false),
+        (7, 172, 64, true),
+        (33, 512, 1000, false),
+        (5, 4096, 256, true),
+        (64, 96, 80, false),
+    ] {
+        let (x, w, bias) = (
+            random(&mut rng, n * k, 1.0),
+            random(&mut rng, m * k, 1.0),
+            random(&mut rng, m, 1.0),
+        );
         let (bw, cw) = (weight(b, vec![m, k], &w), weight(&mut cpu, vec![m, k], &w));
         let (bb, cb) = (weight(b, vec![m], &bias), weight(&mut cpu, vec![m], &bias));
         let bx = tensor(b, n + 3, k, &[x.clone(), vec![0.5; 3 * k]].concat());
         let cx = tensor(&mut cpu, n, k, &x);
         let mut out = poisoned(b, n + 3, m);
         let mut cout = cpu.alloc(n, m).unwrap();
-        b.matmul(&bx, &bw, with_bias.then_some(&bb), n, &mut out).unwrap();
-        cpu.matmul(&cx, &cw, with_bias.then_some(&cb), n, &mut cout).unwrap();
+        b.matmul(&bx, &bw, with_bias.then_some(&bb), n, &mut out)
+            .unwrap();
+        cpu.matmul(&cx, &cw, with_bias.then_some(&cb), n, &mut cout)
+            .unwrap();
         let what = format!("{} matmul {n}x{k}x{m} bias={with_bias}", b.label());
         let got = b.to_host(&out, n + 3).unwrap();
-        assert_close(&what, &got[..n * m], &cpu.to_host(&cout, n).unwrap(), b.tol());
-        assert!(got[n * m..].iter().all(|v| v.is_nan()), "{what}: wrote past row {n}");
+        assert_close(
+            &what,
+            &got[..n * m],
+            &cpu.to_host(&cout, n).unwrap(),
+            b.tol(),
+        );
+        assert!(
+            got[n * m..].iter().all(|v| v.is_nan()),
+            "{what}: wrote past row {n}"
+        );
     }
 }
 parity_test!(matmul_against_weights, matmuls);
@@ -120,20 +193,44 @@ parity_test!(matmul_against_weights, matmuls);
 fn ropes<B: TestBackend>(b: &mut B) {
     let mut rng = rng("ropes");
     let mut cpu = CpuBackend::new();
-    let llama3 = Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 8192.0 };
+    let llama3 = Llama3Scaling {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position: 8192.0,
+    };
     let cases = [
         spec(8, 4, 8, rope(8, RopeLayout::Interleaved)),
         spec(4, 2, 64, rope(64, RopeLayout::Half)),
-        spec(8, 2, 128, RopeSpec { theta: 500000.0, llama3: Some(llama3), ..rope(128, RopeLayout::Half) }),
+        spec(
+            8,
+            2,
+            128,
+            RopeSpec {
+                theta: 500000.0,
+                llama3: Some(llama3),
+                ..rope(128, RopeLayout::Half)
+            },
+        ),
         spec(2, 1, 96, rope(32, RopeLayout::Interleaved)),
     ];
     for s in cases {
         let ctx = [8000u32, 5, 300];
         let tables = block_tables(&mut rng, &ctx, 16, 600);
-        let shape = KvShape { num_layers: 1, num_blocks: 600, block_size: 16, n_kv_heads: s.n_kv_heads, head_dim: s.head_dim };
+        let shape = KvShape {
+            num_layers: 1,
+            num_blocks: 600,
+            block_size: 16,
+            n_kv_heads: s.n_kv_heads,
+            head_dim: s.head_dim,
+        };
         b.alloc_kv(&shape).unwrap();
         cpu.alloc_kv(&shape).unwrap();
-        let seqs = [(3, ctx[0], tables[0].clone()), (5, ctx[1], tables[1].clone()), (1, ctx[2], tables[2].clone())];
+        let seqs = [
+            (3, ctx[0], tables[0].clone()),
+            (5, ctx[1], tables[1].clone()),
+            (1, ctx[2], tables[2].clone()),
+        ];
         let p = plan(&seqs, 16, |_| 0);
         let (bb, cb) = (b.prepare(&p).unwrap(), cpu.prepare(&p).unwrap());
         let x = random(&mut rng, 9 * s.qkv_dim(), 1.0);
@@ -141,8 +238,19 @@ fn ropes<B: TestBackend>(b: &mut B) {
         let mut cx = tensor(&mut cpu, 9, s.qkv_dim(), &b.quantize(&x));
         b.rope(&mut bx, &bb, &s).unwrap();
         cpu.rope(&mut cx, &cb, &s).unwrap();
-        let what = format!("{} rope hd={} dim={} {:?}", b.label(), s.head_dim, s.rope.dim, s.rope.layout);
-        assert_close(&what, &b.to_host(&bx, 9).unwrap(), &cpu.to_host(&cx, 9).unwrap(), b.tol());
+        let what = format!(
+            "{} rope hd={} dim={} {:?}",
+            b.label(),
+            s.head_dim,
+            s.rope.dim,
+            s.rope.layout
+        );
+        assert_close(
+            &what,
+            &b.to_host(&bx, 9).unwrap(),
+            &cpu.to_host(&cx, 9).unwrap(),
+            b.tol(),
+        );
     }
 }
 parity_test!(rope_both_layouts_and_llama3, ropes);
@@ -159,7 +267,12 @@ fn silu<B: TestBackend>(b: &mut B) {
         b.silu_mul(&bg, n, &mut out).unwrap();
         cpu.silu_mul(&cg, n, &mut cout).unwrap();
         let what = format!("{} silu_mul {n}x{f}", b.label());
-        assert_close(&what, &b.to_host(&out, n).unwrap(), &cpu.to_host(&cout, n).unwrap(), b.tol());
+        assert_close(
+            &what,
+            &b.to_host(&out, n).unwrap(),
+            &cpu.to_host(&cout, n).unwrap(),
+            b.tol(),
+        );
     }
 }
 parity_test!(silu_mul, silu);
@@ -180,11 +293,21 @@ fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha
     let need: usize = ctx.iter().map(|&x| x.div_ceil(c.block_size) as usize).sum();
     let num_blocks = need + need / 2 + 3;
     let tables = block_tables(rng, &ctx, c.block_size, num_blocks);
-    let shape = KvShape { num_layers: 2, num_blocks, block_size: c.block_size as usize, n_kv_heads: s.n_kv_heads, head_dim: c.hd };
+    let shape = KvShape {
+        num_layers: 2,
+        num_blocks,
+        block_size: c.block_size as usize,
+        n_kv_heads: s.n_kv_heads,
+        head_dim: c.hd,
+    };
     let mut bkv = b.alloc_kv(&shape).unwrap();
     let mut ckv = cpu.alloc_kv(&shape).unwrap();
     // Fill every cached position of layer 1 through write_kv.
-    let fill: Vec<_> = ctx.iter().zip(&tables).map(|(&n, t)| (n, n, t.clone())).collect();
+    let fill: Vec<_> = ctx
+        .iter()
+        .zip(&tables)
+        .map(|(&n, t)| (n, n, t.clone()))
+        .collect();
     let fp = plan(&fill, c.block_size, |_| 0);
     let rows = fp.num_tokens();
     let kvdata = b.quantize(&random(rng, rows * s.qkv_dim(), 1.0));
@@ -195,7 +318,12 @@ fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha
     cpu.write_kv(&mut ckv, 1, &cq, &cb, &s).unwrap();
     drop((bq, cq));
     // The step: prefill chunks and decode tokens over those contexts.
-    let step: Vec<_> = c.seqs.iter().zip(&tables).map(|(&(q, n), t)| (q, n, t.clone())).collect();
+    let step: Vec<_> = c
+        .seqs
+        .iter()
+        .zip(&tables)
+        .map(|(&(q, n), t)| (q, n, t.clone()))
+        .collect();
     let sp = plan(&step, c.block_size, |_| 0);
     let t = sp.num_tokens();
     let q = b.quantize(&random(rng, t * s.qkv_dim(), 1.0));
@@ -206,13 +334,30 @@ fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha
     let mut cout = cpu.alloc(t, s.q_dim()).unwrap();
     b.attention(&bq, &bkv, 1, &bb, &s, &mut out).unwrap();
     cpu.attention(&cq, &ckv, 1, &cb, &s, &mut cout).unwrap();
-    let what = format!("{} attention heads {:?} hd {} bs {} seqs {:?}", b.label(), c.heads, c.hd, c.block_size, c.seqs);
-    assert_close(&what, &b.to_host(&out, t).unwrap(), &cpu.to_host(&cout, t).unwrap(), b.tol());
+    let what = format!(
+        "{} attention heads {:?} hd {} bs {} seqs {:?}",
+        b.label(),
+        c.heads,
+        c.hd,
+        c.block_size,
+        c.seqs
+    );
+    assert_close(
+        &what,
+        &b.to_host(&out, t).unwrap(),
+        &cpu.to_host(&cout, t).unwrap(),
+        b.tol(),
+    );
 }
 
 fn attentions<B: TestBackend>(b: &mut B) {
     let mut rng = rng("attentions");
-    let case = |heads, hd, block_size, seqs: &[(u32, u32)]| AttnCase { heads, hd, block_size, seqs: seqs.to_vec() };
+    let case = |heads, hd, block_size, seqs: &[(u32, u32)]| AttnCase {
+        heads,
+        hd,
+        block_size,
+        seqs: seqs.to_vec(),
+    };
     let cases = [
         case((8, 4), 8, 4, &[(5, 9), (1, 20), (1, 1)]),
         case((4, 4), 64, 16, &[(1, 8000), (17, 40), (1, 300)]),
@@ -222,7 +367,12 @@ fn attentions<B: TestBackend>(b: &mut B) {
         case((4, 1), 96, 8, &[(2, 50), (20, 20)]),
         case((8, 8), 256, 16, &[(1, 1000), (9, 9)]),
         case((6, 2), 4, 4, &[(4, 4), (1, 30)]),
-        case((32, 8), 128, 16, &[(1, 512), (1, 700), (1, 1500), (1, 3000)]),
+        case(
+            (32, 8),
+            128,
+            16,
+            &[(1, 512), (1, 700), (1, 1500), (1, 3000)],
+        ),
     ];
     for c in &cases {
         attention_case(b, c, &mut rng);

@@ -458,3 +458,60 @@ fn incremental_decoding_of_arbitrary_ids() {
         }
     }
 }
+
+/// A Llama-3 GGUF vocabulary (`gpt2` model, `llama-bpe` pre-tokenizer, control tokens after the
+/// 128000 regular ones), assembled from the llama3.2 files the way a GGUF converter stores it.
+fn llama3_gguf_vocab() -> GgufVocab {
+    let dir = models().join("tokenizers/llama3.2");
+    let text = std::fs::read_to_string(dir.join("encoder.json")).unwrap();
+    let encoder: std::collections::HashMap<String, u32> = serde_json::from_str(&text).unwrap();
+    let mut tokens = vec![String::new(); encoder.len()];
+    for (piece, id) in encoder {
+        tokens[id as usize] = piece;
+    }
+    let mut types = vec![TokenType::Normal; tokens.len()];
+    let specials = (0..256).map(|i| match i {
+        0 => "<|begin_of_text|>".to_string(),
+        1 => "<|end_of_text|>".to_string(),
+        6 => "<|start_header_id|>".to_string(),
+        7 => "<|end_header_id|>".to_string(),
+        8 => "<|eom_id|>".to_string(),
+        9 => "<|eot_id|>".to_string(),
+        i => format!("<|reserved_special_token_{i}|>"),
+    });
+    for piece in specials {
+        tokens.push(piece);
+        types.push(TokenType::Control);
+    }
+    let merges = std::fs::read_to_string(dir.join("vocab.bpe")).unwrap();
+    let mut vocab = GgufVocab::new(VocabModel::Gpt2, tokens);
+    vocab.merges = merges.lines().map(str::to_owned).collect();
+    vocab.token_types = types;
+    vocab.pre = Some("llama-bpe".into());
+    vocab.bos_id = Some(128000);
+    vocab.eos_id = Some(128009);
+    vocab.add_bos = Some(true);
+    vocab
+}
+
+#[test]
+fn llama3_gguf_vocab_matches_llama_cpp() {
+    let tok = Tokenizer::from_gguf_vocab(llama3_gguf_vocab()).unwrap();
+    assert_matches_llama_cpp(&tok, "ggml-vocab-llama-bpe.gguf");
+    assert_eq!(tok.vocab_size(), 128256);
+    assert!(tok.add_bos_default());
+    // The declared EOS first, then the other end-of-generation specials present.
+    assert_eq!(tok.eos_ids(), &[128009, 128008, 128001]);
+    let ids = tok
+        .encode(
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+            true,
+        )
+        .unwrap();
+    assert_eq!(ids[..3], [128000, 128006, 882]);
+    assert_eq!(ids.last(), Some(&128009));
+    assert!(tok.is_special(128006) && !tok.is_special(882));
+    assert_eq!(tok.decode(&ids, true).unwrap(), "user\n\nHi");
+    let pieces = stream(&tok, &ids, false, true);
+    assert_eq!(pieces.concat(), tok.decode(&ids, false).unwrap());
+}

@@ -40,7 +40,10 @@ pub async fn guard<B: MessageBody + 'static>(
     next: Next<B>,
 ) -> Result<ServiceResponse<EitherBody<B>>, Error> {
     let Some(state) = req.app_data::<Data<AppState>>().cloned() else {
-        return next.call(req).await.map(ServiceResponse::map_into_left_body);
+        return next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_left_body);
     };
     let server = &state.config.server;
     let header_bytes: usize = req
@@ -49,9 +52,14 @@ pub async fn guard<B: MessageBody + 'static>(
         .map(|(k, v)| k.as_str().len() + v.len())
         .sum();
     let rejection = if header_bytes > server.max_header_bytes {
-        Some(ApiError::HeadersTooLarge { limit: server.max_header_bytes })
+        Some(ApiError::HeadersTooLarge {
+            limit: server.max_header_bytes,
+        })
     } else if !server.api_keys.is_empty() && !OPEN_PATHS.contains(&req.path()) {
-        let header = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let header = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
         (!authorized(header, &server.api_keys)).then_some(ApiError::Unauthorized)
     } else {
         None

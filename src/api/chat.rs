@@ -23,14 +23,24 @@ use crate::engine::{FinishReason, GenerateRequest, TokenInfo, Usage};
 use crate::tokenizer::chat::ChatMessage;
 
 /// Messages as the template sees them: known roles, content flattened to text.
-pub fn messages(input: &[ChatMessageIn], limits: &LimitsConfig) -> Result<Vec<ChatMessage>, ApiError> {
+pub fn messages(
+    input: &[ChatMessageIn],
+    limits: &LimitsConfig,
+) -> Result<Vec<ChatMessage>, ApiError> {
     if input.is_empty() {
-        return Err(ApiError::invalid("messages", "`messages` must not be empty"));
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must not be empty",
+        ));
     }
     if input.len() > limits.max_messages {
         return Err(ApiError::invalid(
             "messages",
-            format!("at most {} messages per request, got {}", limits.max_messages, input.len()),
+            format!(
+                "at most {} messages per request, got {}",
+                limits.max_messages,
+                input.len()
+            ),
         ));
     }
     input
@@ -56,12 +66,17 @@ pub fn messages(input: &[ChatMessageIn], limits: &LimitsConfig) -> Result<Vec<Ch
                         match (p.kind.as_str(), &p.text) {
                             ("text", Some(t)) => texts.push(t.as_str()),
                             ("text", None) => {
-                                return Err(ApiError::invalid(format!("messages[{i}].content[{j}].text"), "a text part needs `text`"));
+                                return Err(ApiError::invalid(
+                                    format!("messages[{i}].content[{j}].text"),
+                                    "a text part needs `text`",
+                                ));
                             }
                             (other, _) => {
                                 return Err(ApiError::invalid(
                                     format!("messages[{i}].content[{j}].type"),
-                                    format!("unsupported content part type {other:?} (only \"text\")"),
+                                    format!(
+                                        "unsupported content part type {other:?} (only \"text\")"
+                                    ),
                                 ));
                             }
                         }
@@ -70,7 +85,10 @@ pub fn messages(input: &[ChatMessageIn], limits: &LimitsConfig) -> Result<Vec<Ch
                 }
                 None if role == "assistant" => String::new(),
                 None => {
-                    return Err(ApiError::invalid(format!("messages[{i}].content"), "`content` is required"));
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].content"),
+                        "`content` is required",
+                    ));
                 }
             };
             Ok(ChatMessage::new(role, content))
@@ -79,11 +97,16 @@ pub fn messages(input: &[ChatMessageIn], limits: &LimitsConfig) -> Result<Vec<Ch
 }
 
 /// Renders and tokenizes the conversation on the blocking pool.
-pub async fn prompt_ids(ready: &Ready, msgs: Vec<ChatMessage>, add_generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
+pub async fn prompt_ids(
+    ready: &Ready,
+    msgs: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>, ApiError> {
     let (template, tok) = (ready.template.clone(), ready.tokenizer.clone());
     blocking(move || {
         let text = template.render(&msgs, add_generation_prompt)?;
-        tok.encode(&text, false).map_err(|e| ApiError::from_tokenizer("messages", e))
+        tok.encode(&text, false)
+            .map_err(|e| ApiError::from_tokenizer("messages", e))
     })
     .await
 }
@@ -96,16 +119,29 @@ fn check_unsupported(req: &ChatCompletionRequest) -> Result<(), ApiError> {
         && !f.is_null()
         && f.get("type").and_then(|t| t.as_str()) != Some("text")
     {
-        return Err(ApiError::invalid("response_format", "only {\"type\": \"text\"} is supported"));
+        return Err(ApiError::invalid(
+            "response_format",
+            "only {\"type\": \"text\"} is supported",
+        ));
     }
     Ok(())
 }
 
 /// The `top_logprobs` to ask the engine for, if `logprobs` is on.
-fn chat_logprobs(req: &ChatCompletionRequest, limits: &LimitsConfig) -> Result<Option<usize>, ApiError> {
+fn chat_logprobs(
+    req: &ChatCompletionRequest,
+    limits: &LimitsConfig,
+) -> Result<Option<usize>, ApiError> {
     match (req.logprobs.unwrap_or(false), req.top_logprobs) {
-        (true, top) => Ok(Some(validate::logprobs_count("top_logprobs", top.unwrap_or(0), limits)?)),
-        (false, Some(t)) if t > 0 => Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
+        (true, top) => Ok(Some(validate::logprobs_count(
+            "top_logprobs",
+            top.unwrap_or(0),
+            limits,
+        )?)),
+        (false, Some(t)) if t > 0 => Err(ApiError::invalid(
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs: true`",
+        )),
         (false, _) => Ok(None),
     }
 }
@@ -137,7 +173,12 @@ pub async fn chat_completions(
     let limits = &state.config.limits;
     check_unsupported(&req)?;
     let logprobs = chat_logprobs(&req, limits)?;
-    let v = validate::sampling(&req.sampling(), limits, ready.client.spec().vocab_size, logprobs)?;
+    let v = validate::sampling(
+        &req.sampling(),
+        limits,
+        ready.client.spec().vocab_size,
+        logprobs,
+    )?;
     let (param, requested) = match (req.max_completion_tokens, req.max_tokens) {
         (Some(m), _) => ("max_completion_tokens", Some(m)),
         (None, m) => ("max_tokens", m),
@@ -149,7 +190,10 @@ pub async fn chat_completions(
     if ids.len() >= room {
         return Err(ApiError::invalid(
             "messages",
-            format!("the conversation is {} tokens; the context holds {room} with room to reply", ids.len()),
+            format!(
+                "the conversation is {} tokens; the context holds {room} with room to reply",
+                ids.len()
+            ),
         ));
     }
     let max_tokens = validate::max_tokens(param, requested, room - ids.len())?;
@@ -165,8 +209,18 @@ pub async fn chat_completions(
     let meta = ResponseMeta::new("chatcmpl", &ready.model_name);
     let texts = ready.token_texts.clone();
     if req.stream.unwrap_or(false) {
-        let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
-        let writer = ChatWriter { meta, texts, n: v.n, logprobs: logprobs.is_some(), include_usage };
+        let include_usage = req
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        let writer = ChatWriter {
+            meta,
+            texts,
+            n: v.n,
+            logprobs: logprobs.is_some(),
+            include_usage,
+        };
         return Ok(sse::response(generated, writer, state.keep_alive()));
     }
     let (outputs, usage) = generation::collect(generated).await?;
@@ -175,8 +229,13 @@ pub async fn chat_completions(
         .enumerate()
         .map(|(index, out)| ChatChoice {
             index,
-            message: ChatMessageOut { role: "assistant".into(), content: Some(out.text) },
-            logprobs: logprobs.map(|_| ChatLogprobs { content: Some(texts.chat(&out.tokens)) }),
+            message: ChatMessageOut {
+                role: "assistant".into(),
+                content: Some(out.text),
+            },
+            logprobs: logprobs.map(|_| ChatLogprobs {
+                content: Some(texts.chat(&out.tokens)),
+            }),
             finish_reason: out.finish.map(|r| r.as_str().to_string()),
         })
         .collect();
@@ -207,11 +266,21 @@ impl ChatWriter {
             created: self.meta.created,
             model: self.meta.model.clone(),
             choices,
-            usage: if self.include_usage { Some(usage) } else { None },
+            usage: if self.include_usage {
+                Some(usage)
+            } else {
+                None
+            },
         })
     }
 
-    fn one(&self, index: usize, delta: ChatDelta, logprobs: Option<ChatLogprobs>, finish: Option<FinishReason>) -> Bytes {
+    fn one(
+        &self,
+        index: usize,
+        delta: ChatDelta,
+        logprobs: Option<ChatLogprobs>,
+        finish: Option<FinishReason>,
+    ) -> Bytes {
         let choice = ChatChunkChoice {
             index,
             delta,
@@ -226,18 +295,31 @@ impl ChunkWriter for ChatWriter {
     fn begin(&mut self) -> Vec<Bytes> {
         (0..self.n)
             .map(|i| {
-                let delta = ChatDelta { role: Some("assistant".into()), content: Some(String::new()) };
+                let delta = ChatDelta {
+                    role: Some("assistant".into()),
+                    content: Some(String::new()),
+                };
                 self.one(i, delta, None, None)
             })
             .collect()
     }
 
     fn delta(&mut self, index: usize, text: String, tokens: Vec<TokenInfo>) -> Option<Bytes> {
-        let logprobs = (self.logprobs && !tokens.is_empty()).then(|| ChatLogprobs { content: Some(self.texts.chat(&tokens)) });
+        let logprobs = (self.logprobs && !tokens.is_empty()).then(|| ChatLogprobs {
+            content: Some(self.texts.chat(&tokens)),
+        });
         if text.is_empty() && logprobs.is_none() {
             return None;
         }
-        Some(self.one(index, ChatDelta { role: None, content: Some(text) }, logprobs, None))
+        Some(self.one(
+            index,
+            ChatDelta {
+                role: None,
+                content: Some(text),
+            },
+            logprobs,
+            None,
+        ))
     }
 
     fn finish(&mut self, index: usize, reason: FinishReason) -> Bytes {
@@ -245,6 +327,7 @@ impl ChunkWriter for ChatWriter {
     }
 
     fn usage(&mut self, usage: Usage) -> Option<Bytes> {
-        self.include_usage.then(|| self.chunk(Vec::new(), Some(usage_info(usage))))
+        self.include_usage
+            .then(|| self.chunk(Vec::new(), Some(usage_info(usage))))
     }
 }

@@ -48,7 +48,11 @@ fn sources(prompt: PromptInput, limits: &LimitsConfig) -> Result<Vec<PromptSourc
     if list.len() > limits.max_prompts {
         return Err(ApiError::invalid(
             "prompt",
-            format!("at most {} prompts per request, got {}", limits.max_prompts, list.len()),
+            format!(
+                "at most {} prompts per request, got {}",
+                limits.max_prompts,
+                list.len()
+            ),
         ));
     }
     let empty = |s: &PromptSource| match s {
@@ -62,7 +66,11 @@ fn sources(prompt: PromptInput, limits: &LimitsConfig) -> Result<Vec<PromptSourc
 }
 
 /// Tokenizes text prompts (BOS as the model wants) and decodes id prompts to be echoed.
-fn encode(tok: &Tokenizer, sources: Vec<PromptSource>, echo: bool) -> Result<Vec<Prompt>, ApiError> {
+fn encode(
+    tok: &Tokenizer,
+    sources: Vec<PromptSource>,
+    echo: bool,
+) -> Result<Vec<Prompt>, ApiError> {
     sources
         .into_iter()
         .map(|s| match s {
@@ -70,11 +78,17 @@ fn encode(tok: &Tokenizer, sources: Vec<PromptSource>, echo: bool) -> Result<Vec
                 let ids = tok
                     .encode(&t, tok.add_bos_default())
                     .map_err(|e| ApiError::from_tokenizer("prompt", e))?;
-                Ok(Prompt { ids, echo: echo.then_some(t) })
+                Ok(Prompt {
+                    ids,
+                    echo: echo.then_some(t),
+                })
             }
             PromptSource::Ids(ids) => {
                 let echo = if echo {
-                    Some(tok.decode(&ids, true).map_err(|e| ApiError::from_tokenizer("prompt", e))?)
+                    Some(
+                        tok.decode(&ids, true)
+                            .map_err(|e| ApiError::from_tokenizer("prompt", e))?,
+                    )
                 } else {
                     None
                 };
@@ -118,9 +132,17 @@ pub async fn completions(
         .transpose()?;
     let echo = req.echo.unwrap_or(false);
     if echo && logprobs.is_some() {
-        return Err(ApiError::invalid("echo", "`echo` together with `logprobs` is not supported"));
+        return Err(ApiError::invalid(
+            "echo",
+            "`echo` together with `logprobs` is not supported",
+        ));
     }
-    let v = validate::sampling(&req.sampling(), limits, ready.client.spec().vocab_size, logprobs)?;
+    let v = validate::sampling(
+        &req.sampling(),
+        limits,
+        ready.client.spec().vocab_size,
+        logprobs,
+    )?;
     let max_tokens = validate::max_tokens("max_tokens", req.max_tokens, DEFAULT_MAX_TOKENS)?;
     let stream = req.stream.unwrap_or(false);
     let include_usage = req
@@ -131,6 +153,13 @@ pub async fn completions(
     let srcs = sources(req.prompt, limits)?;
     let tok = ready.tokenizer.clone();
     let prompts = blocking(move || encode(&tok, srcs, echo)).await?;
+    let context = ready.client.max_model_len();
+    if let Some(p) = prompts.iter().find(|p| p.ids.len() >= context) {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("the prompt is {} tokens; the model's context is {context}", p.ids.len()),
+        ));
+    }
     let mut streams = Vec::with_capacity(prompts.len());
     let mut echoes = Vec::with_capacity(prompts.len() * v.n);
     for p in prompts {
@@ -202,9 +231,25 @@ struct CompletionWriter {
 }
 
 impl CompletionWriter {
-    fn new(meta: ResponseMeta, texts: Arc<TokenTexts>, echoes: Vec<Option<String>>, logprobs: bool, include_usage: bool) -> Self {
-        let offsets = echoes.iter().map(|e| e.as_ref().map_or(0, |t| t.chars().count())).collect();
-        Self { meta, texts, echoes, offsets, logprobs, include_usage }
+    fn new(
+        meta: ResponseMeta,
+        texts: Arc<TokenTexts>,
+        echoes: Vec<Option<String>>,
+        logprobs: bool,
+        include_usage: bool,
+    ) -> Self {
+        let offsets = echoes
+            .iter()
+            .map(|e| e.as_ref().map_or(0, |t| t.chars().count()))
+            .collect();
+        Self {
+            meta,
+            texts,
+            echoes,
+            offsets,
+            logprobs,
+            include_usage,
+        }
     }
 
     fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<UsageInfo>) -> Bytes {
@@ -214,11 +259,21 @@ impl CompletionWriter {
             created: self.meta.created,
             model: self.meta.model.clone(),
             choices,
-            usage: if self.include_usage { Some(usage) } else { None },
+            usage: if self.include_usage {
+                Some(usage)
+            } else {
+                None
+            },
         })
     }
 
-    fn one(&self, index: usize, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<FinishReason>) -> Bytes {
+    fn one(
+        &self,
+        index: usize,
+        text: String,
+        logprobs: Option<CompletionLogprobs>,
+        finish: Option<FinishReason>,
+    ) -> Bytes {
         let choice = CompletionChoice {
             index,
             text,

@@ -42,10 +42,7 @@ pub enum ApiError {
     Overloaded { waiting: usize, retry_after_s: u64 },
     /// 503: the model is still loading, a lane failed, or the server is stopping.
     #[error("{message}")]
-    Unavailable {
-        message: String,
-        code: &'static str,
-    },
+    Unavailable { message: String, code: &'static str },
     /// 500: a bug or an unexpected failure.
     #[error("internal error: {0}")]
     Internal(String),

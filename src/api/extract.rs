@@ -41,7 +41,11 @@ impl<T: DeserializeOwned + 'static> FromRequest for ApiJson<T> {
             let mut body = BytesMut::new();
             while let Some(chunk) = payload.next().await {
                 let chunk = chunk.map_err(|e| {
-                    ApiError::invalid_with_code(None, format!("cannot read the request body: {e}"), "invalid_body")
+                    ApiError::invalid_with_code(
+                        None,
+                        format!("cannot read the request body: {e}"),
+                        "invalid_body",
+                    )
                 })?;
                 if body.len() + chunk.len() > limit {
                     return Err(ApiError::PayloadTooLarge { limit });
@@ -65,7 +69,11 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
         serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(|e| describe(".", &e))?;
-        return Err(ApiError::invalid_with_code(None, "the request body must be a JSON object", "invalid_type"));
+        return Err(ApiError::invalid_with_code(
+            None,
+            "the request body must be a JSON object",
+            "invalid_type",
+        ));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -87,7 +95,11 @@ fn describe(path: &str, e: &serde_json::Error) -> ApiError {
         Category::Data => {
             let msg = strip_position(&e.to_string());
             if let Some(field) = missing_field(&msg) {
-                let param = if root { field.to_string() } else { format!("{path}.{field}") };
+                let param = if root {
+                    field.to_string()
+                } else {
+                    format!("{path}.{field}")
+                };
                 return ApiError::invalid_with_code(
                     Some(param.clone()),
                     format!("missing required parameter `{param}`"),
@@ -151,8 +163,14 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
-        assert_eq!(param(r#"{"prompt": "x", "stream": "true"}"#), (Some("stream".into()), "invalid_type".into()));
-        assert_eq!(param(r#"{"stream": true}"#), (Some("prompt".into()), "missing_required_parameter".into()));
+        assert_eq!(
+            param(r#"{"prompt": "x", "stream": "true"}"#),
+            (Some("stream".into()), "invalid_type".into())
+        );
+        assert_eq!(
+            param(r#"{"stream": true}"#),
+            (Some("prompt".into()), "missing_required_parameter".into())
+        );
         assert_eq!(
             param(r#"{"prompt": "x", "messages": [{"content": 5}]}"#),
             (Some("messages[0].content".into()), "invalid_type".into())

@@ -25,7 +25,9 @@ pub enum GenEvent {
         reason: FinishReason,
     },
     /// Every choice of every prompt ended.
-    Done { usage: Usage },
+    Done {
+        usage: Usage,
+    },
     /// The request failed; nothing follows.
     Error(ApiError),
 }
@@ -111,13 +113,24 @@ impl Stream for Generation {
             };
             let index = part * this.n;
             match event {
-                StreamEvent::Delta { choice, text, tokens } => {
-                    return Poll::Ready(Some(GenEvent::Delta { index: index + choice, text, tokens }));
+                StreamEvent::Delta {
+                    choice,
+                    text,
+                    tokens,
+                } => {
+                    return Poll::Ready(Some(GenEvent::Delta {
+                        index: index + choice,
+                        text,
+                        tokens,
+                    }));
                 }
                 StreamEvent::Finish { choice, reason } => {
                     this.open_choices = this.open_choices.saturating_sub(1);
                     this.state.metrics.observe_finish(reason);
-                    return Poll::Ready(Some(GenEvent::Finish { index: index + choice, reason }));
+                    return Poll::Ready(Some(GenEvent::Finish {
+                        index: index + choice,
+                        reason,
+                    }));
                 }
                 StreamEvent::Done { usage, timings } => {
                     this.state.metrics.observe_done(&usage, &timings);
@@ -160,7 +173,11 @@ pub async fn collect(mut generated: Generation) -> Result<(Vec<ChoiceOutput>, Us
     let mut choices = vec![ChoiceOutput::default(); generated.num_choices()];
     while let Some(event) = generated.next().await {
         match event {
-            GenEvent::Delta { index, text, tokens } => {
+            GenEvent::Delta {
+                index,
+                text,
+                tokens,
+            } => {
                 if let Some(c) = choices.get_mut(index) {
                     c.text.push_str(&text);
                     c.tokens.extend(tokens);
@@ -175,5 +192,7 @@ pub async fn collect(mut generated: Generation) -> Result<(Vec<ChoiceOutput>, Us
             GenEvent::Error(e) => return Err(e),
         }
     }
-    Err(ApiError::Internal("the response ended without a result".into()))
+    Err(ApiError::Internal(
+        "the response ended without a result".into(),
+    ))
 }

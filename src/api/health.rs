@@ -26,7 +26,9 @@ pub async fn health(state: Data<AppState>) -> Result<HttpResponse, ApiError> {
             code: "lane_failed",
         });
     }
-    Ok(HttpResponse::Ok().json(HealthResponse { status: "ok".into() }))
+    Ok(HttpResponse::Ok().json(HealthResponse {
+        status: "ok".into(),
+    }))
 }
 
 /// Prometheus metrics (text exposition format 0.0.4).

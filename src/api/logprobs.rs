@@ -169,13 +169,17 @@ fn byte_level_bytes(piece: &str) -> Option<Vec<u8>> {
 /// Inverse of GPT-2's `bytes_to_unicode`: printable Latin-1 bytes map to themselves, the
 /// other 68 bytes to U+0100 and up, in byte order.
 fn byte_level_char_to_byte(c: char) -> Option<u8> {
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let cp = c as u32;
     if cp < 256 {
         return printable(cp).then_some(cp as u8);
     }
     let n = cp.checked_sub(256)?;
-    (0u32..256).filter(|&b| !printable(b)).nth(n as usize).map(|b| b as u8)
+    (0u32..256)
+        .filter(|&b| !printable(b))
+        .nth(n as usize)
+        .map(|b| b as u8)
 }
 
 #[cfg(test)]

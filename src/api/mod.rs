@@ -80,9 +80,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .service(tokenize::detokenize)
         .service(health::health)
         .service(health::metrics)
-        .service(
-            SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", ApiDoc::openapi()),
-        )
+        .service(SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", ApiDoc::openapi()))
         .route(
             "/docs",
             web::get().to(|| async {
@@ -161,7 +159,11 @@ impl Server {
         let handle = rx
             .recv()
             .map_err(|_| std::io::Error::other("the HTTP server thread exited during start"))??;
-        Ok(Server { addr, handle, thread })
+        Ok(Server {
+            addr,
+            handle,
+            thread,
+        })
     }
 
     /// The bound address.

@@ -28,7 +28,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let t0 = Instant::now();
     let files = ModelFiles::open(&path, config.model.load_format)
         .with_context(|| format!("opening {}", path.display()))?;
-    let engine = Engine::start(files, &devices, config.engine.clone()).context("starting the engine")?;
+    let engine =
+        Engine::start(files, &devices, config.engine.clone()).context("starting the engine")?;
     let client = engine.client();
     tracing::info!(
         model = client.model_name(),

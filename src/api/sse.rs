@@ -72,7 +72,11 @@ impl<W: ChunkWriter> Stream for Frames<W> {
             match this.generated.poll_next_unpin(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => this.ended = true,
-                Poll::Ready(Some(GenEvent::Delta { index, text, tokens })) => {
+                Poll::Ready(Some(GenEvent::Delta {
+                    index,
+                    text,
+                    tokens,
+                })) => {
                     this.queue.extend(this.writer.delta(index, text, tokens));
                 }
                 Poll::Ready(Some(GenEvent::Finish { index, reason })) => {
@@ -127,7 +131,11 @@ impl<S: Stream<Item = Bytes> + Unpin> Stream for KeepAlive<S> {
 
 /// A `text/event-stream` response streaming `generated` through `writer`. When the client goes
 /// away actix drops the body, which drops `generated` and aborts the engine requests.
-pub fn response<W: ChunkWriter>(generated: Generation, writer: W, keep_alive: Duration) -> HttpResponse {
+pub fn response<W: ChunkWriter>(
+    generated: Generation,
+    writer: W,
+    keep_alive: Duration,
+) -> HttpResponse {
     let frames = Frames {
         generated,
         writer,

@@ -36,7 +36,12 @@ impl Ready {
     /// Tokens of the KV pool of the largest lane: no request can use more.
     pub fn kv_capacity_tokens(&self) -> usize {
         let stats = self.client.stats();
-        let blocks = stats.lanes.iter().map(|l| l.kv_total_blocks).max().unwrap_or(0);
+        let blocks = stats
+            .lanes
+            .iter()
+            .map(|l| l.kv_total_blocks)
+            .max()
+            .unwrap_or(0);
         blocks * self.client.config().block_size
     }
 }
@@ -84,7 +89,10 @@ impl AppState {
             Err(e) => {
                 tracing::warn!(error = %e, "the model's chat template does not compile; using the default");
                 let bos = tokenizer.bos_id().and_then(|id| tokenizer.id_to_piece(id));
-                let eos = tokenizer.eos_ids().first().and_then(|&id| tokenizer.id_to_piece(id));
+                let eos = tokenizer
+                    .eos_ids()
+                    .first()
+                    .and_then(|&id| tokenizer.id_to_piece(id));
                 ChatTemplate::default_for(&bos.unwrap_or_default(), &eos.unwrap_or_default())?
             }
         };

@@ -35,7 +35,9 @@ pub async fn tokenize(
     let tokens = match (req.prompt, req.messages) {
         (Some(prompt), None) => {
             let tok = ready.tokenizer.clone();
-            let bos = req.add_special_tokens.unwrap_or_else(|| tok.add_bos_default());
+            let bos = req
+                .add_special_tokens
+                .unwrap_or_else(|| tok.add_bos_default());
             blocking(move || {
                 tok.encode(&prompt, bos)
                     .map_err(|e| ApiError::from_tokenizer("prompt", e))

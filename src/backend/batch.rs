@@ -48,7 +48,11 @@ impl BatchPlan {
     }
     /// Rows that produce logits, in sequence order.
     pub fn logits_rows(&self) -> Vec<u32> {
-        self.seqs.iter().filter(|s| s.wants_logits).map(|s| s.q_start + s.q_len - 1).collect()
+        self.seqs
+            .iter()
+            .filter(|s| s.wants_logits)
+            .map(|s| s.q_start + s.q_len - 1)
+            .collect()
     }
     /// Builds positions and slot mappings from the slices and the flattened tokens.
     pub fn fill_positions_and_slots(&mut self) {
@@ -59,7 +63,8 @@ impl BatchPlan {
             for i in 0..s.q_len {
                 let pos = s.ctx_len - s.q_len + i;
                 self.positions.push(pos);
-                self.slot_mapping.push(s.block_table[(pos / bs) as usize] * bs + pos % bs);
+                self.slot_mapping
+                    .push(s.block_table[(pos / bs) as usize] * bs + pos % bs);
             }
         }
     }
@@ -69,10 +74,18 @@ impl BatchPlan {
         let t = self.token_ids.len();
         let bad = |m: String| Err(BackendError::InvalidBatch(m));
         if self.positions.len() != t || self.slot_mapping.len() != t {
-            return bad(format!("{} tokens but {} positions, {} slots", t, self.positions.len(), self.slot_mapping.len()));
+            return bad(format!(
+                "{} tokens but {} positions, {} slots",
+                t,
+                self.positions.len(),
+                self.slot_mapping.len()
+            ));
         }
         if self.block_size as usize != kv.block_size {
-            return bad(format!("block size {} != cache block size {}", self.block_size, kv.block_size));
+            return bad(format!(
+                "block size {} != cache block size {}",
+                self.block_size, kv.block_size
+            ));
         }
         let mut row = 0u32;
         for (i, s) in self.seqs.iter().enumerate() {
@@ -82,16 +95,27 @@ impl BatchPlan {
             row += s.q_len;
             let need = (s.ctx_len as usize).div_ceil(kv.block_size);
             if s.block_table.len() < need {
-                return bad(format!("sequence {i}: {} blocks for {} tokens", s.block_table.len(), s.ctx_len));
+                return bad(format!(
+                    "sequence {i}: {} blocks for {} tokens",
+                    s.block_table.len(),
+                    s.ctx_len
+                ));
             }
-            if let Some(b) = s.block_table[..need].iter().find(|&&b| b as usize >= kv.num_blocks) {
+            if let Some(b) = s.block_table[..need]
+                .iter()
+                .find(|&&b| b as usize >= kv.num_blocks)
+            {
                 return bad(format!("sequence {i}: block {b} out of range"));
             }
         }
         if row as usize != t {
             return bad(format!("slices cover {row} rows of {t}"));
         }
-        if let Some(s) = self.slot_mapping.iter().find(|&&s| s as usize >= kv.num_slots()) {
+        if let Some(s) = self
+            .slot_mapping
+            .iter()
+            .find(|&&s| s as usize >= kv.num_slots())
+        {
             return bad(format!("slot {s} out of range"));
         }
         Ok(())

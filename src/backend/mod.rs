@@ -1,7 +1,7 @@
 //! Compute backends behind one op contract; the llama forward is written once against it.
 
-pub mod cpu;
 pub mod batch;
+pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
@@ -14,7 +14,11 @@ use crate::sampling::{SampleRow, Sampled};
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("backend '{backend}' does not support op '{op}' for {dtype}")]
-    Unsupported { backend: &'static str, op: &'static str, dtype: String },
+    Unsupported {
+        backend: &'static str,
+        op: &'static str,
+        dtype: String,
+    },
     #[error("backend '{0}' is not compiled into this build (enable the `{0}` feature)")]
     NotCompiled(&'static str),
     #[error("out of memory allocating {bytes} bytes for {what}")]
@@ -51,10 +55,21 @@ pub trait Backend {
     fn prepare(&mut self, plan: &BatchPlan) -> Result<Self::Batch, BackendError>;
 
     /// `out[t] = table[token_ids[t]]`.
-    fn embed(&mut self, table: &Self::Weight, b: &Self::Batch, out: &mut Self::Tensor) -> Result<(), BackendError>;
+    fn embed(
+        &mut self,
+        table: &Self::Weight,
+        b: &Self::Batch,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
     /// `out = rmsnorm(x) * w`.
-    fn rms_norm(&mut self, x: &Self::Tensor, w: &Self::Weight, eps: f32, n: usize, out: &mut Self::Tensor)
-    -> Result<(), BackendError>;
+    fn rms_norm(
+        &mut self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        eps: f32,
+        n: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
     /// Fused residual add: `residual += x; out = rmsnorm(residual) * w`.
     fn add_rms_norm(
         &mut self,
@@ -75,7 +90,12 @@ pub trait Backend {
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
     /// Rotates the q and k parts of a fused `qkv` tensor in place at each token's position.
-    fn rope(&mut self, qkv: &mut Self::Tensor, b: &Self::Batch, spec: &ModelSpec) -> Result<(), BackendError>;
+    fn rope(
+        &mut self,
+        qkv: &mut Self::Tensor,
+        b: &Self::Batch,
+        spec: &ModelSpec,
+    ) -> Result<(), BackendError>;
     /// Writes the k and v parts of `qkv` into `layer`'s cache at each token's slot.
     fn write_kv(
         &mut self,
@@ -97,11 +117,25 @@ pub trait Backend {
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
     /// `out[n, f] = silu(gu[:, :f]) * gu[:, f:]` for a fused gate/up tensor of width `2f`.
-    fn silu_mul(&mut self, gate_up: &Self::Tensor, n: usize, out: &mut Self::Tensor) -> Result<(), BackendError>;
+    fn silu_mul(
+        &mut self,
+        gate_up: &Self::Tensor,
+        n: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
     /// Copies the rows that need logits (`b`'s logits rows) to the front of `out`.
-    fn gather_rows(&mut self, x: &Self::Tensor, b: &Self::Batch, out: &mut Self::Tensor) -> Result<(), BackendError>;
+    fn gather_rows(
+        &mut self,
+        x: &Self::Tensor,
+        b: &Self::Batch,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError>;
     /// Samples one token per logits row.
-    fn sample(&mut self, logits: &Self::Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>, BackendError>;
+    fn sample(
+        &mut self,
+        logits: &Self::Tensor,
+        rows: &[SampleRow<'_>],
+    ) -> Result<Vec<Sampled>, BackendError>;
     /// Downloads `n` rows of a tensor (tests and debugging).
     fn to_host(&mut self, x: &Self::Tensor, n: usize) -> Result<Vec<f32>, BackendError>;
 

@@ -45,8 +45,9 @@ impl HubSettings {
             .or_else(|| var("HF_HOME").map(|h| PathBuf::from(h).join("hub")))
             .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface/hub")))
             .unwrap_or_else(|| PathBuf::from(".cache/huggingface/hub"));
-        let offline = var("HF_HUB_OFFLINE")
-            .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
+        let offline = var("HF_HUB_OFFLINE").is_some_and(|v| {
+            matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+        });
         Self {
             cache_dir,
             offline,
@@ -74,9 +75,10 @@ fn parse(reference: &str) -> Option<HubRef> {
             && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
     };
-    let file_ok = file
-        .as_deref()
-        .is_none_or(|f| f.split('/').all(|seg| !seg.is_empty() && seg != ".." && seg != "."));
+    let file_ok = file.as_deref().is_none_or(|f| {
+        f.split('/')
+            .all(|seg| !seg.is_empty() && seg != ".." && seg != ".")
+    });
     (ok(owner) && ok(repo) && file_ok).then(|| HubRef {
         repo_id: format!("{owner}/{repo}"),
         file,
@@ -217,7 +219,10 @@ fn download_repo(hub: &HubSettings, repo_id: &str) -> Result<PathBuf, HubError> 
             repo: repo_id.into(),
             message: format!(
                 "several .gguf files; name one as hf:{repo_id}/FILE: {}",
-                many.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                many.iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         }),
     }
@@ -240,7 +245,14 @@ mod tests {
             parse("hf:o/r/sub/m.gguf").unwrap().file.as_deref(),
             Some("sub/m.gguf")
         );
-        for bad in ["hf:", "hf:owner", "hf:/r", "hf:o/r/../x", "hf:o/../x", "hf:o w/r"] {
+        for bad in [
+            "hf:",
+            "hf:owner",
+            "hf:/r",
+            "hf:o/r/../x",
+            "hf:o/../x",
+            "hf:o w/r",
+        ] {
             assert_eq!(parse(bad), None, "{bad}");
         }
     }

@@ -90,8 +90,16 @@ impl BlockPool {
 
     fn unlink(&mut self, i: u32) {
         let (prev, next) = (self.blocks[i as usize].prev, self.blocks[i as usize].next);
-        if prev == NO_LINK { self.head = next } else { self.blocks[prev as usize].next = next }
-        if next == NO_LINK { self.tail = prev } else { self.blocks[next as usize].prev = prev }
+        if prev == NO_LINK {
+            self.head = next
+        } else {
+            self.blocks[prev as usize].next = next
+        }
+        if next == NO_LINK {
+            self.tail = prev
+        } else {
+            self.blocks[next as usize].prev = prev
+        }
         let b = &mut self.blocks[i as usize];
         b.prev = NO_LINK;
         b.next = NO_LINK;
@@ -104,7 +112,11 @@ impl BlockPool {
         b.prev = self.tail;
         b.next = NO_LINK;
         b.in_free_list = true;
-        if self.tail == NO_LINK { self.head = i } else { self.blocks[self.tail as usize].next = i }
+        if self.tail == NO_LINK {
+            self.head = i
+        } else {
+            self.blocks[self.tail as usize].next = i
+        }
         self.tail = i;
         self.num_free += 1;
     }
@@ -114,7 +126,11 @@ impl BlockPool {
         b.prev = NO_LINK;
         b.next = self.head;
         b.in_free_list = true;
-        if self.head == NO_LINK { self.tail = i } else { self.blocks[self.head as usize].prev = i }
+        if self.head == NO_LINK {
+            self.tail = i
+        } else {
+            self.blocks[self.head as usize].prev = i
+        }
         self.head = i;
         self.num_free += 1;
     }
@@ -141,7 +157,11 @@ impl BlockPool {
 
     /// Longest run of cached full blocks that prefixes `tokens` (whole blocks of
     /// `block_size`), each with one more reference. Returns the blocks and their hashes.
-    pub fn take_cached_prefix(&mut self, tokens: &[u32], block_size: usize) -> (Vec<BlockId>, Vec<u64>) {
+    pub fn take_cached_prefix(
+        &mut self,
+        tokens: &[u32],
+        block_size: usize,
+    ) -> (Vec<BlockId>, Vec<u64>) {
         let (mut blocks, mut hashes) = (Vec::new(), Vec::new());
         if !self.caching {
             return (blocks, hashes);
@@ -172,8 +192,15 @@ impl BlockPool {
     /// Returns the block's hash (the parent of the next block).
     pub fn register_full(&mut self, block: BlockId, parent: u64, tokens: &[u32]) -> u64 {
         let hash = block_hash(parent, tokens);
-        if self.caching && self.blocks[block.0 as usize].key.is_none() && !self.cache.contains_key(&hash) {
-            self.blocks[block.0 as usize].key = Some(BlockKey { hash, parent, tokens: tokens.into() });
+        if self.caching
+            && self.blocks[block.0 as usize].key.is_none()
+            && !self.cache.contains_key(&hash)
+        {
+            self.blocks[block.0 as usize].key = Some(BlockKey {
+                hash,
+                parent,
+                tokens: tokens.into(),
+            });
             self.cache.insert(hash, block.0);
         }
         hash
@@ -187,7 +214,11 @@ impl BlockPool {
             debug_assert!(b.ref_count > 0, "double free of block {i}");
             b.ref_count = b.ref_count.saturating_sub(1);
             if b.ref_count == 0 {
-                if b.key.is_some() { self.push_back(i) } else { self.push_front(i) }
+                if b.key.is_some() {
+                    self.push_back(i)
+                } else {
+                    self.push_front(i)
+                }
             }
         }
     }

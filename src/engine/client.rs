@@ -13,7 +13,9 @@ use tokio::sync::mpsc;
 use super::lane::{self, LaneEvent, LaneMsg, NewRequest};
 use super::output::OutputProcessor;
 use super::scheduler::SeqId;
-use super::{Device, EngineConfig, EngineError, EngineStats, GenerateRequest, LaneStats, StreamEvent};
+use super::{
+    Device, EngineConfig, EngineError, EngineStats, GenerateRequest, LaneStats, StreamEvent,
+};
 use crate::backend::BackendError;
 use crate::backend::cpu::CpuBackend;
 use crate::model::{ModelFiles, ModelSpec};
@@ -58,46 +60,100 @@ fn spawn_lane(
     files: Arc<ModelFiles>,
     cfg: &EngineConfig,
     max_len: usize,
-) -> Result<(LaneHandle, std::sync::mpsc::Receiver<Result<lane::LaneReady, EngineError>>), EngineError> {
+) -> Result<
+    (
+        LaneHandle,
+        std::sync::mpsc::Receiver<Result<lane::LaneReady, EngineError>>,
+    ),
+    EngineError,
+> {
     let (tx, rx) = mpsc::channel(cfg.max_waiting.max(1) + 64);
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
-    let stats = Arc::new(Mutex::new(LaneStats { device: device.to_string(), ..Default::default() }));
+    let stats = Arc::new(Mutex::new(LaneStats {
+        device: device.to_string(),
+        ..Default::default()
+    }));
     let (st, cfg2) = (stats.clone(), cfg.clone());
     let thread = std::thread::Builder::new()
         .name(format!("kiln-lane-{index}"))
         .spawn(move || match device {
-            Device::Cpu => lane::run(|| Ok(CpuBackend::new()), files, cfg2, max_len, rx, st, ready_tx),
+            Device::Cpu => lane::run(
+                || Ok(CpuBackend::new()),
+                files,
+                cfg2,
+                max_len,
+                rx,
+                st,
+                ready_tx,
+            ),
             Device::Cuda(i) => {
                 #[cfg(feature = "cuda")]
                 {
                     use crate::backend::cuda::{CudaBackend, CudaOptions};
-                    lane::run(move || CudaBackend::new(i, CudaOptions::default()), files, cfg2, max_len, rx, st, ready_tx)
+                    lane::run(
+                        move || CudaBackend::new(i, CudaOptions::default()),
+                        files,
+                        cfg2,
+                        max_len,
+                        rx,
+                        st,
+                        ready_tx,
+                    )
                 }
                 #[cfg(not(feature = "cuda"))]
                 {
                     let _ = i;
-                    lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("cuda")), files, cfg2, max_len, rx, st, ready_tx)
+                    lane::run::<CpuBackend>(
+                        || Err(BackendError::NotCompiled("cuda")),
+                        files,
+                        cfg2,
+                        max_len,
+                        rx,
+                        st,
+                        ready_tx,
+                    )
                 }
             }
-            Device::Rocm(_) => {
-                lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("rocm")), files, cfg2, max_len, rx, st, ready_tx)
-            }
+            Device::Rocm(_) => lane::run::<CpuBackend>(
+                || Err(BackendError::NotCompiled("rocm")),
+                files,
+                cfg2,
+                max_len,
+                rx,
+                st,
+                ready_tx,
+            ),
         })
         .map_err(|e| EngineError::Load(format!("cannot start lane thread: {e}")))?;
-    let handle = LaneHandle { tx, stats, num_blocks: 0, outstanding: Arc::default(), thread: Mutex::new(Some(thread)) };
+    let handle = LaneHandle {
+        tx,
+        stats,
+        num_blocks: 0,
+        outstanding: Arc::default(),
+        thread: Mutex::new(Some(thread)),
+    };
     Ok((handle, ready_rx))
 }
 
 impl Engine {
     /// Starts one lane per device and waits until every lane has loaded the model.
-    pub fn start(files: ModelFiles, devices: &[Device], cfg: EngineConfig) -> Result<Engine, EngineError> {
+    pub fn start(
+        files: ModelFiles,
+        devices: &[Device],
+        cfg: EngineConfig,
+    ) -> Result<Engine, EngineError> {
         if devices.is_empty() {
             return Err(EngineError::Load("no devices given".into()));
         }
         if cfg.block_size == 0 || cfg.max_num_seqs == 0 || cfg.max_num_batched_tokens == 0 {
-            return Err(EngineError::Load("block_size, max_num_seqs and max_num_batched_tokens must be > 0".into()));
+            return Err(EngineError::Load(
+                "block_size, max_num_seqs and max_num_batched_tokens must be > 0".into(),
+            ));
         }
-        let max_len = cfg.max_model_len.unwrap_or(files.spec.max_position).min(files.spec.max_position);
+        let max_len = cfg
+            .max_model_len
+            .unwrap_or(files.spec.max_position)
+            .min(files.spec.max_position);
         let tokenizer = files.tokenizer.clone().map(Arc::new);
         let (spec, name) = (files.spec.clone(), files.name.clone());
         let files = Arc::new(files);
@@ -112,12 +168,26 @@ impl Engine {
             match ready.recv() {
                 Ok(Ok(r)) => handle.num_blocks = r.num_blocks,
                 Ok(Err(e)) => failure = Some(e),
-                Err(_) => failure = Some(EngineError::Load("lane thread exited during load".into())),
+                Err(_) => {
+                    failure = Some(EngineError::Load("lane thread exited during load".into()))
+                }
             }
             lanes.push(handle);
         }
-        let shared = Shared { lanes, tokenizer, spec, name, cfg, max_len, next_id: AtomicU64::new(1) };
-        let engine = Engine { client: EngineClient { shared: Arc::new(shared) } };
+        let shared = Shared {
+            lanes,
+            tokenizer,
+            spec,
+            name,
+            cfg,
+            max_len,
+            next_id: AtomicU64::new(1),
+        };
+        let engine = Engine {
+            client: EngineClient {
+                shared: Arc::new(shared),
+            },
+        };
         match failure {
             Some(e) => Err(e),
             None => Ok(engine),
@@ -166,20 +236,42 @@ impl EngineClient {
     }
     /// A snapshot of every lane.
     pub fn stats(&self) -> EngineStats {
-        EngineStats { lanes: self.shared.lanes.iter().map(|l| l.stats.lock().expect("stats lock").clone()).collect() }
+        EngineStats {
+            lanes: self
+                .shared
+                .lanes
+                .iter()
+                .map(|l| l.stats.lock().expect("stats lock").clone())
+                .collect(),
+        }
     }
     pub fn is_healthy(&self) -> bool {
         self.stats().healthy()
     }
 
     fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
-        let invalid = |param, message: String| Err(EngineError::InvalidRequest { param: Some(param), message });
+        let invalid = |param, message: String| {
+            Err(EngineError::InvalidRequest {
+                param: Some(param),
+                message,
+            })
+        };
         let (p, m) = (req.prompt_ids.len(), req.max_tokens);
         if p == 0 {
             return invalid("prompt", "the prompt is empty".into());
         }
-        if let Some(t) = req.prompt_ids.iter().find(|&&t| t as usize >= self.shared.spec.vocab_size) {
-            return invalid("prompt", format!("token id {t} is out of range (vocabulary of {})", self.shared.spec.vocab_size));
+        if let Some(t) = req
+            .prompt_ids
+            .iter()
+            .find(|&&t| t as usize >= self.shared.spec.vocab_size)
+        {
+            return invalid(
+                "prompt",
+                format!(
+                    "token id {t} is out of range (vocabulary of {})",
+                    self.shared.spec.vocab_size
+                ),
+            );
         }
         if m == 0 {
             return invalid("max_tokens", "max_tokens must be at least 1".into());
@@ -198,9 +290,22 @@ impl EngineClient {
             );
         }
         let bs = self.shared.cfg.block_size;
-        let pool = self.shared.lanes.iter().map(|l| l.num_blocks).max().unwrap_or(0);
+        let pool = self
+            .shared
+            .lanes
+            .iter()
+            .map(|l| l.num_blocks)
+            .max()
+            .unwrap_or(0);
         if (p + m).div_ceil(bs) > pool {
-            return invalid("max_tokens", format!("{} tokens do not fit the KV cache of {} tokens", p + m, pool * bs));
+            return invalid(
+                "max_tokens",
+                format!(
+                    "{} tokens do not fit the KV cache of {} tokens",
+                    p + m,
+                    pool * bs
+                ),
+            );
         }
         Ok(())
     }
@@ -210,11 +315,17 @@ impl EngineClient {
         self.validate(&req)?;
         let stats = self.stats();
         if !stats.healthy() && stats.lanes.iter().all(|l| !l.healthy) {
-            return Err(EngineError::LaneFailed { lane: 0, message: "no healthy lane".into() });
+            return Err(EngineError::LaneFailed {
+                lane: 0,
+                message: "no healthy lane".into(),
+            });
         }
         let waiting = stats.waiting();
         if waiting >= self.shared.cfg.max_waiting {
-            return Err(EngineError::Overloaded { waiting, retry_after_s: 1 });
+            return Err(EngineError::Overloaded {
+                waiting,
+                retry_after_s: 1,
+            });
         }
         let lane = stats
             .lanes
@@ -237,17 +348,41 @@ impl EngineClient {
         {
             stop_ids.extend_from_slice(t.eos_ids());
         }
-        let processor = OutputProcessor::new(self.shared.tokenizer.as_ref(), &req.prompt_ids, req.n, req.stop.strings.clone());
+        let processor = OutputProcessor::new(
+            self.shared.tokenizer.as_ref(),
+            &req.prompt_ids,
+            req.n,
+            req.stop.strings.clone(),
+        );
         let seed = req.params.seed.unwrap_or_else(rand::random);
-        let msg = NewRequest { first, req, seed, stop_ids, events: tx, arrival: id };
+        let msg = NewRequest {
+            first,
+            req,
+            seed,
+            stop_ids,
+            events: tx,
+            arrival: id,
+        };
         let lane_tx = self.shared.lanes[lane].tx.clone();
-        lane_tx.try_send(LaneMsg::Submit(Box::new(msg))).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => EngineError::Overloaded { waiting, retry_after_s: 1 },
-            mpsc::error::TrySendError::Closed(_) => EngineError::ShuttingDown,
-        })?;
+        lane_tx
+            .try_send(LaneMsg::Submit(Box::new(msg)))
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => EngineError::Overloaded {
+                    waiting,
+                    retry_after_s: 1,
+                },
+                mpsc::error::TrySendError::Closed(_) => EngineError::ShuttingDown,
+            })?;
         let outstanding = self.shared.lanes[lane].outstanding.clone();
         outstanding.fetch_add(1, Ordering::Relaxed);
-        Ok(ResponseStream { rx, lane_tx, first, processor, done: false, outstanding })
+        Ok(ResponseStream {
+            rx,
+            lane_tx,
+            first,
+            processor,
+            done: false,
+            outstanding,
+        })
     }
 }
 
@@ -305,7 +440,9 @@ impl Stream for ResponseStream {
                 }
                 Poll::Ready(Some(ev)) => {
                     if let Some(choice) = this.processor.push(ev) {
-                        let _ = this.lane_tx.try_send(LaneMsg::Abort(SeqId(this.first.0 + choice as u64)));
+                        let _ = this
+                            .lane_tx
+                            .try_send(LaneMsg::Abort(SeqId(this.first.0 + choice as u64)));
                     }
                 }
             }

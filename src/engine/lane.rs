@@ -41,8 +41,14 @@ pub(crate) struct NewRequest {
 #[derive(Debug)]
 pub(crate) enum LaneEvent {
     /// The request got its first step.
-    Scheduled { at: Instant },
-    Token { choice: usize, info: TokenInfo, finish: Option<FinishReason> },
+    Scheduled {
+        at: Instant,
+    },
+    Token {
+        choice: usize,
+        info: TokenInfo,
+        finish: Option<FinishReason>,
+    },
     Failed(EngineError),
 }
 
@@ -69,7 +75,12 @@ pub(crate) struct LaneReady {
 
 /// KV blocks for a lane: `kv_blocks` if set, else what `budget_bytes` holds (f32 K and V),
 /// capped at what `max_num_seqs` full-length sequences could use.
-pub(crate) fn kv_blocks(files: &ModelFiles, cfg: &EngineConfig, max_len: usize, budget_bytes: usize) -> usize {
+pub(crate) fn kv_blocks(
+    files: &ModelFiles,
+    cfg: &EngineConfig,
+    max_len: usize,
+    budget_bytes: usize,
+) -> usize {
     if let Some(n) = cfg.kv_blocks {
         return n;
     }
@@ -103,7 +114,12 @@ pub(crate) fn run<B: Backend>(
 ) {
     let built = (|| -> Result<Lane<B>, BackendError> {
         let mut backend = make()?;
-        let model = Llama::load(&mut backend, &files, cfg.max_num_batched_tokens, cfg.max_num_seqs)?;
+        let model = Llama::load(
+            &mut backend,
+            &files,
+            cfg.max_num_batched_tokens,
+            cfg.max_num_seqs,
+        )?;
         let num_blocks = kv_blocks(&files, &cfg, max_len, cfg.cpu_kv_cache_bytes);
         let s = &files.spec;
         let shape = KvShape {
@@ -119,7 +135,10 @@ pub(crate) fn run<B: Backend>(
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             block_size: cfg.block_size,
         };
-        let sched = Scheduler::new(sched_cfg, BlockPool::new(num_blocks, cfg.enable_prefix_caching));
+        let sched = Scheduler::new(
+            sched_cfg,
+            BlockPool::new(num_blocks, cfg.enable_prefix_caching),
+        );
         {
             let mut st = stats.lock().expect("stats lock");
             st.device = backend.name();
@@ -127,7 +146,16 @@ pub(crate) fn run<B: Backend>(
             st.kv_total_blocks = num_blocks;
             st.kv_free_blocks = num_blocks;
         }
-        Ok(Lane { backend, model, kv, sched, seqs: HashMap::new(), rx, stats, max_len })
+        Ok(Lane {
+            backend,
+            model,
+            kv,
+            sched,
+            seqs: HashMap::new(),
+            rx,
+            stats,
+            max_len,
+        })
     })();
     let mut lane = match built {
         Ok(l) => l,
@@ -136,7 +164,9 @@ pub(crate) fn run<B: Backend>(
             return;
         }
     };
-    let _ = ready.send(Ok(LaneReady { num_blocks: lane.sched.pool().num_blocks() }));
+    let _ = ready.send(Ok(LaneReady {
+        num_blocks: lane.sched.pool().num_blocks(),
+    }));
     drop(files);
     lane.serve();
 }
@@ -177,7 +207,10 @@ impl<B: Backend> Lane<B> {
     fn handle(&mut self, msg: LaneMsg) -> bool {
         match msg {
             LaneMsg::Shutdown => {
-                self.fail_all(BackendError::Device { op: "lane", message: "shutting down".into() });
+                self.fail_all(BackendError::Device {
+                    op: "lane",
+                    message: "shutting down".into(),
+                });
                 false
             }
             LaneMsg::Abort(id) => {
@@ -196,8 +229,20 @@ impl<B: Backend> Lane<B> {
                 for c in 0..r.req.n {
                     let id = SeqId(r.first.0 + c as u64);
                     let after = (c > 0).then_some(r.first);
-                    self.sched.add(Sequence::new(id, r.req.prompt_ids.clone(), r.req.priority, r.arrival, after));
-                    self.seqs.insert(id, SeqRt { choice: c, req: rt.clone() });
+                    self.sched.add(Sequence::new(
+                        id,
+                        r.req.prompt_ids.clone(),
+                        r.req.priority,
+                        r.arrival,
+                        after,
+                    ));
+                    self.seqs.insert(
+                        id,
+                        SeqRt {
+                            choice: c,
+                            req: rt.clone(),
+                        },
+                    );
                 }
                 true
             }
@@ -211,7 +256,12 @@ impl<B: Backend> Lane<B> {
 
     /// Frees every sequence whose client has gone away.
     fn drop_abandoned(&mut self) {
-        let gone: Vec<SeqId> = self.seqs.iter().filter(|(_, rt)| rt.req.events.is_closed()).map(|(id, _)| *id).collect();
+        let gone: Vec<SeqId> = self
+            .seqs
+            .iter()
+            .filter(|(_, rt)| rt.req.events.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
         for id in gone {
             self.finish(id);
         }
@@ -221,13 +271,23 @@ impl<B: Backend> Lane<B> {
         let now = Instant::now();
         for p in &step.seqs {
             let rt = &self.seqs[&p.id].req;
-            if !rt.scheduled.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            if !rt
+                .scheduled
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
                 let _ = rt.events.try_send(LaneEvent::Scheduled { at: now });
             }
         }
-        let logits = self.model.forward(&mut self.backend, &mut self.kv, &step.plan)?;
+        let logits = self
+            .model
+            .forward(&mut self.backend, &mut self.kv, &step.plan)?;
         self.sched.on_computed(step);
-        let sampling: Vec<SeqId> = step.seqs.iter().filter(|p| p.wants_logits).map(|p| p.id).collect();
+        let sampling: Vec<SeqId> = step
+            .seqs
+            .iter()
+            .filter(|p| p.wants_logits)
+            .map(|p| p.id)
+            .collect();
         let sampled = {
             let mut rows = Vec::with_capacity(sampling.len());
             for id in &sampling {
@@ -235,7 +295,10 @@ impl<B: Backend> Lane<B> {
                 let req = &self.seqs[id].req;
                 rows.push(SampleRow {
                     params: &req.params,
-                    uniform: uniform(req.seed ^ self.seqs[id].choice as u64, seq.output().len() as u64),
+                    uniform: uniform(
+                        req.seed ^ self.seqs[id].choice as u64,
+                        seq.output().len() as u64,
+                    ),
                     prompt: &seq.tokens[..seq.prompt_len],
                     output: seq.output(),
                 });
@@ -253,8 +316,16 @@ impl<B: Backend> Lane<B> {
             } else {
                 None
             };
-            let info = TokenInfo { id: s.token, logprob: s.logprob, top: s.top };
-            let _ = rt.req.events.try_send(LaneEvent::Token { choice: rt.choice, info, finish });
+            let info = TokenInfo {
+                id: s.token,
+                logprob: s.logprob,
+                top: s.top,
+            };
+            let _ = rt.req.events.try_send(LaneEvent::Token {
+                choice: rt.choice,
+                info,
+                finish,
+            });
             if finish.is_some() {
                 self.finish(id);
             }
@@ -265,7 +336,10 @@ impl<B: Backend> Lane<B> {
     /// A device or model error: fail every request of this lane, free everything, keep serving.
     fn fail_all(&mut self, e: BackendError) {
         tracing::error!(device = %self.backend.name(), error = %e, "lane step failed");
-        let lane_err = EngineError::LaneFailed { lane: 0, message: e.to_string() };
+        let lane_err = EngineError::LaneFailed {
+            lane: 0,
+            message: e.to_string(),
+        };
         for id in self.sched.ids() {
             if let Some(rt) = self.seqs.get(&id) {
                 let _ = rt.req.events.try_send(LaneEvent::Failed(lane_err.clone()));
@@ -281,7 +355,11 @@ impl<B: Backend> Lane<B> {
         let mut st = self.stats.lock().expect("stats lock");
         st.steps += 1;
         st.tokens_computed += step.plan.num_tokens() as u64;
-        if prefill { st.prefill_step_seconds += secs } else { st.decode_step_seconds += secs }
+        if prefill {
+            st.prefill_step_seconds += secs
+        } else {
+            st.decode_step_seconds += secs
+        }
         drop(st);
         self.publish_idle();
     }

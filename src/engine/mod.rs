@@ -23,7 +23,10 @@ pub enum EngineError {
     Overloaded { waiting: usize, retry_after_s: u64 },
     /// The request cannot be served as given (e.g. longer than the context).
     #[error("{message}")]
-    InvalidRequest { param: Option<&'static str>, message: String },
+    InvalidRequest {
+        param: Option<&'static str>,
+        message: String,
+    },
     /// A device or model error failed this lane's requests.
     #[error("lane {lane} failed: {message}")]
     LaneFailed { lane: usize, message: String },
@@ -46,7 +49,10 @@ pub enum Device {
 impl FromStr for Device {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let idx = |rest: &str| rest.parse::<usize>().map_err(|_| format!("bad device index in '{s}'"));
+        let idx = |rest: &str| {
+            rest.parse::<usize>()
+                .map_err(|_| format!("bad device index in '{s}'"))
+        };
         match s.split_once(':') {
             None if s == "cpu" => Ok(Device::Cpu),
             None if s == "cuda" => Ok(Device::Cuda(0)),
@@ -54,7 +60,9 @@ impl FromStr for Device {
             Some(("cpu", _)) => Ok(Device::Cpu),
             Some(("cuda", i)) => Ok(Device::Cuda(idx(i)?)),
             Some(("rocm", i)) => Ok(Device::Rocm(idx(i)?)),
-            _ => Err(format!("unknown device '{s}' (expected cpu, cuda:N or rocm:N)")),
+            _ => Err(format!(
+                "unknown device '{s}' (expected cpu, cuda:N or rocm:N)"
+            )),
         }
     }
 }

@@ -46,7 +46,12 @@ fn held_suffix_len(text: &str, stops: &[String]) -> usize {
 }
 
 impl OutputProcessor {
-    pub fn new(tokenizer: Option<&Arc<Tokenizer>>, prompt: &[u32], n: usize, stop_strings: Vec<String>) -> Self {
+    pub fn new(
+        tokenizer: Option<&Arc<Tokenizer>>,
+        prompt: &[u32],
+        n: usize,
+        stop_strings: Vec<String>,
+    ) -> Self {
         let choices = (0..n)
             .map(|_| Choice {
                 decoder: tokenizer.map(|t| IncrementalDecoder::with_prompt(t, prompt, true)),
@@ -59,7 +64,10 @@ impl OutputProcessor {
         Self {
             choices,
             stop_strings: stop_strings.into_iter().filter(|s| !s.is_empty()).collect(),
-            usage: Usage { prompt_tokens: prompt.len(), completion_tokens: 0 },
+            usage: Usage {
+                prompt_tokens: prompt.len(),
+                completion_tokens: 0,
+            },
             timings: RequestTimings::default(),
             submitted: Instant::now(),
             out: VecDeque::new(),
@@ -85,11 +93,20 @@ impl OutputProcessor {
                 self.finished = true;
                 None
             }
-            LaneEvent::Token { choice, info, finish } => self.token(choice, info, finish),
+            LaneEvent::Token {
+                choice,
+                info,
+                finish,
+            } => self.token(choice, info, finish),
         }
     }
 
-    fn token(&mut self, idx: usize, info: TokenInfo, finish: Option<FinishReason>) -> Option<usize> {
+    fn token(
+        &mut self,
+        idx: usize,
+        info: TokenInfo,
+        finish: Option<FinishReason>,
+    ) -> Option<usize> {
         let now = Instant::now();
         let stops = &self.stop_strings;
         let c = self.choices.get_mut(idx)?;
@@ -126,22 +143,36 @@ impl OutputProcessor {
             c.held.drain(..emit.len());
             if !emit.is_empty() {
                 let tokens = std::mem::take(&mut c.tokens);
-                self.out.push_back(StreamEvent::Delta { choice: idx, text: emit, tokens });
+                self.out.push_back(StreamEvent::Delta {
+                    choice: idx,
+                    text: emit,
+                    tokens,
+                });
             }
             return None;
         }
         let text = std::mem::take(&mut c.held);
         let tokens = std::mem::take(&mut c.tokens);
         if !text.is_empty() || !tokens.is_empty() {
-            self.out.push_back(StreamEvent::Delta { choice: idx, text, tokens });
+            self.out.push_back(StreamEvent::Delta {
+                choice: idx,
+                text,
+                tokens,
+            });
         }
         c.done = true;
         let reason = finish.expect("finish set above");
-        self.out.push_back(StreamEvent::Finish { choice: idx, reason });
+        self.out.push_back(StreamEvent::Finish {
+            choice: idx,
+            reason,
+        });
         if self.choices.iter().all(|c| c.done) {
             self.timings.e2e = now - self.submitted;
             let timings = std::mem::take(&mut self.timings);
-            self.out.push_back(StreamEvent::Done { usage: self.usage, timings });
+            self.out.push_back(StreamEvent::Done {
+                usage: self.usage,
+                timings,
+            });
             self.finished = true;
         }
         stopped_early

@@ -32,7 +32,13 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    pub fn new(id: SeqId, prompt: Vec<u32>, priority: i32, arrival: u64, after: Option<SeqId>) -> Self {
+    pub fn new(
+        id: SeqId,
+        prompt: Vec<u32>,
+        priority: i32,
+        arrival: u64,
+        after: Option<SeqId>,
+    ) -> Self {
         Self {
             id,
             prompt_len: prompt.len(),
@@ -96,7 +102,13 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, pool: BlockPool) -> Self {
-        Self { cfg, pool, waiting: VecDeque::new(), running: Vec::new(), counters: SchedulerCounters::default() }
+        Self {
+            cfg,
+            pool,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            counters: SchedulerCounters::default(),
+        }
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -115,18 +127,29 @@ impl Scheduler {
     /// Queues a sequence by (priority, arrival).
     pub fn add(&mut self, seq: Sequence) {
         let key = (seq.priority, seq.arrival);
-        let at = self.waiting.iter().position(|s| (s.priority, s.arrival) > key).unwrap_or(self.waiting.len());
+        let at = self
+            .waiting
+            .iter()
+            .position(|s| (s.priority, s.arrival) > key)
+            .unwrap_or(self.waiting.len());
         self.waiting.insert(at, seq);
     }
 
     /// A sequence by id, running or waiting.
     pub fn get(&self, id: SeqId) -> Option<&Sequence> {
-        self.running.iter().chain(self.waiting.iter()).find(|s| s.id == id)
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .find(|s| s.id == id)
     }
 
     /// Ids of every sequence held (running then waiting).
     pub fn ids(&self) -> Vec<SeqId> {
-        self.running.iter().chain(self.waiting.iter()).map(|s| s.id).collect()
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .map(|s| s.id)
+            .collect()
     }
 
     /// Removes a sequence (finish or abort) and frees its blocks. The one release path.
@@ -196,7 +219,11 @@ impl Scheduler {
                 preempted = true;
                 break;
             }
-            picked.push(Scheduled { id: self.running[i].id, num_tokens: n, wants_logits: computed + n == len });
+            picked.push(Scheduled {
+                id: self.running[i].id,
+                num_tokens: n,
+                wants_logits: computed + n == len,
+            });
             budget -= n;
             i += 1;
         }
@@ -238,7 +265,11 @@ impl Scheduler {
                 self.waiting.insert(w, seq);
                 break;
             }
-            picked.push(Scheduled { id: seq.id, num_tokens: n, wants_logits: seq.num_computed + n == seq.tokens.len() });
+            picked.push(Scheduled {
+                id: seq.id,
+                num_tokens: n,
+                wants_logits: seq.num_computed + n == seq.tokens.len(),
+            });
             *budget -= n;
             self.running.push(seq);
         }
@@ -246,9 +277,16 @@ impl Scheduler {
 
     fn build_step(&self, picked: Vec<Scheduled>) -> Step {
         let bs = self.cfg.block_size;
-        let mut plan = BatchPlan { block_size: bs as u32, ..Default::default() };
+        let mut plan = BatchPlan {
+            block_size: bs as u32,
+            ..Default::default()
+        };
         for p in &picked {
-            let s = self.running.iter().find(|s| s.id == p.id).expect("picked from running");
+            let s = self
+                .running
+                .iter()
+                .find(|s| s.id == p.id)
+                .expect("picked from running");
             plan.seqs.push(SeqSlice {
                 q_start: plan.token_ids.len() as u32,
                 q_len: p.num_tokens as u32,
@@ -256,7 +294,8 @@ impl Scheduler {
                 block_table: s.blocks.iter().map(|b| b.0).collect(),
                 wants_logits: p.wants_logits,
             });
-            plan.token_ids.extend_from_slice(&s.tokens[s.num_computed..s.num_computed + p.num_tokens]);
+            plan.token_ids
+                .extend_from_slice(&s.tokens[s.num_computed..s.num_computed + p.num_tokens]);
         }
         plan.fill_positions_and_slots();
         Step { plan, seqs: picked }
@@ -266,13 +305,17 @@ impl Scheduler {
     pub fn on_computed(&mut self, step: &Step) {
         let bs = self.cfg.block_size;
         for p in &step.seqs {
-            let Some(s) = self.running.iter_mut().find(|s| s.id == p.id) else { continue };
+            let Some(s) = self.running.iter_mut().find(|s| s.id == p.id) else {
+                continue;
+            };
             s.num_computed += p.num_tokens;
             let full = s.num_computed / bs;
             while s.hashes.len() < full {
                 let b = s.hashes.len();
                 let parent = s.hashes.last().copied().unwrap_or(0);
-                let h = self.pool.register_full(s.blocks[b], parent, &s.tokens[b * bs..(b + 1) * bs]);
+                let h =
+                    self.pool
+                        .register_full(s.blocks[b], parent, &s.tokens[b * bs..(b + 1) * bs]);
                 s.hashes.push(h);
             }
         }
@@ -291,7 +334,11 @@ mod tests {
     use super::*;
 
     fn sched(blocks: usize, budget: usize) -> Scheduler {
-        let cfg = SchedulerConfig { max_num_seqs: 8, max_num_batched_tokens: budget, block_size: 4 };
+        let cfg = SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: budget,
+            block_size: 4,
+        };
         Scheduler::new(cfg, BlockPool::new(blocks, true))
     }
 
@@ -331,7 +378,10 @@ mod tests {
         assert_eq!((s.num_running(), s.counters.preemptions), (2, 0));
         let step = run_step(&mut s, 5); // seq 1 needs a third block: seq 2 is preempted
         assert_eq!(s.counters.preemptions, 1);
-        assert_eq!(step.seqs.iter().map(|p| p.id).collect::<Vec<_>>(), vec![SeqId(1)]);
+        assert_eq!(
+            step.seqs.iter().map(|p| p.id).collect::<Vec<_>>(),
+            vec![SeqId(1)]
+        );
         assert_eq!(s.num_waiting(), 1);
         s.remove(SeqId(1));
         s.remove(SeqId(2));
@@ -346,7 +396,11 @@ mod tests {
         s.remove(SeqId(1));
         s.add(Sequence::new(SeqId(2), (0..9).collect(), 0, 1, None));
         let step = run_step(&mut s, 1);
-        assert_eq!(step.plan.num_tokens(), 1, "8 of 9 prompt tokens come from the cache");
+        assert_eq!(
+            step.plan.num_tokens(),
+            1,
+            "8 of 9 prompt tokens come from the cache"
+        );
         assert_eq!(s.counters.prefix_hits, 8);
     }
 }

@@ -38,7 +38,11 @@ impl EngineStats {
     pub fn kv_usage(&self) -> f64 {
         let total: usize = self.lanes.iter().map(|l| l.kv_total_blocks).sum();
         let free: usize = self.lanes.iter().map(|l| l.kv_free_blocks).sum();
-        if total == 0 { 0.0 } else { (total - free) as f64 / total as f64 }
+        if total == 0 {
+            0.0
+        } else {
+            (total - free) as f64 / total as f64
+        }
     }
     pub fn prefix_cache_queries(&self) -> u64 {
         self.lanes.iter().map(|l| l.prefix_cache_queries).sum()

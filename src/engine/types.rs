@@ -103,11 +103,18 @@ pub struct RequestTimings {
 pub enum StreamEvent {
     /// New text for a choice, with the tokens that completed it. `text` may be empty while
     /// text that could begin a stop string (or half a UTF-8 character) is held back.
-    Delta { choice: usize, text: String, tokens: Vec<TokenInfo> },
+    Delta {
+        choice: usize,
+        text: String,
+        tokens: Vec<TokenInfo>,
+    },
     /// A choice ended.
     Finish { choice: usize, reason: FinishReason },
     /// Every choice ended; the last event of a successful stream.
-    Done { usage: Usage, timings: RequestTimings },
+    Done {
+        usage: Usage,
+        timings: RequestTimings,
+    },
     /// The request failed; the last event of the stream.
     Error(super::EngineError),
 }

@@ -37,7 +37,12 @@ pub struct Llama<B: Backend> {
 impl<B: Backend> Llama<B> {
     /// Uploads the weights of `files` and allocates scratch for steps of up to
     /// `max_tokens` tokens and `max_seqs` sequences.
-    pub fn load(backend: &mut B, files: &ModelFiles, max_tokens: usize, max_seqs: usize) -> Result<Self, BackendError> {
+    pub fn load(
+        backend: &mut B,
+        files: &ModelFiles,
+        max_tokens: usize,
+        max_seqs: usize,
+    ) -> Result<Self, BackendError> {
         let weights = files.load_weights(|t| backend.upload_weight(t))?;
         let s = &files.spec;
         let (t, sq) = (max_tokens, max_seqs);
@@ -52,7 +57,13 @@ impl<B: Backend> Llama<B> {
             last: backend.alloc(sq, s.hidden)?,
             logits: backend.alloc(sq, s.vocab_size)?,
         };
-        Ok(Self { spec: s.clone(), weights, scratch, max_tokens, max_seqs })
+        Ok(Self {
+            spec: s.clone(),
+            weights,
+            scratch,
+            max_tokens,
+            max_seqs,
+        })
     }
 
     /// Largest step this model's scratch holds: (tokens, sequences).
@@ -67,7 +78,12 @@ impl<B: Backend> Llama<B> {
 
     /// Runs one step. Returns the logits `[L, vocab]` of the plan's logits rows
     /// (`plan.logits_rows()`, in order), valid until the next call.
-    pub fn forward(&mut self, backend: &mut B, kv: &mut B::Kv, plan: &BatchPlan) -> Result<&B::Tensor, BackendError> {
+    pub fn forward(
+        &mut self,
+        backend: &mut B,
+        kv: &mut B::Kv,
+        plan: &BatchPlan,
+    ) -> Result<&B::Tensor, BackendError> {
         let n = plan.num_tokens();
         let n_logits = plan.seqs.iter().filter(|s| s.wants_logits).count();
         if n == 0 || n > self.max_tokens || plan.seqs.len() > self.max_seqs {

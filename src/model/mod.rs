@@ -20,7 +20,10 @@ pub use weights::{HostTensor, LayerWeights, ModelWeights};
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Gguf(#[from] gguf::GgufError),
     #[error("model format: {0}")]
@@ -37,7 +40,10 @@ pub enum ModelError {
 
 impl ModelError {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
-        ModelError::Io { path: path.display().to_string(), source }
+        ModelError::Io {
+            path: path.display().to_string(),
+            source,
+        }
     }
 }
 
@@ -65,12 +71,17 @@ pub struct ModelFiles {
 
 impl std::fmt::Debug for ModelFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ModelFiles").field("name", &self.name).field("spec", &self.spec).finish()
+        f.debug_struct("ModelFiles")
+            .field("name", &self.name)
+            .field("spec", &self.spec)
+            .finish()
     }
 }
 
 fn file_name(path: &Path) -> String {
-    path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
+    path.file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 impl ModelFiles {
@@ -85,8 +96,14 @@ impl ModelFiles {
             LoadFormat::Gguf => {
                 let g = gguf::GgufFile::open(path)?;
                 let spec = ModelSpec::from_gguf(&g)?;
-                let tokenizer = Tokenizer::from_gguf(&g).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-                Ok(Self { name: file_name(path), spec, tokenizer: Some(tokenizer), source: Box::new(g) })
+                let tokenizer =
+                    Tokenizer::from_gguf(&g).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+                Ok(Self {
+                    name: file_name(path),
+                    spec,
+                    tokenizer: Some(tokenizer),
+                    source: Box::new(g),
+                })
             }
             LoadFormat::Hf => {
                 let (spec, tokenizer) = hf_spec_and_tokenizer(path)?;
@@ -94,12 +111,26 @@ impl ModelFiles {
                     ModelError::Tokenizer(format!("no tokenizer.json in {}", path.display()))
                 })?;
                 let source = SafetensorsSource::open(path)?;
-                Ok(Self { name: file_name(path), spec, tokenizer: Some(tokenizer), source: Box::new(source) })
+                Ok(Self {
+                    name: file_name(path),
+                    spec,
+                    tokenizer: Some(tokenizer),
+                    source: Box::new(source),
+                })
             }
             LoadFormat::Dummy => {
-                let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
+                let dir = if path.is_dir() {
+                    path
+                } else {
+                    path.parent().unwrap_or(Path::new("."))
+                };
                 let (spec, tokenizer) = hf_spec_and_tokenizer_at(path, dir)?;
-                Ok(Self { name: file_name(path), spec, tokenizer, source: Box::new(DummySource { seed: 0 }) })
+                Ok(Self {
+                    name: file_name(path),
+                    spec,
+                    tokenizer,
+                    source: Box::new(DummySource { seed: 0 }),
+                })
             }
             LoadFormat::Auto => unreachable!("resolved above"),
         }
@@ -124,7 +155,9 @@ impl ModelFiles {
         bar.set_message(self.name.clone());
         let src = &*self.source;
         let get = |name: &str, shape: Vec<usize>| -> Result<HostTensor, ModelError> {
-            let data = src.fetch(name, &shape)?.ok_or_else(|| ModelError::Missing(name.to_string()))?;
+            let data = src
+                .fetch(name, &shape)?
+                .ok_or_else(|| ModelError::Missing(name.to_string()))?;
             Ok(HostTensor::new(shape, data))
         };
         let (h, q, kv, ff) = (s.hidden, s.q_dim(), s.kv_dim(), s.intermediate);
@@ -171,7 +204,12 @@ impl ModelFiles {
         };
         bar.inc(1);
         bar.finish_and_clear();
-        Ok(ModelWeights { embed, layers, norm, output })
+        Ok(ModelWeights {
+            embed,
+            layers,
+            norm,
+            output,
+        })
     }
 }
 
@@ -179,15 +217,25 @@ fn hf_spec_and_tokenizer(dir: &Path) -> Result<(ModelSpec, Option<Tokenizer>), M
     hf_spec_and_tokenizer_at(&dir.join("config.json"), dir)
 }
 
-fn hf_spec_and_tokenizer_at(config: &Path, dir: &Path) -> Result<(ModelSpec, Option<Tokenizer>), ModelError> {
-    let config: PathBuf = if config.is_dir() { config.join("config.json") } else { config.to_path_buf() };
+fn hf_spec_and_tokenizer_at(
+    config: &Path,
+    dir: &Path,
+) -> Result<(ModelSpec, Option<Tokenizer>), ModelError> {
+    let config: PathBuf = if config.is_dir() {
+        config.join("config.json")
+    } else {
+        config.to_path_buf()
+    };
     let text = std::fs::read_to_string(&config).map_err(|e| ModelError::io(&config, e))?;
     let spec = ModelSpec::from_hf_config(&text)?;
     let tok_path = dir.join("tokenizer.json");
     let tokenizer = if tok_path.exists() {
         let cfg = dir.join("tokenizer_config.json");
         let cfg = cfg.exists().then_some(cfg);
-        Some(Tokenizer::from_file(&tok_path, cfg.as_deref()).map_err(|e| ModelError::Tokenizer(e.to_string()))?)
+        Some(
+            Tokenizer::from_file(&tok_path, cfg.as_deref())
+                .map_err(|e| ModelError::Tokenizer(e.to_string()))?,
+        )
     } else {
         None
     };

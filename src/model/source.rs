@@ -19,12 +19,16 @@ pub trait TensorSource: Send + Sync {
 }
 
 fn shape_error(name: &str, want: &[usize], got: &[usize]) -> ModelError {
-    ModelError::Shape(format!("tensor '{name}': expected shape {want:?}, file has {got:?}"))
+    ModelError::Shape(format!(
+        "tensor '{name}': expected shape {want:?}, file has {got:?}"
+    ))
 }
 
 impl TensorSource for GgufFile {
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
-        let Some(info) = self.tensor(name) else { return Ok(None) };
+        let Some(info) = self.tensor(name) else {
+            return Ok(None);
+        };
         let got: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
         let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
         if squeeze(&got) != squeeze(shape) {
@@ -51,7 +55,10 @@ impl SafetensorsSource {
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(ModelError::Format(format!("no *.safetensors files in {}", dir.display())));
+            return Err(ModelError::Format(format!(
+                "no *.safetensors files in {}",
+                dir.display()
+            )));
         }
         let mut maps = Vec::new();
         let mut index = HashMap::new();
@@ -109,15 +116,23 @@ pub fn hf_name(gguf: &str) -> String {
 impl TensorSource for SafetensorsSource {
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
         let hf = hf_name(name);
-        let Some(&i) = self.index.get(&hf) else { return Ok(None) };
-        let st = SafeTensors::deserialize(&self.maps[i]).map_err(|e| ModelError::Format(e.to_string()))?;
-        let view = st.tensor(&hf).map_err(|e| ModelError::Format(format!("{hf}: {e}")))?;
+        let Some(&i) = self.index.get(&hf) else {
+            return Ok(None);
+        };
+        let st = SafeTensors::deserialize(&self.maps[i])
+            .map_err(|e| ModelError::Format(e.to_string()))?;
+        let view = st
+            .tensor(&hf)
+            .map_err(|e| ModelError::Format(format!("{hf}: {e}")))?;
         if view.shape() != shape {
             return Err(shape_error(&hf, shape, view.shape()));
         }
         let bytes = view.data();
         let out: Vec<f32> = match view.dtype() {
-            Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
             Dtype::F16 => bytes
                 .chunks_exact(2)
                 .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
@@ -127,7 +142,9 @@ impl TensorSource for SafetensorsSource {
                 .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
             other => {
-                return Err(ModelError::Format(format!("tensor '{hf}': unsupported dtype {other:?}")));
+                return Err(ModelError::Format(format!(
+                    "tensor '{hf}': unsupported dtype {other:?}"
+                )));
             }
         };
         Ok(Some(out))
@@ -147,11 +164,13 @@ impl TensorSource for DummySource {
             return Ok(Some(vec![1.0; n]));
         }
         if name.ends_with(".bias") {
-            return Ok(None);
+            return Ok(Some(vec![0.0; n]));
         }
         let cols = *shape.last().unwrap_or(&1) as f32;
         let a = 1.0 / cols.sqrt();
-        let name_hash = name.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+        let name_hash = name.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100000001b3)
+        });
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ name_hash);
         Ok(Some((0..n).map(|_| rng.random_range(-a..a)).collect()))
     }

@@ -106,13 +106,13 @@ impl ModelSpec {
         if self.hidden == 0 || self.n_layers == 0 || self.n_heads == 0 || self.vocab_size == 0 {
             return bad(format!("zero-sized model dimension in {self:?}"));
         }
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
                 "n_heads {} is not a multiple of n_kv_heads {}",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim == 0 || self.rope.dim > self.head_dim || self.rope.dim % 2 != 0 {
+        if self.head_dim == 0 || self.rope.dim > self.head_dim || !self.rope.dim.is_multiple_of(2) {
             return bad(format!(
                 "rope dim {} invalid for head_dim {}",
                 self.rope.dim, self.head_dim
@@ -133,7 +133,11 @@ impl ModelSpec {
         let layout = match arch.as_str() {
             "llama" | "mistral" => RopeLayout::Interleaved,
             "qwen2" => RopeLayout::Half,
-            other => return Err(ModelError::Spec(format!("unsupported architecture '{other}'"))),
+            other => {
+                return Err(ModelError::Spec(format!(
+                    "unsupported architecture '{other}'"
+                )));
+            }
         };
         let key = |k: &str| format!("{arch}.{k}");
         let req = |k: &str| {
@@ -166,8 +170,12 @@ impl ModelSpec {
         let llama3 = match g.meta_str(&key("rope.scaling.type")) {
             Some("llama3") => Some(Llama3Scaling {
                 factor: g.meta_f64(&key("rope.scaling.factor")).unwrap_or(8.0) as f32,
-                low_freq_factor: g.meta_f64(&key("rope.scaling.low_freq_factor")).unwrap_or(1.0) as f32,
-                high_freq_factor: g.meta_f64(&key("rope.scaling.high_freq_factor")).unwrap_or(4.0) as f32,
+                low_freq_factor: g
+                    .meta_f64(&key("rope.scaling.low_freq_factor"))
+                    .unwrap_or(1.0) as f32,
+                high_freq_factor: g
+                    .meta_f64(&key("rope.scaling.high_freq_factor"))
+                    .unwrap_or(4.0) as f32,
                 original_max_position: g
                     .meta_f64(&key("rope.scaling.original_context_length"))
                     .unwrap_or(8192.0) as f32,
@@ -182,8 +190,13 @@ impl ModelSpec {
             n_kv_heads,
             head_dim,
             vocab_size,
-            max_position: g.meta_u64(&key("context_length")).map(|v| v as usize).unwrap_or(2048),
-            rms_eps: g.meta_f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f32,
+            max_position: g
+                .meta_u64(&key("context_length"))
+                .map(|v| v as usize)
+                .unwrap_or(2048),
+            rms_eps: g
+                .meta_f64(&key("attention.layer_norm_rms_epsilon"))
+                .unwrap_or(1e-5) as f32,
             rope: RopeSpec {
                 theta: g.meta_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
                 dim: rope_dim,
@@ -210,14 +223,18 @@ impl ModelSpec {
             return Err(ModelError::Spec(format!("unsupported model_type '{arch}'")));
         }
         let n_kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
-        let head_dim = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
+        let head_dim = c
+            .head_dim
+            .unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
         let llama3 = match &c.rope_scaling {
-            Some(s) if s.rope_type.as_deref().or(s.kind.as_deref()) == Some("llama3") => Some(Llama3Scaling {
-                factor: s.factor.unwrap_or(8.0),
-                low_freq_factor: s.low_freq_factor.unwrap_or(1.0),
-                high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
-                original_max_position: s.original_max_position_embeddings.unwrap_or(8192.0),
-            }),
+            Some(s) if s.rope_type.as_deref().or(s.kind.as_deref()) == Some("llama3") => {
+                Some(Llama3Scaling {
+                    factor: s.factor.unwrap_or(8.0),
+                    low_freq_factor: s.low_freq_factor.unwrap_or(1.0),
+                    high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
+                    original_max_position: s.original_max_position_embeddings.unwrap_or(8192.0),
+                })
+            }
             _ => None,
         };
         let spec = ModelSpec {
@@ -286,8 +303,16 @@ mod tests {
             high_freq_factor: 4.0,
             original_max_position: 8192.0,
         };
-        let rope = RopeSpec { theta: 500000.0, dim: 128, layout: RopeLayout::Half, llama3: Some(s) };
-        let plain = RopeSpec { llama3: None, ..rope };
+        let rope = RopeSpec {
+            theta: 500000.0,
+            dim: 128,
+            layout: RopeLayout::Half,
+            llama3: Some(s),
+        };
+        let plain = RopeSpec {
+            llama3: None,
+            ..rope
+        };
         let (a, b) = (rope.inv_freqs(), plain.inv_freqs());
         assert_eq!(a[0], b[0]);
         assert!((a[63] - b[63] / 8.0).abs() < 1e-12);

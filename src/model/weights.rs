@@ -16,7 +16,11 @@ impl HostTensor {
     }
     /// Number of rows (first dim) of a matrix, or 1 for a vector.
     pub fn rows(&self) -> usize {
-        if self.shape.len() == 2 { self.shape[0] } else { 1 }
+        if self.shape.len() == 2 {
+            self.shape[0]
+        } else {
+            1
+        }
     }
     /// Number of columns (last dim).
     pub fn cols(&self) -> usize {
@@ -68,7 +72,10 @@ pub struct ModelWeights<W> {
 
 impl<W> ModelWeights<W> {
     /// Converts every tensor with `f`, in a fixed order (embed, layers, norm, output).
-    pub fn try_map<U, E>(&self, mut f: impl FnMut(&W) -> Result<U, E>) -> Result<ModelWeights<U>, E> {
+    pub fn try_map<U, E>(
+        &self,
+        mut f: impl FnMut(&W) -> Result<U, E>,
+    ) -> Result<ModelWeights<U>, E> {
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
             layers.push(LayerWeights {

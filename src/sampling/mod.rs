@@ -47,14 +47,19 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Greedy decoding.
     pub fn greedy() -> Self {
-        Self { temperature: 0.0, ..Self::default() }
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
     }
     /// True when the choice does not depend on random numbers.
     pub fn is_greedy(&self) -> bool {
         self.temperature < 1e-5 || self.top_k == 1
     }
     fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
     }
 }
 
@@ -114,21 +119,37 @@ impl CpuSampler {
         let p = row.params;
         let lse = log_sum_exp(logits);
         let top = match p.logprobs {
-            Some(n) if n > 0 => top_n(logits, n).into_iter().map(|(i, v)| (i, v - lse)).collect(),
+            Some(n) if n > 0 => top_n(logits, n)
+                .into_iter()
+                .map(|(i, v)| (i, v - lse))
+                .collect(),
             _ => Vec::new(),
         };
         self.work.clear();
         self.work.extend_from_slice(logits);
         apply_bias_and_penalties(&mut self.work, row);
-        let token = if p.is_greedy() { argmax(&self.work) } else { self.draw(row) };
-        Sampled { token, logprob: logits[token as usize] - lse, top }
+        let token = if p.is_greedy() {
+            argmax(&self.work)
+        } else {
+            self.draw(row)
+        };
+        Sampled {
+            token,
+            logprob: logits[token as usize] - lse,
+            top,
+        }
     }
 
     fn draw(&mut self, row: &SampleRow<'_>) -> u32 {
         let p = row.params;
         let inv_t = 1.0 / p.temperature;
         self.cand.clear();
-        self.cand.extend(self.work.iter().enumerate().map(|(i, &v)| (i as u32, v * inv_t)));
+        self.cand.extend(
+            self.work
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (i as u32, v * inv_t)),
+        );
         let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < self.cand.len() {
             self.cand.select_nth_unstable_by(p.top_k - 1, desc);
@@ -185,7 +206,11 @@ fn apply_bias_and_penalties(x: &mut [f32], row: &SampleRow<'_>) {
             if seen.insert(t)
                 && let Some(v) = x.get_mut(t as usize)
             {
-                *v = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
+                *v = if *v > 0.0 {
+                    *v / p.repetition_penalty
+                } else {
+                    *v * p.repetition_penalty
+                };
             }
         }
     }
@@ -220,14 +245,22 @@ mod tests {
     use super::*;
 
     fn row<'a>(p: &'a SamplingParams, u: f32, out: &'a [u32]) -> SampleRow<'a> {
-        SampleRow { params: p, uniform: u, prompt: &[], output: out }
+        SampleRow {
+            params: p,
+            uniform: u,
+            prompt: &[],
+            output: out,
+        }
     }
 
     #[test]
     fn greedy_picks_argmax_and_reports_logprob() {
         let mut s = CpuSampler::default();
         let logits = [0.0, 3.0, 1.0, 3.0 - 1e-3];
-        let p = SamplingParams { logprobs: Some(2), ..SamplingParams::greedy() };
+        let p = SamplingParams {
+            logprobs: Some(2),
+            ..SamplingParams::greedy()
+        };
         let r = s.sample(&logits, &row(&p, 0.5, &[]));
         assert_eq!(r.token, 1);
         let lse = log_sum_exp(&logits);
@@ -240,9 +273,18 @@ mod tests {
         let mut s = CpuSampler::default();
         let logits = [1.0, 2.0, 0.5, 1.9];
         for p in [
-            SamplingParams { top_k: 1, ..Default::default() },
-            SamplingParams { top_p: 1e-6, ..Default::default() },
-            SamplingParams { min_p: 0.99, ..Default::default() },
+            SamplingParams {
+                top_k: 1,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 1e-6,
+                ..Default::default()
+            },
+            SamplingParams {
+                min_p: 0.99,
+                ..Default::default()
+            },
         ] {
             for u in [0.0, 0.3, 0.999] {
                 assert_eq!(s.sample(&logits, &row(&p, u, &[])).token, 1, "{p:?}");
@@ -270,13 +312,25 @@ mod tests {
     fn penalties_and_bias_change_the_choice() {
         let mut s = CpuSampler::default();
         let logits = [1.0, 2.0, 1.5];
-        let p = SamplingParams { frequency_penalty: 0.3, ..SamplingParams::greedy() };
+        let p = SamplingParams {
+            frequency_penalty: 0.3,
+            ..SamplingParams::greedy()
+        };
         assert_eq!(s.sample(&logits, &row(&p, 0.0, &[1, 1])).token, 2);
-        let p = SamplingParams { presence_penalty: 0.3, ..SamplingParams::greedy() };
+        let p = SamplingParams {
+            presence_penalty: 0.3,
+            ..SamplingParams::greedy()
+        };
         assert_eq!(s.sample(&logits, &row(&p, 0.0, &[1, 1])).token, 1);
-        let p = SamplingParams { repetition_penalty: 2.0, ..SamplingParams::greedy() };
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::greedy()
+        };
         assert_eq!(s.sample(&logits, &row(&p, 0.0, &[1])).token, 2);
-        let p = SamplingParams { logit_bias: vec![(0, 5.0)], ..SamplingParams::greedy() };
+        let p = SamplingParams {
+            logit_bias: vec![(0, 5.0)],
+            ..SamplingParams::greedy()
+        };
         assert_eq!(s.sample(&logits, &row(&p, 0.0, &[])).token, 0);
     }
 

@@ -235,7 +235,9 @@ mod tests {
     fn hf_style_template_with_python_methods_and_trim_blocks() {
         let src = "{% for m in messages %}\n<|{{ m.role }}|>{{ m['content'].strip() }}\n{% endfor %}\n{% if add_generation_prompt %}<|assistant|>{% endif %}";
         let t = ChatTemplate::new(src, "", "").unwrap();
-        let s = t.render(&[ChatMessage::new("user", "  x  ")], true).unwrap();
+        let s = t
+            .render(&[ChatMessage::new("user", "  x  ")], true)
+            .unwrap();
         assert_eq!(s, "<|user|>x\n<|assistant|>");
     }
 

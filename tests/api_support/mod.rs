@@ -70,12 +70,25 @@ pub fn client() -> reqwest::Client {
 }
 
 /// POSTs JSON; returns status, headers and the parsed body (Null if not JSON).
-pub async fn post(base: &str, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
-    let res = client().post(format!("{base}{path}")).json(body).send().await.expect("send");
+pub async fn post(
+    base: &str,
+    path: &str,
+    body: &Value,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let res = client()
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .expect("send");
     let status = res.status().as_u16();
     let headers = res.headers().clone();
     let text = res.text().await.expect("body");
-    (status, headers, serde_json::from_str(&text).unwrap_or(Value::Null))
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
 }
 
 /// POSTs raw bytes with a JSON content type.
@@ -94,7 +107,11 @@ pub async fn post_raw(base: &str, path: &str, body: impl Into<reqwest::Body>) ->
 
 /// GETs a path; returns status and the body text.
 pub async fn get(base: &str, path: &str) -> (u16, String) {
-    let res = client().get(format!("{base}{path}")).send().await.expect("send");
+    let res = client()
+        .get(format!("{base}{path}"))
+        .send()
+        .await
+        .expect("send");
     (res.status().as_u16(), res.text().await.expect("body"))
 }
 
@@ -120,7 +137,12 @@ impl Sse {
 
 /// POSTs a streaming request and reads the whole event stream.
 pub async fn stream(base: &str, path: &str, body: &Value) -> Sse {
-    let res = client().post(format!("{base}{path}")).json(body).send().await.expect("send");
+    let res = client()
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .expect("send");
     let status = res.status().as_u16();
     let content_type = res
         .headers()
@@ -139,7 +161,12 @@ pub async fn stream(base: &str, path: &str, body: &Value) -> Sse {
         .filter_map(|frame| frame.strip_prefix("data: "))
         .map(str::to_string)
         .collect();
-    Sse { status, content_type, data, raw }
+    Sse {
+        status,
+        content_type,
+        data,
+        raw,
+    }
 }
 
 /// `kiln generate`'s greedy text for `prompt` (BOS added, EOS stops and is not shown).
@@ -153,7 +180,9 @@ pub fn greedy_reference(prompt: &str, max_tokens: usize) -> String {
 /// Greedy text continuing `ids`, decoded the way `kiln generate` prints it.
 pub fn greedy_reference_ids(files: &ModelFiles, ids: &[u32], max_tokens: usize) -> String {
     let tok = files.tokenizer.clone().expect("tokenizer");
-    let mut generator = SingleGenerator::new(CpuBackend::new(), files, ids.len() + max_tokens, 512, 16).expect("generator");
+    let mut generator =
+        SingleGenerator::new(CpuBackend::new(), files, ids.len() + max_tokens, 512, 16)
+            .expect("generator");
     let opts = GenerateOptions {
         max_tokens,
         params: SamplingParams::greedy(),
@@ -191,10 +220,19 @@ pub async fn wait_metrics(base: &str, timeout: Duration, pred: impl Fn(&str) -> 
 }
 
 /// Asserts an OpenAI error body with this status, type and param.
-pub fn assert_error(status: u16, body: &Value, want_status: u16, want_type: &str, want_param: Option<&str>) {
+pub fn assert_error(
+    status: u16,
+    body: &Value,
+    want_status: u16,
+    want_type: &str,
+    want_param: Option<&str>,
+) {
     assert_eq!(status, want_status, "status for body {body}");
     let e = &body["error"];
-    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "message in {body}");
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "message in {body}"
+    );
     assert_eq!(e["type"], want_type, "type in {body}");
     assert!(e["code"].is_string(), "string code in {body}");
     match want_param {

@@ -27,17 +27,21 @@ impl TensorSource for FastDummy {
             return Ok(None);
         }
         let a = 1.0 / (*shape.last().unwrap_or(&1) as f32).sqrt();
-        let salt = name.bytes().fold(0x9e37_79b9_7f4a_7c15u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-        let mut v = vec![0.0f32; n];
-        v.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
-            let mut x = salt ^ ((c as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
-            for o in chunk {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                *o = ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a;
-            }
+        let salt = name.bytes().fold(0x9e37_79b9_7f4a_7c15u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
         });
+        let mut v = vec![0.0f32; n];
+        v.par_chunks_mut(1 << 16)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                let mut x = salt ^ ((c as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
+                for o in chunk {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    *o = ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a;
+                }
+            });
         Ok(Some(v))
     }
 }
@@ -58,7 +62,12 @@ fn llama3_8b(layers: usize) -> ModelSpec {
             theta: 500000.0,
             dim: 128,
             layout: RopeLayout::Half,
-            llama3: Some(Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 8192.0 }),
+            llama3: Some(Llama3Scaling {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position: 8192.0,
+            }),
         },
         tied_embeddings: false,
         qkv_bias: false,
@@ -74,12 +83,22 @@ struct Rig {
 
 /// A plan where sequence `i` owns blocks `i * bps ..`, each with (new tokens, context).
 fn plan(seqs: &[(u32, u32)], first_seq: usize, bps: usize, block_size: u32) -> BatchPlan {
-    let mut p = BatchPlan { block_size, ..Default::default() };
+    let mut p = BatchPlan {
+        block_size,
+        ..Default::default()
+    };
     for (i, &(q, ctx)) in seqs.iter().enumerate() {
         let s = first_seq + i;
         let table = (0..bps).map(|b| (s * bps + b) as u32).collect();
-        p.seqs.push(SeqSlice { q_start: p.token_ids.len() as u32, q_len: q, ctx_len: ctx, block_table: table, wants_logits: true });
-        p.token_ids.extend((0..q).map(|t| (t * 7919 + s as u32 * 31) % 128000));
+        p.seqs.push(SeqSlice {
+            q_start: p.token_ids.len() as u32,
+            q_len: q,
+            ctx_len: ctx,
+            block_table: table,
+            wants_logits: true,
+        });
+        p.token_ids
+            .extend((0..q).map(|t| (t * 7919 + s as u32 * 31) % 128000));
     }
     p.fill_positions_and_slots();
     p
@@ -87,25 +106,63 @@ fn plan(seqs: &[(u32, u32)], first_seq: usize, bps: usize, block_size: u32) -> B
 
 impl Rig {
     fn new(num_blocks: usize, max_seqs: usize) -> Rig {
-        let layers = std::env::var("KILN_BENCH_LAYERS").ok().and_then(|s| s.parse().ok()).unwrap_or(32);
+        let layers = std::env::var("KILN_BENCH_LAYERS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(32);
         let spec = llama3_8b(layers);
-        let files = ModelFiles { name: "llama-3-8b-dummy".into(), spec: spec.clone(), tokenizer: None, source: Box::new(FastDummy) };
-        let mut b = CudaBackend::new(0, CudaOptions { dtype: DType::Bf16, ..CudaOptions::default() }).expect("cuda");
+        let files = ModelFiles {
+            name: "llama-3-8b-dummy".into(),
+            spec: spec.clone(),
+            tokenizer: None,
+            source: Box::new(FastDummy),
+        };
+        let mut b = CudaBackend::new(
+            0,
+            CudaOptions {
+                dtype: DType::Bf16,
+                ..CudaOptions::default()
+            },
+        )
+        .expect("cuda");
         let t0 = Instant::now();
         let model = Llama::load(&mut b, &files, 2048, max_seqs).expect("load");
-        let shape = KvShape { num_layers: layers, num_blocks, block_size: 16, n_kv_heads: 8, head_dim: 128 };
+        let shape = KvShape {
+            num_layers: layers,
+            num_blocks,
+            block_size: 16,
+            n_kv_heads: 8,
+            head_dim: 128,
+        };
         let kv = b.alloc_kv(&shape).expect("kv");
-        eprintln!("loaded {layers} layers in {:.1}s", t0.elapsed().as_secs_f64());
-        Rig { b, model, kv, shape }
+        eprintln!(
+            "loaded {layers} layers in {:.1}s",
+            t0.elapsed().as_secs_f64()
+        );
+        Rig {
+            b,
+            model,
+            kv,
+            shape,
+        }
     }
 
     /// One forward + greedy sample; returns seconds (synchronized by the sample download).
     fn step(&mut self, p: &BatchPlan) -> f64 {
         let greedy = SamplingParams::greedy();
-        let rows: Vec<SampleRow<'_>> =
-            (0..p.seqs.len()).map(|_| SampleRow { params: &greedy, uniform: 0.5, prompt: &[], output: &[] }).collect();
+        let rows: Vec<SampleRow<'_>> = (0..p.seqs.len())
+            .map(|_| SampleRow {
+                params: &greedy,
+                uniform: 0.5,
+                prompt: &[],
+                output: &[],
+            })
+            .collect();
         let t = Instant::now();
-        let logits = self.model.forward(&mut self.b, &mut self.kv, p).expect("forward");
+        let logits = self
+            .model
+            .forward(&mut self.b, &mut self.kv, p)
+            .expect("forward");
         self.b.sample(logits, &rows).expect("sample");
         t.elapsed().as_secs_f64()
     }
@@ -121,7 +178,10 @@ impl Rig {
 
     fn decode(&mut self, batch: usize, ctx: u32) {
         let bps = (ctx as usize + 64).div_ceil(16);
-        assert!(batch * bps <= self.shape.num_blocks, "KV pool too small for batch {batch} ctx {ctx}");
+        assert!(
+            batch * bps <= self.shape.num_blocks,
+            "KV pool too small for batch {batch} ctx {ctx}"
+        );
         self.fill(batch, ctx, bps);
         let mut times = Vec::new();
         for i in 0..20u32 {
@@ -130,7 +190,8 @@ impl Rig {
         }
         let t = median(times);
         let spec = &self.model.spec;
-        let kv_bytes = 2.0 * 2.0 * (spec.n_layers * spec.kv_dim()) as f64 * batch as f64 * ctx as f64;
+        let kv_bytes =
+            2.0 * 2.0 * (spec.n_layers * spec.kv_dim()) as f64 * batch as f64 * ctx as f64;
         let floor = (weight_bytes(spec) + kv_bytes) / 3.0e12;
         eprintln!(
             "BENCH decode batch {batch} ctx {ctx} layers {}: {:.3} ms/step, {:.0} tok/s; bandwidth floor {:.3} ms ({:.0}% of floor)",
@@ -148,7 +209,13 @@ impl Rig {
         let t = median((0..5).map(|_| self.step(&p)).collect());
         let s = &self.model.spec;
         let floor = 2.0 * weight_bytes(s) / 2.0 * 2048.0 / 800e12;
-        eprintln!("BENCH prefill 2048 layers {}: {:.1} ms; GEMM floor {:.1} ms ({:.0}% of floor)", s.n_layers, t * 1e3, floor * 1e3, 100.0 * floor / t);
+        eprintln!(
+            "BENCH prefill 2048 layers {}: {:.1} ms; GEMM floor {:.1} ms ({:.0}% of floor)",
+            s.n_layers,
+            t * 1e3,
+            floor * 1e3,
+            100.0 * floor / t
+        );
     }
 }
 

@@ -51,7 +51,10 @@ impl TestBackend for kiln::backend::cuda::CudaBackend {
     fn quantize(&self, data: &[f32]) -> Vec<f32> {
         match self.dtype() {
             kiln::backend::cuda::DType::F32 => data.to_vec(),
-            kiln::backend::cuda::DType::Bf16 => data.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect(),
+            kiln::backend::cuda::DType::Bf16 => data
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_f32())
+                .collect(),
         }
     }
 }
@@ -64,7 +67,11 @@ pub fn cuda(dtype: kiln::backend::cuda::DType) -> Option<kiln::backend::cuda::Cu
         eprintln!("notice: no CUDA device or driver here; CUDA parity skipped");
         return None;
     }
-    let opts = CudaOptions { dtype, sync_check: true, ..CudaOptions::default() };
+    let opts = CudaOptions {
+        dtype,
+        sync_check: true,
+        ..CudaOptions::default()
+    };
     Some(CudaBackend::new(0, opts).expect("a CUDA device is present, so the backend must start"))
 }
 
@@ -77,7 +84,10 @@ macro_rules! parity_test {
         fn $name() {
             $body(&mut kiln::backend::cpu::CpuBackend::new());
             #[cfg(feature = "cuda")]
-            for dt in [kiln::backend::cuda::DType::F32, kiln::backend::cuda::DType::Bf16] {
+            for dt in [
+                kiln::backend::cuda::DType::F32,
+                kiln::backend::cuda::DType::Bf16,
+            ] {
                 if let Some(mut b) = $crate::harness::cuda(dt) {
                     $body(&mut b);
                 }
@@ -89,14 +99,19 @@ macro_rules! parity_test {
 /// A generator seeded freshly each run; the seed is printed so a failure can be replayed
 /// with `KILN_PARITY_SEED`.
 pub fn rng(test: &str) -> ChaCha8Rng {
-    let seed = std::env::var("KILN_PARITY_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
+    let seed = std::env::var("KILN_PARITY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
     eprintln!("{test}: seed {seed}");
     ChaCha8Rng::seed_from_u64(seed)
 }
 
 /// `n` values uniform in `[-scale, scale)`.
 pub fn random(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale).collect()
+    (0..n)
+        .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale)
+        .collect()
 }
 
 /// A tensor holding `data` (`rows x cols`).
@@ -113,7 +128,8 @@ pub fn poisoned<B: TestBackend>(b: &mut B, rows: usize, cols: usize) -> B::Tenso
 }
 
 pub fn weight<B: Backend>(b: &mut B, shape: Vec<usize>, data: &[f32]) -> B::Weight {
-    b.upload_weight(HostTensor::new(shape, data.to_vec())).expect("upload weight")
+    b.upload_weight(HostTensor::new(shape, data.to_vec()))
+        .expect("upload weight")
 }
 
 /// Checks every element was written (finite) and `‖got − want‖₂ / ‖want‖₂ <= tol`.
@@ -132,11 +148,24 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
 }
 
 /// A plan over sequences given as (q_len, ctx_len, block table); tokens are `token`.
-pub fn plan(seqs: &[(u32, u32, Vec<u32>)], block_size: u32, token: impl Fn(usize) -> u32) -> BatchPlan {
-    let mut p = BatchPlan { block_size, ..Default::default() };
+pub fn plan(
+    seqs: &[(u32, u32, Vec<u32>)],
+    block_size: u32,
+    token: impl Fn(usize) -> u32,
+) -> BatchPlan {
+    let mut p = BatchPlan {
+        block_size,
+        ..Default::default()
+    };
     let mut row = 0;
     for (q_len, ctx_len, table) in seqs {
-        p.seqs.push(SeqSlice { q_start: row, q_len: *q_len, ctx_len: *ctx_len, block_table: table.clone(), wants_logits: true });
+        p.seqs.push(SeqSlice {
+            q_start: row,
+            q_len: *q_len,
+            ctx_len: *ctx_len,
+            block_table: table.clone(),
+            wants_logits: true,
+        });
         row += q_len;
     }
     p.token_ids = (0..row as usize).map(token).collect();
@@ -146,7 +175,12 @@ pub fn plan(seqs: &[(u32, u32, Vec<u32>)], block_size: u32, token: impl Fn(usize
 
 /// Block tables for sequences of the given lengths: blocks drawn at random without
 /// replacement from a pool of `num_blocks`, so tables are out of order and leave gaps.
-pub fn block_tables(rng: &mut ChaCha8Rng, ctx: &[u32], block_size: u32, num_blocks: usize) -> Vec<Vec<u32>> {
+pub fn block_tables(
+    rng: &mut ChaCha8Rng,
+    ctx: &[u32],
+    block_size: u32,
+    num_blocks: usize,
+) -> Vec<Vec<u32>> {
     let mut free: Vec<u32> = (0..num_blocks as u32).collect();
     ctx.iter()
         .map(|&c| {

@@ -17,10 +17,15 @@ fn models_dir() -> PathBuf {
 }
 
 fn stories() -> ModelFiles {
-    ModelFiles::open(&models_dir().join("stories260K.gguf"), LoadFormat::Gguf).expect("stories260K fixture")
+    ModelFiles::open(&models_dir().join("stories260K.gguf"), LoadFormat::Gguf)
+        .expect("stories260K fixture")
 }
 
-const PROMPTS: [&str; 3] = ["Once upon a time", "The little dog", "Lily and Ben went to the park"];
+const PROMPTS: [&str; 3] = [
+    "Once upon a time",
+    "The little dog",
+    "Lily and Ben went to the park",
+];
 
 fn generate<B: Backend>(backend: B, files: &ModelFiles) -> Vec<Generation> {
     let tok = files.tokenizer.as_ref().expect("fixture tokenizer");
@@ -33,27 +38,54 @@ fn generate<B: Backend>(backend: B, files: &ModelFiles) -> Vec<Generation> {
         block_size: 4,
         record_logits: 64,
     };
-    PROMPTS.iter().map(|p| g.generate(&tok.encode(p, true).unwrap(), &opts, |_| {}).expect("generate")).collect()
+    PROMPTS
+        .iter()
+        .map(|p| {
+            g.generate(&tok.encode(p, true).unwrap(), &opts, |_| {})
+                .expect("generate")
+        })
+        .collect()
 }
 
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den).sqrt()
 }
 
 /// Compares a run with the CPU run: ids identical (`exact`), else logits within `tol` up to
 /// the first differing id. Returns (matching ids, largest logits error) over all prompts.
-fn compare(label: &str, got: &[Generation], want: &[Generation], exact: bool, tol: f64) -> (usize, f64) {
+fn compare(
+    label: &str,
+    got: &[Generation],
+    want: &[Generation],
+    exact: bool,
+    tol: f64,
+) -> (usize, f64) {
     let (mut same, mut worst) = (0, 0.0f64);
     for (p, (g, w)) in got.iter().zip(want).enumerate() {
-        let agree = g.token_ids.iter().zip(&w.token_ids).take_while(|(a, b)| a == b).count();
+        let agree = g
+            .token_ids
+            .iter()
+            .zip(&w.token_ids)
+            .take_while(|(a, b)| a == b)
+            .count();
         if exact {
-            assert_eq!(g.token_ids, w.token_ids, "{label}: greedy ids for prompt {p}");
+            assert_eq!(
+                g.token_ids, w.token_ids,
+                "{label}: greedy ids for prompt {p}"
+            );
         }
         for step in 0..=agree.min(g.step_logits.len() - 1) {
             let err = rel_l2(&g.step_logits[step], &w.step_logits[step]);
-            assert!(err < tol, "{label}: prompt {p} step {step} logits relative error {err:.3e}");
+            assert!(
+                err < tol,
+                "{label}: prompt {p} step {step} logits relative error {err:.3e}"
+            );
             worst = worst.max(err);
         }
         same += agree;
@@ -65,18 +97,33 @@ fn compare(label: &str, got: &[Generation], want: &[Generation], exact: bool, to
 fn stories260k_greedy_matches_cpu() {
     let files = stories();
     let want = generate(CpuBackend::new(), &files);
-    let (same, err) = compare("cpu", &generate(CpuBackend::new(), &files), &want, true, 1e-6);
-    eprintln!("cpu: {same}/{} greedy ids agree, logits error {err:.2e}", 64 * PROMPTS.len());
+    let (same, err) = compare(
+        "cpu",
+        &generate(CpuBackend::new(), &files),
+        &want,
+        true,
+        1e-6,
+    );
+    eprintln!(
+        "cpu: {same}/{} greedy ids agree, logits error {err:.2e}",
+        64 * PROMPTS.len()
+    );
     #[cfg(feature = "cuda")]
     {
         use kiln::backend::cuda::DType;
         if let Some(b) = crate::harness::cuda(DType::F32) {
             let (same, err) = compare("cuda f32", &generate(b, &files), &want, true, 1e-4);
-            eprintln!("cuda f32: {same}/{} greedy ids agree, logits error {err:.2e}", 64 * PROMPTS.len());
+            eprintln!(
+                "cuda f32: {same}/{} greedy ids agree, logits error {err:.2e}",
+                64 * PROMPTS.len()
+            );
         }
         if let Some(b) = crate::harness::cuda(DType::Bf16) {
             let (same, err) = compare("cuda bf16", &generate(b, &files), &want, false, 2e-2);
-            eprintln!("cuda bf16: {same}/{} greedy ids agree, logits error {err:.2e}", 64 * PROMPTS.len());
+            eprintln!(
+                "cuda bf16: {same}/{} greedy ids agree, logits error {err:.2e}",
+                64 * PROMPTS.len()
+            );
         }
     }
 }
@@ -92,10 +139,19 @@ mod transfers {
 
     /// Four sequences: a prefill step, then decode steps; returns the decode plan for `step`.
     fn decode_plan(lens: &[u32], step: u32, tokens: &[u32]) -> BatchPlan {
-        let mut p = BatchPlan { block_size: 16, ..Default::default() };
+        let mut p = BatchPlan {
+            block_size: 16,
+            ..Default::default()
+        };
         for (i, &n) in lens.iter().enumerate() {
             let table = (0..8).map(|b| (i * 8 + b) as u32).collect();
-            p.seqs.push(SeqSlice { q_start: i as u32, q_len: 1, ctx_len: n + step + 1, block_table: table, wants_logits: true });
+            p.seqs.push(SeqSlice {
+                q_start: i as u32,
+                q_len: 1,
+                ctx_len: n + step + 1,
+                block_table: table,
+                wants_logits: true,
+            });
         }
         p.token_ids = tokens.to_vec();
         p.fill_positions_and_slots();
@@ -104,24 +160,55 @@ mod transfers {
 
     #[test]
     fn decode_step_moves_only_metadata_in_and_ids_out() {
-        let Some(mut b) = crate::harness::cuda(DType::Bf16) else { return };
+        let Some(mut b) = crate::harness::cuda(DType::Bf16) else {
+            return;
+        };
         let files = stories();
         let mut model = Llama::load(&mut b, &files, 64, 4).unwrap();
-        let shape = KvShape { num_layers: 5, num_blocks: 32, block_size: 16, n_kv_heads: 4, head_dim: 8 };
+        let shape = KvShape {
+            num_layers: 5,
+            num_blocks: 32,
+            block_size: 16,
+            n_kv_heads: 4,
+            head_dim: 8,
+        };
         let mut kv = b.alloc_kv(&shape).unwrap();
         let lens = [5u32, 9, 2, 30];
-        let mut p = BatchPlan { block_size: 16, ..Default::default() };
+        let mut p = BatchPlan {
+            block_size: 16,
+            ..Default::default()
+        };
         for (i, &n) in lens.iter().enumerate() {
             let table = (0..8).map(|b| (i * 8 + b) as u32).collect();
-            p.seqs.push(SeqSlice { q_start: p.token_ids.len() as u32, q_len: n, ctx_len: n, block_table: table, wants_logits: true });
-            p.token_ids.extend((0..n).map(|t| 1 + (t * 7 + i as u32) % 500));
+            p.seqs.push(SeqSlice {
+                q_start: p.token_ids.len() as u32,
+                q_len: n,
+                ctx_len: n,
+                block_table: table,
+                wants_logits: true,
+            });
+            p.token_ids
+                .extend((0..n).map(|t| 1 + (t * 7 + i as u32) % 500));
         }
         p.fill_positions_and_slots();
         let greedy = SamplingParams::greedy();
-        let with_top = SamplingParams { logprobs: Some(4), ..SamplingParams::greedy() };
-        let row = |params| SampleRow { params, uniform: 0.5, prompt: &[], output: &[] };
+        let with_top = SamplingParams {
+            logprobs: Some(4),
+            ..SamplingParams::greedy()
+        };
+        let row = |params| SampleRow {
+            params,
+            uniform: 0.5,
+            prompt: &[],
+            output: &[],
+        };
         let logits = model.forward(&mut b, &mut kv, &p).unwrap();
-        let mut tokens: Vec<u32> = b.sample(logits, &[row(&greedy); 4]).unwrap().iter().map(|s| s.token).collect();
+        let mut tokens: Vec<u32> = b
+            .sample(logits, &[row(&greedy); 4])
+            .unwrap()
+            .iter()
+            .map(|s| s.token)
+            .collect();
         for step in 0..2u32 {
             let dp = decode_plan(&lens, step, &tokens);
             let before = b.transfer_stats();
@@ -134,8 +221,16 @@ mod transfers {
             // Plan: ids, positions, slots, 4 words per sequence, tables, logits rows, 6 per item;
             // sampling: 8 words per row. Out: (id, logprob) per row and per top alternative.
             let meta_words = 3 * 4 + 4 * 4 + tables + 4 + 6 * 4 + 8 * 4;
-            assert_eq!((d.h2d_calls, d.h2d_bytes), (2, 4 * meta_words as u64), "decode step {step} uploads: {d:?}");
-            assert_eq!((d.d2h_calls, d.d2h_bytes), (1, 8 * (4 + 4)), "decode step {step} downloads: {d:?}");
+            assert_eq!(
+                (d.h2d_calls, d.h2d_bytes),
+                (2, 4 * meta_words as u64),
+                "decode step {step} uploads: {d:?}"
+            );
+            assert_eq!(
+                (d.d2h_calls, d.d2h_bytes),
+                (1, 8 * (4 + 4)),
+                "decode step {step} downloads: {d:?}"
+            );
         }
     }
 }

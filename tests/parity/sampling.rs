@@ -14,18 +14,51 @@ fn params() -> Vec<SamplingParams> {
     let d = SamplingParams::default;
     vec![
         g(),
-        SamplingParams { logprobs: Some(5), ..g() },
-        SamplingParams { temperature: 0.7, ..d() },
+        SamplingParams {
+            logprobs: Some(5),
+            ..g()
+        },
+        SamplingParams {
+            temperature: 0.7,
+            ..d()
+        },
         SamplingParams { top_k: 40, ..d() },
-        SamplingParams { top_p: 0.9, temperature: 0.9, ..d() },
+        SamplingParams {
+            top_p: 0.9,
+            temperature: 0.9,
+            ..d()
+        },
         SamplingParams { min_p: 0.05, ..d() },
-        SamplingParams { top_k: 50, top_p: 0.8, min_p: 0.02, temperature: 1.3, logprobs: Some(3), ..d() },
-        SamplingParams { repetition_penalty: 1.3, presence_penalty: 0.5, frequency_penalty: 0.2, ..g() },
-        SamplingParams { temperature: 0.8, logit_bias: vec![(3, 10.0), (7, -100.0)], repetition_penalty: 0.9, ..d() },
+        SamplingParams {
+            top_k: 50,
+            top_p: 0.8,
+            min_p: 0.02,
+            temperature: 1.3,
+            logprobs: Some(3),
+            ..d()
+        },
+        SamplingParams {
+            repetition_penalty: 1.3,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.2,
+            ..g()
+        },
+        SamplingParams {
+            temperature: 0.8,
+            logit_bias: vec![(3, 10.0), (7, -100.0)],
+            repetition_penalty: 0.9,
+            ..d()
+        },
         g(),
         SamplingParams { top_k: 1, ..d() },
         SamplingParams { top_p: 1e-6, ..d() },
-        SamplingParams { temperature: 2.0, top_p: 0.95, frequency_penalty: 0.4, logprobs: Some(20), ..d() },
+        SamplingParams {
+            temperature: 2.0,
+            top_p: 0.95,
+            frequency_penalty: 0.4,
+            logprobs: Some(20),
+            ..d()
+        },
     ]
 }
 
@@ -38,13 +71,23 @@ fn samples<B: TestBackend>(b: &mut B) {
         for round in 0..3 {
             let mut logits = b.quantize(&random(&mut rng, s * vocab, 6.0));
             // Row 9: a tie at the maximum between two ids; greedy takes the lower one.
-            let (lo, hi) = (rng.random_range(0..vocab / 2), vocab / 2 + rng.random_range(0..vocab / 2));
+            let (lo, hi) = (
+                rng.random_range(0..vocab / 2),
+                vocab / 2 + rng.random_range(0..vocab / 2),
+            );
             logits[9 * vocab + lo] = 50.0;
             logits[9 * vocab + hi] = 50.0;
-            let history: Vec<Vec<u32>> = (0..s).map(|_| (0..40).map(|_| rng.random_range(0..vocab as u32)).collect()).collect();
+            let history: Vec<Vec<u32>> = (0..s)
+                .map(|_| (0..40).map(|_| rng.random_range(0..vocab as u32)).collect())
+                .collect();
             let uniforms: Vec<f32> = (0..s).map(|_| rng.random::<f32>()).collect();
             let rows: Vec<SampleRow<'_>> = (0..s)
-                .map(|i| SampleRow { params: &ps[i], uniform: uniforms[i], prompt: &history[i][..25], output: &history[i][25..] })
+                .map(|i| SampleRow {
+                    params: &ps[i],
+                    uniform: uniforms[i],
+                    prompt: &history[i][..25],
+                    output: &history[i][25..],
+                })
                 .collect();
             let bl = tensor(b, s, vocab, &logits);
             let cl = tensor(&mut cpu, s, vocab, &logits);
@@ -52,13 +95,27 @@ fn samples<B: TestBackend>(b: &mut B) {
             let want = cpu.sample(&cl, &rows).unwrap();
             assert_eq!(got[9].token as usize, lo, "{}: greedy tie", b.label());
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                let what = format!("{} vocab {vocab} round {round} row {i} {:?}", b.label(), ps[i]);
+                let what = format!(
+                    "{} vocab {vocab} round {round} row {i} {:?}",
+                    b.label(),
+                    ps[i]
+                );
                 assert_eq!(g.token, w.token, "{what}: token (u = {})", uniforms[i]);
-                assert!((g.logprob - w.logprob).abs() < 1e-4, "{what}: logprob {} vs {}", g.logprob, w.logprob);
+                assert!(
+                    (g.logprob - w.logprob).abs() < 1e-4,
+                    "{what}: logprob {} vs {}",
+                    g.logprob,
+                    w.logprob
+                );
                 assert_eq!(g.top.len(), w.top.len(), "{what}: top count");
                 for (a, c) in g.top.iter().zip(&w.top) {
                     assert_eq!(a.0, c.0, "{what}: top ids {:?} vs {:?}", g.top, w.top);
-                    assert!((a.1 - c.1).abs() < 1e-4, "{what}: top logprobs {:?} vs {:?}", g.top, w.top);
+                    assert!(
+                        (a.1 - c.1).abs() < 1e-4,
+                        "{what}: top logprobs {:?} vs {:?}",
+                        g.top,
+                        w.top
+                    );
                 }
             }
         }

@@ -82,11 +82,16 @@ fn attend_token(
             let v = &v_cache[slot * w + kvh * hd..slot * w + (kvh + 1) * hd];
             for j in 0..group {
                 let pw = scores[j * n + p];
-                og[j * hd..(j + 1) * hd].iter_mut().zip(v).for_each(|(o, &vi)| *o += pw * vi);
+                og[j * hd..(j + 1) * hd]
+                    .iter_mut()
+                    .zip(v)
+                    .for_each(|(o, &vi)| *o += pw * vi);
             }
         });
         for j in 0..group {
-            og[j * hd..(j + 1) * hd].iter_mut().for_each(|o| *o *= inv_sums[j % 64]);
+            og[j * hd..(j + 1) * hd]
+                .iter_mut()
+                .for_each(|o| *o *= inv_sums[j % 64]);
         }
     }
 }
@@ -98,7 +103,17 @@ const GEMM_MIN_Q: u32 = 4;
 
 /// A prefill chunk's tile for one KV head, with GEMMs:
 /// `S = Q K^T * scale` (causal mask), row softmax, `O = P V`. Returns `[rows, group * hd]`.
-fn prefill_tile(g: &AttnGeom, plan: &BatchPlan, seq: usize, kvh: usize, rows: std::ops::Range<usize>, qkv: &[f32], k_cache: &[f32], v_cache: &[f32]) -> Vec<f32> {
+#[allow(clippy::too_many_arguments)]
+fn prefill_tile(
+    g: &AttnGeom,
+    plan: &BatchPlan,
+    seq: usize,
+    kvh: usize,
+    rows: std::ops::Range<usize>,
+    qkv: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+) -> Vec<f32> {
     let (hd, bs, w) = (g.head_dim, g.kv.block_size, g.kv.slot_width());
     let group = g.n_heads / g.n_kv_heads;
     let s = &plan.seqs[seq];
@@ -126,8 +141,13 @@ fn prefill_tile(g: &AttnGeom, plan: &BatchPlan, seq: usize, kvh: usize, rows: st
         let visible = plan.positions[r] as usize + 1;
         for j in 0..group {
             let row = &mut scores[(i * group + j) * ctx..(i * group + j + 1) * ctx];
-            let max = row[..visible].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) * scale;
-            row[..visible].iter_mut().for_each(|x| *x = *x * scale - max);
+            let max = row[..visible]
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &x| m.max(x))
+                * scale;
+            row[..visible]
+                .iter_mut()
+                .for_each(|x| *x = *x * scale - max);
             exp_in_place(&mut row[..visible]);
             let inv = 1.0 / row[..visible].iter().sum::<f32>();
             row[..visible].iter_mut().for_each(|x| *x *= inv);
@@ -155,23 +175,47 @@ pub fn attention(
     let q_dim = g.n_heads * g.head_dim;
     let out = &mut out[..n * q_dim];
     let gemm_row = |t: usize| plan.seqs[row_seq[t] as usize].q_len >= GEMM_MIN_Q;
-    let work: usize = plan.positions.iter().map(|&p| p as usize + 1).sum::<usize>() * g.n_heads;
+    let work: usize = plan
+        .positions
+        .iter()
+        .map(|&p| p as usize + 1)
+        .sum::<usize>()
+        * g.n_heads;
     let run = |(t, o): (usize, &mut [f32]), scores: &mut Vec<f32>| {
         if gemm_row(t) {
             return;
         }
         let s = &plan.seqs[row_seq[t] as usize];
         let q = &qkv[t * g.qkv_stride..t * g.qkv_stride + q_dim];
-        attend_token(g, q, k_cache, v_cache, &s.block_table, plan.positions[t] as usize, scores, o);
+        attend_token(
+            g,
+            q,
+            k_cache,
+            v_cache,
+            &s.block_table,
+            plan.positions[t] as usize,
+            scores,
+            o,
+        );
     };
     if work >= PAR_MIN_WORK && n > 1 {
-        out.par_chunks_mut(q_dim).enumerate().with_max_len(1).for_each_init(Vec::new, |scores, item| run(item, scores));
+        out.par_chunks_mut(q_dim)
+            .enumerate()
+            .with_max_len(1)
+            .for_each_init(Vec::new, |scores, item| run(item, scores));
     } else {
         let mut scores = Vec::new();
-        out.chunks_mut(q_dim).enumerate().for_each(|item| run(item, &mut scores));
+        out.chunks_mut(q_dim)
+            .enumerate()
+            .for_each(|item| run(item, &mut scores));
     }
     let mut tasks = Vec::new();
-    for (i, s) in plan.seqs.iter().enumerate().filter(|(_, s)| s.q_len >= GEMM_MIN_Q) {
+    for (i, s) in plan
+        .seqs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.q_len >= GEMM_MIN_Q)
+    {
         let (start, end) = (s.q_start as usize, (s.q_start + s.q_len) as usize);
         for tile in (start..end).step_by(TILE) {
             for kvh in 0..g.n_kv_heads {
@@ -190,7 +234,8 @@ pub fn attention(
     let gw = g.n_heads / g.n_kv_heads * g.head_dim;
     for ((_, kvh, rows), res) in tasks.iter().zip(results) {
         for (i, r) in rows.clone().enumerate() {
-            out[r * q_dim + kvh * gw..r * q_dim + (kvh + 1) * gw].copy_from_slice(&res[i * gw..(i + 1) * gw]);
+            out[r * q_dim + kvh * gw..r * q_dim + (kvh + 1) * gw]
+                .copy_from_slice(&res[i * gw..(i + 1) * gw]);
         }
     }
 }

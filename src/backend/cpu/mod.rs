@@ -50,7 +50,9 @@ impl CpuBackend {
 
 fn check_cols(what: &'static str, got: usize, want: usize) -> Result<(), BackendError> {
     if got != want {
-        return Err(BackendError::InvalidBatch(format!("{what}: {got} columns, expected {want}")));
+        return Err(BackendError::InvalidBatch(format!(
+            "{what}: {got} columns, expected {want}"
+        )));
     }
     Ok(())
 }
@@ -70,7 +72,10 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&mut self, rows: usize, cols: usize) -> Result<CpuTensor, BackendError> {
-        Ok(CpuTensor { data: vec![0.0; rows * cols], cols })
+        Ok(CpuTensor {
+            data: vec![0.0; rows * cols],
+            cols,
+        })
     }
 
     fn alloc_kv(&mut self, shape: &KvShape) -> Result<CpuKv, BackendError> {
@@ -85,31 +90,55 @@ impl Backend for CpuBackend {
     }
 
     fn prepare(&mut self, plan: &BatchPlan) -> Result<CpuBatch, BackendError> {
-        let shape = self.kv_shape.ok_or_else(|| BackendError::InvalidBatch("no KV cache allocated".into()))?;
+        let shape = self
+            .kv_shape
+            .ok_or_else(|| BackendError::InvalidBatch("no KV cache allocated".into()))?;
         plan.validate(&shape)?;
         let mut row_seq = Vec::with_capacity(plan.num_tokens());
         for (i, s) in plan.seqs.iter().enumerate() {
             row_seq.extend(std::iter::repeat_n(i as u32, s.q_len as usize));
         }
-        Ok(CpuBatch { plan: plan.clone(), row_seq, logits_rows: plan.logits_rows() })
+        Ok(CpuBatch {
+            plan: plan.clone(),
+            row_seq,
+            logits_rows: plan.logits_rows(),
+        })
     }
 
-    fn embed(&mut self, table: &HostTensor, b: &CpuBatch, out: &mut CpuTensor) -> Result<(), BackendError> {
+    fn embed(
+        &mut self,
+        table: &HostTensor,
+        b: &CpuBatch,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
         let h = table.cols();
         check_cols("embed", out.cols, h)?;
         for (t, &id) in b.plan.token_ids.iter().enumerate() {
             let id = id as usize;
             if id >= table.rows() {
-                return Err(BackendError::InvalidBatch(format!("token id {id} >= vocab {}", table.rows())));
+                return Err(BackendError::InvalidBatch(format!(
+                    "token id {id} >= vocab {}",
+                    table.rows()
+                )));
             }
             out.data[t * h..(t + 1) * h].copy_from_slice(&table.data[id * h..(id + 1) * h]);
         }
         Ok(())
     }
 
-    fn rms_norm(&mut self, x: &CpuTensor, w: &HostTensor, eps: f32, n: usize, out: &mut CpuTensor) -> Result<(), BackendError> {
+    fn rms_norm(
+        &mut self,
+        x: &CpuTensor,
+        w: &HostTensor,
+        eps: f32,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
         let h = x.cols;
-        for (xr, or) in x.data[..n * h].chunks_exact(h).zip(out.data.chunks_exact_mut(h)) {
+        for (xr, or) in x.data[..n * h]
+            .chunks_exact(h)
+            .zip(out.data.chunks_exact_mut(h))
+        {
             ops::rms_norm_row(xr, &w.data, eps, or);
         }
         Ok(())
@@ -125,7 +154,9 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
         let h = x.cols;
-        let rows = x.data[..n * h].chunks_exact(h).zip(residual.data.chunks_exact_mut(h));
+        let rows = x.data[..n * h]
+            .chunks_exact(h)
+            .zip(residual.data.chunks_exact_mut(h));
         for ((xr, rr), or) in rows.zip(out.data.chunks_exact_mut(h)) {
             rr.iter_mut().zip(xr).for_each(|(r, v)| *r += v);
             ops::rms_norm_row(rr, &w.data, eps, or);
@@ -144,11 +175,24 @@ impl Backend for CpuBackend {
         let (m, k) = (w.rows(), w.cols());
         check_cols("matmul input", x.cols, k)?;
         check_cols("matmul output", out.cols, m)?;
-        ops::matmul(&x.data, &w.data, bias.map(|b| &b.data[..]), n, k, m, &mut out.data);
+        ops::matmul(
+            &x.data,
+            &w.data,
+            bias.map(|b| &b.data[..]),
+            n,
+            k,
+            m,
+            &mut out.data,
+        );
         Ok(())
     }
 
-    fn rope(&mut self, qkv: &mut CpuTensor, b: &CpuBatch, spec: &ModelSpec) -> Result<(), BackendError> {
+    fn rope(
+        &mut self,
+        qkv: &mut CpuTensor,
+        b: &CpuBatch,
+        spec: &ModelSpec,
+    ) -> Result<(), BackendError> {
         check_cols("rope", qkv.cols, spec.qkv_dim())?;
         if self.inv_freqs.len() != spec.rope.dim / 2 {
             self.inv_freqs = spec.rope.inv_freqs();
@@ -170,7 +214,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn write_kv(&mut self, kv: &mut CpuKv, layer: usize, qkv: &CpuTensor, b: &CpuBatch, spec: &ModelSpec) -> Result<(), BackendError> {
+    fn write_kv(
+        &mut self,
+        kv: &mut CpuKv,
+        layer: usize,
+        qkv: &CpuTensor,
+        b: &CpuBatch,
+        spec: &ModelSpec,
+    ) -> Result<(), BackendError> {
         let (q, w) = (spec.q_dim(), spec.kv_dim());
         check_cols("write_kv", w, kv.shape.slot_width())?;
         for (t, &slot) in b.plan.slot_mapping.iter().enumerate() {
@@ -199,20 +250,41 @@ impl Backend for CpuBackend {
             qkv_stride: qkv.cols,
             kv: kv.shape,
         };
-        attention::attention(&g, &b.plan, &b.row_seq, &qkv.data, &kv.k[layer], &kv.v[layer], &mut out.data);
+        attention::attention(
+            &g,
+            &b.plan,
+            &b.row_seq,
+            &qkv.data,
+            &kv.k[layer],
+            &kv.v[layer],
+            &mut out.data,
+        );
         Ok(())
     }
 
-    fn silu_mul(&mut self, gate_up: &CpuTensor, n: usize, out: &mut CpuTensor) -> Result<(), BackendError> {
+    fn silu_mul(
+        &mut self,
+        gate_up: &CpuTensor,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
         let f = out.cols;
         check_cols("silu_mul", gate_up.cols, 2 * f)?;
-        for (gu, o) in gate_up.data[..n * 2 * f].chunks_exact(2 * f).zip(out.data.chunks_exact_mut(f)) {
+        for (gu, o) in gate_up.data[..n * 2 * f]
+            .chunks_exact(2 * f)
+            .zip(out.data.chunks_exact_mut(f))
+        {
             ops::silu_mul_row(&gu[..f], &gu[f..], o);
         }
         Ok(())
     }
 
-    fn gather_rows(&mut self, x: &CpuTensor, b: &CpuBatch, out: &mut CpuTensor) -> Result<(), BackendError> {
+    fn gather_rows(
+        &mut self,
+        x: &CpuTensor,
+        b: &CpuBatch,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
         let c = x.cols;
         check_cols("gather_rows", out.cols, c)?;
         for (i, &r) in b.logits_rows.iter().enumerate() {
@@ -222,7 +294,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn sample(&mut self, logits: &CpuTensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>, BackendError> {
+    fn sample(
+        &mut self,
+        logits: &CpuTensor,
+        rows: &[SampleRow<'_>],
+    ) -> Result<Vec<Sampled>, BackendError> {
         let v = logits.cols;
         Ok(rows
             .iter()

@@ -31,33 +31,59 @@ fn matvec(x: &[f32], w: &[f32], bias: Option<&[f32]>, k: usize, out: &mut [f32])
         *o = dot(x, &w[j * k..(j + 1) * k]) + bias.map_or(0.0, |b| b[j]);
     };
     if out.len() * k >= PAR_MIN_WORK {
-        out.par_iter_mut().enumerate().with_min_len(64).for_each(body);
+        out.par_iter_mut()
+            .enumerate()
+            .with_min_len(64)
+            .for_each(body);
     } else {
         out.iter_mut().enumerate().for_each(body);
     }
 }
 
 /// `out[n, m] = x[n, k] @ w[m, k]^T (+ bias)`.
-pub fn matmul(x: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, k: usize, m: usize, out: &mut [f32]) {
+pub fn matmul(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    n: usize,
+    k: usize,
+    m: usize,
+    out: &mut [f32],
+) {
     let (x, out) = (&x[..n * k], &mut out[..n * m]);
     assert_eq!(w.len(), m * k, "weight is not [{m}, {k}]");
     if n == 1 {
         return matvec(x, w, bias, k, out);
     }
-    let par = if n * m * k >= PAR_MIN_WORK { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+    let par = if n * m * k >= PAR_MIN_WORK {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
     // SAFETY: the slices above cover exactly the strided ranges gemm reads and writes:
     // dst is [n, m] row-major (rs = m, cs = 1), lhs is [n, k] row-major, and rhs is w^T,
     // a [k, m] view of the row-major [m, k] weight (rs = 1, cs = k). `read_dst = false`
     // means dst's prior contents are never read.
     unsafe {
         gemm::gemm(
-            n, m, k,
-            out.as_mut_ptr(), 1, m as isize,
+            n,
+            m,
+            k,
+            out.as_mut_ptr(),
+            1,
+            m as isize,
             false,
-            x.as_ptr(), 1, k as isize,
-            w.as_ptr(), k as isize, 1,
-            0.0, 1.0,
-            false, false, false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
             par,
         );
     }
@@ -92,7 +118,11 @@ pub fn silu_mul_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
 pub fn rope_head(x: &mut [f32], cos_sin: &[(f32, f32)], interleaved: bool) {
     let half = cos_sin.len();
     for (i, &(c, s)) in cos_sin.iter().enumerate() {
-        let (a, b) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+        let (a, b) = if interleaved {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + half)
+        };
         let (x0, x1) = (x[a], x[b]);
         x[a] = x0 * c - x1 * s;
         x[b] = x0 * s + x1 * c;
@@ -136,8 +166,12 @@ mod tests {
     #[test]
     fn matmul_paths_agree_with_naive() {
         let (n, k, m) = (5, 37, 70);
-        let x: Vec<f32> = (0..n * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
-        let w: Vec<f32> = (0..m * k).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1).collect();
+        let x: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+            .collect();
+        let w: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1)
+            .collect();
         let b: Vec<f32> = (0..m).map(|i| i as f32 * 0.01).collect();
         let mut out = vec![0.0; n * m];
         matmul(&x, &w, Some(&b), n, k, m, &mut out);

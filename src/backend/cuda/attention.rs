@@ -27,23 +27,38 @@ impl CudaBackend {
         check_cols("attention input", qkv.cols, spec.qkv_dim())?;
         check_rows("attention", l.n_tokens, qkv.rows.min(out.rows))?;
         if kv.shape.head_dim != hd || kv.shape.n_kv_heads != n_kv || layer >= kv.shape.num_layers {
-            return Err(invalid(format!("attention: cache {:?} does not fit layer {layer} of {spec:?}", kv.shape)));
+            return Err(invalid(format!(
+                "attention: cache {:?} does not fit layer {layer} of {spec:?}",
+                kv.shape
+            )));
         }
         let head = AttnHead::for_head_dim(hd);
         let group = n_heads / n_kv;
         let vectors = l.max_item_rows as usize * group;
         let sizes = head.group_sizes();
-        let qv = sizes.iter().copied().find(|&q| q as usize >= vectors).unwrap_or(sizes[sizes.len() - 1]);
+        let qv = sizes
+            .iter()
+            .copied()
+            .find(|&q| q as usize >= vectors)
+            .unwrap_or(sizes[sizes.len() - 1]);
         let (mut part_acc, mut part_ml) = (0u64, 0u64);
         if l.n_parts > 0 {
             let acc_bytes = l.n_parts * n_heads * hd * 4;
-            part_acc = ensure(&self.dev, &mut self.attn_ws, acc_bytes + l.n_parts * n_heads * 8, "attention partials")?;
+            part_acc = ensure(
+                &self.dev,
+                &mut self.attn_ws,
+                acc_bytes + l.n_parts * n_heads * 8,
+                "attention partials",
+            )?;
             part_ml = part_acc + acc_bytes as u64;
         }
         let size = self.dt.size() as u64;
         let layer_elems = (kv.shape.num_slots() * kv.shape.slot_width()) as u64;
         let k = kv.buf.ptr() + 2 * layer as u64 * layer_elems * size;
-        let grid = Grid { blocks: (l.n_items as u32, n_kv as u32, 1), threads: (ATTN_WARPS * self.dev.warp_size) as u32 };
+        let grid = Grid {
+            blocks: (l.n_items as u32, n_kv as u32, 1),
+            threads: (ATTN_WARPS * self.dev.warp_size) as u32,
+        };
         let args = [
             Arg::Ptr(qkv.buf.ptr()),
             Arg::I32(qkv.cols as i32),
@@ -64,7 +79,10 @@ impl CudaBackend {
         ];
         self.launch(Kernel::Attention { head, qv }, grid, &args)?;
         if l.n_splits > 0 {
-            let grid = Grid { blocks: (l.n_splits as u32, n_heads as u32, 1), threads: 128 };
+            let grid = Grid {
+                blocks: (l.n_splits as u32, n_heads as u32, 1),
+                threads: 128,
+            };
             let args = [
                 Arg::Ptr(part_acc),
                 Arg::Ptr(part_ml),

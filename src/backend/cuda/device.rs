@@ -4,7 +4,9 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, result, sys};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, result, sys,
+};
 
 use crate::backend::BackendError;
 
@@ -31,7 +33,10 @@ impl TransferStats {
 
 /// Maps a driver error of `op` into the backend's error.
 pub(crate) fn dev_err(op: &'static str) -> impl Fn(DriverError) -> BackendError {
-    move |e| BackendError::Device { op, message: e.to_string() }
+    move |e| BackendError::Device {
+        op,
+        message: e.to_string(),
+    }
 }
 
 /// A device allocation; its raw address is taken once, at allocation.
@@ -88,7 +93,9 @@ pub struct Device {
 fn libs_present() -> Result<(), BackendError> {
     let missing = |lib: &str| BackendError::Device {
         op: "init",
-        message: format!("the CUDA library {lib} cannot be loaded (no driver or toolkit on this machine?)"),
+        message: format!(
+            "the CUDA library {lib} cannot be loaded (no driver or toolkit on this machine?)"
+        ),
     };
     // SAFETY: each call only tries to dlopen the library by its candidate names and reports
     // whether that worked; no symbol is called.
@@ -123,11 +130,14 @@ impl Device {
         let stream = ctx.new_stream().map_err(&e)?;
         let arch = ctx.compute_capability().map_err(&e)?;
         let attr = |a| ctx.attribute(a).map_err(&e);
-        let sm_count = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let sm_count =
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let warp_size = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE)? as usize;
         let mut driver_version = 0;
         // SAFETY: writes one int through a valid pointer.
-        unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(&e)?;
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .map_err(&e)?;
         let name = ctx.name().map_err(&e)?;
         Ok(Device {
             ctx,
@@ -160,16 +170,26 @@ impl Device {
         // a kernel or copy wrote first (tests poison outputs with NaN to check that).
         let slice = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(|e| match e.0 {
             sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => BackendError::OutOfMemory { what, bytes },
-            _ => BackendError::Device { op: what, message: e.to_string() },
+            _ => BackendError::Device {
+                op: what,
+                message: e.to_string(),
+            },
         })?;
         let ptr = slice.device_ptr(&self.stream).0;
-        Ok(DevBuf { _slice: slice, ptr, bytes })
+        Ok(DevBuf {
+            _slice: slice,
+            ptr,
+            bytes,
+        })
     }
 
     /// Copies `src` to `dst` at byte `offset` (stream-ordered). Counted.
     pub fn upload(&mut self, dst: &DevBuf, offset: usize, src: &[u8]) -> Result<(), BackendError> {
         if offset + src.len() > dst.bytes {
-            return Err(BackendError::Device { op: "upload", message: "copy past the end of a buffer".into() });
+            return Err(BackendError::Device {
+                op: "upload",
+                message: "copy past the end of a buffer".into(),
+            });
         }
         if src.is_empty() {
             return Ok(());
@@ -185,9 +205,17 @@ impl Device {
     }
 
     /// Copies `dst.len()` bytes from `src` at byte `offset` and waits for them. Counted.
-    pub fn download(&mut self, src: &DevBuf, offset: usize, dst: &mut [u8]) -> Result<(), BackendError> {
+    pub fn download(
+        &mut self,
+        src: &DevBuf,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
         if offset + dst.len() > src.bytes {
-            return Err(BackendError::Device { op: "download", message: "copy past the end of a buffer".into() });
+            return Err(BackendError::Device {
+                op: "download",
+                message: "copy past the end of a buffer".into(),
+            });
         }
         if dst.is_empty() {
             return Ok(());
@@ -204,7 +232,14 @@ impl Device {
     }
 
     /// Launches `f` on the lane's stream; with `sync_check`, waits and reports errors as `op`'s.
-    pub fn launch(&self, op: &'static str, f: &CudaFunction, grid: Grid, smem: u32, args: &[Arg]) -> Result<(), BackendError> {
+    pub fn launch(
+        &self,
+        op: &'static str,
+        f: &CudaFunction,
+        grid: Grid,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<(), BackendError> {
         let (bx, by, bz) = grid.blocks;
         if bx == 0 || by == 0 || bz == 0 {
             return Ok(());
@@ -219,7 +254,10 @@ impl Device {
             .collect();
         // Each parameter is read from the start of its 8-byte slot: 4-byte values sit in
         // the low bytes (little-endian), as the kernel's i32/f32 parameters expect.
-        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
         self.ctx.bind_to_thread().map_err(dev_err(op))?;
         // SAFETY: `params` points at one live slot per kernel parameter, in order, with the
         // width the kernel declares (entry points and argument lists are kept in step in

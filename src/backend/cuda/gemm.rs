@@ -22,30 +22,48 @@ pub struct Blas {
 }
 
 fn blas_err(op: &'static str) -> impl Fn(blas::CublasError) -> BackendError {
-    move |e| BackendError::Device { op, message: format!("cuBLAS: {e:?}") }
+    move |e| BackendError::Device {
+        op,
+        message: format!("cuBLAS: {e:?}"),
+    }
 }
 
 impl Blas {
     /// Creates the handle on `dev`'s context and binds it to `dev`'s stream.
     pub fn new(dev: &Device) -> Result<Blas, BackendError> {
-        dev.ctx.bind_to_thread().map_err(super::device::dev_err("cublas"))?;
+        dev.ctx
+            .bind_to_thread()
+            .map_err(super::device::dev_err("cublas"))?;
         let handle = blas::create_handle().map_err(blas_err("cublas"))?;
         let blas = Blas { handle };
         // SAFETY: the handle was just created; the stream outlives it (both owned by the
         // backend, the handle dropped first).
-        unsafe { blas::set_stream(handle, dev.stream.cu_stream() as _) }.map_err(blas_err("cublas"))?;
+        unsafe { blas::set_stream(handle, dev.stream.cu_stream() as _) }
+            .map_err(blas_err("cublas"))?;
         Ok(blas)
     }
 
     /// `out[n, m] = x[n, k] @ w[m, k]^T`; all three are device addresses of `dt` elements.
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul(&self, dt: DType, x: u64, w: u64, out: u64, n: usize, k: usize, m: usize) -> Result<(), BackendError> {
+    pub fn matmul(
+        &self,
+        dt: DType,
+        x: u64,
+        w: u64,
+        out: u64,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
         if n == 0 || m == 0 {
             return Ok(());
         }
         let too_big = |v: usize| v > i32::MAX as usize;
         if too_big(n) || too_big(k) || too_big(m) {
-            return Err(BackendError::Device { op: "matmul", message: format!("GEMM {n}x{k}x{m} too large") });
+            return Err(BackendError::Device {
+                op: "matmul",
+                message: format!("GEMM {n}x{k}x{m} too large"),
+            });
         }
         let ty = match dt {
             DType::F32 => blas_sys::cudaDataType::CUDA_R_32F,

@@ -29,8 +29,15 @@ pub enum Source {
 }
 
 impl Source {
-    const ALL: [Source; 7] =
-        [Source::Embed, Source::Norm, Source::Rope, Source::Kv, Source::Activation, Source::Attention, Source::Sample];
+    const ALL: [Source; 7] = [
+        Source::Embed,
+        Source::Norm,
+        Source::Rope,
+        Source::Kv,
+        Source::Activation,
+        Source::Attention,
+        Source::Sample,
+    ];
 
     fn file(self) -> &'static str {
         match self {
@@ -113,7 +120,10 @@ pub enum Kernel {
     SiluMul,
     AddBias,
     /// Paged attention for a head size, `qv` query vectors per pass.
-    Attention { head: AttnHead, qv: u32 },
+    Attention {
+        head: AttnHead,
+        qv: u32,
+    },
     AttnCombine,
     SamplePrep,
     SampleTopN,
@@ -139,8 +149,19 @@ impl Kernel {
             Kernel::SamplePenalty,
             Kernel::SamplePick,
         ];
-        for head in [AttnHead::D64, AttnHead::D80, AttnHead::D96, AttnHead::D128, AttnHead::D256, AttnHead::Any] {
-            v.extend(head.group_sizes().iter().map(|&qv| Kernel::Attention { head, qv }));
+        for head in [
+            AttnHead::D64,
+            AttnHead::D80,
+            AttnHead::D96,
+            AttnHead::D128,
+            AttnHead::D256,
+            AttnHead::Any,
+        ] {
+            v.extend(
+                head.group_sizes()
+                    .iter()
+                    .map(|&qv| Kernel::Attention { head, qv }),
+            );
         }
         v
     }
@@ -173,7 +194,10 @@ impl Kernel {
             Kernel::WriteKv => Source::Kv,
             Kernel::SiluMul | Kernel::AddBias => Source::Activation,
             Kernel::Attention { .. } | Kernel::AttnCombine => Source::Attention,
-            Kernel::SamplePrep | Kernel::SampleTopN | Kernel::SamplePenalty | Kernel::SamplePick => Source::Sample,
+            Kernel::SamplePrep
+            | Kernel::SampleTopN
+            | Kernel::SamplePenalty
+            | Kernel::SamplePick => Source::Sample,
         }
     }
 
@@ -197,14 +221,22 @@ pub struct Kernels {
 impl Kernels {
     /// Compiles (or reads from `cache_dir`) every source for `dev` and loads every kernel.
     /// A missing entry point is a startup error naming its op.
-    pub fn load(dev: &Device, dt: DType, cache_dir: Option<&Path>) -> Result<Kernels, BackendError> {
+    pub fn load(
+        dev: &Device,
+        dt: DType,
+        cache_dir: Option<&Path>,
+    ) -> Result<Kernels, BackendError> {
         let opts = vec![
             format!("--gpu-architecture=sm_{}{}", dev.arch.0, dev.arch.1),
             format!("-DKILN_WARP_SIZE={}", dev.warp_size),
             format!("-DKILN_DTYPE_{}", dt.suffix().to_uppercase()),
             "--std=c++17".to_string(),
         ];
-        let salt = format!("{opts:?} driver {} nvrtc {:?}", dev.driver_version, nvrtc_version());
+        let salt = format!(
+            "{opts:?} driver {} nvrtc {:?}",
+            dev.driver_version,
+            nvrtc_version()
+        );
         let images: Vec<Result<Vec<u8>, BackendError>> = std::thread::scope(|s| {
             let handles: Vec<_> = Source::ALL
                 .iter()
@@ -215,34 +247,56 @@ impl Kernels {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(nvrtc_err("NVRTC compile thread panicked".into()))))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(nvrtc_err("NVRTC compile thread panicked".into())))
+                })
                 .collect()
         });
         let mut modules = HashMap::new();
         for (src, image) in Source::ALL.iter().zip(images) {
-            let module = dev.ctx.load_module(Ptx::from_binary(image?)).map_err(dev_err("load_module"))?;
+            let module = dev
+                .ctx
+                .load_module(Ptx::from_binary(image?))
+                .map_err(dev_err("load_module"))?;
             modules.insert(*src, module);
         }
         let mut funcs = HashMap::new();
         for k in Kernel::all() {
-            let f = modules[&k.source()].load_function(&k.entry(dt)).map_err(|_| BackendError::Unsupported {
-                backend: "cuda",
-                op: k.op(),
-                dtype: format!("{dt:?} (entry point {} missing in {})", k.entry(dt), k.source().file()),
-            })?;
+            let f = modules[&k.source()]
+                .load_function(&k.entry(dt))
+                .map_err(|_| BackendError::Unsupported {
+                    backend: "cuda",
+                    op: k.op(),
+                    dtype: format!(
+                        "{dt:?} (entry point {} missing in {})",
+                        k.entry(dt),
+                        k.source().file()
+                    ),
+                })?;
             funcs.insert(k, f);
         }
-        Ok(Kernels { funcs, _modules: modules.into_values().collect() })
+        Ok(Kernels {
+            funcs,
+            _modules: modules.into_values().collect(),
+        })
     }
 
     /// The loaded function of `k`.
     pub fn get(&self, k: Kernel) -> Result<&CudaFunction, BackendError> {
-        self.funcs.get(&k).ok_or(BackendError::Unsupported { backend: "cuda", op: k.op(), dtype: "any".into() })
+        self.funcs.get(&k).ok_or(BackendError::Unsupported {
+            backend: "cuda",
+            op: k.op(),
+            dtype: "any".into(),
+        })
     }
 }
 
 fn nvrtc_err(message: String) -> BackendError {
-    BackendError::Device { op: "nvrtc", message }
+    BackendError::Device {
+        op: "nvrtc",
+        message,
+    }
 }
 
 fn nvrtc_version() -> (c_int, c_int) {
@@ -266,10 +320,20 @@ fn fnv64(parts: &[&[u8]]) -> u64 {
 
 const MAGIC: &[u8] = b"kiln-cubin-v1\n";
 
-fn cached_compile(src: Source, opts: &[String], salt: &str, dir: Option<&Path>) -> Result<Vec<u8>, BackendError> {
+fn cached_compile(
+    src: Source,
+    opts: &[String],
+    salt: &str,
+    dir: Option<&Path>,
+) -> Result<Vec<u8>, BackendError> {
     let text = format!("{PRELUDE}\n#line 1 \"{}\"\n{}", src.file(), src.text());
     let key = format!("{:016x}", fnv64(&[text.as_bytes(), salt.as_bytes()]));
-    let path: Option<PathBuf> = dir.map(|d| d.join(format!("{}-{key}.cubin", src.file().trim_end_matches(".cu"))));
+    let path: Option<PathBuf> = dir.map(|d| {
+        d.join(format!(
+            "{}-{key}.cubin",
+            src.file().trim_end_matches(".cu")
+        ))
+    });
     if let Some(p) = &path
         && let Ok(bytes) = std::fs::read(p)
     {
@@ -291,7 +355,9 @@ fn store(path: &Path, key: &str, image: &[u8]) {
     if std::fs::create_dir_all(dir).is_err() {
         return;
     }
-    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     let tmp = path.with_extension(format!("tmp{}-{nonce}", std::process::id()));
     let body = [MAGIC, key.as_bytes(), b"\n", image].concat();
     if std::fs::write(&tmp, body).is_ok() && std::fs::rename(&tmp, path).is_err() {
@@ -302,7 +368,8 @@ fn store(path: &Path, key: &str, image: &[u8]) {
 fn compile(text: &str, name: &str, opts: &[String]) -> Result<Vec<u8>, BackendError> {
     let c_src = CString::new(text).map_err(|_| nvrtc_err(format!("{name}: NUL in source")))?;
     let c_name = CString::new(name).map_err(|_| nvrtc_err(format!("{name}: NUL in name")))?;
-    let prog = nvrtc::create_program(&c_src, Some(&c_name)).map_err(|e| nvrtc_err(format!("{name}: {e:?}")))?;
+    let prog = nvrtc::create_program(&c_src, Some(&c_name))
+        .map_err(|e| nvrtc_err(format!("{name}: {e:?}")))?;
     // SAFETY: `prog` was created above and is destroyed exactly once, below; the log and
     // CUBIN buffers are sized by NVRTC's own size queries before being filled.
     unsafe {
@@ -327,9 +394,13 @@ unsafe fn cubin(prog: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
     let mut size = 0usize;
     // SAFETY: per this function's contract; NVRTC writes the size, then exactly that many bytes.
     unsafe {
-        nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size).result().map_err(|e| format!("{e:?}"))?;
+        nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size)
+            .result()
+            .map_err(|e| format!("{e:?}"))?;
         let mut buf = vec![0u8; size];
-        nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char).result().map_err(|e| format!("{e:?}"))?;
+        nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char)
+            .result()
+            .map_err(|e| format!("{e:?}"))?;
         Ok(buf)
     }
 }

@@ -49,7 +49,10 @@ pub struct Layout {
 /// Packs `plan` (already validated against `kv`) into `words`. `sm_count` steers split-K.
 pub fn pack(plan: &BatchPlan, kv: &KvShape, sm_count: usize, words: &mut Vec<u32>) -> Layout {
     words.clear();
-    let mut l = Layout { n_tokens: plan.num_tokens(), ..Layout::default() };
+    let mut l = Layout {
+        n_tokens: plan.num_tokens(),
+        ..Layout::default()
+    };
     l.tokens = words.len();
     words.extend_from_slice(&plan.token_ids);
     l.positions = words.len();
@@ -97,7 +100,11 @@ pub fn pack(plan: &BatchPlan, kv: &KvShape, sm_count: usize, words: &mut Vec<u32
 
 /// Splits single-row items with long contexts into parts when the batch fills fewer than
 /// two waves of blocks. Returns (items, split rows, number of parts).
-fn split_long_rows(items: Vec<[u32; 6]>, n_kv: usize, sm_count: usize) -> (Vec<[u32; 6]>, Vec<[u32; 3]>, usize) {
+fn split_long_rows(
+    items: Vec<[u32; 6]>,
+    n_kv: usize,
+    sm_count: usize,
+) -> (Vec<[u32; 6]>, Vec<[u32; 3]>, usize) {
     let blocks = items.len() * n_kv.max(1);
     let target = 2 * sm_count.max(1);
     if blocks >= target {
@@ -122,7 +129,14 @@ fn split_long_rows(items: Vec<[u32; 6]>, n_kv: usize, sm_count: usize) -> (Vec<[
         }
         splits.push([it[1], parts, n]);
         for k in 0..n {
-            out.push([it[0], it[1], 1, k * seg, ((k + 1) * seg).min(ctx), parts + k]);
+            out.push([
+                it[0],
+                it[1],
+                1,
+                k * seg,
+                ((k + 1) * seg).min(ctx),
+                parts + k,
+            ]);
         }
         parts += n;
     }
@@ -135,7 +149,10 @@ mod tests {
     use crate::backend::SeqSlice;
 
     fn plan(seqs: &[(u32, u32)]) -> BatchPlan {
-        let mut p = BatchPlan { block_size: 16, ..Default::default() };
+        let mut p = BatchPlan {
+            block_size: 16,
+            ..Default::default()
+        };
         let mut row = 0;
         for &(q_len, ctx) in seqs {
             p.seqs.push(SeqSlice {
@@ -153,7 +170,13 @@ mod tests {
     }
 
     fn shape() -> KvShape {
-        KvShape { num_layers: 1, num_blocks: 1024, block_size: 16, n_kv_heads: 8, head_dim: 128 }
+        KvShape {
+            num_layers: 1,
+            num_blocks: 1024,
+            block_size: 16,
+            n_kv_heads: 8,
+            head_dim: 128,
+        }
     }
 
     #[test]

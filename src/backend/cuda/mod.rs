@@ -18,8 +18,8 @@ use std::path::PathBuf;
 
 use rayon::prelude::*;
 
-pub use device::{TransferStats, device_available};
 use device::{Arg, DevBuf, Device, Grid};
+pub use device::{TransferStats, device_available};
 use kernels::{Kernel, Kernels};
 
 use super::{Backend, BackendError, BatchPlan, KvShape};
@@ -63,7 +63,11 @@ pub struct CudaOptions {
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        Self { dtype: DType::Bf16, kernel_cache: kernels::default_cache_dir(), sync_check: false }
+        Self {
+            dtype: DType::Bf16,
+            kernel_cache: kernels::default_cache_dir(),
+            sync_check: false,
+        }
     }
 }
 
@@ -146,7 +150,12 @@ fn check_rows(what: &str, n: usize, cap: usize) -> Result<(), BackendError> {
 }
 
 /// Grows `slot` to at least `bytes` (by half again, to avoid regrowing every step).
-fn ensure(dev: &Device, slot: &mut Option<DevBuf>, bytes: usize, what: &'static str) -> Result<u64, BackendError> {
+fn ensure(
+    dev: &Device,
+    slot: &mut Option<DevBuf>,
+    bytes: usize,
+    what: &'static str,
+) -> Result<u64, BackendError> {
     if slot.as_ref().is_none_or(|b| b.bytes() < bytes) {
         *slot = None;
         *slot = Some(dev.alloc(bytes + bytes / 2, what)?);
@@ -193,7 +202,12 @@ impl CudaBackend {
     /// Overwrites the first `data.len() / cols` rows of `t` (tests: inputs and NaN poison).
     pub fn write_tensor(&mut self, t: &mut CudaTensor, data: &[f32]) -> Result<(), BackendError> {
         if data.len() > t.rows * t.cols {
-            return Err(invalid(format!("{} values for a {}x{} tensor", data.len(), t.rows, t.cols)));
+            return Err(invalid(format!(
+                "{} values for a {}x{} tensor",
+                data.len(),
+                t.rows,
+                t.cols
+            )));
         }
         let bytes = self.encode(data);
         self.dev.upload(&t.buf, 0, &bytes)
@@ -203,25 +217,38 @@ impl CudaBackend {
         let size = self.dt.size();
         let mut out = vec![0u8; data.len() * size];
         match self.dt {
-            DType::F32 => out.par_chunks_mut(4).zip(data.par_iter()).for_each(|(o, v)| o.copy_from_slice(&v.to_le_bytes())),
+            DType::F32 => out
+                .par_chunks_mut(4)
+                .zip(data.par_iter())
+                .for_each(|(o, v)| o.copy_from_slice(&v.to_le_bytes())),
             DType::Bf16 => out
                 .par_chunks_mut(2)
                 .zip(data.par_iter())
-                .for_each(|(o, v)| o.copy_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes())),
+                .for_each(|(o, v)| {
+                    o.copy_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes())
+                }),
         }
         out
     }
 
     fn decode(&self, bytes: &[u8]) -> Vec<f32> {
         match self.dt {
-            DType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            DType::Bf16 => bytes.chunks_exact(2).map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect(),
+            DType::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            DType::Bf16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+                .collect(),
         }
     }
 
     fn layout(&self, b: &CudaBatch) -> Result<meta::Layout, BackendError> {
         if b.epoch != self.epoch {
-            return Err(invalid("batch was prepared before the latest prepare()".into()));
+            return Err(invalid(
+                "batch was prepared before the latest prepare()".into(),
+            ));
         }
         Ok(b.layout)
     }
@@ -247,16 +274,33 @@ impl CudaBackend {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn norm(&self, k: Kernel, x: &CudaTensor, resid: Option<u64>, w: &CudaWeight, eps: f32, n: usize, out: &CudaTensor) -> Result<(), BackendError> {
+    fn norm(
+        &self,
+        k: Kernel,
+        x: &CudaTensor,
+        resid: Option<u64>,
+        w: &CudaWeight,
+        eps: f32,
+        n: usize,
+        out: &CudaTensor,
+    ) -> Result<(), BackendError> {
         let h = x.cols;
         check_cols("rms_norm weight", w.rows * w.cols, h)?;
         check_cols("rms_norm output", out.cols, h)?;
         check_rows("rms_norm", n, x.rows.min(out.rows))?;
         let threads = if h >= 2048 { 1024 } else { 256 };
-        let grid = Grid { blocks: (n as u32, 1, 1), threads };
+        let grid = Grid {
+            blocks: (n as u32, 1, 1),
+            threads,
+        };
         let mut args = vec![Arg::Ptr(x.buf.ptr())];
         args.extend(resid.map(Arg::Ptr));
-        args.extend([Arg::Ptr(w.buf.ptr()), Arg::Ptr(out.buf.ptr()), Arg::I32(h as i32), Arg::F32(eps)]);
+        args.extend([
+            Arg::Ptr(w.buf.ptr()),
+            Arg::Ptr(out.buf.ptr()),
+            Arg::I32(h as i32),
+            Arg::F32(eps),
+        ]);
         self.launch(k, grid, &args)
     }
 }
@@ -282,13 +326,23 @@ impl Backend for CudaBackend {
 
     fn alloc(&mut self, rows: usize, cols: usize) -> Result<CudaTensor, BackendError> {
         self.largest_alloc = self.largest_alloc.max(rows * cols);
-        Ok(CudaTensor { buf: self.dev.alloc(rows * cols * self.dt.size(), "activation")?, rows, cols })
+        Ok(CudaTensor {
+            buf: self.dev.alloc(rows * cols * self.dt.size(), "activation")?,
+            rows,
+            cols,
+        })
     }
 
     fn alloc_kv(&mut self, shape: &KvShape) -> Result<CudaKv, BackendError> {
         let hd = shape.head_dim;
-        if kernels::AttnHead::for_head_dim(hd) == kernels::AttnHead::Any && hd > kernels::AttnHead::MAX_ANY {
-            return Err(BackendError::Unsupported { backend: "cuda", op: "attention", dtype: format!("head_dim {hd}") });
+        if kernels::AttnHead::for_head_dim(hd) == kernels::AttnHead::Any
+            && hd > kernels::AttnHead::MAX_ANY
+        {
+            return Err(BackendError::Unsupported {
+                backend: "cuda",
+                op: "attention",
+                dtype: format!("head_dim {hd}"),
+            });
         }
         let bytes = 2 * shape.num_layers * shape.num_slots() * shape.slot_width() * self.dt.size();
         let buf = self.dev.alloc(bytes, "kv cache")?;
@@ -297,7 +351,9 @@ impl Backend for CudaBackend {
     }
 
     fn prepare(&mut self, plan: &BatchPlan) -> Result<CudaBatch, BackendError> {
-        let shape = self.kv_shape.ok_or_else(|| invalid("no KV cache allocated".into()))?;
+        let shape = self
+            .kv_shape
+            .ok_or_else(|| invalid("no KV cache allocated".into()))?;
         plan.validate(&shape)?;
         let mut words = std::mem::take(&mut self.meta_words);
         let layout = meta::pack(plan, &shape, self.dev.sm_count, &mut words);
@@ -308,22 +364,48 @@ impl Backend for CudaBackend {
             self.dev.upload(m, 0, &bytes)?;
         }
         self.epoch += 1;
-        Ok(CudaBatch { epoch: self.epoch, layout })
+        Ok(CudaBatch {
+            epoch: self.epoch,
+            layout,
+        })
     }
 
-    fn embed(&mut self, table: &CudaWeight, b: &CudaBatch, out: &mut CudaTensor) -> Result<(), BackendError> {
+    fn embed(
+        &mut self,
+        table: &CudaWeight,
+        b: &CudaBatch,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
         check_cols("embed", out.cols, table.cols)?;
         check_rows("embed", l.n_tokens, out.rows)?;
         if l.n_tokens > 0 && l.max_token as usize >= table.rows {
-            return Err(invalid(format!("token id {} >= vocab {}", l.max_token, table.rows)));
+            return Err(invalid(format!(
+                "token id {} >= vocab {}",
+                l.max_token, table.rows
+            )));
         }
-        let grid = Grid { blocks: (l.n_tokens as u32, 1, 1), threads: 256 };
-        let args = [Arg::Ptr(table.buf.ptr()), Arg::Ptr(self.meta_ptr(l.tokens)), Arg::Ptr(out.buf.ptr()), Arg::I32(table.cols as i32)];
+        let grid = Grid {
+            blocks: (l.n_tokens as u32, 1, 1),
+            threads: 256,
+        };
+        let args = [
+            Arg::Ptr(table.buf.ptr()),
+            Arg::Ptr(self.meta_ptr(l.tokens)),
+            Arg::Ptr(out.buf.ptr()),
+            Arg::I32(table.cols as i32),
+        ];
         self.launch(Kernel::Embed, grid, &args)
     }
 
-    fn rms_norm(&mut self, x: &CudaTensor, w: &CudaWeight, eps: f32, n: usize, out: &mut CudaTensor) -> Result<(), BackendError> {
+    fn rms_norm(
+        &mut self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+        n: usize,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
         self.norm(Kernel::RmsNorm, x, None, w, eps, n, out)
     }
 
@@ -338,7 +420,15 @@ impl Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         check_cols("add_rms_norm residual", residual.cols, x.cols)?;
         check_rows("add_rms_norm residual", n, residual.rows)?;
-        self.norm(Kernel::AddRmsNorm, x, Some(residual.buf.ptr()), w, eps, n, out)
+        self.norm(
+            Kernel::AddRmsNorm,
+            x,
+            Some(residual.buf.ptr()),
+            w,
+            eps,
+            n,
+            out,
+        )
     }
 
     fn matmul(
@@ -353,24 +443,41 @@ impl Backend for CudaBackend {
         check_cols("matmul input", x.cols, k)?;
         check_cols("matmul output", out.cols, m)?;
         check_rows("matmul", n, x.rows.min(out.rows))?;
-        self.blas.matmul(self.dt, x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), n, k, m)?;
+        self.blas
+            .matmul(self.dt, x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), n, k, m)?;
         if let Some(b) = bias {
             check_cols("matmul bias", b.rows * b.cols, m)?;
             let total = n * m;
-            let grid = Grid { blocks: (total.div_ceil(256).min(65535) as u32, 1, 1), threads: 256 };
-            let args = [Arg::Ptr(out.buf.ptr()), Arg::Ptr(b.buf.ptr()), Arg::I32(m as i32), Arg::U64(total as u64)];
+            let grid = Grid {
+                blocks: (total.div_ceil(256).min(65535) as u32, 1, 1),
+                threads: 256,
+            };
+            let args = [
+                Arg::Ptr(out.buf.ptr()),
+                Arg::Ptr(b.buf.ptr()),
+                Arg::I32(m as i32),
+                Arg::U64(total as u64),
+            ];
             self.launch(Kernel::AddBias, grid, &args)?;
         }
         Ok(())
     }
 
-    fn rope(&mut self, qkv: &mut CudaTensor, b: &CudaBatch, spec: &ModelSpec) -> Result<(), BackendError> {
+    fn rope(
+        &mut self,
+        qkv: &mut CudaTensor,
+        b: &CudaBatch,
+        spec: &ModelSpec,
+    ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
         check_cols("rope", qkv.cols, spec.qkv_dim())?;
         check_rows("rope", l.n_tokens, qkv.rows)?;
         let freqs = self.inv_freqs(&spec.rope)?;
         let heads = (spec.n_heads + spec.n_kv_heads) as u32;
-        let grid = Grid { blocks: (l.n_tokens as u32, heads, 1), threads: 64 };
+        let grid = Grid {
+            blocks: (l.n_tokens as u32, heads, 1),
+            threads: 64,
+        };
         let args = [
             Arg::Ptr(qkv.buf.ptr()),
             Arg::I32(qkv.cols as i32),
@@ -383,7 +490,14 @@ impl Backend for CudaBackend {
         self.launch(Kernel::Rope, grid, &args)
     }
 
-    fn write_kv(&mut self, kv: &mut CudaKv, layer: usize, qkv: &CudaTensor, b: &CudaBatch, spec: &ModelSpec) -> Result<(), BackendError> {
+    fn write_kv(
+        &mut self,
+        kv: &mut CudaKv,
+        layer: usize,
+        qkv: &CudaTensor,
+        b: &CudaBatch,
+        spec: &ModelSpec,
+    ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
         let w = spec.kv_dim();
         check_cols("write_kv", w, kv.shape.slot_width())?;
@@ -394,7 +508,10 @@ impl Backend for CudaBackend {
         }
         let layer_bytes = (kv.shape.num_slots() * w * self.dt.size()) as u64;
         let k = kv.buf.ptr() + 2 * layer as u64 * layer_bytes;
-        let grid = Grid { blocks: (l.n_tokens as u32, 1, 1), threads: 128 };
+        let grid = Grid {
+            blocks: (l.n_tokens as u32, 1, 1),
+            threads: 128,
+        };
         let args = [
             Arg::Ptr(qkv.buf.ptr()),
             Arg::I32(qkv.cols as i32),
@@ -419,26 +536,56 @@ impl Backend for CudaBackend {
         self.launch_attention(qkv, kv, layer, b, spec, out)
     }
 
-    fn silu_mul(&mut self, gate_up: &CudaTensor, n: usize, out: &mut CudaTensor) -> Result<(), BackendError> {
+    fn silu_mul(
+        &mut self,
+        gate_up: &CudaTensor,
+        n: usize,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
         let f = out.cols;
         check_cols("silu_mul", gate_up.cols, 2 * f)?;
         check_rows("silu_mul", n, gate_up.rows.min(out.rows))?;
         let total = n * f;
-        let grid = Grid { blocks: (total.div_ceil(256).min(65535) as u32, 1, 1), threads: 256 };
-        let args = [Arg::Ptr(gate_up.buf.ptr()), Arg::Ptr(out.buf.ptr()), Arg::I32(f as i32), Arg::U64(total as u64)];
+        let grid = Grid {
+            blocks: (total.div_ceil(256).min(65535) as u32, 1, 1),
+            threads: 256,
+        };
+        let args = [
+            Arg::Ptr(gate_up.buf.ptr()),
+            Arg::Ptr(out.buf.ptr()),
+            Arg::I32(f as i32),
+            Arg::U64(total as u64),
+        ];
         self.launch(Kernel::SiluMul, grid, &args)
     }
 
-    fn gather_rows(&mut self, x: &CudaTensor, b: &CudaBatch, out: &mut CudaTensor) -> Result<(), BackendError> {
+    fn gather_rows(
+        &mut self,
+        x: &CudaTensor,
+        b: &CudaBatch,
+        out: &mut CudaTensor,
+    ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
         check_cols("gather_rows", out.cols, x.cols)?;
         check_rows("gather_rows", l.n_logits, out.rows)?;
-        let grid = Grid { blocks: (l.n_logits as u32, 1, 1), threads: 256 };
-        let args = [Arg::Ptr(x.buf.ptr()), Arg::Ptr(self.meta_ptr(l.logits_rows)), Arg::Ptr(out.buf.ptr()), Arg::I32(x.cols as i32)];
+        let grid = Grid {
+            blocks: (l.n_logits as u32, 1, 1),
+            threads: 256,
+        };
+        let args = [
+            Arg::Ptr(x.buf.ptr()),
+            Arg::Ptr(self.meta_ptr(l.logits_rows)),
+            Arg::Ptr(out.buf.ptr()),
+            Arg::I32(x.cols as i32),
+        ];
         self.launch(Kernel::GatherRows, grid, &args)
     }
 
-    fn sample(&mut self, logits: &CudaTensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>, BackendError> {
+    fn sample(
+        &mut self,
+        logits: &CudaTensor,
+        rows: &[SampleRow<'_>],
+    ) -> Result<Vec<Sampled>, BackendError> {
         self.sample_on_device(logits, rows)
     }
 

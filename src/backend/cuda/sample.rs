@@ -35,7 +35,11 @@ impl SamplePack {
 }
 
 /// Packs `rows` for a vocabulary of `vocab`, reusing `pack`'s buffer.
-pub fn pack(rows: &[SampleRow<'_>], vocab: usize, pack: &mut SamplePack) -> Result<(), BackendError> {
+pub fn pack(
+    rows: &[SampleRow<'_>],
+    vocab: usize,
+    pack: &mut SamplePack,
+) -> Result<(), BackendError> {
     pack.words.clear();
     pack.rows = rows.len();
     pack.total_top = 0;
@@ -47,9 +51,17 @@ pub fn pack(rows: &[SampleRow<'_>], vocab: usize, pack: &mut SamplePack) -> Resu
             _ => 0,
         };
         if n_top > MAX_TOP {
-            return Err(BackendError::Unsupported { backend: "cuda", op: "sample", dtype: format!("{n_top} top logprobs (max {MAX_TOP})") });
+            return Err(BackendError::Unsupported {
+                backend: "cuda",
+                op: "sample",
+                dtype: format!("{n_top} top logprobs (max {MAX_TOP})"),
+            });
         }
-        let inv_t = if p.is_greedy() { 1.0 } else { 1.0 / p.temperature };
+        let inv_t = if p.is_greedy() {
+            1.0
+        } else {
+            1.0 / p.temperature
+        };
         pack.words.extend_from_slice(&[
             p.is_greedy() as u32,
             inv_t.to_bits(),
@@ -81,7 +93,8 @@ fn entries(row: u32, r: &SampleRow<'_>, vocab: usize, out: &mut Vec<u32>) {
         return;
     }
     // token -> (bias, in history for repetition, count in output)
-    let mut map: std::collections::BTreeMap<u32, (f32, bool, u32)> = std::collections::BTreeMap::new();
+    let mut map: std::collections::BTreeMap<u32, (f32, bool, u32)> =
+        std::collections::BTreeMap::new();
     for &(id, b) in &p.logit_bias {
         if (id as usize) < vocab {
             map.entry(id).or_default().0 += b;
@@ -103,7 +116,11 @@ fn entries(row: u32, r: &SampleRow<'_>, vocab: usize, out: &mut Vec<u32>) {
     }
     for (t, (bias, rep, count)) in map {
         let rep = if rep { p.repetition_penalty } else { 1.0 };
-        let sub = if count > 0 { p.presence_penalty + p.frequency_penalty * count as f32 } else { 0.0 };
+        let sub = if count > 0 {
+            p.presence_penalty + p.frequency_penalty * count as f32
+        } else {
+            0.0
+        };
         out.extend_from_slice(&[row, t, bias.to_bits(), rep.to_bits(), sub.to_bits()]);
     }
 }
@@ -117,7 +134,11 @@ pub fn unpack(pack: &SamplePack, words: &[u32]) -> Vec<Sampled> {
             let top = (0..param[6] as usize)
                 .map(|j| (words[at + 2 * j], f32::from_bits(words[at + 2 * j + 1])))
                 .collect();
-            Sampled { token: words[2 * i], logprob: f32::from_bits(words[2 * i + 1]), top }
+            Sampled {
+                token: words[2 * i],
+                logprob: f32::from_bits(words[2 * i + 1]),
+                top,
+            }
         })
         .collect()
 }
@@ -126,48 +147,110 @@ pub fn unpack(pack: &SamplePack, words: &[u32]) -> Vec<Sampled> {
 const SAMPLE_THREADS: u32 = 1024;
 
 impl CudaBackend {
-    pub(super) fn sample_on_device(&mut self, logits: &CudaTensor, rows: &[SampleRow<'_>]) -> Result<Vec<Sampled>, BackendError> {
+    pub(super) fn sample_on_device(
+        &mut self,
+        logits: &CudaTensor,
+        rows: &[SampleRow<'_>],
+    ) -> Result<Vec<Sampled>, BackendError> {
         check_rows("sample", rows.len(), logits.rows)?;
         if rows.is_empty() {
             return Ok(Vec::new());
         }
         let mut pk = std::mem::take(&mut self.sample_pack);
-        let out = pack(rows, logits.cols, &mut pk).and_then(|()| self.run_sample(logits, &pk)).map(|w| unpack(&pk, &w));
+        let out = pack(rows, logits.cols, &mut pk)
+            .and_then(|()| self.run_sample(logits, &pk))
+            .map(|w| unpack(&pk, &w));
         self.sample_pack = pk;
         out
     }
 
     /// One upload (parameters and entries), the kernels, one download (ids and logprobs).
     /// Kernel order: prep (float copy and lse), top-n on the raw values, penalties, pick.
-    fn run_sample(&mut self, logits: &CudaTensor, pk: &SamplePack) -> Result<Vec<u32>, BackendError> {
+    fn run_sample(
+        &mut self,
+        logits: &CudaTensor,
+        pk: &SamplePack,
+    ) -> Result<Vec<u32>, BackendError> {
         let (s, v) = (pk.rows, logits.cols);
         let bytes: Vec<u8> = pk.words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let input = ensure(&self.dev, &mut self.sample_in, bytes.len(), "sampling parameters")?;
-        let work = ensure(&self.dev, &mut self.sample_work, (s * v + s) * 4, "sampling workspace")?;
+        let input = ensure(
+            &self.dev,
+            &mut self.sample_in,
+            bytes.len(),
+            "sampling parameters",
+        )?;
+        let work = ensure(
+            &self.dev,
+            &mut self.sample_work,
+            (s * v + s) * 4,
+            "sampling workspace",
+        )?;
         let lse = work + (s * v * 4) as u64;
-        let out = ensure(&self.dev, &mut self.sample_out, pk.out_words() * 4, "sampling output")?;
+        let out = ensure(
+            &self.dev,
+            &mut self.sample_out,
+            pk.out_words() * 4,
+            "sampling output",
+        )?;
         if let Some(buf) = &self.sample_in {
             self.dev.upload(buf, 0, &bytes)?;
         }
         let entries = input + (s * PARAM_WORDS * 4) as u64;
-        let rows = Grid { blocks: (s as u32, 1, 1), threads: SAMPLE_THREADS };
+        let rows = Grid {
+            blocks: (s as u32, 1, 1),
+            threads: SAMPLE_THREADS,
+        };
         let (vi, si) = (Arg::I32(v as i32), Arg::I32(s as i32));
-        self.launch(Kernel::SamplePrep, rows, &[Arg::Ptr(logits.buf.ptr()), vi, Arg::Ptr(work), Arg::Ptr(lse)])?;
+        self.launch(
+            Kernel::SamplePrep,
+            rows,
+            &[
+                Arg::Ptr(logits.buf.ptr()),
+                vi,
+                Arg::Ptr(work),
+                Arg::Ptr(lse),
+            ],
+        )?;
         if pk.any_top {
-            let args = [Arg::Ptr(work), Arg::Ptr(lse), Arg::Ptr(input), vi, si, Arg::Ptr(out)];
+            let args = [
+                Arg::Ptr(work),
+                Arg::Ptr(lse),
+                Arg::Ptr(input),
+                vi,
+                si,
+                Arg::Ptr(out),
+            ];
             self.launch(Kernel::SampleTopN, rows, &args)?;
         }
         if pk.entries > 0 {
-            let grid = Grid { blocks: (pk.entries.div_ceil(256) as u32, 1, 1), threads: 256 };
-            let args = [Arg::Ptr(entries), Arg::I32(pk.entries as i32), Arg::Ptr(work), vi];
+            let grid = Grid {
+                blocks: (pk.entries.div_ceil(256) as u32, 1, 1),
+                threads: 256,
+            };
+            let args = [
+                Arg::Ptr(entries),
+                Arg::I32(pk.entries as i32),
+                Arg::Ptr(work),
+                vi,
+            ];
             self.launch(Kernel::SamplePenalty, grid, &args)?;
         }
-        let args = [Arg::Ptr(logits.buf.ptr()), Arg::Ptr(work), Arg::Ptr(lse), Arg::Ptr(input), vi, Arg::Ptr(out)];
+        let args = [
+            Arg::Ptr(logits.buf.ptr()),
+            Arg::Ptr(work),
+            Arg::Ptr(lse),
+            Arg::Ptr(input),
+            vi,
+            Arg::Ptr(out),
+        ];
         self.launch(Kernel::SamplePick, rows, &args)?;
         let mut raw = vec![0u8; pk.out_words() * 4];
         if let Some(buf) = &self.sample_out {
             self.dev.download(buf, 0, &mut raw)?;
         }
-        Ok(raw.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        Ok(raw
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
     }
 }
