@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod generate;

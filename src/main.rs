@@ -32,6 +32,8 @@ enum Command {
     Serve(ServeArgs),
     /// Print the OpenAPI document (the committed openapi/openapi.json).
     Openapi,
+    /// Benchmark an OpenAI-compatible server (or, with --offline, the engine in-process).
+    Bench(Box<kiln::bench::BenchArgs>),
 }
 
 #[derive(clap::Args)]
@@ -83,6 +85,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Generate(args) => generate(args),
         Command::Serve(args) => kiln::api::serve::run(&args),
+        Command::Bench(args) => kiln::bench::run(*args),
         Command::Openapi => {
             print!("{}", kiln::api::openapi_json());
             Ok(())

@@ -73,13 +73,20 @@ impl Arrival {
 /// Runs `n` requests through `send` (given the index and the run start), honouring the
 /// arrival schedule and the concurrency cap. Returns the records in index order and the wall
 /// time from the start to the last request's end.
-pub async fn drive<F, Fut>(n: usize, arrival: &Arrival, progress: &ProgressBar, send: F) -> (Vec<RequestRecord>, Duration)
+pub async fn drive<F, Fut>(
+    n: usize,
+    arrival: &Arrival,
+    progress: &ProgressBar,
+    send: F,
+) -> (Vec<RequestRecord>, Duration)
 where
     F: Fn(usize, Instant) -> Fut,
     Fut: Future<Output = RequestRecord> + Send + 'static,
 {
     let offsets = arrival.offsets(n);
-    let limit = arrival.max_concurrency.map(|c| Arc::new(Semaphore::new(c.max(1))));
+    let limit = arrival
+        .max_concurrency
+        .map(|c| Arc::new(Semaphore::new(c.max(1))));
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     let mut records = Vec::with_capacity(n);
@@ -110,7 +117,10 @@ where
     (records, wall)
 }
 
-fn collect(joined: Result<RequestRecord, tokio::task::JoinError>, records: &mut Vec<RequestRecord>) {
+fn collect(
+    joined: Result<RequestRecord, tokio::task::JoinError>,
+    records: &mut Vec<RequestRecord>,
+) {
     match joined {
         Ok(r) => records.push(r),
         Err(e) => tracing::error!(error = %e, "a benchmark request task failed"),
@@ -136,7 +146,10 @@ fn fill_lost(records: &mut Vec<RequestRecord>, n: usize) {
             usage_reported: false,
             expected_prompt_tokens: None,
             requested_output_tokens: 0,
-            error: Some(Failure::new("bench_task_panicked", "the request task panicked")),
+            error: Some(Failure::new(
+                "bench_task_panicked",
+                "the request task panicked",
+            )),
         });
     }
     records.sort_by_key(|r| r.index);

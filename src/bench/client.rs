@@ -61,20 +61,33 @@ pub fn http_client(timeout: Duration) -> Result<reqwest::Client, BenchError> {
         .tcp_nodelay(true)
         .no_proxy()
         .build()
-        .map_err(|e| BenchError::Invalid { flag: "--base-url", message: format!("cannot build an HTTP client: {e}") })
+        .map_err(|e| BenchError::Invalid {
+            flag: "--base-url",
+            message: format!("cannot build an HTTP client: {e}"),
+        })
 }
 
 /// The first model `GET /v1/models` lists.
-pub async fn first_model(http: &reqwest::Client, base_url: &str, api_key: Option<&str>) -> Result<String, BenchError> {
+pub async fn first_model(
+    http: &reqwest::Client,
+    base_url: &str,
+    api_key: Option<&str>,
+) -> Result<String, BenchError> {
     let url = format!("{base_url}/v1/models");
-    let fail = |message: String| BenchError::Server { url: url.clone(), message };
+    let fail = |message: String| BenchError::Server {
+        url: url.clone(),
+        message,
+    };
     let mut req = http.get(&url);
     if let Some(k) = api_key {
         req = req.bearer_auth(k);
     }
     let res = req.send().await.map_err(|e| fail(e.to_string()))?;
     let status = res.status();
-    let v: Value = res.json().await.map_err(|e| fail(format!("{status}: {e}")))?;
+    let v: Value = res
+        .json()
+        .await
+        .map_err(|e| fail(format!("{status}: {e}")))?;
     v.pointer("/data/0/id")
         .and_then(Value::as_str)
         .map(str::to_string)
@@ -92,7 +105,14 @@ impl HttpTarget {
         params: RequestParams,
     ) -> Self {
         let base_url = base_url.trim_end_matches('/').to_string();
-        Self { http, base_url, endpoint, model, api_key, params }
+        Self {
+            http,
+            base_url,
+            endpoint,
+            model,
+            api_key,
+            params,
+        }
     }
 
     /// The JSON body of a streaming request.
@@ -121,7 +141,10 @@ impl HttpTarget {
     pub async fn send(&self, info: SampleInfo, prompt: &str, run_start: Instant) -> RequestRecord {
         let body = self.body(prompt, info.requested_output_tokens);
         let mut timer = Timer::start(run_start);
-        let mut req = self.http.post(format!("{}{}", self.base_url, self.endpoint.path())).json(&body);
+        let mut req = self
+            .http
+            .post(format!("{}{}", self.base_url, self.endpoint.path()))
+            .json(&body);
         if let Some(k) = &self.api_key {
             req = req.bearer_auth(k);
         }
@@ -167,18 +190,30 @@ async fn status_failure(res: reqwest::Response) -> Failure {
         }
     }
     let text = String::from_utf8_lossy(&body);
-    let typed = serde_json::from_str::<Value>(&text).ok().and_then(|v| error_type(&v));
-    Failure::new(typed.unwrap_or_else(|| format!("http_{}", status.as_u16())), format!("{status}: {text}"))
+    let typed = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| error_type(&v));
+    Failure::new(
+        typed.unwrap_or_else(|| format!("http_{}", status.as_u16())),
+        format!("{status}: {text}"),
+    )
 }
 
 /// The OpenAI `error.type` of an error body or frame (`server_error` when untyped).
 fn error_type(v: &Value) -> Option<String> {
     let e = v.get("error")?;
-    let t = e.get("type").and_then(Value::as_str).or_else(|| e.get("code").and_then(Value::as_str));
+    let t = e
+        .get("type")
+        .and_then(Value::as_str)
+        .or_else(|| e.get("code").and_then(Value::as_str));
     Some(t.unwrap_or("server_error").to_string())
 }
 
-async fn read_stream(res: reqwest::Response, timer: &mut Timer, state: &mut StreamState) -> Result<(), Failure> {
+async fn read_stream(
+    res: reqwest::Response,
+    timer: &mut Timer,
+    state: &mut StreamState,
+) -> Result<(), Failure> {
     let mut lines = SseLines::default();
     let mut stream = res.bytes_stream();
     while let Some(chunk) = stream.next().await {
@@ -198,17 +233,29 @@ async fn read_stream(res: reqwest::Response, timer: &mut Timer, state: &mut Stre
     if state.done || state.finished {
         Ok(())
     } else {
-        Err(Failure::new("incomplete_stream", format!("the stream ended without [DONE] after {} chunks", timer.chunks())))
+        Err(Failure::new(
+            "incomplete_stream",
+            format!(
+                "the stream ended without [DONE] after {} chunks",
+                timer.chunks()
+            ),
+        ))
     }
 }
 
 /// Handles one `data:` payload.
-fn on_event(data: &str, at: Instant, timer: &mut Timer, state: &mut StreamState) -> Result<(), Failure> {
+fn on_event(
+    data: &str,
+    at: Instant,
+    timer: &mut Timer,
+    state: &mut StreamState,
+) -> Result<(), Failure> {
     if data.trim() == "[DONE]" {
         state.done = true;
         return Ok(());
     }
-    let v: Value = serde_json::from_str(data).map_err(|e| Failure::new("bad_response", format!("{e}: {data}")))?;
+    let v: Value = serde_json::from_str(data)
+        .map_err(|e| Failure::new("bad_response", format!("{e}: {data}")))?;
     if let Some(kind) = error_type(&v) {
         return Err(Failure::new(kind, data));
     }
@@ -219,7 +266,12 @@ fn on_event(data: &str, at: Instant, timer: &mut Timer, state: &mut StreamState)
         }
     }
     let mut has_text = false;
-    for c in v.get("choices").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default() {
+    for c in v
+        .get("choices")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
         let text = c
             .get("text")
             .or_else(|| c.pointer("/delta/content"))
@@ -280,7 +332,10 @@ impl SseLines {
         }
         self.scanned = self.buf.len();
         if self.buf.len() > MAX_LINE_BYTES {
-            return Err(Failure::new("bad_response", format!("an SSE line exceeds {MAX_LINE_BYTES} bytes")));
+            return Err(Failure::new(
+                "bad_response",
+                format!("an SSE line exceeds {MAX_LINE_BYTES} bytes"),
+            ));
         }
         Ok(None)
     }

@@ -44,9 +44,16 @@ impl LenRange {
 impl FromStr for LenRange {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let num = |t: &str| t.trim().parse::<usize>().map_err(|_| format!("'{s}' is not N or MIN..MAX"));
+        let num = |t: &str| {
+            t.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("'{s}' is not N or MIN..MAX"))
+        };
         let r = match s.split_once("..") {
-            Some((a, b)) => Self { min: num(a)?, max: num(b.trim_start_matches('='))? },
+            Some((a, b)) => Self {
+                min: num(a)?,
+                max: num(b.trim_start_matches('='))?,
+            },
             None => Self::exact(num(s)?),
         };
         if r.min == 0 || r.min > r.max {
@@ -62,9 +69,15 @@ pub enum DatasetSpec {
     /// Prompts of random words, token-exact in `input` (counted with the tokenizer, BOS included).
     Random { input: LenRange, output: LenRange },
     /// The first human turn of each conversation as prompt; `output` or the reply's length.
-    ShareGpt { path: PathBuf, output: Option<LenRange> },
+    ShareGpt {
+        path: PathBuf,
+        output: Option<LenRange>,
+    },
     /// These prompts in turn.
-    Fixed { prompts: Vec<String>, output: LenRange },
+    Fixed {
+        prompts: Vec<String>,
+        output: LenRange,
+    },
 }
 
 /// One request of a workload.
@@ -83,20 +96,36 @@ pub enum TokenCounter {
     /// Encodes with the model's BOS default, as Kiln does for a text prompt.
     Local(Tokenizer),
     /// `POST {base_url}/tokenize {"prompt", "model"}` → `{"count"}`.
-    Server { http: reqwest::Client, base_url: String, model: String, api_key: Option<String> },
+    Server {
+        http: reqwest::Client,
+        base_url: String,
+        model: String,
+        api_key: Option<String>,
+    },
 }
 
 impl TokenCounter {
     /// Tokens of `text` as a prompt.
     pub async fn count(&self, text: &str) -> Result<usize, BenchError> {
         match self {
-            TokenCounter::Local(t) => {
-                t.encode(text, t.add_bos_default()).map(|v| v.len()).map_err(|e| BenchError::Tokenizer(e.to_string()))
-            }
-            TokenCounter::Server { http, base_url, model, api_key } => {
+            TokenCounter::Local(t) => t
+                .encode(text, t.add_bos_default())
+                .map(|v| v.len())
+                .map_err(|e| BenchError::Tokenizer(e.to_string())),
+            TokenCounter::Server {
+                http,
+                base_url,
+                model,
+                api_key,
+            } => {
                 let url = format!("{base_url}/tokenize");
-                let fail = |message: String| BenchError::Server { url: url.clone(), message };
-                let mut req = http.post(&url).json(&serde_json::json!({"prompt": text, "model": model}));
+                let fail = |message: String| BenchError::Server {
+                    url: url.clone(),
+                    message,
+                };
+                let mut req = http
+                    .post(&url)
+                    .json(&serde_json::json!({"prompt": text, "model": model}));
                 if let Some(k) = api_key {
                     req = req.bearer_auth(k);
                 }
@@ -105,10 +134,16 @@ impl TokenCounter {
                 let body = res.text().await.map_err(|e| fail(e.to_string()))?;
                 if !status.is_success() {
                     let head: String = body.chars().take(200).collect();
-                    return Err(fail(format!("{status}: {head} (pass --tokenizer PATH to count locally)")));
+                    return Err(fail(format!(
+                        "{status}: {head} (pass --tokenizer PATH to count locally)"
+                    )));
                 }
-                let v: Value = serde_json::from_str(&body).map_err(|e| fail(format!("bad JSON: {e}")))?;
-                match (v.get("count").and_then(Value::as_u64), v.get("tokens").and_then(Value::as_array)) {
+                let v: Value =
+                    serde_json::from_str(&body).map_err(|e| fail(format!("bad JSON: {e}")))?;
+                match (
+                    v.get("count").and_then(Value::as_u64),
+                    v.get("tokens").and_then(Value::as_array),
+                ) {
                     (Some(n), _) => Ok(n as usize),
                     (None, Some(t)) => Ok(t.len()),
                     _ => Err(fail("the response has neither `count` nor `tokens`".into())),
@@ -127,15 +162,24 @@ pub async fn build(
     counter: Option<&TokenCounter>,
 ) -> Result<Vec<Sample>, BenchError> {
     let need_counter = || {
-        counter.ok_or_else(|| BenchError::Tokenizer("this dataset needs a tokenizer: pass --tokenizer PATH".into()))
+        counter.ok_or_else(|| {
+            BenchError::Tokenizer("this dataset needs a tokenizer: pass --tokenizer PATH".into())
+        })
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     match spec {
-        DatasetSpec::Random { input, output } => random(need_counter()?, n, *input, *output, &mut rng).await,
-        DatasetSpec::ShareGpt { path, output } => sharegpt(need_counter()?, path, n, *output, &mut rng).await,
+        DatasetSpec::Random { input, output } => {
+            random(need_counter()?, n, *input, *output, &mut rng).await
+        }
+        DatasetSpec::ShareGpt { path, output } => {
+            sharegpt(need_counter()?, path, n, *output, &mut rng).await
+        }
         DatasetSpec::Fixed { prompts, output } => {
             if prompts.is_empty() {
-                return Err(BenchError::Invalid { flag: "--prompt", message: "the fixed dataset needs a --prompt".into() });
+                return Err(BenchError::Invalid {
+                    flag: "--prompt",
+                    message: "the fixed dataset needs a --prompt".into(),
+                });
             }
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
@@ -144,7 +188,11 @@ pub async fn build(
                     Some(c) => Some(c.count(&prompt).await?),
                     None => None,
                 };
-                out.push(Sample { prompt, prompt_len, output_len: output.sample(&mut rng) });
+                out.push(Sample {
+                    prompt,
+                    prompt_len,
+                    output_len: output.sample(&mut rng),
+                });
             }
             Ok(out)
         }
@@ -153,14 +201,16 @@ pub async fn build(
 
 /// Words of random prompts (TinyStories-like, so small story models see familiar text).
 const WORDS: &[&str] = &[
-    "the", "a", "and", "to", "was", "he", "she", "it", "they", "his", "her", "in", "on", "with", "of", "day", "one",
-    "little", "big", "girl", "boy", "dog", "cat", "bird", "tree", "park", "ball", "toy", "house", "sun", "sky",
-    "happy", "sad", "friend", "mom", "dad", "play", "played", "run", "ran", "saw", "looked", "said", "wanted",
-    "went", "found", "very", "so", "but", "then", "up", "down", "time", "together", "every", "fun", "nice", "red",
-    "blue", "green", "car", "box", "cake", "water", "fish", "flower", "garden", "school", "book", "smile", "laugh",
-    "jump", "sing", "help", "share", "kind", "brave", "small", "funny", "slowly", "quickly", "home", "room",
-    "bed", "night", "morning", "rain", "snow", "hill", "river", "boat", "bear", "lion", "bunny", "duck", "frog",
-    "tiny", "shiny", "soft", "warm", "cold", "new", "old", "good", "best", "love", "hug", "idea", "story",
+    "the", "a", "and", "to", "was", "he", "she", "it", "they", "his", "her", "in", "on", "with",
+    "of", "day", "one", "little", "big", "girl", "boy", "dog", "cat", "bird", "tree", "park",
+    "ball", "toy", "house", "sun", "sky", "happy", "sad", "friend", "mom", "dad", "play", "played",
+    "run", "ran", "saw", "looked", "said", "wanted", "went", "found", "very", "so", "but", "then",
+    "up", "down", "time", "together", "every", "fun", "nice", "red", "blue", "green", "car", "box",
+    "cake", "water", "fish", "flower", "garden", "school", "book", "smile", "laugh", "jump",
+    "sing", "help", "share", "kind", "brave", "small", "funny", "slowly", "quickly", "home",
+    "room", "bed", "night", "morning", "rain", "snow", "hill", "river", "boat", "bear", "lion",
+    "bunny", "duck", "frog", "tiny", "shiny", "soft", "warm", "cold", "new", "old", "good", "best",
+    "love", "hug", "idea", "story",
 ];
 /// The first word of every random prompt; per-word costs are measured after it.
 const ANCHOR: &str = "Once";
@@ -180,11 +230,17 @@ impl WordTable {
             .buffered(COUNT_CONCURRENCY)
             .try_collect()
             .await?;
-        let mut words: Vec<_> =
-            WORDS.iter().zip(costs).filter(|(_, c)| *c > anchor_cost).map(|(w, c)| (*w, c - anchor_cost)).collect();
+        let mut words: Vec<_> = WORDS
+            .iter()
+            .zip(costs)
+            .filter(|(_, c)| *c > anchor_cost)
+            .map(|(w, c)| (*w, c - anchor_cost))
+            .collect();
         words.sort_by_key(|&(_, c)| c);
         if words.is_empty() {
-            return Err(BenchError::Tokenizer("no word adds tokens to a prompt; is this a tokenizer?".into()));
+            return Err(BenchError::Tokenizer(
+                "no word adds tokens to a prompt; is this a tokenizer?".into(),
+            ));
         }
         Ok(Self { anchor_cost, words })
     }
@@ -215,10 +271,19 @@ impl WordTable {
     }
 
     /// A prompt of `target` tokens (by the counter), or the closest found in a few rounds.
-    async fn prompt(&self, counter: &TokenCounter, target: usize, seed: u64) -> Result<(String, usize), BenchError> {
+    async fn prompt(
+        &self,
+        counter: &TokenCounter,
+        target: usize,
+        seed: u64,
+    ) -> Result<(String, usize), BenchError> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut picked = Vec::new();
-        self.fill(&mut picked, target.saturating_sub(self.anchor_cost), &mut rng);
+        self.fill(
+            &mut picked,
+            target.saturating_sub(self.anchor_cost),
+            &mut rng,
+        );
         let mut text = self.text(&picked);
         let mut count = counter.count(&text).await?;
         for _ in 0..FIX_ROUNDS {
@@ -250,13 +315,18 @@ async fn random(
     rng: &mut ChaCha8Rng,
 ) -> Result<Vec<Sample>, BenchError> {
     let table = WordTable::measure(counter).await?;
-    let plan: Vec<(usize, usize, u64)> =
-        (0..n).map(|_| (input.sample(rng), output.sample(rng), rng.random::<u64>())).collect();
+    let plan: Vec<(usize, usize, u64)> = (0..n)
+        .map(|_| (input.sample(rng), output.sample(rng), rng.random::<u64>()))
+        .collect();
     let table = &table;
     stream::iter(plan)
         .map(|(input_len, output_len, seed)| async move {
             let (prompt, len) = table.prompt(counter, input_len, seed).await?;
-            Ok(Sample { prompt, prompt_len: Some(len), output_len })
+            Ok(Sample {
+                prompt,
+                prompt_len: Some(len),
+                output_len,
+            })
         })
         .buffered(COUNT_CONCURRENCY)
         .try_collect()
@@ -265,8 +335,16 @@ async fn random(
 
 /// The first two turns of a ShareGPT entry: `{"conversations": [{"from", "value"}, ...]}`.
 fn first_exchange(entry: &Value) -> Option<(String, String)> {
-    let turns = entry.get("conversations").or_else(|| entry.get("conversation"))?.as_array()?;
-    let text = |t: &Value| t.get("value").or_else(|| t.get("content")).and_then(Value::as_str).map(str::to_string);
+    let turns = entry
+        .get("conversations")
+        .or_else(|| entry.get("conversation"))?
+        .as_array()?;
+    let text = |t: &Value| {
+        t.get("value")
+            .or_else(|| t.get("content"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
     Some((text(turns.first()?)?, text(turns.get(1)?)?))
 }
 
@@ -277,15 +355,21 @@ async fn sharegpt(
     output: Option<LenRange>,
     rng: &mut ChaCha8Rng,
 ) -> Result<Vec<Sample>, BenchError> {
-    let bad = |message: String| BenchError::Dataset { path: path.clone(), message };
+    let bad = |message: String| BenchError::Dataset {
+        path: path.clone(),
+        message,
+    };
     let raw = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    let entries: Vec<Value> = serde_json::from_slice(&raw).map_err(|e| bad(format!("not a JSON array: {e}")))?;
+    let entries: Vec<Value> =
+        serde_json::from_slice(&raw).map_err(|e| bad(format!("not a JSON array: {e}")))?;
     drop(raw);
     let mut pairs: Vec<(String, String)> = entries.iter().filter_map(first_exchange).collect();
     drop(entries);
     pairs.shuffle(rng);
     let overhead = counter.count("").await.unwrap_or(0);
-    let lens: Vec<usize> = output.map(|o| (0..n).map(|_| o.sample(rng)).collect()).unwrap_or_default();
+    let lens: Vec<usize> = output
+        .map(|o| (0..n).map(|_| o.sample(rng)).collect())
+        .unwrap_or_default();
     let mut out: Vec<Sample> = Vec::with_capacity(n);
     for batch in pairs.chunks(COUNT_CONCURRENCY * 4) {
         if out.len() >= n {
@@ -294,7 +378,11 @@ async fn sharegpt(
         let counted: Vec<(usize, Option<usize>)> = stream::iter(batch)
             .map(|(p, c)| async move {
                 let pl = counter.count(p).await?;
-                let cl = if output.is_some() { None } else { Some(counter.count(c).await?.saturating_sub(overhead)) };
+                let cl = if output.is_some() {
+                    None
+                } else {
+                    Some(counter.count(c).await?.saturating_sub(overhead))
+                };
                 Ok::<_, BenchError>((pl, cl))
             })
             .buffered(COUNT_CONCURRENCY)
@@ -307,15 +395,25 @@ async fn sharegpt(
                 && pl <= SHAREGPT_MAX_PROMPT
                 && (cl.is_none() || pl + ol <= SHAREGPT_MAX_TOTAL);
             if keep {
-                out.push(Sample { prompt: prompt.clone(), prompt_len: Some(pl), output_len: ol });
+                out.push(Sample {
+                    prompt: prompt.clone(),
+                    prompt_len: Some(pl),
+                    output_len: ol,
+                });
             }
         }
     }
     if out.is_empty() {
-        return Err(bad("no conversation with two turns within the length limits".into()));
+        return Err(bad(
+            "no conversation with two turns within the length limits".into(),
+        ));
     }
     if out.len() < n {
-        tracing::warn!(usable = out.len(), wanted = n, "ShareGPT file has too few usable conversations; repeating them");
+        tracing::warn!(
+            usable = out.len(),
+            wanted = n,
+            "ShareGPT file has too few usable conversations; repeating them"
+        );
         let have = out.len();
         for i in have..n {
             out.push(out[i % have].clone());

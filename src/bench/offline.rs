@@ -5,7 +5,10 @@ use std::time::Instant;
 
 use super::BenchError;
 use super::record::{Failure, RequestRecord, SampleInfo, Timer};
-use crate::engine::{Device, Engine, EngineClient, EngineConfig, EngineError, GenerateRequest, StopCriteria, StreamEvent};
+use crate::engine::{
+    Device, Engine, EngineClient, EngineConfig, EngineError, GenerateRequest, StopCriteria,
+    StreamEvent,
+};
 use crate::model::{LoadFormat, ModelFiles};
 use crate::sampling::SamplingParams;
 
@@ -48,35 +51,75 @@ pub struct OfflineTarget {
 impl OfflineTarget {
     /// A target for `client`; each request asks for `ignore_eos` and `temperature`.
     pub fn new(client: EngineClient, ignore_eos: bool, temperature: f32) -> Self {
-        Self { client, ignore_eos, temperature }
+        Self {
+            client,
+            ignore_eos,
+            temperature,
+        }
     }
 
     /// Runs one request; timing starts when this future is first polled. A delta carrying
     /// tokens counts as a chunk (the engine's equivalent of an SSE chunk).
-    pub async fn send(&self, info: SampleInfo, prompt_ids: Vec<u32>, run_start: Instant) -> RequestRecord {
+    pub async fn send(
+        &self,
+        info: SampleInfo,
+        prompt_ids: Vec<u32>,
+        run_start: Instant,
+    ) -> RequestRecord {
         let req = GenerateRequest {
             prompt_ids,
-            params: SamplingParams { temperature: self.temperature, ..SamplingParams::greedy() },
+            params: SamplingParams {
+                temperature: self.temperature,
+                ..SamplingParams::greedy()
+            },
             max_tokens: info.requested_output_tokens,
-            stop: StopCriteria { ignore_eos: self.ignore_eos, ..StopCriteria::default() },
+            stop: StopCriteria {
+                ignore_eos: self.ignore_eos,
+                ..StopCriteria::default()
+            },
             n: 1,
             priority: 0,
         };
         let mut timer = Timer::start(run_start);
         let mut stream = match self.client.submit(req) {
             Ok(s) => s,
-            Err(e) => return timer.finish(info, None, Some(Failure::new(error_kind(&e), e.to_string()))),
+            Err(e) => {
+                return timer.finish(
+                    info,
+                    None,
+                    Some(Failure::new(error_kind(&e), e.to_string())),
+                );
+            }
         };
         while let Some(ev) = stream.next_event().await {
             match ev {
-                StreamEvent::Delta { tokens, .. } if !tokens.is_empty() => timer.chunk(Instant::now()),
+                StreamEvent::Delta { tokens, .. } if !tokens.is_empty() => {
+                    timer.chunk(Instant::now())
+                }
                 StreamEvent::Delta { .. } | StreamEvent::Finish { .. } => {}
                 StreamEvent::Done { usage, .. } => {
-                    return timer.finish(info, Some((usage.prompt_tokens, usage.completion_tokens)), None);
+                    return timer.finish(
+                        info,
+                        Some((usage.prompt_tokens, usage.completion_tokens)),
+                        None,
+                    );
                 }
-                StreamEvent::Error(e) => return timer.finish(info, None, Some(Failure::new(error_kind(&e), e.to_string()))),
+                StreamEvent::Error(e) => {
+                    return timer.finish(
+                        info,
+                        None,
+                        Some(Failure::new(error_kind(&e), e.to_string())),
+                    );
+                }
             }
         }
-        timer.finish(info, None, Some(Failure::new("incomplete_stream", "the engine stream ended without Done")))
+        timer.finish(
+            info,
+            None,
+            Some(Failure::new(
+                "incomplete_stream",
+                "the engine stream ended without Done",
+            )),
+        )
     }
 }

@@ -49,7 +49,10 @@ fn tick_step(max: f64, ticks: f64) -> f64 {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 fn fmt_tick(v: f64) -> String {
@@ -61,7 +64,15 @@ fn fmt_tick(v: f64) -> String {
 }
 
 /// Draws a panel's frame, ticks, labels and title; returns the panel for plotting.
-fn frame(svg: &mut String, slot: (f64, f64), title: &str, x_label: &str, y_label: &str, x_max: f64, y_max: f64) -> Panel {
+fn frame(
+    svg: &mut String,
+    slot: (f64, f64),
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    x_max: f64,
+    y_max: f64,
+) -> Panel {
     let x_step = tick_step(x_max, 5.0);
     let y_step = tick_step(y_max, 5.0);
     let p = Panel {
@@ -73,23 +84,61 @@ fn frame(svg: &mut String, slot: (f64, f64), title: &str, x_label: &str, y_label
         y_max: (y_max / y_step).ceil().max(1.0) * y_step,
     };
     let (l, t, w, h) = (p.left, p.top, p.width, p.height);
-    let _ = writeln!(svg, r##"<rect x="{l}" y="{t}" width="{w}" height="{h}" fill="none" stroke="#444"/>"##);
-    let _ = writeln!(svg, r#"<text x="{}" y="{}" text-anchor="middle" font-weight="bold">{}</text>"#, l + w / 2.0, t - 14.0, escape(title));
-    let _ = writeln!(svg, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, l + w / 2.0, t + h + 38.0, escape(x_label));
+    let _ = writeln!(
+        svg,
+        r##"<rect x="{l}" y="{t}" width="{w}" height="{h}" fill="none" stroke="#444"/>"##
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="middle" font-weight="bold">{}</text>"#,
+        l + w / 2.0,
+        t - 14.0,
+        escape(title)
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+        l + w / 2.0,
+        t + h + 38.0,
+        escape(x_label)
+    );
     let (yx, yy) = (l - 52.0, t + h / 2.0);
-    let _ = writeln!(svg, r#"<text x="{yx}" y="{yy}" text-anchor="middle" transform="rotate(-90 {yx} {yy})">{}</text>"#, escape(y_label));
+    let _ = writeln!(
+        svg,
+        r#"<text x="{yx}" y="{yy}" text-anchor="middle" transform="rotate(-90 {yx} {yy})">{}</text>"#,
+        escape(y_label)
+    );
     let mut x = 0.0;
     while x <= p.x_max + x_step * 1e-6 {
         let sx = p.px(x);
-        let _ = writeln!(svg, r##"<line x1="{sx}" y1="{t}" x2="{sx}" y2="{}" stroke="#ddd"/>"##, t + h);
-        let _ = writeln!(svg, r#"<text x="{sx}" y="{}" text-anchor="middle" font-size="11">{}</text>"#, t + h + 16.0, fmt_tick(x));
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{sx}" y1="{t}" x2="{sx}" y2="{}" stroke="#ddd"/>"##,
+            t + h
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="{sx}" y="{}" text-anchor="middle" font-size="11">{}</text>"#,
+            t + h + 16.0,
+            fmt_tick(x)
+        );
         x += x_step;
     }
     let mut y = 0.0;
     while y <= p.y_max + y_step * 1e-6 {
         let sy = p.py(y);
-        let _ = writeln!(svg, r##"<line x1="{l}" y1="{sy}" x2="{}" y2="{sy}" stroke="#ddd"/>"##, l + w);
-        let _ = writeln!(svg, r#"<text x="{}" y="{}" text-anchor="end" font-size="11">{}</text>"#, l - 6.0, sy + 4.0, fmt_tick(y));
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{l}" y1="{sy}" x2="{}" y2="{sy}" stroke="#ddd"/>"##,
+            l + w
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" text-anchor="end" font-size="11">{}</text>"#,
+            l - 6.0,
+            sy + 4.0,
+            fmt_tick(y)
+        );
         y += y_step;
     }
     p
@@ -103,7 +152,11 @@ fn polyline(svg: &mut String, p: &Panel, points: &[(f64, f64)], color: &str) {
     for &(x, y) in points {
         let _ = write!(d, "{:.2},{:.2} ", p.px(x), p.py(y));
     }
-    let _ = writeln!(svg, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="1.8"/>"#, d.trim_end());
+    let _ = writeln!(
+        svg,
+        r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="1.8"/>"#,
+        d.trim_end()
+    );
 }
 
 /// Step points of the empirical CDF of `values`, thinned to at most `MAX_POINTS`.
@@ -156,21 +209,47 @@ pub fn svg(report: &Report) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="13">"#
     );
     let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(svg, r#"<text x="{}" y="20" text-anchor="middle" font-size="15">{}</text>"#, WIDTH / 2.0, escape(&format!("kiln bench: {}", report.run.label)));
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="20" text-anchor="middle" font-size="15">{}</text>"#,
+        WIDTH / 2.0,
+        escape(&format!("kiln bench: {}", report.run.label))
+    );
     let series: [(&str, Vec<f64>); 3] = [
         ("TTFT", ok.iter().filter_map(|r| r.ttft_ms).collect()),
         ("TPOT", ok.iter().filter_map(|r| r.tpot_ms).collect()),
         ("End-to-end latency", ok.iter().map(|r| r.e2e_ms).collect()),
     ];
-    let slots = [(0.0, 20.0), (WIDTH / 2.0, 20.0), (0.0, HEIGHT / 2.0 + 10.0), (WIDTH / 2.0, HEIGHT / 2.0 + 10.0)];
+    let slots = [
+        (0.0, 20.0),
+        (WIDTH / 2.0, 20.0),
+        (0.0, HEIGHT / 2.0 + 10.0),
+        (WIDTH / 2.0, HEIGHT / 2.0 + 10.0),
+    ];
     for (i, (name, values)) in series.iter().enumerate() {
         let x_max = values.iter().copied().fold(0.0, f64::max).max(1e-3);
-        let p = frame(&mut svg, slots[i], &format!("{name} CDF (n = {})", values.len()), "ms", "fraction of requests", x_max, 1.0);
+        let p = frame(
+            &mut svg,
+            slots[i],
+            &format!("{name} CDF (n = {})", values.len()),
+            "ms",
+            "fraction of requests",
+            x_max,
+            1.0,
+        );
         polyline(&mut svg, &p, &cdf_points(values), COLORS[i]);
     }
     let tp = throughput_points(report);
     let y_max = tp.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3);
-    let p = frame(&mut svg, slots[3], "Output throughput over time", "seconds since start", "tokens / s", report.summary.duration_s.max(1e-3), y_max);
+    let p = frame(
+        &mut svg,
+        slots[3],
+        "Output throughput over time",
+        "seconds since start",
+        "tokens / s",
+        report.summary.duration_s.max(1e-3),
+        y_max,
+    );
     polyline(&mut svg, &p, &tp, COLORS[3]);
     svg.push_str("</svg>\n");
     svg

@@ -21,7 +21,10 @@ impl Failure {
     /// A failure with `message` truncated to [`Failure::MAX_MESSAGE`] characters.
     pub fn new(kind: impl Into<String>, message: impl AsRef<str>) -> Self {
         let message = message.as_ref().chars().take(Self::MAX_MESSAGE).collect();
-        Self { kind: kind.into(), message }
+        Self {
+            kind: kind.into(),
+            message,
+        }
     }
 }
 
@@ -62,7 +65,9 @@ impl RequestRecord {
 
     /// Times (ms from the run start) at which output chunks arrived.
     pub fn chunk_times_ms(&self) -> Vec<f64> {
-        let Some(ttft) = self.ttft_ms else { return Vec::new() };
+        let Some(ttft) = self.ttft_ms else {
+            return Vec::new();
+        };
         let mut t = self.start_ms + ttft;
         let mut out = vec![t];
         for gap in &self.itl_ms {
@@ -91,7 +96,14 @@ fn ms(d: Duration) -> f64 {
 impl Timer {
     /// Starts timing a request sent now.
     pub fn start(run_start: Instant) -> Self {
-        Self { run_start, sent: Instant::now(), first: None, last: None, itl_ms: Vec::new(), chunks: 0 }
+        Self {
+            run_start,
+            sent: Instant::now(),
+            first: None,
+            last: None,
+            itl_ms: Vec::new(),
+            chunks: 0,
+        }
     }
 
     /// Notes a chunk carrying output that arrived at `at`.
@@ -112,14 +124,23 @@ impl Timer {
 
     /// The record of a request that ended now. `usage` is `(prompt, output)` tokens when the
     /// server reported them; otherwise the output count is the number of chunks.
-    pub fn finish(self, sample: SampleInfo, usage: Option<(usize, usize)>, error: Option<Failure>) -> RequestRecord {
+    pub fn finish(
+        self,
+        sample: SampleInfo,
+        usage: Option<(usize, usize)>,
+        error: Option<Failure>,
+    ) -> RequestRecord {
         let end = Instant::now();
         let e2e_ms = ms(end.saturating_duration_since(self.sent));
-        let ttft_ms = self.first.map(|f| ms(f.saturating_duration_since(self.sent)));
+        let ttft_ms = self
+            .first
+            .map(|f| ms(f.saturating_duration_since(self.sent)));
         let (prompt_tokens, output_tokens) =
             usage.unwrap_or((sample.expected_prompt_tokens.unwrap_or(0), self.chunks));
         let tpot_ms = match (ttft_ms, output_tokens) {
-            (Some(t), n) if n > 1 && error.is_none() => Some((e2e_ms - t).max(0.0) / (n - 1) as f64),
+            (Some(t), n) if n > 1 && error.is_none() => {
+                Some((e2e_ms - t).max(0.0) / (n - 1) as f64)
+            }
             _ => None,
         };
         RequestRecord {

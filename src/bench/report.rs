@@ -101,7 +101,13 @@ impl Summary {
             *failures.entry(f.kind.clone()).or_insert(0) += 1;
         }
         let duration_s = duration.as_secs_f64();
-        let per_s = |x: usize| if duration_s > 0.0 { x as f64 / duration_s } else { 0.0 };
+        let per_s = |x: usize| {
+            if duration_s > 0.0 {
+                x as f64 / duration_s
+            } else {
+                0.0
+            }
+        };
         let total_input_tokens = ok.iter().map(|r| r.prompt_tokens).sum();
         let total_output_tokens = ok.iter().map(|r| r.output_tokens).sum();
         Self {
@@ -122,9 +128,15 @@ impl Summary {
             usage_reported: ok.iter().filter(|r| r.usage_reported).count(),
             prompt_len_mismatches: ok
                 .iter()
-                .filter(|r| r.expected_prompt_tokens.is_some_and(|e| e != r.prompt_tokens))
+                .filter(|r| {
+                    r.expected_prompt_tokens
+                        .is_some_and(|e| e != r.prompt_tokens)
+                })
                 .count(),
-            short_outputs: ok.iter().filter(|r| r.output_tokens < r.requested_output_tokens).count(),
+            short_outputs: ok
+                .iter()
+                .filter(|r| r.output_tokens < r.requested_output_tokens)
+                .count(),
         }
     }
 
@@ -140,15 +152,38 @@ impl Summary {
         row("Failed requests:", self.failed.to_string());
         row("Benchmark duration (s):", format!("{:.2}", self.duration_s));
         row("Total input tokens:", self.total_input_tokens.to_string());
-        row("Total generated tokens:", self.total_output_tokens.to_string());
-        row("Request throughput (req/s):", format!("{:.2}", self.request_throughput));
-        row("Input token throughput (tok/s):", format!("{:.2}", self.input_throughput));
-        row("Output token throughput (tok/s):", format!("{:.2}", self.output_throughput));
-        row("Total token throughput (tok/s):", format!("{:.2}", self.total_token_throughput));
+        row(
+            "Total generated tokens:",
+            self.total_output_tokens.to_string(),
+        );
+        row(
+            "Request throughput (req/s):",
+            format!("{:.2}", self.request_throughput),
+        );
+        row(
+            "Input token throughput (tok/s):",
+            format!("{:.2}", self.input_throughput),
+        );
+        row(
+            "Output token throughput (tok/s):",
+            format!("{:.2}", self.output_throughput),
+        );
+        row(
+            "Total token throughput (tok/s):",
+            format!("{:.2}", self.total_token_throughput),
+        );
         let _ = writeln!(s, "{}", "-".repeat(66));
-        let _ = writeln!(s, "{:<10}{:>12}{:>12}{:>12}{:>12}{:>8}", "(ms)", "mean", "median", "p90", "p99", "n");
-        for (name, st) in [("TTFT", &self.ttft_ms), ("TPOT", &self.tpot_ms), ("ITL", &self.itl_ms), ("E2E", &self.e2e_ms)]
-        {
+        let _ = writeln!(
+            s,
+            "{:<10}{:>12}{:>12}{:>12}{:>12}{:>8}",
+            "(ms)", "mean", "median", "p90", "p99", "n"
+        );
+        for (name, st) in [
+            ("TTFT", &self.ttft_ms),
+            ("TPOT", &self.tpot_ms),
+            ("ITL", &self.itl_ms),
+            ("E2E", &self.e2e_ms),
+        ] {
             let _ = writeln!(
                 s,
                 "{name:<10}{:>12.2}{:>12.2}{:>12.2}{:>12.2}{:>8}",
@@ -197,7 +232,11 @@ pub struct Report {
 impl Report {
     /// The summary of `requests` over `duration`.
     pub fn new(run: RunInfo, requests: Vec<RequestRecord>, duration: Duration) -> Self {
-        Self { summary: Summary::of(&requests, duration), run, requests }
+        Self {
+            summary: Summary::of(&requests, duration),
+            run,
+            requests,
+        }
     }
 
     /// Pretty JSON.
@@ -207,6 +246,7 @@ impl Report {
 
     /// The table under a title naming the run.
     pub fn table(&self) -> String {
-        self.summary.table(&format!("kiln bench: {}", self.run.label))
+        self.summary
+            .table(&format!("kiln bench: {}", self.run.label))
     }
 }

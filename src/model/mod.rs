@@ -107,16 +107,11 @@ impl ModelFiles {
             }
             LoadFormat::Hf => {
                 let (spec, tokenizer) = hf_spec_and_tokenizer(path)?;
-                let tokenizer = tokenizer.ok_or_else(|| {
-                    ModelError::Tokenizer(format!("no tokenizer.json in {}", path.display()))
-                })?;
+                if tokenizer.is_none() {
+                    tracing::warn!("no tokenizer.json in {}: token ids only", path.display());
+                }
                 let source = SafetensorsSource::open(path)?;
-                Ok(Self {
-                    name: file_name(path),
-                    spec,
-                    tokenizer: Some(tokenizer),
-                    source: Box::new(source),
-                })
+                Ok(Self { name: file_name(path), spec, tokenizer, source: Box::new(source) })
             }
             LoadFormat::Dummy => {
                 let dir = if path.is_dir() {

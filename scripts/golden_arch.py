@@ -1,0 +1,621 @@
+#!/usr/bin/env python3
+"""Random-weight Hugging Face model directories for architectures the real fixtures
+don't cover, plus independent NumPy (float64) golden outputs for them.
+
+What this is
+------------
+`scripts/golden.py` checks Kiln against real Llama files. This script builds four
+tiny random-weight HF directories, each covering a feature those files lack:
+
+  qwen2-tied     model_type qwen2: q/k/v biases, tie_word_embeddings (no lm_head
+                 tensor), rope_theta 1e6, GQA 8 heads / 2 kv heads, head_dim 8.
+  llama3-scaled  model_type llama with rope_scaling llama3 (factor 8, low 1, high 4,
+                 original_max_position_embeddings 64), rope_theta 5e5, head_dim 16,
+                 GQA 4:1, separate lm_head. The test prompts reach position 121, well
+                 past the original 64, and the head_dim-16 frequencies fall in all
+                 three Llama-3 regimes (kept / smoothed / divided by factor).
+  mistral-bf16   model_type mistral, every tensor stored as BF16 (rounded to
+                 nearest-even from the float32 draw), untied, GQA 2:1, head_dim 16.
+  llama-sharded  model_type llama in two safetensors shards plus
+                 model.safetensors.index.json (one layer's attention is split
+                 across the shards), head_dim 32, MHA.
+
+Written: tests/data/arch/<name>/{config.json, *.safetensors[, index]} (no tokenizer)
+and tests/golden/arch-<name>.json (the schema of tests/golden/*.json).
+
+The reference reads the model back FROM THE WRITTEN FILES (config.json parsed
+field by field; safetensors decoded from raw bytes via `safetensors.deserialize`,
+BF16 -> float32 by a 16-bit shift; shards found through the index's weight_map)
+and computes in float64 with the Hugging Face conventions, written from the math
+and sharing no code with Kiln:
+    h = RMSNorm(x) * w                    RMSNorm(v) = v / sqrt(mean(v^2) + eps)
+    q = h Wq^T + bq, k = h Wk^T + bk, v = h Wv^T + bv   (biases: qwen2 only)
+    q, k = RoPE(q), RoPE(k)               rotate_half: pairs (x[i], x[i + d/2])
+        inv_freq_i = theta^(-2i/d), angle = pos * inv_freq_i, pos 0-based
+        llama3 scaling: wavelen = 2 pi / f; wavelen < orig/high: keep;
+        wavelen > orig/low: f / factor; else s = (orig/wavelen - low)/(high - low),
+        f = (1 - s) f / factor + s f
+    att = softmax(q k^T / sqrt(head_dim) + causal) v     (kv head = q head // group)
+    x += att Wo^T ; x += (silu(h Wg^T) * (h Wu^T)) Wd^T  (h = RMSNorm(x) * post norm)
+    logits = RMSNorm(x) * norm @ (lm_head or embed_tokens)^T
+
+Generation: the prompt ids as given (no BOS), 32 greedy steps (argmax, ties ->
+lowest id), full forward recomputed each step (no KV cache).
+
+Rerun (deterministic: fixed seeds, no timestamps):
+    python3 scripts/golden_arch.py          # from anywhere; writes into the repo
+
+requirements (versions used for the checked-in files): python 3.11.7,
+numpy 2.4.6, safetensors 0.8.0 (torch/transformers not used).
+"""
+
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+
+import numpy as np
+import safetensors
+from safetensors import TensorSpec, deserialize, serialize_file
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+DATA_DIR = os.path.join(ROOT, "tests", "data", "arch")
+GOLDEN_DIR = os.path.join(ROOT, "tests", "golden")
+
+N_NEW = 32
+PROMPT_LENS = [5, 37, 90]
+STEP_LOGITS_STEPS = [1, 2, 3, 4, 8, 16, N_NEW - 1]
+SIG_DIGITS = 8
+MAX_FILE_BYTES = 300 * 1024
+MIN_EXACT = 16          # the test requires ids exact for at least this many steps
+
+MODELS = [
+    dict(
+        name="qwen2-tied", seed=1001, dtype="F32", shards=None,
+        config=dict(
+            architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+            hidden_size=64, intermediate_size=88, num_hidden_layers=2,
+            num_attention_heads=8, num_key_value_heads=2, head_dim=8,
+            vocab_size=256, max_position_embeddings=512,
+            rms_norm_eps=1e-6, rope_theta=1000000.0,
+            tie_word_embeddings=True, hidden_act="silu", torch_dtype="float32",
+        ),
+    ),
+    dict(
+        name="llama3-scaled", seed=1002, dtype="F32", shards=None,
+        config=dict(
+            architectures=["LlamaForCausalLM"], model_type="llama",
+            hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+            vocab_size=256, max_position_embeddings=512,
+            rms_norm_eps=1e-5, rope_theta=500000.0,
+            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                              high_freq_factor=4.0, original_max_position_embeddings=64),
+            tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+            hidden_act="silu", torch_dtype="float32",
+        ),
+    ),
+    dict(
+        name="mistral-bf16", seed=1003, dtype="BF16", shards=None,
+        config=dict(
+            architectures=["MistralForCausalLM"], model_type="mistral",
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            vocab_size=384, max_position_embeddings=512,
+            rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=None,
+            tie_word_embeddings=False, hidden_act="silu", torch_dtype="bfloat16",
+        ),
+    ),
+    dict(
+        name="llama-sharded", seed=1004, dtype="F32",
+        # shard 1: embeddings, layer 0, and layer 1's q/k projections; shard 2: the rest.
+        shards=lambda n: 1 if (n == "model.embed_tokens.weight" or n.startswith("model.layers.0.")
+                               or n.startswith("model.layers.1.self_attn.q_proj")
+                               or n.startswith("model.layers.1.self_attn.k_proj")) else 2,
+        config=dict(
+            architectures=["LlamaForCausalLM"], model_type="llama",
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=2, head_dim=32,
+            vocab_size=256, max_position_embeddings=512,
+            rms_norm_eps=1e-5, rope_theta=10000.0,
+            tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+            hidden_act="silu", torch_dtype="float32",
+        ),
+    ),
+]
+
+
+# ---------------------------------------------------------------------------
+# random weights and writing
+# ---------------------------------------------------------------------------
+
+def make_weights(cfg, seed):
+    """float32 tensors by HF name, in a fixed draw order."""
+    rng = np.random.default_rng(seed)
+    d, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    bias = cfg["model_type"] == "qwen2"
+
+    def mat(r, c):
+        return rng.normal(0.0, 0.3, size=(r, c)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.normal(size=n)).astype(np.float32)
+
+    def vec(n):
+        return rng.normal(0.0, 0.5, size=n).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": mat(V, d)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = norm(d)
+        t[p + "self_attn.q_proj.weight"] = mat(nh * hd, d)
+        t[p + "self_attn.k_proj.weight"] = mat(nkv * hd, d)
+        t[p + "self_attn.v_proj.weight"] = mat(nkv * hd, d)
+        if bias:
+            t[p + "self_attn.q_proj.bias"] = vec(nh * hd)
+            t[p + "self_attn.k_proj.bias"] = vec(nkv * hd)
+            t[p + "self_attn.v_proj.bias"] = vec(nkv * hd)
+        t[p + "self_attn.o_proj.weight"] = mat(d, nh * hd)
+        t[p + "post_attention_layernorm.weight"] = norm(d)
+        t[p + "mlp.gate_proj.weight"] = mat(f, d)
+        t[p + "mlp.up_proj.weight"] = mat(f, d)
+        t[p + "mlp.down_proj.weight"] = mat(d, f)
+    t["model.norm.weight"] = norm(d)
+    if not cfg["tie_word_embeddings"]:
+        t["lm_head.weight"] = mat(V, d)
+    return t
+
+
+def f32_to_bf16_bits(a):
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest, ties to even."""
+    b = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    assert np.all(np.isfinite(a))
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    return r.astype(np.uint16)
+
+
+def bf16_bits_to_f32(u):
+    return (u.astype(np.uint32) << 16).view(np.float32)
+
+
+def check_bf16_rounding():
+    """Each rounded value is the nearer of its two bf16 neighbours (ties: even)."""
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.normal(0, 0.3, 10000), rng.normal(0, 100, 1000)]).astype(np.float32)
+    # exact ties: halfway between 0x3F80 and 0x3F81, and between 0x3F81 and 0x3F82
+    ties = np.array([0x3F808000, 0x3F818000], np.uint32).view(np.float32)
+    got = f32_to_bf16_bits(ties)
+    assert list(got) == [0x3F80, 0x3F82], got
+    r = bf16_bits_to_f32(f32_to_bf16_bits(x)).astype(np.float64)
+    lo = bf16_bits_to_f32((x.view(np.uint32) >> 16).astype(np.uint16)).astype(np.float64)
+    hi = bf16_bits_to_f32(((x.view(np.uint32) >> 16) + 1).astype(np.uint16)).astype(np.float64)
+    xd = x.astype(np.float64)
+    assert np.all((r == lo) | (r == hi))
+    assert np.all(np.abs(r - xd) <= np.minimum(np.abs(lo - xd), np.abs(hi - xd)))
+
+
+def write_safetensors(path, tensors, dtype):
+    """tensors: name -> float32 array. dtype 'F32' or 'BF16' (round to nearest even)."""
+    keep, specs = [], {}
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name], dtype=np.float32)
+        if dtype == "BF16":
+            buf, dname = f32_to_bf16_bits(a), "bfloat16"
+        else:
+            buf, dname = a.astype("<f4"), "float32"
+        buf = np.ascontiguousarray(buf)
+        keep.append(buf)
+        specs[name] = TensorSpec(dtype=dname, shape=a.shape, data_ptr=buf.ctypes.data,
+                                 data_len=buf.nbytes)
+    serialize_file(specs, path, metadata={"format": "pt"})
+    size = os.path.getsize(path)
+    assert size < MAX_FILE_BYTES, f"{path}: {size} bytes"
+    return size
+
+
+def write_model(m):
+    d = os.path.join(DATA_DIR, m["name"])
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    os.makedirs(d)
+    cfg = m["config"]
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+    t = make_weights(cfg, m["seed"])
+    if m["shards"] is None:
+        write_safetensors(os.path.join(d, "model.safetensors"), t, m["dtype"])
+    else:
+        n = 2
+        names = [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+        parts = {i: {} for i in range(1, n + 1)}
+        for k, v in t.items():
+            parts[m["shards"](k)][k] = v
+        for i in range(1, n + 1):
+            assert parts[i], "empty shard"
+            write_safetensors(os.path.join(d, names[i - 1]), parts[i], m["dtype"])
+        index = {
+            "metadata": {"total_size": int(sum(v.nbytes for v in t.values()))},
+            "weight_map": {k: names[m["shards"](k) - 1] for k in sorted(t)},
+        }
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
+            f.write("\n")
+    return d
+
+
+# ---------------------------------------------------------------------------
+# reading back (the reference sees only the files)
+# ---------------------------------------------------------------------------
+
+def read_safetensors(path):
+    """name -> (float64 array, dtype string), decoded from the raw bytes."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    out = {}
+    for name, info in deserialize(raw):
+        data, shape, dt = bytes(info["data"]), info["shape"], info["dtype"]
+        if dt == "F32":
+            a = np.frombuffer(data, dtype="<f4")
+        elif dt == "BF16":
+            a = bf16_bits_to_f32(np.frombuffer(data, dtype="<u2"))
+        else:
+            raise ValueError(f"{name}: dtype {dt}")
+        out[name] = (a.reshape(shape).astype(np.float64), dt)
+    return out
+
+
+def load_dir(d):
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    assert c["model_type"] in ("llama", "mistral", "qwen2"), c["model_type"]
+    nh = c["num_attention_heads"]
+    hd = c.get("head_dim") or c["hidden_size"] // nh
+    sc = c.get("rope_scaling")
+    if sc is not None:
+        assert sc.get("rope_type", sc.get("type")) == "llama3", sc
+        scaling = dict(factor=float(sc["factor"]), low=float(sc["low_freq_factor"]),
+                       high=float(sc["high_freq_factor"]),
+                       orig=float(sc["original_max_position_embeddings"]))
+    else:
+        scaling = None
+    assert c.get("sliding_window") is None
+    cfg = dict(
+        model_type=c["model_type"], n_embd=c["hidden_size"], n_ff=c["intermediate_size"],
+        n_head=nh, n_head_kv=c.get("num_key_value_heads", nh), head_dim=hd,
+        n_layer=c["num_hidden_layers"], n_vocab=c["vocab_size"], eps=float(c["rms_norm_eps"]),
+        theta=float(c["rope_theta"]), llama3_scaling=scaling,
+        tied=bool(c.get("tie_word_embeddings", False)),
+        qkv_bias=c["model_type"] == "qwen2" or bool(c.get("attention_bias", False)),
+    )
+    idx = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        with open(idx) as f:
+            wmap = json.load(f)["weight_map"]
+        files = sorted(set(wmap.values()))
+    else:
+        wmap, files = None, ["model.safetensors"]
+    t, types = {}, {}
+    for fn in files:
+        for k, (a, dt) in read_safetensors(os.path.join(d, fn)).items():
+            assert k not in t, k
+            assert wmap is None or wmap[k] == fn, k
+            t[k], types[k] = a, dt
+    assert wmap is None or set(wmap) == set(t)
+    assert (cfg["tied"]) == ("lm_head.weight" not in t)
+    W = {
+        "tok_embd": t["model.embed_tokens.weight"],
+        "out_norm": t["model.norm.weight"],
+        "output": t["model.embed_tokens.weight"] if cfg["tied"] else t["lm_head.weight"],
+        "layers": [],
+    }
+    for i in range(cfg["n_layer"]):
+        b = f"model.layers.{i}."
+        L = dict(
+            attn_norm=t[b + "input_layernorm.weight"],
+            wq=t[b + "self_attn.q_proj.weight"],
+            wk=t[b + "self_attn.k_proj.weight"],
+            wv=t[b + "self_attn.v_proj.weight"],
+            wo=t[b + "self_attn.o_proj.weight"],
+            ffn_norm=t[b + "post_attention_layernorm.weight"],
+            w_gate=t[b + "mlp.gate_proj.weight"],
+            w_up=t[b + "mlp.up_proj.weight"],
+            w_down=t[b + "mlp.down_proj.weight"],
+        )
+        if cfg["qkv_bias"]:
+            L.update(bq=t[b + "self_attn.q_proj.bias"], bk=t[b + "self_attn.k_proj.bias"],
+                     bv=t[b + "self_attn.v_proj.bias"])
+        W["layers"].append(L)
+    n_used = 2 + (not cfg["tied"]) + sum(len(L) for L in W["layers"])
+    assert n_used == len(t), (n_used, len(t))      # every tensor in the files is used
+    check_shapes(cfg, W)
+    return cfg, W, types
+
+
+def check_shapes(cfg, W):
+    d, f, hd = cfg["n_embd"], cfg["n_ff"], cfg["head_dim"]
+    nh, nkv, V = cfg["n_head"], cfg["n_head_kv"], cfg["n_vocab"]
+    assert W["tok_embd"].shape == (V, d) and W["output"].shape == (V, d)
+    assert W["out_norm"].shape == (d,) and nh % nkv == 0 and hd % 2 == 0
+    for L in W["layers"]:
+        assert L["wq"].shape == (nh * hd, d) and L["wo"].shape == (d, nh * hd)
+        assert L["wk"].shape == (nkv * hd, d) and L["wv"].shape == (nkv * hd, d)
+        assert L["w_gate"].shape == (f, d) and L["w_up"].shape == (f, d)
+        assert L["w_down"].shape == (d, f)
+        assert L["attn_norm"].shape == (d,) and L["ffn_norm"].shape == (d,)
+        if cfg["qkv_bias"]:
+            assert L["bq"].shape == (nh * hd,) and L["bk"].shape == (nkv * hd,)
+            assert L["bv"].shape == (nkv * hd,)
+
+
+# ---------------------------------------------------------------------------
+# forward pass (float64)
+# ---------------------------------------------------------------------------
+
+def inv_freqs(cfg):
+    d = cfg["head_dim"]
+    f = cfg["theta"] ** (-np.arange(0, d, 2, dtype=np.float64) / d)      # [d/2]
+    s = cfg["llama3_scaling"]
+    if s is None:
+        return f
+    wavelen = 2.0 * math.pi / f
+    smooth = (s["orig"] / wavelen - s["low"]) / (s["high"] - s["low"])
+    if s.get("control_no_smoothing"):              # sensitivity control only
+        smooth = np.ones_like(smooth)
+    return np.where(wavelen < s["orig"] / s["high"], f,
+                    np.where(wavelen > s["orig"] / s["low"], f / s["factor"],
+                             (1.0 - smooth) * f / s["factor"] + smooth * f))
+
+
+def llama3_regimes(cfg):
+    """(kept, smoothed, divided) counts, from a per-element scalar rewrite."""
+    s = cfg["llama3_scaling"]
+    d = cfg["head_dim"]
+    counts = [0, 0, 0]
+    got = inv_freqs(cfg)
+    for i in range(d // 2):
+        f = cfg["theta"] ** (-(2.0 * i) / d)
+        wl = 2 * math.pi / f
+        if wl < s["orig"] / s["high"]:
+            want, k = f, 0
+        elif wl > s["orig"] / s["low"]:
+            want, k = f / s["factor"], 2
+        else:
+            sm = (s["orig"] / wl - s["low"]) / (s["high"] - s["low"])
+            want, k = (1 - sm) * f / s["factor"] + sm * f, 1
+        assert abs(got[i] - want) <= 1e-15 * want
+        counts[k] += 1
+    return counts
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def rope_half(x, positions, inv_freq):
+    """x: [T, heads, d]; rotate_half layout: pairs (x[i], x[i + d/2])."""
+    half = x.shape[-1] // 2
+    ang = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
+def rope_adjacent(x, positions, inv_freq):
+    """Wrong-layout control only: pairs (x[2i], x[2i+1]) (GGUF llama layout)."""
+    ang = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = a * cos - b * sin
+    out[..., 1::2] = a * sin + b * cos
+    return out
+
+
+def softmax(x):
+    m = np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def forward_last(cfg, W, ids, rope_layout="half"):
+    T = len(ids)
+    nh, nkv, hd = cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
+    group = nh // nkv
+    pos = np.arange(T)
+    freqs = inv_freqs(cfg)
+    mask = np.triu(np.full((T, T), -np.inf), k=1)
+    scale = 1.0 / math.sqrt(hd)
+    x = W["tok_embd"][np.asarray(ids)]
+    for L in W["layers"]:
+        h = rms_norm(x, L["attn_norm"], cfg["eps"])
+        q, k, v = h @ L["wq"].T, h @ L["wk"].T, h @ L["wv"].T
+        if cfg["qkv_bias"]:
+            q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
+        rope = rope_half if rope_layout == "half" else rope_adjacent
+        q = rope(q.reshape(T, nh, hd), pos, freqs)
+        k = rope(k.reshape(T, nkv, hd), pos, freqs)
+        v = v.reshape(T, nkv, hd)
+        att = np.empty((T, nh, hd))
+        for hh in range(nh):
+            kv = hh % nkv if cfg.get("gqa_mod") else hh // group
+            s = (q[:, hh, :] @ k[:, kv, :].T) * scale + mask
+            att[:, hh, :] = softmax(s) @ v[:, kv, :]
+        x = x + att.reshape(T, nh * hd) @ L["wo"].T
+        h = rms_norm(x, L["ffn_norm"], cfg["eps"])
+        x = x + (silu(h @ L["w_gate"].T) * (h @ L["w_up"].T)) @ L["w_down"].T
+    hl = rms_norm(x[-1:], W["out_norm"], cfg["eps"])
+    return (hl @ W["output"].T)[0]
+
+
+def sensitivity(cfg, W, prompt, ref):
+    """Relative logit error (the test's metric) that plausible loader/forward mistakes
+    would cause on this prompt's last-position logits; each must be far above 1e-4,
+    or the fixture would not exercise the feature."""
+    def err(lg):
+        return float(np.max(np.abs(lg - ref)) / np.max(np.abs(ref)))
+    out = {"rope_adjacent_pairs": err(forward_last(cfg, W, prompt, rope_layout="adjacent"))}
+    if cfg["llama3_scaling"]:
+        out["llama3_scaling_ignored"] = err(forward_last(dict(cfg, llama3_scaling=None), W, prompt))
+        no_smooth = dict(cfg["llama3_scaling"], control_no_smoothing=True)
+        out["llama3_middle_band_kept"] = err(
+            forward_last(dict(cfg, llama3_scaling=no_smooth), W, prompt))
+    if cfg["qkv_bias"]:
+        out["qkv_bias_ignored"] = err(forward_last(dict(cfg, qkv_bias=False), W, prompt))
+        Wk = dict(W, layers=[dict(L, bk=np.zeros_like(L["bk"])) for L in W["layers"]])
+        out["k_bias_ignored"] = err(forward_last(cfg, Wk, prompt))
+    if 1 < cfg["n_head_kv"] < cfg["n_head"]:
+        # kv head = q head % n_kv (interleaved GQA grouping) instead of q head // group
+        out["gqa_wrong_grouping"] = err(forward_last(dict(cfg, gqa_mod=True), W, prompt))
+    for k, v in out.items():
+        assert v > 1e-2, (k, v)
+    return {k: float(f"{v:.3g}") for k, v in out.items()}
+
+
+def logsumexp(v):
+    m = np.max(v)
+    return float(m + np.log(np.sum(np.exp(v - m))))
+
+
+def generate(cfg, W, prompt_ids):
+    ids = list(prompt_ids)
+    gen, lgs = [], []
+    for _ in range(N_NEW):
+        lg = forward_last(cfg, W, ids)
+        nxt = int(np.argmax(lg))
+        gen.append(nxt)
+        lgs.append(lg)
+        ids.append(nxt)
+    return gen, lgs
+
+
+# ---------------------------------------------------------------------------
+# output
+# ---------------------------------------------------------------------------
+
+def r(x):
+    return float(f"{float(np.float32(x)):.{SIG_DIGITS}g}")
+
+
+def logits_record(lg):
+    return {"argmax": int(np.argmax(lg)), "logsumexp": r(logsumexp(lg)),
+            "logits": [r(x) for x in lg]}
+
+
+def sha256_file(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def run(m, versions):
+    d = write_model(m)
+    cfg, W, types = load_dir(d)
+    notes = []
+    if cfg["llama3_scaling"]:
+        kept, smoothed, divided = llama3_regimes(cfg)
+        assert kept and smoothed and divided, (kept, smoothed, divided)
+        notes.append(f"llama3 inv_freq regimes over head_dim {cfg['head_dim']}: kept {kept}, "
+                     f"smoothed {smoothed}, divided by factor {divided}")
+        plain = cfg["theta"] ** (-np.arange(0, cfg["head_dim"], 2) / cfg["head_dim"])
+        assert not np.allclose(inv_freqs(cfg), plain)
+    rng = np.random.default_rng(m["seed"] + 500)
+    prompts = [[int(i) for i in rng.integers(0, cfg["n_vocab"], n)] for n in PROMPT_LENS]
+    recs = []
+    for pi, pids in enumerate(prompts):
+        gen, lgs = generate(cfg, W, pids)
+        margins, logprobs = [], []
+        for g, lg in zip(gen, lgs):
+            o = np.argsort(-lg, kind="stable")
+            assert o[0] == g
+            margins.append(r(lg[o[0]] - lg[o[1]]))
+            logprobs.append(r(lg[g] - logsumexp(lg)))
+        exact = next((i for i, mg in enumerate(margins) if mg < 1e-3), N_NEW)
+        assert exact >= MIN_EXACT, f"{m['name']} prompt {pi}: near-tie at step {exact}"
+        sens = sensitivity(cfg, W, pids, lgs[0])
+        print(f"    sensitivity (rel err of plausible mistakes): {sens}")
+        recs.append({
+            "prompt_text": None,
+            "prompt_ids": pids,
+            "generated_ids": gen,
+            "generated_text": None,
+            "top2_margin": margins,
+            "generated_logprobs": logprobs,
+            "sensitivity": sens,
+            "prompt_logits_last": logits_record(lgs[0]),
+            "step_logits": [dict(step=s, position=len(pids) + s - 1, input_token=gen[s - 1],
+                                 **logits_record(lgs[s])) for s in STEP_LOGITS_STEPS],
+        })
+        print(f"[{m['name']}] prompt {pi} (len {len(pids)}): gen {gen}")
+        print(f"    min top2 margin {min(margins):.4g} at step {int(np.argmin(margins))}; "
+              f"logit std {np.std(lgs[0]):.3g}; distinct generated ids {len(set(gen))}")
+    type_counts = {}
+    for t in types.values():
+        type_counts[t] = type_counts.get(t, 0) + 1
+    files = sorted(os.listdir(d))
+    doc = {
+        "model": f"tests/data/arch/{m['name']}",
+        "format": "hf",
+        "sha256": {f: sha256_file(os.path.join(d, f)) for f in files},
+        "config": cfg,
+        "tensor_types": dict(sorted(type_counts.items())),
+        "weights_note": (
+            "Random weights (numpy default_rng seed %d): matrices normal(0, 0.3), norms "
+            "1 + 0.1*normal, biases normal(0, 0.5), drawn in float32%s; the reference reads "
+            "the written files back and computes in float64." % (
+                m["seed"], ", then stored as BF16 (round to nearest even); the reference "
+                "uses the BF16 values" if m["dtype"] == "BF16" else "")),
+        "rope_note": ("HF rotate_half layout: pairs (x[i], x[i+d/2]); inv_freq theta^(-2i/d)"
+                      + ("; Llama-3 scaling applied. " + notes[0] if notes else "")),
+        "method": (f"prompt ids as given (no BOS), {N_NEW} greedy argmax steps (ties -> "
+                   "lowest id), no EOS stop, full forward recomputed each step, float64 "
+                   "NumPy reference."),
+        "schema": {
+            "prompt_ids": "input ids (random, no BOS)",
+            "generated_ids": f"{N_NEW} greedy ids; generated_ids[s] = argmax of step s logits",
+            "step s": ("forward over prompt_ids + generated_ids[:s]; step 0 = prefill, its "
+                       "logits are prompt_logits_last (position len(prompt_ids)-1)"),
+            "prompt_logits_last": "logits record of step 0",
+            "step_logits": (f"logits records of steps {STEP_LOGITS_STEPS}; position = 0-based "
+                            "position of the last input token, input_token = "
+                            "generated_ids[step-1]"),
+            "logits record": "argmax, logsumexp and the full-vocab 'logits'",
+            "top2_margin": "per step: best logit - second-best logit (small = near-tie)",
+            "generated_logprobs": "per step: log-softmax of the chosen id",
+            "sensitivity": ("relative error (max abs diff / max abs ref) of prompt_logits_last "
+                            "that the named mistake would cause; the test tolerance is 1e-4"),
+            "precision": f"float32 values rounded to {SIG_DIGITS} significant digits",
+        },
+        "logits_storage": "full vocab for every logits record",
+        "versions": versions,
+        "command": "python3 scripts/golden_arch.py",
+        "prompts": recs,
+    }
+    out = os.path.join(GOLDEN_DIR, f"arch-{m['name']}.json")
+    with open(out, "w") as f:
+        json.dump(doc, f, separators=(",", ":"))
+        f.write("\n")
+    sizes = {f: os.path.getsize(os.path.join(d, f)) for f in files}
+    print(f"    wrote {d} {sizes} and {out} ({os.path.getsize(out)} bytes)")
+
+
+def main():
+    check_bf16_rounding()
+    os.makedirs(DATA_DIR, exist_ok=True)
+    os.makedirs(GOLDEN_DIR, exist_ok=True)
+    from importlib.metadata import version
+    versions = {"python": platform.python_version(), "numpy": np.__version__,
+                "safetensors": version("safetensors")}
+    assert safetensors.__version__
+    for m in MODELS:
+        run(m, versions)
+
+
+if __name__ == "__main__":
+    main()
