@@ -21,9 +21,9 @@ export KILN_MODELS_DIR=$dev/models
 parity() {
     local rounds=${1:-1}
     # Warm the on-disk kernel cache once, so parallel tests do not all compile at once.
-    local t0=$(date +%s.%N)
+    local t0=$(date +%s%N)
     "$dev/parity" --exact embed_and_gather_rows > "$out/warm.log" 2>&1 || { tail -40 "$out/warm.log"; return 1; }
-    echo "kernel compile + first test: $(echo "$(date +%s.%N) - $t0" | bc) s"
+    echo "kernel compile + first test: $(( ($(date +%s%N) - t0) / 1000000 )) ms"
     for r in $(seq 1 "$rounds"); do
         "$dev/parity" --nocapture > "$out/parity-$r.log" 2>&1
         echo "round $r: exit $?"

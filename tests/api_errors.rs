@@ -22,52 +22,328 @@ async fn bad_inputs_are_4xx_naming_the_field() {
     let long: Vec<u32> = vec![100; 3000];
     let user = |content: Value| json!([{"role": "user", "content": content}]);
     let table: Vec<(&str, Value, u16, &str, Option<&str>)> = vec![
-        (C, json!({"prompt": 5}), 400, "invalid_request_error", Some("prompt")),
-        (C, json!({"prompt": "x", "stream": "true"}), 400, "invalid_request_error", Some("stream")),
-        (C, json!({"prompt": "x", "max_tokens": -1}), 400, "invalid_request_error", Some("max_tokens")),
-        (C, json!({"prompt": "x", "max_tokens": 1e30}), 400, "invalid_request_error", Some("max_tokens")),
-        (C, json!({"prompt": "x", "max_tokens": 1_000_000_000_000u64}), 400, "invalid_request_error", Some("max_tokens")),
-        (C, json!({"prompt": "x", "max_tokens": 0}), 400, "invalid_request_error", Some("max_tokens")),
-        (C, json!({"prompt": "x", "temperature": "NaN"}), 400, "invalid_request_error", Some("temperature")),
-        (C, json!({"prompt": "x", "temperature": 1e39}), 400, "invalid_request_error", Some("temperature")),
-        (C, json!({"prompt": "x", "temperature": -0.5}), 400, "invalid_request_error", Some("temperature")),
-        (C, json!({"prompt": "x", "top_p": 0}), 400, "invalid_request_error", Some("top_p")),
-        (C, json!({"prompt": "x", "top_k": -7}), 400, "invalid_request_error", Some("top_k")),
-        (C, json!({"prompt": "x", "min_p": 2}), 400, "invalid_request_error", Some("min_p")),
-        (C, json!({"prompt": "x", "presence_penalty": 9}), 400, "invalid_request_error", Some("presence_penalty")),
-        (C, json!({"prompt": "x", "n": 0}), 400, "invalid_request_error", Some("n")),
-        (C, json!({"prompt": "x", "n": 100_000}), 400, "invalid_request_error", Some("n")),
-        (C, json!({"prompt": "x", "logprobs": 1000}), 400, "invalid_request_error", Some("logprobs")),
-        (C, json!({"prompt": "x", "stop": vec!["a"; 1000]}), 400, "invalid_request_error", Some("stop")),
-        (C, json!({"prompt": "x", "stop": 7}), 400, "invalid_request_error", Some("stop")),
-        (C, json!({"prompt": "x", "logit_bias": {"abc": 1}}), 400, "invalid_request_error", Some("logit_bias")),
-        (C, json!({"prompt": "x", "logit_bias": {"3": 500}}), 400, "invalid_request_error", Some("logit_bias")),
-        (C, json!({"prompt": "x", "seed": "1"}), 400, "invalid_request_error", Some("seed")),
-        (C, json!({"prompt": "x", "echo": true, "logprobs": 1}), 400, "invalid_request_error", Some("echo")),
-        (C, json!({"prompt": "x", "stream_options": {"include_usage": 1}}), 400, "invalid_request_error", Some("stream_options.include_usage")),
-        (C, json!({"prompt": ""}), 400, "invalid_request_error", Some("prompt")),
-        (C, json!({"prompt": []}), 400, "invalid_request_error", Some("prompt")),
-        (C, json!({"prompt": [[]]}), 400, "invalid_request_error", Some("prompt")),
-        (C, json!({"prompt": [99_999]}), 400, "invalid_request_error", Some("prompt")),
-        (C, json!({"prompt": [-1]}), 400, "invalid_request_error", Some("prompt")),
-        (C, json!({"prompt": long}), 400, "invalid_request_error", Some("prompt")),
-        (C, json!({"max_tokens": 3}), 400, "invalid_request_error", Some("prompt")),
-        (C, json!({"prompt": "x", "model": "gpt-4"}), 404, "not_found_error", Some("model")),
-        (CHAT, json!({"messages": []}), 400, "invalid_request_error", Some("messages")),
-        (CHAT, json!({"max_tokens": 3}), 400, "invalid_request_error", Some("messages")),
-        (CHAT, json!({"messages": "hi"}), 400, "invalid_request_error", Some("messages")),
-        (CHAT, json!({"messages": [{"role": "tool", "content": "x"}]}), 400, "invalid_request_error", Some("messages[0].role")),
-        (CHAT, json!({"messages": [{"content": "x"}]}), 400, "invalid_request_error", Some("messages[0].role")),
-        (CHAT, json!({"messages": user(json!(5))}), 400, "invalid_request_error", Some("messages[0].content")),
-        (CHAT, json!({"messages": user(json!([{"type": "image_url", "image_url": {"url": "x"}}]))}), 400, "invalid_request_error", Some("messages[0].content[0].type")),
-        (CHAT, json!({"messages": user(json!("x")), "top_logprobs": 2}), 400, "invalid_request_error", Some("top_logprobs")),
-        (CHAT, json!({"messages": user(json!("x")), "logprobs": true, "top_logprobs": 99}), 400, "invalid_request_error", Some("top_logprobs")),
-        (CHAT, json!({"messages": user(json!("x")), "max_completion_tokens": 0}), 400, "invalid_request_error", Some("max_completion_tokens")),
-        (CHAT, json!({"messages": user(json!("x")), "tools": [{"type": "function"}]}), 400, "invalid_request_error", Some("tools")),
-        (CHAT, json!({"messages": user(json!("x")), "response_format": {"type": "json_object"}}), 400, "invalid_request_error", Some("response_format")),
-        (CHAT, json!({"messages": user(json!("x")), "model": "nope"}), 404, "not_found_error", Some("model")),
-        ("/detokenize", json!({"tokens": [99_999]}), 400, "invalid_request_error", Some("tokens")),
-        ("/tokenize", json!({}), 400, "invalid_request_error", Some("prompt")),
+        (
+            C,
+            json!({"prompt": 5}),
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "stream": "true"}),
+            400,
+            "invalid_request_error",
+            Some("stream"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "max_tokens": -1}),
+            400,
+            "invalid_request_error",
+            Some("max_tokens"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "max_tokens": 1e30}),
+            400,
+            "invalid_request_error",
+            Some("max_tokens"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "max_tokens": 1_000_000_000_000u64}),
+            400,
+            "invalid_request_error",
+            Some("max_tokens"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "max_tokens": 0}),
+            400,
+            "invalid_request_error",
+            Some("max_tokens"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "temperature": "NaN"}),
+            400,
+            "invalid_request_error",
+            Some("temperature"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "temperature": 1e39}),
+            400,
+            "invalid_request_error",
+            Some("temperature"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "temperature": -0.5}),
+            400,
+            "invalid_request_error",
+            Some("temperature"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "top_p": 0}),
+            400,
+            "invalid_request_error",
+            Some("top_p"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "top_k": -7}),
+            400,
+            "invalid_request_error",
+            Some("top_k"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "min_p": 2}),
+            400,
+            "invalid_request_error",
+            Some("min_p"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "presence_penalty": 9}),
+            400,
+            "invalid_request_error",
+            Some("presence_penalty"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "n": 0}),
+            400,
+            "invalid_request_error",
+            Some("n"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "n": 100_000}),
+            400,
+            "invalid_request_error",
+            Some("n"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "logprobs": 1000}),
+            400,
+            "invalid_request_error",
+            Some("logprobs"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "stop": vec!["a"; 1000]}),
+            400,
+            "invalid_request_error",
+            Some("stop"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "stop": 7}),
+            400,
+            "invalid_request_error",
+            Some("stop"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "logit_bias": {"abc": 1}}),
+            400,
+            "invalid_request_error",
+            Some("logit_bias"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "logit_bias": {"3": 500}}),
+            400,
+            "invalid_request_error",
+            Some("logit_bias"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "seed": "1"}),
+            400,
+            "invalid_request_error",
+            Some("seed"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "echo": true, "logprobs": 1}),
+            400,
+            "invalid_request_error",
+            Some("echo"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "stream_options": {"include_usage": 1}}),
+            400,
+            "invalid_request_error",
+            Some("stream_options.include_usage"),
+        ),
+        (
+            C,
+            json!({"prompt": ""}),
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            C,
+            json!({"prompt": []}),
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            C,
+            json!({"prompt": [[]]}),
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            C,
+            json!({"prompt": [99_999]}),
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            C,
+            json!({"prompt": [-1]}),
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            C,
+            json!({"prompt": long}),
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            C,
+            json!({"max_tokens": 3}),
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            C,
+            json!({"prompt": "x", "model": "gpt-4"}),
+            404,
+            "not_found_error",
+            Some("model"),
+        ),
+        (
+            CHAT,
+            json!({"messages": []}),
+            400,
+            "invalid_request_error",
+            Some("messages"),
+        ),
+        (
+            CHAT,
+            json!({"max_tokens": 3}),
+            400,
+            "invalid_request_error",
+            Some("messages"),
+        ),
+        (
+            CHAT,
+            json!({"messages": "hi"}),
+            400,
+            "invalid_request_error",
+            Some("messages"),
+        ),
+        (
+            CHAT,
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            400,
+            "invalid_request_error",
+            Some("messages[0].role"),
+        ),
+        (
+            CHAT,
+            json!({"messages": [{"content": "x"}]}),
+            400,
+            "invalid_request_error",
+            Some("messages[0].role"),
+        ),
+        (
+            CHAT,
+            json!({"messages": user(json!(5))}),
+            400,
+            "invalid_request_error",
+            Some("messages[0].content"),
+        ),
+        (
+            CHAT,
+            json!({"messages": user(json!([{"type": "image_url", "image_url": {"url": "x"}}]))}),
+            400,
+            "invalid_request_error",
+            Some("messages[0].content[0].type"),
+        ),
+        (
+            CHAT,
+            json!({"messages": user(json!("x")), "top_logprobs": 2}),
+            400,
+            "invalid_request_error",
+            Some("top_logprobs"),
+        ),
+        (
+            CHAT,
+            json!({"messages": user(json!("x")), "logprobs": true, "top_logprobs": 99}),
+            400,
+            "invalid_request_error",
+            Some("top_logprobs"),
+        ),
+        (
+            CHAT,
+            json!({"messages": user(json!("x")), "max_completion_tokens": 0}),
+            400,
+            "invalid_request_error",
+            Some("max_completion_tokens"),
+        ),
+        (
+            CHAT,
+            json!({"messages": user(json!("x")), "tools": [{"type": "function"}]}),
+            400,
+            "invalid_request_error",
+            Some("tools"),
+        ),
+        (
+            CHAT,
+            json!({"messages": user(json!("x")), "response_format": {"type": "json_object"}}),
+            400,
+            "invalid_request_error",
+            Some("response_format"),
+        ),
+        (
+            CHAT,
+            json!({"messages": user(json!("x")), "model": "nope"}),
+            404,
+            "not_found_error",
+            Some("model"),
+        ),
+        (
+            "/detokenize",
+            json!({"tokens": [99_999]}),
+            400,
+            "invalid_request_error",
+            Some("tokens"),
+        ),
+        (
+            "/tokenize",
+            json!({}),
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
     ];
     for (path, body, status, kind, param) in table {
         let (got, _, res) = post(&s.base, path, &body).await;
@@ -127,7 +403,12 @@ async fn api_keys_guard_every_route_but_health() {
     let c = client();
     let url = format!("{}/v1/completions", s.base);
     let body = json!({"prompt": "Once", "max_tokens": 2});
-    for auth in [None, Some("Bearer sk-wrong"), Some("Bearer sk-firs"), Some("sk-first")] {
+    for auth in [
+        None,
+        Some("Bearer sk-wrong"),
+        Some("Bearer sk-firs"),
+        Some("sk-first"),
+    ] {
         let mut req = c.post(&url).json(&body);
         if let Some(a) = auth {
             req = req.header("authorization", a);
@@ -139,16 +420,30 @@ async fn api_keys_guard_every_route_but_health() {
         assert_eq!(json["error"]["code"], "invalid_api_key");
     }
     for key in ["sk-first", "sk-second"] {
-        let res = c.post(&url).bearer_auth(key).json(&body).send().await.unwrap();
+        let res = c
+            .post(&url)
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(res.status().as_u16(), 200);
     }
     for path in ["/metrics", "/v1/models", "/openapi.json", "/docs/"] {
         assert_eq!(get(&s.base, path).await.0, 401, "{path} needs a key");
     }
     assert_eq!(get(&s.base, "/health").await.0, 200);
-    let metrics = c.get(format!("{}/metrics", s.base)).bearer_auth("sk-second").send().await.unwrap();
+    let metrics = c
+        .get(format!("{}/metrics", s.base))
+        .bearer_auth("sk-second")
+        .send()
+        .await
+        .unwrap();
     let text = metrics.text().await.unwrap();
-    assert!(text.contains("kiln_request_errors_total{type=\"authentication_error\"}"), "{text}");
+    assert!(
+        text.contains("kiln_request_errors_total{type=\"authentication_error\"}"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -159,11 +454,17 @@ async fn oversized_bodies_are_413() {
     let big = json!({"prompt": "a ".repeat(4000), "max_tokens": 1});
     let (status, _, body) = post(&s.base, C, &big).await;
     assert_error(status, &body, 413, "invalid_request_error", None);
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = (0..10).map(|_| Ok(vec![b' '; 1000])).collect();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..10).map(|_| Ok(vec![b' '; 1000])).collect();
     let streamed = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
     let (status, body) = post_raw(&s.base, C, streamed).await;
     assert_error(status, &body, 413, "invalid_request_error", None);
-    let (status, _, _) = post(&s.base, C, &json!({"prompt": "a ".repeat(100), "max_tokens": 1})).await;
+    let (status, _, _) = post(
+        &s.base,
+        C,
+        &json!({"prompt": "a ".repeat(100), "max_tokens": 1}),
+    )
+    .await;
     assert_eq!(status, 200);
 }
 
@@ -175,24 +476,43 @@ async fn overload_is_429_with_retry_after() {
     let s = start(cfg);
     let long = json!({"prompt": "Once", "max_tokens": 2000, "ignore_eos": true, "stream": true});
     let c = client();
-    let first = c.post(format!("{}{C}", s.base)).json(&long).send().await.unwrap();
+    let first = c
+        .post(format!("{}{C}", s.base))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
     let mut first_body = first.bytes_stream();
     first_body.next().await.unwrap().unwrap();
-    let second = c.post(format!("{}{C}", s.base)).json(&long).send().await.unwrap();
+    let second = c
+        .post(format!("{}{C}", s.base))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(second.status().as_u16(), 200);
-    let text = wait_metrics(&s.base, Duration::from_secs(10), |t| metric(t, "kiln_requests_waiting") == Some(1.0)).await;
+    let text = wait_metrics(&s.base, Duration::from_secs(10), |t| {
+        metric(t, "kiln_requests_waiting") == Some(1.0)
+    })
+    .await;
     assert_eq!(metric(&text, "kiln_requests_waiting"), Some(1.0), "{text}");
-    let (status, headers, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": 2})).await;
+    let (status, headers, body) =
+        post(&s.base, C, &json!({"prompt": "Once", "max_tokens": 2})).await;
     assert_error(status, &body, 429, "rate_limit_error", None);
     let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!(retry >= 1);
     drop(first_body);
     drop(second);
     let text = wait_metrics(&s.base, Duration::from_secs(10), |t| {
-        metric(t, "kiln_requests_running") == Some(0.0) && metric(t, "kiln_requests_waiting") == Some(0.0)
+        metric(t, "kiln_requests_running") == Some(0.0)
+            && metric(t, "kiln_requests_waiting") == Some(0.0)
     })
     .await;
-    assert_eq!(metric(&text, "kiln_kv_cache_usage_ratio"), Some(0.0), "{text}");
+    assert_eq!(
+        metric(&text, "kiln_kv_cache_usage_ratio"),
+        Some(0.0),
+        "{text}"
+    );
     let (status, _, _) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": 2})).await;
     assert_eq!(status, 200, "serves again once the queue drains");
 }
@@ -204,13 +524,25 @@ async fn not_ready_is_503_until_the_engine_is_set() {
     let server = Server::start(state.clone(), TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
     let base = format!("http://{}", server.addr());
     let (status, text) = get(&base, "/health").await;
-    assert_error(status, &serde_json::from_str(&text).unwrap(), 503, "service_unavailable_error", None);
+    assert_error(
+        status,
+        &serde_json::from_str(&text).unwrap(),
+        503,
+        "service_unavailable_error",
+        None,
+    );
     let (status, _, body) = post(&base, C, &json!({"prompt": "Once"})).await;
     assert_error(status, &body, 503, "service_unavailable_error", None);
-    assert_eq!(get(&base, "/metrics").await.0, 200, "metrics work while loading");
-    let engine = tokio::task::spawn_blocking(move || Engine::start(model_files(), &[Device::Cpu], cfg.engine).unwrap())
-        .await
-        .unwrap();
+    assert_eq!(
+        get(&base, "/metrics").await.0,
+        200,
+        "metrics work while loading"
+    );
+    let engine = tokio::task::spawn_blocking(move || {
+        Engine::start(model_files(), &[Device::Cpu], cfg.engine).unwrap()
+    })
+    .await
+    .unwrap();
     state.set_engine(engine.client()).unwrap();
     assert_eq!(get(&base, "/health").await.0, 200);
     let (status, _, _) = post(&base, C, &json!({"prompt": "Once", "max_tokens": 2})).await;

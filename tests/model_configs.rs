@@ -7,15 +7,23 @@ use kiln::backend::cpu::CpuBackend;
 use kiln::model::{LoadFormat, ModelFiles, ModelSpec, RopeLayout};
 
 fn spec(name: &str) -> ModelSpec {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/models").join(name);
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("config/models")
+        .join(name);
     ModelSpec::from_hf_config(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 #[test]
 fn llama3_8b_shapes() {
     let s = spec("llama-3-8b.json");
-    assert_eq!((s.hidden, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim), (4096, 32, 32, 8, 128));
-    assert_eq!((s.vocab_size, s.intermediate, s.rope.theta), (128256, 14336, 500000.0));
+    assert_eq!(
+        (s.hidden, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim),
+        (4096, 32, 32, 8, 128)
+    );
+    assert_eq!(
+        (s.vocab_size, s.intermediate, s.rope.theta),
+        (128256, 14336, 500000.0)
+    );
     assert_eq!(s.rope.layout, RopeLayout::Half);
     assert!(!s.tied_embeddings && !s.qkv_bias);
 }
@@ -23,7 +31,10 @@ fn llama3_8b_shapes() {
 #[test]
 fn llama2_7b_shapes() {
     let s = spec("llama-2-7b.json");
-    assert_eq!((s.hidden, s.n_kv_heads, s.head_dim, s.vocab_size), (4096, 32, 128, 32000));
+    assert_eq!(
+        (s.hidden, s.n_kv_heads, s.head_dim, s.vocab_size),
+        (4096, 32, 128, 32000)
+    );
 }
 
 #[test]
@@ -34,7 +45,10 @@ fn llama32_1b_has_llama3_scaling_and_tied_embeddings() {
     assert!(s.tied_embeddings);
     let f = s.rope.inv_freqs();
     assert_eq!(f.len(), 32);
-    assert!(f[31] < 500000f32.powf(-62.0 / 64.0), "low frequencies are divided by the factor");
+    assert!(
+        f[31] < 500000f32.powf(-62.0 / 64.0),
+        "low frequencies are divided by the factor"
+    );
 }
 
 #[test]

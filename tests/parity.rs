@@ -3,9 +3,13 @@
 //! Fresh random inputs each run (the seed is printed), outputs poisoned with NaN before each
 //! launch, errors by relative norm with a tolerance per dtype.
 
+#[path = "parity/bench.rs"]
 mod bench;
+#[path = "parity/harness.rs"]
 mod harness;
+#[path = "parity/model.rs"]
 mod model;
+#[path = "parity/sampling.rs"]
 mod sampling;
 
 use harness::*;

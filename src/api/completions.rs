@@ -157,7 +157,10 @@ pub async fn completions(
     if let Some(p) = prompts.iter().find(|p| p.ids.len() >= context) {
         return Err(ApiError::invalid(
             "prompt",
-            format!("the prompt is {} tokens; the model's context is {context}", p.ids.len()),
+            format!(
+                "the prompt is {} tokens; the model's context is {context}",
+                p.ids.len()
+            ),
         ));
     }
     let mut streams = Vec::with_capacity(prompts.len());

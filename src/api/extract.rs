@@ -113,6 +113,7 @@ fn describe(path: &str, e: &serde_json::Error) -> ApiError {
                     "invalid_type",
                 );
             }
+            let msg = untagged_hint(&msg).map_or(msg, str::to_string);
             ApiError::invalid_with_code(
                 Some(path.to_string()),
                 format!("invalid `{path}`: {msg}"),
@@ -120,6 +121,19 @@ fn describe(path: &str, e: &serde_json::Error) -> ApiError {
             )
         }
     }
+}
+
+/// What the one-of fields accept, in place of serde's "did not match any variant".
+fn untagged_hint(msg: &str) -> Option<&'static str> {
+    let name = msg.strip_prefix("data did not match any variant of untagged enum ")?;
+    Some(match name.trim() {
+        "PromptInput" => {
+            "expected a string, an array of strings, an array of token ids (non-negative integers) or an array of such arrays"
+        }
+        "StopSpec" => "expected a string or an array of strings",
+        "MessageContent" => "expected a string or an array of content parts",
+        _ => return None,
+    })
 }
 
 /// `missing field `x`` -> `x`.

@@ -181,16 +181,19 @@ pub async fn build(
                     message: "the fixed dataset needs a --prompt".into(),
                 });
             }
+            // Counting is best-effort here: a server without /tokenize still gets fixed prompts.
+            let mut lens = Vec::with_capacity(prompts.len());
+            for p in prompts {
+                lens.push(match counter {
+                    Some(c) => c.count(p).await.ok(),
+                    None => None,
+                });
+            }
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
-                let prompt = prompts[i % prompts.len()].clone();
-                let prompt_len = match counter {
-                    Some(c) => Some(c.count(&prompt).await?),
-                    None => None,
-                };
                 out.push(Sample {
-                    prompt,
-                    prompt_len,
+                    prompt: prompts[i % prompts.len()].clone(),
+                    prompt_len: lens[i % prompts.len()],
                     output_len: output.sample(&mut rng),
                 });
             }

@@ -54,76 +54,56 @@ pub struct EngineClient {
     shared: Arc<Shared>,
 }
 
+/// The body of a lane thread: builds its backend and runs the lane.
+type LaneBody = Box<dyn FnOnce(lane::LaneCtx) + Send>;
+
+/// The lane body for a device of this build (a clear error for backends not compiled in).
+fn device_body(device: Device) -> LaneBody {
+    match device {
+        Device::Cpu => Box::new(|ctx| lane::run(|| Ok(CpuBackend::new()), ctx)),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(i) => Box::new(move |ctx| {
+            use crate::backend::cuda::{CudaBackend, CudaOptions};
+            lane::run(move || CudaBackend::new(i, CudaOptions::default()), ctx)
+        }),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => {
+            Box::new(|ctx| lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("cuda")), ctx))
+        }
+        Device::Rocm(_) => {
+            Box::new(|ctx| lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("rocm")), ctx))
+        }
+    }
+}
+
+type ReadyRx = std::sync::mpsc::Receiver<Result<lane::LaneReady, EngineError>>;
+
 fn spawn_lane(
     index: usize,
-    device: Device,
+    label: String,
+    body: LaneBody,
     files: Arc<ModelFiles>,
     cfg: &EngineConfig,
     max_len: usize,
-) -> Result<
-    (
-        LaneHandle,
-        std::sync::mpsc::Receiver<Result<lane::LaneReady, EngineError>>,
-    ),
-    EngineError,
-> {
+) -> Result<(LaneHandle, ReadyRx), EngineError> {
     let (tx, rx) = mpsc::channel(cfg.max_waiting.max(1) + 64);
-    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+    let (ready, ready_rx) = std::sync::mpsc::sync_channel(1);
     let stats = Arc::new(Mutex::new(LaneStats {
-        device: device.to_string(),
+        device: label,
         ..Default::default()
     }));
-    let (st, cfg2) = (stats.clone(), cfg.clone());
+    let ctx = lane::LaneCtx {
+        files,
+        cfg: cfg.clone(),
+        max_len,
+        index,
+        rx,
+        stats: stats.clone(),
+        ready,
+    };
     let thread = std::thread::Builder::new()
         .name(format!("kiln-lane-{index}"))
-        .spawn(move || match device {
-            Device::Cpu => lane::run(
-                || Ok(CpuBackend::new()),
-                files,
-                cfg2,
-                max_len,
-                rx,
-                st,
-                ready_tx,
-            ),
-            Device::Cuda(i) => {
-                #[cfg(feature = "cuda")]
-                {
-                    use crate::backend::cuda::{CudaBackend, CudaOptions};
-                    lane::run(
-                        move || CudaBackend::new(i, CudaOptions::default()),
-                        files,
-                        cfg2,
-                        max_len,
-                        rx,
-                        st,
-                        ready_tx,
-                    )
-                }
-                #[cfg(not(feature = "cuda"))]
-                {
-                    let _ = i;
-                    lane::run::<CpuBackend>(
-                        || Err(BackendError::NotCompiled("cuda")),
-                        files,
-                        cfg2,
-                        max_len,
-                        rx,
-                        st,
-                        ready_tx,
-                    )
-                }
-            }
-            Device::Rocm(_) => lane::run::<CpuBackend>(
-                || Err(BackendError::NotCompiled("rocm")),
-                files,
-                cfg2,
-                max_len,
-                rx,
-                st,
-                ready_tx,
-            ),
-        })
+        .spawn(move || body(ctx))
         .map_err(|e| EngineError::Load(format!("cannot start lane thread: {e}")))?;
     let handle = LaneHandle {
         tx,
@@ -142,6 +122,36 @@ impl Engine {
         devices: &[Device],
         cfg: EngineConfig,
     ) -> Result<Engine, EngineError> {
+        let bodies = devices
+            .iter()
+            .map(|d| (d.to_string(), device_body(*d)))
+            .collect();
+        Self::start_lanes(files, bodies, cfg)
+    }
+
+    /// Starts one lane per backend constructor (run on the lane's own thread), e.g. to
+    /// wrap a backend in tests. Labels name the lanes in stats.
+    pub fn start_with_backends<B, F>(
+        files: ModelFiles,
+        makers: Vec<(String, F)>,
+        cfg: EngineConfig,
+    ) -> Result<Engine, EngineError>
+    where
+        B: crate::backend::Backend,
+        F: FnOnce() -> Result<B, BackendError> + Send + 'static,
+    {
+        let bodies = makers
+            .into_iter()
+            .map(|(label, make)| (label, Box::new(move |ctx| lane::run(make, ctx)) as LaneBody))
+            .collect();
+        Self::start_lanes(files, bodies, cfg)
+    }
+
+    fn start_lanes(
+        files: ModelFiles,
+        devices: Vec<(String, LaneBody)>,
+        cfg: EngineConfig,
+    ) -> Result<Engine, EngineError> {
         if devices.is_empty() {
             return Err(EngineError::Load("no devices given".into()));
         }
@@ -158,8 +168,8 @@ impl Engine {
         let (spec, name) = (files.spec.clone(), files.name.clone());
         let files = Arc::new(files);
         let mut pending = Vec::new();
-        for (i, d) in devices.iter().enumerate() {
-            pending.push(spawn_lane(i, *d, files.clone(), &cfg, max_len)?);
+        for (i, (label, body)) in devices.into_iter().enumerate() {
+            pending.push(spawn_lane(i, label, body, files.clone(), &cfg, max_len)?);
         }
         drop(files);
         let mut lanes = Vec::new();
@@ -314,12 +324,6 @@ impl EngineClient {
     pub fn submit(&self, req: GenerateRequest) -> Result<ResponseStream, EngineError> {
         self.validate(&req)?;
         let stats = self.stats();
-        if !stats.healthy() && stats.lanes.iter().all(|l| !l.healthy) {
-            return Err(EngineError::LaneFailed {
-                lane: 0,
-                message: "no healthy lane".into(),
-            });
-        }
         let waiting = stats.waiting();
         if waiting >= self.shared.cfg.max_waiting {
             return Err(EngineError::Overloaded {
@@ -331,10 +335,15 @@ impl EngineClient {
             .lanes
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.healthy)
             .max_by_key(|(i, l)| {
+                // Healthy lanes first, then most free KV blocks, then fewest open streams.
                 let queued = self.shared.lanes[*i].outstanding.load(Ordering::Relaxed);
-                (l.kv_free_blocks, usize::MAX - queued, usize::MAX - i)
+                (
+                    l.healthy,
+                    l.kv_free_blocks,
+                    usize::MAX - queued,
+                    usize::MAX - i,
+                )
             })
             .map(|(i, _)| i)
             .ok_or(EngineError::ShuttingDown)?;

@@ -99,19 +99,32 @@ struct Lane<B: Backend> {
     rx: mpsc::Receiver<LaneMsg>,
     stats: Arc<Mutex<LaneStats>>,
     max_len: usize,
+    index: usize,
+}
+
+/// Everything a lane thread needs besides its backend.
+pub(crate) struct LaneCtx {
+    pub files: Arc<ModelFiles>,
+    pub cfg: EngineConfig,
+    pub max_len: usize,
+    pub index: usize,
+    pub rx: mpsc::Receiver<LaneMsg>,
+    pub stats: Arc<Mutex<LaneStats>>,
+    pub ready: std::sync::mpsc::SyncSender<Result<LaneReady, EngineError>>,
 }
 
 /// Runs a lane on the current thread: builds the backend, loads the model, reports
-/// readiness through `ready`, then serves until shutdown.
-pub(crate) fn run<B: Backend>(
-    make: impl FnOnce() -> Result<B, BackendError>,
-    files: Arc<ModelFiles>,
-    cfg: EngineConfig,
-    max_len: usize,
-    rx: mpsc::Receiver<LaneMsg>,
-    stats: Arc<Mutex<LaneStats>>,
-    ready: std::sync::mpsc::SyncSender<Result<LaneReady, EngineError>>,
-) {
+/// readiness through `ctx.ready`, then serves until shutdown.
+pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ctx: LaneCtx) {
+    let LaneCtx {
+        files,
+        cfg,
+        max_len,
+        index,
+        rx,
+        stats,
+        ready,
+    } = ctx;
     let built = (|| -> Result<Lane<B>, BackendError> {
         let mut backend = make()?;
         let model = Llama::load(
@@ -155,6 +168,7 @@ pub(crate) fn run<B: Backend>(
             rx,
             stats,
             max_len,
+            index,
         })
     })();
     let mut lane = match built {
@@ -193,8 +207,10 @@ impl<B: Backend> Lane<B> {
             if let Some(step) = self.sched.schedule() {
                 let t0 = Instant::now();
                 let prefill = step.seqs.iter().any(|s| s.num_tokens > 1);
-                if let Err(e) = self.step(&step) {
-                    self.fail_all(e);
+                match self.step(&step) {
+                    // A step that succeeds after a failure makes the lane healthy again.
+                    Ok(()) => self.stats.lock().expect("stats lock").healthy = true,
+                    Err(e) => self.fail_all(e),
                 }
                 self.publish(&step, prefill, t0.elapsed().as_secs_f64());
             } else {
@@ -337,7 +353,7 @@ impl<B: Backend> Lane<B> {
     fn fail_all(&mut self, e: BackendError) {
         tracing::error!(device = %self.backend.name(), error = %e, "lane step failed");
         let lane_err = EngineError::LaneFailed {
-            lane: 0,
+            lane: self.index,
             message: e.to_string(),
         };
         for id in self.sched.ids() {

@@ -111,7 +111,12 @@ impl ModelFiles {
                     tracing::warn!("no tokenizer.json in {}: token ids only", path.display());
                 }
                 let source = SafetensorsSource::open(path)?;
-                Ok(Self { name: file_name(path), spec, tokenizer, source: Box::new(source) })
+                Ok(Self {
+                    name: file_name(path),
+                    spec,
+                    tokenizer,
+                    source: Box::new(source),
+                })
             }
             LoadFormat::Dummy => {
                 let dir = if path.is_dir() {

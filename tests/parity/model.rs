@@ -57,16 +57,17 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
-/// Compares a run with the CPU run: ids identical (`exact`), else logits within `tol` up to
-/// the first differing id. Returns (matching ids, largest logits error) over all prompts.
+/// Compares a run with the CPU run: ids identical when `exact`; the prompt's logits (step 0)
+/// within `tol`, and every step up to the first differing id within `2 * tol` (bf16 errors
+/// compound along the sequence). Returns (matching ids, worst step-0 error, worst error).
 fn compare(
     label: &str,
     got: &[Generation],
     want: &[Generation],
     exact: bool,
     tol: f64,
-) -> (usize, f64) {
-    let (mut same, mut worst) = (0, 0.0f64);
+) -> (usize, f64, f64) {
+    let (mut same, mut first, mut worst) = (0, 0.0f64, 0.0f64);
     for (p, (g, w)) in got.iter().zip(want).enumerate() {
         let agree = g
             .token_ids
@@ -82,47 +83,55 @@ fn compare(
         }
         for step in 0..=agree.min(g.step_logits.len() - 1) {
             let err = rel_l2(&g.step_logits[step], &w.step_logits[step]);
+            let limit = if step == 0 { tol } else { 2.0 * tol };
             assert!(
-                err < tol,
+                err < limit,
                 "{label}: prompt {p} step {step} logits relative error {err:.3e}"
             );
+            if step == 0 {
+                first = first.max(err);
+            }
             worst = worst.max(err);
         }
         same += agree;
     }
-    (same, worst)
+    (same, first, worst)
+}
+
+fn report(label: &str, (same, first, worst): (usize, f64, f64)) {
+    let n = 64 * PROMPTS.len();
+    eprintln!(
+        "{label}: {same}/{n} greedy ids agree; logits error {first:.2e} at the prompt, {worst:.2e} worst step"
+    );
 }
 
 #[test]
 fn stories260k_greedy_matches_cpu() {
     let files = stories();
     let want = generate(CpuBackend::new(), &files);
-    let (same, err) = compare(
+    report(
         "cpu",
-        &generate(CpuBackend::new(), &files),
-        &want,
-        true,
-        1e-6,
-    );
-    eprintln!(
-        "cpu: {same}/{} greedy ids agree, logits error {err:.2e}",
-        64 * PROMPTS.len()
+        compare(
+            "cpu",
+            &generate(CpuBackend::new(), &files),
+            &want,
+            true,
+            1e-6,
+        ),
     );
     #[cfg(feature = "cuda")]
     {
         use kiln::backend::cuda::DType;
         if let Some(b) = crate::harness::cuda(DType::F32) {
-            let (same, err) = compare("cuda f32", &generate(b, &files), &want, true, 1e-4);
-            eprintln!(
-                "cuda f32: {same}/{} greedy ids agree, logits error {err:.2e}",
-                64 * PROMPTS.len()
+            report(
+                "cuda f32",
+                compare("cuda f32", &generate(b, &files), &want, true, 1e-4),
             );
         }
         if let Some(b) = crate::harness::cuda(DType::Bf16) {
-            let (same, err) = compare("cuda bf16", &generate(b, &files), &want, false, 2e-2);
-            eprintln!(
-                "cuda bf16: {same}/{} greedy ids agree, logits error {err:.2e}",
-                64 * PROMPTS.len()
+            report(
+                "cuda bf16",
+                compare("cuda bf16", &generate(b, &files), &want, false, 2e-2),
             );
         }
     }

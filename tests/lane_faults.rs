@@ -1,0 +1,196 @@
+//! A device error fails the in-flight requests of that lane with a typed error, and the
+//! lane keeps serving afterwards (DESIGN invariant 3), with every block returned.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kiln::backend::cpu::{CpuBackend, CpuBatch, CpuKv, CpuTensor};
+use kiln::backend::{Backend, BackendError, BatchPlan, KvShape};
+use kiln::engine::{Engine, EngineConfig, EngineError, GenerateRequest, StreamEvent};
+use kiln::model::{HostTensor, LoadFormat, ModelFiles, ModelSpec};
+use kiln::sampling::{SampleRow, Sampled};
+
+/// The CPU backend with an attention op that fails while `fail` is set.
+struct Faulty {
+    inner: CpuBackend,
+    fail: Arc<AtomicBool>,
+}
+
+impl Backend for Faulty {
+    type Tensor = CpuTensor;
+    type Weight = HostTensor;
+    type Kv = CpuKv;
+    type Batch = CpuBatch;
+
+    fn name(&self) -> String {
+        "faulty-cpu".into()
+    }
+    fn upload_weight(&mut self, w: HostTensor) -> Result<HostTensor, BackendError> {
+        self.inner.upload_weight(w)
+    }
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<CpuTensor, BackendError> {
+        self.inner.alloc(rows, cols)
+    }
+    fn alloc_kv(&mut self, shape: &KvShape) -> Result<CpuKv, BackendError> {
+        self.inner.alloc_kv(shape)
+    }
+    fn prepare(&mut self, plan: &BatchPlan) -> Result<CpuBatch, BackendError> {
+        self.inner.prepare(plan)
+    }
+    fn embed(
+        &mut self,
+        t: &HostTensor,
+        b: &CpuBatch,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        self.inner.embed(t, b, out)
+    }
+    fn rms_norm(
+        &mut self,
+        x: &CpuTensor,
+        w: &HostTensor,
+        eps: f32,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        self.inner.rms_norm(x, w, eps, n, out)
+    }
+    fn add_rms_norm(
+        &mut self,
+        x: &CpuTensor,
+        r: &mut CpuTensor,
+        w: &HostTensor,
+        eps: f32,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        self.inner.add_rms_norm(x, r, w, eps, n, out)
+    }
+    fn matmul(
+        &mut self,
+        x: &CpuTensor,
+        w: &HostTensor,
+        b: Option<&HostTensor>,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        self.inner.matmul(x, w, b, n, out)
+    }
+    fn rope(
+        &mut self,
+        qkv: &mut CpuTensor,
+        b: &CpuBatch,
+        s: &ModelSpec,
+    ) -> Result<(), BackendError> {
+        self.inner.rope(qkv, b, s)
+    }
+    fn write_kv(
+        &mut self,
+        kv: &mut CpuKv,
+        l: usize,
+        qkv: &CpuTensor,
+        b: &CpuBatch,
+        s: &ModelSpec,
+    ) -> Result<(), BackendError> {
+        self.inner.write_kv(kv, l, qkv, b, s)
+    }
+    fn attention(
+        &mut self,
+        qkv: &CpuTensor,
+        kv: &CpuKv,
+        l: usize,
+        b: &CpuBatch,
+        s: &ModelSpec,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(BackendError::Device {
+                op: "attention",
+                message: "injected fault".into(),
+            });
+        }
+        self.inner.attention(qkv, kv, l, b, s, out)
+    }
+    fn silu_mul(
+        &mut self,
+        gu: &CpuTensor,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        self.inner.silu_mul(gu, n, out)
+    }
+    fn gather_rows(
+        &mut self,
+        x: &CpuTensor,
+        b: &CpuBatch,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        self.inner.gather_rows(x, b, out)
+    }
+    fn sample(
+        &mut self,
+        logits: &CpuTensor,
+        rows: &[SampleRow<'_>],
+    ) -> Result<Vec<Sampled>, BackendError> {
+        self.inner.sample(logits, rows)
+    }
+    fn to_host(&mut self, x: &CpuTensor, n: usize) -> Result<Vec<f32>, BackendError> {
+        self.inner.to_host(x, n)
+    }
+}
+
+async fn outcome(
+    client: &kiln::engine::EngineClient,
+    prompt: Vec<u32>,
+) -> Result<usize, EngineError> {
+    let mut req = GenerateRequest::greedy(prompt, 8);
+    req.stop.ignore_eos = true;
+    let mut s = client.submit(req)?;
+    let mut tokens = 0;
+    while let Some(ev) = s.next_event().await {
+        match ev {
+            StreamEvent::Delta { tokens: t, .. } => tokens += t.len(),
+            StreamEvent::Error(e) => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(tokens)
+}
+
+#[tokio::test]
+async fn device_error_fails_requests_and_lane_keeps_serving() {
+    let files = ModelFiles::open(&kiln::config::default_model_path(), LoadFormat::Gguf).unwrap();
+    let fail = Arc::new(AtomicBool::new(true));
+    let f2 = fail.clone();
+    let make = move || {
+        Ok(Faulty {
+            inner: CpuBackend::new(),
+            fail: f2,
+        })
+    };
+    let engine = Engine::start_with_backends(
+        files,
+        vec![("faulty".to_string(), make)],
+        EngineConfig::default(),
+    )
+    .unwrap();
+    let client = engine.client();
+    let err = outcome(&client, vec![1, 400, 401]).await.unwrap_err();
+    assert!(
+        matches!(err, EngineError::LaneFailed { lane: 0, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("injected fault"), "{err}");
+    assert!(
+        !client.is_healthy(),
+        "a device error marks the lane unhealthy"
+    );
+    fail.store(false, Ordering::SeqCst);
+    assert_eq!(
+        outcome(&client, vec![1, 400, 401]).await.unwrap(),
+        8,
+        "the lane serves again"
+    );
+    let s = client.stats();
+    assert_eq!(s.lanes[0].kv_free_blocks, s.lanes[0].kv_total_blocks);
+}
