@@ -9,7 +9,7 @@
 //
 //   warp w takes positions c0 = kv_begin + w*WARP, + NW*WARP, ...; lane = one position:
 //     s[i]   = q_i . K[slot(pos)] * scale   (-inf where pos > pos(q_i): causal)
-//     m, l   online max / sum per vector, acc[i][d] (lane owns d = lane + k*WARP)
+//     m, l   online max / sum per vector, acc[i][d] (lane owns d = lane*DPL + k)
 //   then the NW warps' (m, l, acc) are merged in shared memory.
 //   slot(pos) = table[pos / block_size] * block_size + pos % block_size
 //
@@ -21,6 +21,9 @@ constexpr u32 NO_PART = 0xffffffffu;
 
 struct alignas(16) vec4u {
     u32 x, y, z, w;
+};
+struct alignas(8) vec2u {
+    u32 x, y;
 };
 struct alignas(16) vec4f {
     float x, y, z, w;
@@ -41,21 +44,27 @@ __device__ __forceinline__ void load8(const bf16* p, float k[8]) {
     k[6] = __uint_as_float(r.w << 16); k[7] = __uint_as_float(r.w & 0xffff0000u);
 }
 
-// s[i] += q_s[i] . krow for the first nv vectors. D > 0: fixed head_dim (multiple of 8).
+// s[i] += q_s[i] . krow for the first nv vectors. D > 0: fixed head_dim (multiple of 8);
+// the row is read 32 elements at a time with its four 16-byte loads in flight.
 template <typename T, int D, int QV, int DMAX>
 __device__ __forceinline__ void dot_rows(const T* __restrict__ kr, const float (*q_s)[DMAX], int hd, int nv, float s[QV]) {
     if (D > 0) {
-#pragma unroll 4
-        for (int d = 0; d < D; d += 8) {
-            float k[8];
-            load8(kr + d, k);
+        constexpr int CH = D % 32 == 0 ? 32 : 16;
+#pragma unroll
+        for (int d0 = 0; d0 < D; d0 += CH) {
+            float k[CH];
+#pragma unroll
+            for (int c = 0; c < CH; c += 8) load8(kr + d0 + c, &k[c]);
 #pragma unroll
             for (int i = 0; i < QV; ++i) {
                 if (i < nv) {
-                    const vec4f a = *reinterpret_cast<const vec4f*>(&q_s[i][d]);
-                    const vec4f b = *reinterpret_cast<const vec4f*>(&q_s[i][d + 4]);
-                    s[i] += a.x * k[0] + a.y * k[1] + a.z * k[2] + a.w * k[3] + b.x * k[4] + b.y * k[5] +
-                            b.z * k[6] + b.w * k[7];
+                    float acc = 0.f;
+#pragma unroll
+                    for (int c = 0; c < CH; c += 4) {
+                        const vec4f a = *reinterpret_cast<const vec4f*>(&q_s[i][d0 + c]);
+                        acc += a.x * k[c] + a.y * k[c + 1] + a.z * k[c + 2] + a.w * k[c + 3];
+                    }
+                    s[i] += acc;
                 }
             }
         }
@@ -67,6 +76,46 @@ __device__ __forceinline__ void dot_rows(const T* __restrict__ kr, const float (
                 if (i < nv) s[i] += q_s[i][d] * k;
             }
         }
+    }
+}
+
+// The N = DPL consecutive elements at row[d0..] (a lane's share of a V row), zero past hd.
+// Vector loads only for the fixed head sizes, whose rows are 16-byte aligned.
+template <int N>
+__device__ __forceinline__ void load_n(const float* p, float* v) {
+    if (N == 8) {
+        load8(p, v);
+    } else if (N == 4) {
+        const vec4f a = *reinterpret_cast<const vec4f*>(p);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k) v[k] = p[k];
+    }
+}
+template <int N>
+__device__ __forceinline__ void load_n(const bf16* p, float* v) {
+    if (N == 8) {
+        load8(p, v);
+    } else if (N == 4) {
+        const vec2u r = *reinterpret_cast<const vec2u*>(p);
+        v[0] = __uint_as_float(r.x << 16); v[1] = __uint_as_float(r.x & 0xffff0000u);
+        v[2] = __uint_as_float(r.y << 16); v[3] = __uint_as_float(r.y & 0xffff0000u);
+    } else if (N == 2) {
+        const u32 r = *reinterpret_cast<const u32*>(p);
+        v[0] = __uint_as_float(r << 16); v[1] = __uint_as_float(r & 0xffff0000u);
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k) v[k] = to_f(p[k]);
+    }
+}
+template <typename T, int D, int DPL>
+__device__ __forceinline__ void load_dims(const T* __restrict__ row, int d0, int hd, float v[DPL]) {
+    if (D > 0 && d0 + DPL <= D) {
+        load_n<DPL>(row + d0, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < DPL; ++k) v[k] = d0 + k < hd ? to_f(row[d0 + k]) : 0.f;
     }
 }
 
@@ -152,20 +201,27 @@ __device__ void attn_impl(const T* __restrict__ qkv, int qkv_stride, const T* __
             }
             sync_warp();
             const int nj = min(WARP, lim - c0);
-            for (int j = 0; j < nj; ++j) {
-                const T* vr = vbase + (size_t)slot_s[warp][j] * width;
-                float vv[DPL];
+            constexpr int PF = 8;
+            for (int j0 = 0; j0 < nj; j0 += PF) {
+                float vv[PF][DPL];
 #pragma unroll
-                for (int k = 0; k < DPL; ++k) {
-                    const int d = lane + k * WARP;
-                    vv[k] = d < hd ? to_f(vr[d]) : 0.f;
+                for (int u = 0; u < PF; ++u) {
+                    if (j0 + u < nj) {
+                        load_dims<T, D, DPL>(vbase + (size_t)slot_s[warp][j0 + u] * width, lane * DPL, hd, vv[u]);
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < DPL; ++k) vv[u][k] = 0.f;
+                    }
                 }
 #pragma unroll
-                for (int i = 0; i < QV; ++i) {
-                    if (i < nv) {
-                        const float p = p_s[warp][i][j];
+                for (int u = 0; u < PF; ++u) {
 #pragma unroll
-                        for (int k = 0; k < DPL; ++k) acc[i][k] += p * vv[k];
+                    for (int i = 0; i < QV; ++i) {
+                        if (i < nv) {
+                            const float p = j0 + u < nj ? p_s[warp][i][j0 + u] : 0.f;
+#pragma unroll
+                            for (int k = 0; k < DPL; ++k) acc[i][k] += p * vv[u][k];
+                        }
                     }
                 }
             }
@@ -194,7 +250,7 @@ __device__ void attn_impl(const T* __restrict__ qkv, int qkv_stride, const T* __
                 for (int i = 0; i < QV; ++i) {
 #pragma unroll
                     for (int k = 0; k < DPL; ++k) {
-                        const int d = lane + k * WARP;
+                        const int d = lane * DPL + k;
                         if (d < hd) o_s[i][d] = (w == 0 ? 0.f : o_s[i][d]) + acc[i][k] * f[i];
                     }
                 }
@@ -262,10 +318,10 @@ __device__ void attn_combine_impl(const float* __restrict__ part_acc, const floa
 #define KILN_ATTN_D(N, T, DN, D) \
     KILN_ATTN_ONE(N, T, DN, D, 1) KILN_ATTN_ONE(N, T, DN, D, 4) KILN_ATTN_ONE(N, T, DN, D, 8)
 #define KILN_ATTN(N, T)                                                                                  \
-    KILN_ATTN_D(N, T, 64, 64) KILN_ATTN_ONE(N, T, 64, 64, 16)                                            \
-    KILN_ATTN_D(N, T, 80, 80) KILN_ATTN_ONE(N, T, 80, 80, 16)                                            \
-    KILN_ATTN_D(N, T, 96, 96) KILN_ATTN_ONE(N, T, 96, 96, 16)                                            \
-    KILN_ATTN_D(N, T, 128, 128) KILN_ATTN_ONE(N, T, 128, 128, 16)                                        \
+    KILN_ATTN_D(N, T, 64, 64)                                            \
+    KILN_ATTN_D(N, T, 80, 80)                                            \
+    KILN_ATTN_D(N, T, 96, 96)                                            \
+    KILN_ATTN_D(N, T, 128, 128)                                        \
     KILN_ATTN_D(N, T, 256, 256)                                                                          \
     KILN_ATTN_D(N, T, any, 0)                                                                            \
     extern "C" __global__ void attn_combine_##N(const float* part_acc, const float* part_ml,             \

@@ -3,24 +3,46 @@
 //   add_rms_norm: residual += x; out = rmsnorm(residual) * w
 // Sums in f32; in bf16 the residual is rounded once and the norm reads the rounded value.
 
+// Values per thread kept in registers between the two passes (more are re-read).
+constexpr int NORM_CACHE = 8;
+
+template <typename T>
+__device__ __forceinline__ float norm_in(const T* __restrict__ x, T* __restrict__ residual, size_t i) {
+    float v = to_f(x[i]);
+    if (residual) {
+        const T r = from_f<T>(to_f(residual[i]) + v);
+        residual[i] = r;
+        v = to_f(r);
+    }
+    return v;
+}
+
 template <typename T>
 __device__ void rms_norm_impl(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ w,
                               T* __restrict__ out, int h, float eps) {
     __shared__ float scratch[MAX_WARPS];
     const size_t base = (size_t)blockIdx.x * h;
+    const int step = blockDim.x;
+    float cache[NORM_CACHE];
     float ss = 0.f;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) {
-        float v = to_f(x[base + i]);
-        if (residual) {
-            const T r = from_f<T>(to_f(residual[base + i]) + v);
-            residual[base + i] = r;
-            v = to_f(r);
-        }
+#pragma unroll
+    for (int k = 0; k < NORM_CACHE; ++k) {
+        const int i = threadIdx.x + k * step;
+        cache[k] = i < h ? norm_in(x, residual, base + i) : 0.f;
+        ss += cache[k] * cache[k];
+    }
+    for (int i = threadIdx.x + NORM_CACHE * step; i < h; i += step) {
+        const float v = norm_in(x, residual, base + i);
         ss += v * v;
     }
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)h + eps);
-    for (int i = threadIdx.x; i < h; i += blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < NORM_CACHE; ++k) {
+        const int i = threadIdx.x + k * step;
+        if (i < h) out[base + i] = from_f<T>(cache[k] * inv * to_f(w[i]));
+    }
+    for (int i = threadIdx.x + NORM_CACHE * step; i < h; i += step) {
         const float v = residual ? to_f(residual[base + i]) : to_f(x[base + i]);
         out[base + i] = from_f<T>(v * inv * to_f(w[i]));
     }

@@ -31,9 +31,9 @@ parity() {
     done
 }
 bench() {
-    "$dev/parity" --ignored --exact bench_llama3_8b_shape --nocapture > "$out/bench.log" 2>&1
+    "$dev/parity" --ignored --exact bench::bench_llama3_8b_shape --nocapture > "$out/bench.log" 2>&1
     echo "bench exit $?"
-    grep -E "BENCH|loaded|panicked|error" "$out/bench.log" | head -20
+    grep -E "BENCH|BREAKDOWN|RESOURCES Attention|loaded|panicked|error" "$out/bench.log" | head -40
 }
 case "${1:-parity}" in
     parity) parity "${2:-1}" ;;

@@ -135,11 +135,12 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let stream = !args.json;
     let mut stdout = std::io::stdout();
     let out = generator.generate(&prompt, &opts, |id| {
-        if stream && !tokenizer.eos_ids().contains(&id) {
-            if let Ok(piece) = decoder.push(id) {
-                let _ = write!(stdout, "{piece}");
-                let _ = stdout.flush();
-            }
+        if stream
+            && !tokenizer.eos_ids().contains(&id)
+            && let Ok(piece) = decoder.push(id)
+        {
+            let _ = write!(stdout, "{piece}");
+            let _ = stdout.flush();
         }
     })?;
     let shown: Vec<u32> = out

@@ -370,6 +370,15 @@ fn sse_lines_survive_any_split() {
         }
         assert_eq!(got, want, "split every {step} bytes");
     }
+    let mut multi = SseLines::default();
+    multi.push(b"data:\ndata: b\n\n");
+    assert_eq!(multi.next_data().expect("ok").as_deref(), Some("\nb"));
+    let mut big = SseLines::default();
+    big.push(&vec![b'x'; 9 << 20]);
+    let err = big
+        .next_data()
+        .expect_err("a line past the limit is a failure");
+    assert_eq!(err.kind, "bad_response");
     let mut tail = SseLines::default();
     tail.push(b"data: [DONE]");
     assert_eq!(tail.next_data().expect("ok"), None);

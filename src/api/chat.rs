@@ -8,14 +8,14 @@ use actix_web::{HttpResponse, post};
 use super::completions::usage_info;
 use super::errors::ApiError;
 use super::extract::ApiJson;
-use super::generation::{self, Generation};
+use super::generation::{self, ChoiceOutput, Generation};
 use super::logprobs::TokenTexts;
 use super::sse::{self, ChunkWriter, data_frame};
 use super::state::{AppState, Ready};
 use super::types::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatMessageIn, ChatMessageOut, ErrorResponse,
-    MessageContent, UsageInfo,
+    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatMessageIn, ChatMessageOut, ContentPart,
+    ErrorResponse, MessageContent, UsageInfo,
 };
 use super::{ResponseMeta, blocking, validate};
 use crate::config::LimitsConfig;
@@ -46,54 +46,58 @@ pub fn messages(
     input
         .iter()
         .enumerate()
-        .map(|(i, m)| {
-            let role = match m.role.as_str() {
-                "system" | "developer" => "system",
-                "user" => "user",
-                "assistant" => "assistant",
-                other => {
-                    return Err(ApiError::invalid(
-                        format!("messages[{i}].role"),
-                        format!("unsupported role {other:?} (expected system, user or assistant)"),
-                    ));
-                }
-            };
-            let content = match &m.content {
-                Some(MessageContent::Text(t)) => t.clone(),
-                Some(MessageContent::Parts(parts)) => {
-                    let mut texts = Vec::with_capacity(parts.len());
-                    for (j, p) in parts.iter().enumerate() {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => texts.push(t.as_str()),
-                            ("text", None) => {
-                                return Err(ApiError::invalid(
-                                    format!("messages[{i}].content[{j}].text"),
-                                    "a text part needs `text`",
-                                ));
-                            }
-                            (other, _) => {
-                                return Err(ApiError::invalid(
-                                    format!("messages[{i}].content[{j}].type"),
-                                    format!(
-                                        "unsupported content part type {other:?} (only \"text\")"
-                                    ),
-                                ));
-                            }
-                        }
-                    }
-                    texts.join("\n")
-                }
-                None if role == "assistant" => String::new(),
-                None => {
-                    return Err(ApiError::invalid(
-                        format!("messages[{i}].content"),
-                        "`content` is required",
-                    ));
-                }
-            };
-            Ok(ChatMessage::new(role, content))
-        })
+        .map(|(i, m)| message(i, m))
         .collect()
+}
+
+/// Message `i`, its role checked and its content flattened.
+fn message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError> {
+    let role = match m.role.as_str() {
+        "system" | "developer" => "system",
+        "user" => "user",
+        "assistant" => "assistant",
+        other => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!("unsupported role {other:?} (expected system, user or assistant)"),
+            ));
+        }
+    };
+    let content = match &m.content {
+        Some(MessageContent::Text(t)) => t.clone(),
+        Some(MessageContent::Parts(parts)) => parts_text(i, parts)?,
+        None if role == "assistant" => String::new(),
+        None => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].content"),
+                "`content` is required",
+            ));
+        }
+    };
+    Ok(ChatMessage::new(role, content))
+}
+
+/// Text parts joined by newlines; any other part type is a 400 naming it.
+fn parts_text(i: usize, parts: &[ContentPart]) -> Result<String, ApiError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, p) in parts.iter().enumerate() {
+        match (p.kind.as_str(), &p.text) {
+            ("text", Some(t)) => texts.push(t.as_str()),
+            ("text", None) => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].content[{j}].text"),
+                    "a text part needs `text`",
+                ));
+            }
+            (other, _) => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].content[{j}].type"),
+                    format!("unsupported content part type {other:?} (only \"text\")"),
+                ));
+            }
+        }
+    }
+    Ok(texts.join("\n"))
 }
 
 /// Renders and tokenizes the conversation on the blocking pool.
@@ -179,24 +183,11 @@ pub async fn chat_completions(
         ready.client.spec().vocab_size,
         logprobs,
     )?;
-    let (param, requested) = match (req.max_completion_tokens, req.max_tokens) {
-        (Some(m), _) => ("max_completion_tokens", Some(m)),
-        (None, m) => ("max_tokens", m),
-    };
-    validate::max_tokens(param, requested, 1)?;
+    max_reply_tokens(&req, None)?;
     let msgs = messages(&req.messages, limits)?;
     let ids = prompt_ids(ready, msgs, req.add_generation_prompt.unwrap_or(true)).await?;
     let room = ready.client.max_model_len().min(ready.kv_capacity_tokens());
-    if ids.len() >= room {
-        return Err(ApiError::invalid(
-            "messages",
-            format!(
-                "the conversation is {} tokens; the context holds {room} with room to reply",
-                ids.len()
-            ),
-        ));
-    }
-    let max_tokens = validate::max_tokens(param, requested, room - ids.len())?;
+    let max_tokens = max_reply_tokens(&req, Some((ids.len(), room)))?;
     let stream = ready.client.submit(GenerateRequest {
         prompt_ids: ids,
         params: v.params,
@@ -224,29 +215,64 @@ pub async fn chat_completions(
         return Ok(sse::response(generated, writer, state.keep_alive()));
     }
     let (outputs, usage) = generation::collect(generated).await?;
+    let texts = logprobs.map(|_| &*texts);
+    Ok(HttpResponse::Ok().json(reply(meta, outputs, usage, texts)))
+}
+
+/// `max_completion_tokens` (or `max_tokens`), at least 1. Given the prompt length and the
+/// room in the context, an absent limit means the rest of the room.
+fn max_reply_tokens(
+    req: &ChatCompletionRequest,
+    prompt: Option<(usize, usize)>,
+) -> Result<usize, ApiError> {
+    let (param, requested) = match (req.max_completion_tokens, req.max_tokens) {
+        (Some(m), _) => ("max_completion_tokens", Some(m)),
+        (None, m) => ("max_tokens", m),
+    };
+    let Some((len, room)) = prompt else {
+        return validate::max_tokens(param, requested, 1);
+    };
+    if len >= room {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "the conversation is {len} tokens; the context holds {room} with room to reply"
+            ),
+        ));
+    }
+    validate::max_tokens(param, requested, room - len)
+}
+
+/// The non-streamed response.
+fn reply(
+    meta: ResponseMeta,
+    outputs: Vec<ChoiceOutput>,
+    usage: Usage,
+    texts: Option<&TokenTexts>,
+) -> ChatCompletionResponse {
     let choices = outputs
         .into_iter()
         .enumerate()
         .map(|(index, out)| ChatChoice {
             index,
+            logprobs: texts.map(|t| ChatLogprobs {
+                content: Some(t.chat(&out.tokens)),
+            }),
             message: ChatMessageOut {
                 role: "assistant".into(),
                 content: Some(out.text),
             },
-            logprobs: logprobs.map(|_| ChatLogprobs {
-                content: Some(texts.chat(&out.tokens)),
-            }),
             finish_reason: out.finish.map(|r| r.as_str().to_string()),
         })
         .collect();
-    Ok(HttpResponse::Ok().json(ChatCompletionResponse {
+    ChatCompletionResponse {
         id: meta.id,
         object: "chat.completion".into(),
         created: meta.created,
         model: meta.model,
         choices,
         usage: usage_info(usage),
-    }))
+    }
 }
 
 /// Chat stream chunks.

@@ -7,10 +7,10 @@ use actix_web::{HttpResponse, post};
 
 use super::errors::ApiError;
 use super::extract::ApiJson;
-use super::generation::{self, Generation};
+use super::generation::{self, ChoiceOutput, Generation};
 use super::logprobs::TokenTexts;
 use super::sse::{self, ChunkWriter, data_frame};
-use super::state::AppState;
+use super::state::{AppState, Ready};
 use super::types::{
     CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest, CompletionResponse,
     ErrorResponse, PromptInput, UsageInfo,
@@ -122,65 +122,38 @@ pub async fn completions(
 ) -> Result<HttpResponse, ApiError> {
     let ready = state.ready()?;
     ready.check_model(req.model.as_deref())?;
-    let limits = &state.config.limits;
-    if req.suffix.is_some() {
-        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
-    }
-    let logprobs = req
-        .logprobs
-        .map(|n| validate::logprobs_count("logprobs", n, limits))
-        .transpose()?;
-    let echo = req.echo.unwrap_or(false);
-    if echo && logprobs.is_some() {
-        return Err(ApiError::invalid(
-            "echo",
-            "`echo` together with `logprobs` is not supported",
-        ));
-    }
-    let v = validate::sampling(
-        &req.sampling(),
-        limits,
-        ready.client.spec().vocab_size,
-        logprobs,
-    )?;
-    let max_tokens = validate::max_tokens("max_tokens", req.max_tokens, DEFAULT_MAX_TOKENS)?;
-    let stream = req.stream.unwrap_or(false);
-    let include_usage = req
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
-    let srcs = sources(req.prompt, limits)?;
-    let tok = ready.tokenizer.clone();
+    let plan = Plan::new(&req, ready, &state.config.limits)?;
+    let srcs = sources(req.prompt, &state.config.limits)?;
+    let (tok, echo) = (ready.tokenizer.clone(), plan.echo);
     let prompts = blocking(move || encode(&tok, srcs, echo)).await?;
     let context = ready.client.max_model_len();
     if let Some(p) = prompts.iter().find(|p| p.ids.len() >= context) {
+        let len = p.ids.len();
         return Err(ApiError::invalid(
             "prompt",
-            format!(
-                "the prompt is {} tokens; the model's context is {context}",
-                p.ids.len()
-            ),
+            format!("the prompt is {len} tokens; the model's context is {context}"),
         ));
     }
+    let n = plan.v.n;
     let mut streams = Vec::with_capacity(prompts.len());
-    let mut echoes = Vec::with_capacity(prompts.len() * v.n);
+    let mut echoes = Vec::with_capacity(prompts.len() * n);
     for p in prompts {
-        echoes.extend(std::iter::repeat_n(p.echo, v.n));
+        echoes.extend(std::iter::repeat_n(p.echo, n));
         streams.push(ready.client.submit(GenerateRequest {
             prompt_ids: p.ids,
-            params: v.params.clone(),
-            max_tokens,
-            stop: v.stop.clone(),
-            n: v.n,
+            params: plan.v.params.clone(),
+            max_tokens: plan.max_tokens,
+            stop: plan.v.stop.clone(),
+            n,
             priority: 0,
         })?);
     }
-    let generated = Generation::new(streams, v.n, state.clone());
+    let generated = Generation::new(streams, n, state.clone());
     let meta = ResponseMeta::new("cmpl", &ready.model_name);
     let texts = ready.token_texts.clone();
-    if stream {
-        let writer = CompletionWriter::new(meta, texts, echoes, logprobs.is_some(), include_usage);
+    let logprobs = plan.v.params.logprobs.is_some();
+    if plan.stream {
+        let writer = CompletionWriter::new(meta, texts, echoes, logprobs, plan.include_usage);
         return Ok(sse::response(generated, writer, state.keep_alive()));
     }
     let (outputs, usage) = generation::collect(generated).await?;
@@ -188,20 +161,7 @@ pub async fn completions(
         .into_iter()
         .zip(echoes)
         .enumerate()
-        .map(|(index, (out, echo))| {
-            let prefix = echo.unwrap_or_default();
-            let logprobs = logprobs.map(|_| {
-                let mut lp = CompletionLogprobs::default();
-                texts.completion(&out.tokens, prefix.chars().count(), &mut lp);
-                lp
-            });
-            CompletionChoice {
-                index,
-                text: prefix + &out.text,
-                logprobs,
-                finish_reason: out.finish.map(|r| r.as_str().to_string()),
-            }
-        })
+        .map(|(index, (out, echo))| choice(index, out, echo, logprobs.then_some(&*texts)))
         .collect();
     Ok(HttpResponse::Ok().json(CompletionResponse {
         id: meta.id,
@@ -211,6 +171,71 @@ pub async fn completions(
         choices,
         usage: usage_info(usage),
     }))
+}
+
+/// Everything about a completions request except its prompts, validated.
+struct Plan {
+    v: validate::Validated,
+    max_tokens: usize,
+    echo: bool,
+    stream: bool,
+    include_usage: bool,
+}
+
+impl Plan {
+    fn new(
+        req: &CompletionRequest,
+        ready: &Ready,
+        limits: &LimitsConfig,
+    ) -> Result<Self, ApiError> {
+        if req.suffix.is_some() {
+            return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+        }
+        let logprobs = req
+            .logprobs
+            .map(|n| validate::logprobs_count("logprobs", n, limits))
+            .transpose()?;
+        let echo = req.echo.unwrap_or(false);
+        if echo && logprobs.is_some() {
+            return Err(ApiError::invalid(
+                "echo",
+                "`echo` together with `logprobs` is not supported",
+            ));
+        }
+        let vocab = ready.client.spec().vocab_size;
+        Ok(Self {
+            v: validate::sampling(&req.sampling(), limits, vocab, logprobs)?,
+            max_tokens: validate::max_tokens("max_tokens", req.max_tokens, DEFAULT_MAX_TOKENS)?,
+            echo,
+            stream: req.stream.unwrap_or(false),
+            include_usage: req
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+        })
+    }
+}
+
+/// One non-streamed choice: the echoed prompt, the text, and logprobs when asked.
+fn choice(
+    index: usize,
+    out: ChoiceOutput,
+    echo: Option<String>,
+    texts: Option<&TokenTexts>,
+) -> CompletionChoice {
+    let prefix = echo.unwrap_or_default();
+    let logprobs = texts.map(|texts| {
+        let mut lp = CompletionLogprobs::default();
+        texts.completion(&out.tokens, prefix.chars().count(), &mut lp);
+        lp
+    });
+    CompletionChoice {
+        index,
+        text: prefix + &out.text,
+        logprobs,
+        finish_reason: out.finish.map(|r| r.as_str().to_string()),
+    }
 }
 
 /// Wire usage from engine usage.

@@ -46,9 +46,11 @@ impl std::fmt::Display for RequestRate {
 /// How requests arrive.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Arrival {
+    /// Mean arrivals per second.
     pub rate: RequestRate,
     /// Most requests in flight; the rest wait in arrival order.
     pub max_concurrency: Option<usize>,
+    /// Seed of the arrival times.
     pub seed: u64,
 }
 
@@ -56,7 +58,7 @@ impl Arrival {
     /// Arrival offsets from the start for `n` requests: exponential gaps at the rate (the
     /// first request at 0), reproducible from the seed; all zero at an infinite rate.
     pub fn offsets(&self, n: usize) -> Vec<Duration> {
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ 0x5eed_a771_7a1);
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ 0x5eed_a771);
         let mut t = 0.0f64;
         (0..n)
             .map(|i| {

@@ -288,10 +288,13 @@ fn on_event(
 
 /// Splits an SSE byte stream into `data` payloads (multi-line data joined with `\n`; comments,
 /// other fields and CRLF handled), buffering partial lines and UTF-8 across network chunks.
+/// Each byte is scanned once; consumed bytes are dropped when half the buffer is consumed.
 #[derive(Debug, Default)]
 pub struct SseLines {
     buf: Vec<u8>,
-    /// Bytes of `buf` known to hold no newline.
+    /// Start of the unconsumed bytes.
+    start: usize,
+    /// Bytes before this hold no newline past `start`.
     scanned: usize,
     data: Option<String>,
 }
@@ -299,29 +302,44 @@ pub struct SseLines {
 impl SseLines {
     /// Appends received bytes.
     pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start * 2 >= self.buf.len() {
+            self.buf.drain(..self.start);
+            self.scanned -= self.start;
+            self.start = 0;
+        }
         self.buf.extend_from_slice(bytes);
     }
 
     /// The next complete event's data, `Ok(None)` when more bytes are needed, or a failure for
-    /// a line past the size limit.
+    /// a line or event past the size limit.
     pub fn next_data(&mut self) -> Result<Option<String>, Failure> {
-        while let Some(nl) = self.buf[self.scanned..].iter().position(|&b| b == b'\n') {
-            let mut line: Vec<u8> = self.buf.drain(..=self.scanned + nl).collect();
-            self.scanned = 0;
-            line.pop();
-            if line.last() == Some(&b'\r') {
-                line.pop();
+        loop {
+            let from = self.scanned.max(self.start);
+            let Some(nl) = self.buf[from..].iter().position(|&b| b == b'\n') else {
+                self.scanned = self.buf.len();
+                if self.buf.len() - self.start > MAX_LINE_BYTES {
+                    return Err(too_long());
+                }
+                return Ok(None);
+            };
+            let mut end = from + nl;
+            let line_start = self.start;
+            self.start = end + 1;
+            self.scanned = self.start;
+            if end > line_start && self.buf[end - 1] == b'\r' {
+                end -= 1;
             }
-            if line.is_empty() {
+            if end == line_start {
                 if let Some(d) = self.data.take() {
                     return Ok(Some(d));
                 }
                 continue;
             }
-            let line = String::from_utf8_lossy(&line);
+            let line = String::from_utf8_lossy(&self.buf[line_start..end]);
             if let Some(rest) = line.strip_prefix("data:") {
                 let rest = rest.strip_prefix(' ').unwrap_or(rest);
                 match &mut self.data {
+                    Some(d) if d.len() + rest.len() > MAX_LINE_BYTES => return Err(too_long()),
                     Some(d) => {
                         d.push('\n');
                         d.push_str(rest);
@@ -330,28 +348,27 @@ impl SseLines {
                 }
             }
         }
-        self.scanned = self.buf.len();
-        if self.buf.len() > MAX_LINE_BYTES {
-            return Err(Failure::new(
-                "bad_response",
-                format!("an SSE line exceeds {MAX_LINE_BYTES} bytes"),
-            ));
-        }
-        Ok(None)
     }
 
     /// Data left when the stream ends without a final blank line.
     pub fn finish(&mut self) -> Option<String> {
-        let rest = std::mem::take(&mut self.buf);
-        self.scanned = 0;
-        let line = String::from_utf8_lossy(&rest);
-        if let Some(d) = line.trim_end().strip_prefix("data:") {
-            let d = d.strip_prefix(' ').unwrap_or(d).to_string();
+        let rest = String::from_utf8_lossy(&self.buf[self.start..]).into_owned();
+        self.buf.clear();
+        (self.start, self.scanned) = (0, 0);
+        if let Some(d) = rest.trim_end().strip_prefix("data:") {
+            let d = d.strip_prefix(' ').unwrap_or(d);
             return Some(match self.data.take() {
                 Some(prev) => format!("{prev}\n{d}"),
-                None => d,
+                None => d.to_string(),
             });
         }
         self.data.take()
     }
+}
+
+fn too_long() -> Failure {
+    Failure::new(
+        "bad_response",
+        format!("an SSE event exceeds {MAX_LINE_BYTES} bytes"),
+    )
 }

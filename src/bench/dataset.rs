@@ -26,7 +26,9 @@ const FIX_ROUNDS: usize = 6;
 /// A token length or an inclusive range of them: `N` or `MIN..MAX`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LenRange {
+    /// Shortest, at least 1.
     pub min: usize,
+    /// Longest, at least `min`.
     pub max: usize,
 }
 
@@ -200,6 +202,31 @@ pub async fn build(
             Ok(out)
         }
     }
+}
+
+/// Random token-id prompts for a model without a tokenizer (e.g. dummy weights offline):
+/// lengths exact by construction, ids uniform over the vocabulary. The samples' text is empty.
+pub fn random_token_ids(
+    n: usize,
+    input: LenRange,
+    output: LenRange,
+    seed: u64,
+    vocab_size: usize,
+) -> (Vec<Sample>, Vec<Vec<u32>>) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let top = u32::try_from(vocab_size).unwrap_or(u32::MAX).max(1);
+    (0..n)
+        .map(|_| {
+            let len = input.sample(&mut rng);
+            let ids: Vec<u32> = (0..len).map(|_| rng.random_range(0..top)).collect();
+            let sample = Sample {
+                prompt: String::new(),
+                prompt_len: Some(len),
+                output_len: output.sample(&mut rng),
+            };
+            (sample, ids)
+        })
+        .unzip()
 }
 
 /// Words of random prompts (TinyStories-like, so small story models see familiar text).

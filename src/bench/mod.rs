@@ -2,8 +2,9 @@
 //! (`--offline`) for the engine in-process.
 //!
 //! ```text
-//! args ─▶ Plan ─▶ dataset::build ─▶ arrival::drive ─▶ client / offline ─▶ RequestRecord
-//!                                                            report::Report ◀─┘ ─▶ table, JSON, SVG
+//! BenchArgs ─▶ Plan ─▶ dataset::build ─▶ arrival::drive ─▶ client (HTTP) | offline (engine)
+//!                                                               │ a RequestRecord each
+//!                                         report::Report ◀──────┘ ─▶ table, --json, --plot
 //! ```
 
 pub mod args;
@@ -155,6 +156,16 @@ fn run_info(plan: &Plan, target: String, endpoint: &str, model: String) -> RunIn
     }
 }
 
+fn log_workload(samples: &[Sample]) {
+    let counted: Vec<usize> = samples.iter().filter_map(|s| s.prompt_len).collect();
+    tracing::info!(
+        prompts = samples.len(),
+        mean_prompt_tokens = counted.iter().sum::<usize>() as f64 / counted.len().max(1) as f64,
+        max_tokens_total = samples.iter().map(|s| s.output_len).sum::<usize>(),
+        "workload ready"
+    );
+}
+
 fn info(i: usize, s: &Sample) -> SampleInfo {
     SampleInfo {
         index: i,
@@ -190,6 +201,7 @@ async fn run_http(plan: &Plan, local: Option<TokenCounter>) -> Result<Report, Be
     });
     let samples =
         dataset::build(&plan.dataset, plan.num_prompts, plan.seed, Some(&counter)).await?;
+    log_workload(&samples);
     let target = Arc::new(HttpTarget::new(
         http,
         base_url,
@@ -226,17 +238,33 @@ async fn run_offline(
     engine: &crate::engine::EngineClient,
     local: Option<TokenCounter>,
 ) -> Result<Report, BenchError> {
-    let tok = engine
-        .tokenizer()
-        .ok_or_else(|| BenchError::Tokenizer("the model has no tokenizer".into()))?;
-    let counter = local.unwrap_or_else(|| TokenCounter::Local((*tok).clone()));
-    let samples =
-        dataset::build(&plan.dataset, plan.num_prompts, plan.seed, Some(&counter)).await?;
-    let ids: Vec<Vec<u32>> = samples
-        .iter()
-        .map(|s| tok.encode(&s.prompt, tok.add_bos_default()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| BenchError::Tokenizer(e.to_string()))?;
+    let tok = match local {
+        Some(TokenCounter::Local(t)) => Some(t),
+        _ => engine.tokenizer().map(|t| (*t).clone()),
+    };
+    let (samples, ids) = match (tok, &plan.dataset) {
+        (Some(tok), spec) => {
+            let counter = TokenCounter::Local(tok.clone());
+            let samples = dataset::build(spec, plan.num_prompts, plan.seed, Some(&counter)).await?;
+            let ids: Vec<Vec<u32>> = samples
+                .iter()
+                .map(|s| tok.encode(&s.prompt, tok.add_bos_default()))
+                .collect::<Result<_, _>>()
+                .map_err(|e| BenchError::Tokenizer(e.to_string()))?;
+            (samples, ids)
+        }
+        (None, DatasetSpec::Random { input, output }) => {
+            let vocab = engine.spec().vocab_size;
+            dataset::random_token_ids(plan.num_prompts, *input, *output, plan.seed, vocab)
+        }
+        (None, _) => {
+            return Err(BenchError::Tokenizer(
+                "the model has no tokenizer: use --dataset random (token ids) or --tokenizer PATH"
+                    .into(),
+            ));
+        }
+    };
+    log_workload(&samples);
     let target = OfflineTarget::new(
         engine.clone(),
         plan.params.ignore_eos,

@@ -163,7 +163,10 @@ impl Timer {
 /// What a record needs to know about the workload item it measured.
 #[derive(Debug, Clone, Copy)]
 pub struct SampleInfo {
+    /// Position in the workload.
     pub index: usize,
+    /// Prompt tokens as the workload counted them.
     pub expected_prompt_tokens: Option<usize>,
+    /// `max_tokens` to send.
     pub requested_output_tokens: usize,
 }

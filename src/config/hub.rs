@@ -105,7 +105,7 @@ pub fn resolve_model(reference: &str, hub: &HubSettings) -> Result<PathBuf, HubE
                 cache: hub.cache_dir.clone(),
             });
         }
-        return download(hub, &r.repo_id, &[file.clone()]);
+        return download(hub, &r.repo_id, std::slice::from_ref(file));
     }
     match cached_snapshot(&hub.cache_dir, &repo) {
         Some(dir) => pick_in_dir(&dir, &r.repo_id),

@@ -356,14 +356,14 @@ impl<B: Backend> Lane<B> {
             lane: self.index,
             message: e.to_string(),
         };
+        if !matches!(e, BackendError::InvalidBatch(_)) {
+            self.stats.lock().expect("stats lock").healthy = false;
+        }
         for id in self.sched.ids() {
             if let Some(rt) = self.seqs.get(&id) {
                 let _ = rt.req.events.try_send(LaneEvent::Failed(lane_err.clone()));
             }
             self.finish(id);
-        }
-        if !matches!(e, BackendError::InvalidBatch(_)) {
-            self.stats.lock().expect("stats lock").healthy = false;
         }
     }
 

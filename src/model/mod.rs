@@ -172,12 +172,10 @@ impl ModelFiles {
                 get(&n("attn_v.weight"), vec![kv, h])?,
             ]);
             let bqkv = if s.qkv_bias {
-                let b = HostTensor::concat_rows(&[
-                    get(&n("attn_q.bias"), vec![1, q])?,
-                    get(&n("attn_k.bias"), vec![1, kv])?,
-                    get(&n("attn_v.bias"), vec![1, kv])?,
-                ]);
-                Some(upload(HostTensor::new(vec![b.data.len()], b.data))?)
+                let mut b = get(&n("attn_q.bias"), vec![q])?.data;
+                b.extend(get(&n("attn_k.bias"), vec![kv])?.data);
+                b.extend(get(&n("attn_v.bias"), vec![kv])?.data);
+                Some(upload(HostTensor::new(vec![b.len()], b))?)
             } else {
                 None
             };

@@ -189,6 +189,11 @@ impl Rig {
             times.push(self.step(&plan(&seqs, 0, bps, 16)));
         }
         let t = median(times);
+        let seqs: Vec<(u32, u32)> = (0..batch).map(|_| (1, ctx + 21)).collect();
+        self.breakdown(
+            &format!("decode batch {batch} ctx {ctx}"),
+            &plan(&seqs, 0, bps, 16),
+        );
         let spec = &self.model.spec;
         let kv_bytes =
             2.0 * 2.0 * (spec.n_layers * spec.kv_dim()) as f64 * batch as f64 * ctx as f64;
@@ -207,6 +212,7 @@ impl Rig {
         let p = plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16);
         self.step(&p);
         let t = median((0..5).map(|_| self.step(&p)).collect());
+        self.breakdown("prefill 2048", &p);
         let s = &self.model.spec;
         let floor = 2.0 * weight_bytes(s) / 2.0 * 2048.0 / 800e12;
         eprintln!(
@@ -215,6 +221,34 @@ impl Rig {
             t * 1e3,
             floor * 1e3,
             100.0 * floor / t
+        );
+    }
+}
+
+impl Rig {
+    /// Times each kernel of one step of `p` with device events and prints the totals by op.
+    fn breakdown(&mut self, label: &str, p: &BatchPlan) {
+        self.b.set_timing_period(Some(1));
+        let wall = self.step(p);
+        self.b.set_timing_period(None);
+        let mut by_op: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
+        for t in self.b.take_kernel_timings().expect("timings") {
+            let e = by_op.entry(t.kernel).or_default();
+            e.0 += 1;
+            e.1 += t.seconds;
+        }
+        let total: f64 = by_op.values().map(|v| v.1).sum();
+        let mut rows: Vec<_> = by_op.into_iter().collect();
+        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+        let parts: Vec<String> = rows
+            .iter()
+            .map(|(op, (n, t))| format!("{op} {:.3}ms/{n}", t * 1e3))
+            .collect();
+        eprintln!(
+            "BREAKDOWN {label}: wall {:.3} ms, kernels {:.3} ms: {}",
+            wall * 1e3,
+            total * 1e3,
+            parts.join(", ")
         );
     }
 }
@@ -234,6 +268,9 @@ fn weight_bytes(s: &ModelSpec) -> f64 {
 #[ignore]
 fn bench_llama3_8b_shape() {
     let mut rig = Rig::new(256 * (512 + 64) / 16, 256);
+    for (k, regs, local, shared) in rig.b.kernel_resources() {
+        eprintln!("RESOURCES {k:?}: {regs} regs, {local} B local, {shared} B shared");
+    }
     rig.prefill();
     rig.decode(1, 512);
     rig.decode(32, 2048);

@@ -8,6 +8,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, result, sys,
 };
 
+use super::timing::Timer;
 use crate::backend::BackendError;
 
 /// Host<->device traffic since the backend was created.
@@ -87,6 +88,8 @@ pub struct Device {
     pub name: String,
     /// Synchronize and check after every launch (tests and debugging).
     pub sync_check: bool,
+    /// Sampled kernel timings.
+    pub timer: Timer,
     stats: TransferStats,
 }
 
@@ -120,7 +123,11 @@ pub fn device_available() -> bool {
 
 impl Device {
     /// Opens device `ordinal` (its primary context) with a fresh non-blocking stream.
-    pub fn open(ordinal: usize, sync_check: bool) -> Result<Device, BackendError> {
+    pub fn open(
+        ordinal: usize,
+        sync_check: bool,
+        timing_period: Option<u64>,
+    ) -> Result<Device, BackendError> {
         libs_present()?;
         let e = dev_err("init");
         let ctx = CudaContext::new(ordinal).map_err(&e)?;
@@ -149,6 +156,7 @@ impl Device {
             driver_version,
             name,
             sync_check,
+            timer: Timer::new(timing_period),
             stats: TransferStats::default(),
         })
     }
@@ -233,7 +241,7 @@ impl Device {
 
     /// Launches `f` on the lane's stream; with `sync_check`, waits and reports errors as `op`'s.
     pub fn launch(
-        &self,
+        &mut self,
         op: &'static str,
         f: &CudaFunction,
         grid: Grid,
@@ -259,6 +267,7 @@ impl Device {
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
         self.ctx.bind_to_thread().map_err(dev_err(op))?;
+        let timed = self.timer.start(&self.ctx, &self.stream, op)?;
         // SAFETY: `params` points at one live slot per kernel parameter, in order, with the
         // width the kernel declares (entry points and argument lists are kept in step in
         // this module's callers); every pointer argument addresses a live buffer of this
@@ -274,10 +283,26 @@ impl Device {
             )
         }
         .map_err(dev_err(op))?;
+        self.timer.end(timed, &self.stream)?;
         if self.sync_check {
             self.stream.synchronize().map_err(dev_err(op))?;
         }
         Ok(())
+    }
+
+    /// Brackets work queued by `f` (a library call) with timing events as `op`.
+    pub fn timed<T>(
+        &mut self,
+        op: &'static str,
+        f: impl FnOnce() -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        let timed = self.timer.start(&self.ctx, &self.stream, op)?;
+        let out = f()?;
+        self.timer.end(timed, &self.stream)?;
+        if self.sync_check {
+            self.stream.synchronize().map_err(dev_err(op))?;
+        }
+        Ok(out)
     }
 
     /// Waits for all queued work.

@@ -91,10 +91,7 @@ impl AttnHead {
     }
     /// Query vectors per pass the variant is instantiated for, largest last.
     pub fn group_sizes(self) -> &'static [u32] {
-        match self {
-            AttnHead::D256 | AttnHead::Any => &[1, 4, 8],
-            _ => &[1, 4, 8, 16],
-        }
+        &[1, 4, 8]
     }
     fn tag(self) -> &'static str {
         match self {
@@ -280,6 +277,23 @@ impl Kernels {
             funcs,
             _modules: modules.into_values().collect(),
         })
+    }
+
+    /// Compiler resource use of every kernel: (kernel, registers per thread, local
+    /// (spill) bytes per thread, static shared bytes per block).
+    pub fn resources(&self) -> Vec<(Kernel, i32, i32, i32)> {
+        let mut v: Vec<_> = self
+            .funcs
+            .iter()
+            .map(|(k, f)| {
+                let regs = f.num_regs().unwrap_or(-1);
+                let local = f.local_size_bytes().unwrap_or(-1);
+                let shared = f.shared_size_bytes().unwrap_or(-1);
+                (*k, regs, local, shared)
+            })
+            .collect();
+        v.sort_by_key(|r| format!("{:?}", r.0));
+        v
     }
 
     /// The loaded function of `k`.

@@ -13,6 +13,7 @@ mod gemm;
 pub mod kernels;
 mod meta;
 mod sample;
+mod timing;
 
 use std::path::PathBuf;
 
@@ -21,6 +22,7 @@ use rayon::prelude::*;
 use device::{Arg, DevBuf, Device, Grid};
 pub use device::{TransferStats, device_available};
 use kernels::{Kernel, Kernels};
+pub use timing::KernelTiming;
 
 use super::{Backend, BackendError, BatchPlan, KvShape};
 use crate::model::{HostTensor, ModelSpec, RopeLayout, RopeSpec};
@@ -59,6 +61,9 @@ pub struct CudaOptions {
     pub kernel_cache: Option<PathBuf>,
     /// Synchronize after every launch so errors name the op that caused them (slow).
     pub sync_check: bool,
+    /// Time every launch of every `n`-th step with device events (see
+    /// [`CudaBackend::take_kernel_timings`]); `None`: never.
+    pub timing_period: Option<u64>,
 }
 
 impl Default for CudaOptions {
@@ -67,6 +72,7 @@ impl Default for CudaOptions {
             dtype: DType::Bf16,
             kernel_cache: kernels::default_cache_dir(),
             sync_check: false,
+            timing_period: None,
         }
     }
 }
@@ -166,7 +172,7 @@ fn ensure(
 impl CudaBackend {
     /// Opens device `ordinal`, compiles or loads every kernel, creates the cuBLAS handle.
     pub fn new(ordinal: usize, opts: CudaOptions) -> Result<CudaBackend, BackendError> {
-        let dev = Device::open(ordinal, opts.sync_check)?;
+        let dev = Device::open(ordinal, opts.sync_check, opts.timing_period)?;
         let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref())?;
         let blas = gemm::Blas::new(&dev)?;
         tracing::info!(device = %dev.name, ordinal, arch = ?dev.arch, sms = dev.sm_count, dtype = ?opts.dtype, "cuda backend ready");
@@ -197,6 +203,22 @@ impl CudaBackend {
     /// Host<->device traffic so far (weights included); diff two readings for one step.
     pub fn transfer_stats(&self) -> TransferStats {
         self.dev.stats()
+    }
+
+    /// Kernel durations of the timed steps since the last call (see
+    /// [`CudaOptions::timing_period`]); waits for the timed work to finish.
+    pub fn take_kernel_timings(&mut self) -> Result<Vec<KernelTiming>, BackendError> {
+        self.dev.timer.take()
+    }
+
+    /// Registers, spill bytes and shared memory of every loaded kernel (tuning reports).
+    pub fn kernel_resources(&self) -> Vec<(Kernel, i32, i32, i32)> {
+        self.kernels.resources()
+    }
+
+    /// Changes how often steps are timed (`None`: never).
+    pub fn set_timing_period(&mut self, period: Option<u64>) {
+        self.dev.timer.set_period(period);
     }
 
     /// Overwrites the first `data.len() / cols` rows of `t` (tests: inputs and NaN poison).
@@ -258,7 +280,7 @@ impl CudaBackend {
         self.meta.as_ref().map_or(0, |m| m.ptr() + 4 * off as u64)
     }
 
-    fn launch(&self, k: Kernel, grid: Grid, args: &[Arg]) -> Result<(), BackendError> {
+    fn launch(&mut self, k: Kernel, grid: Grid, args: &[Arg]) -> Result<(), BackendError> {
         self.dev.launch(k.op(), self.kernels.get(k)?, grid, 0, args)
     }
 
@@ -275,7 +297,7 @@ impl CudaBackend {
 
     #[allow(clippy::too_many_arguments)]
     fn norm(
-        &self,
+        &mut self,
         k: Kernel,
         x: &CudaTensor,
         resid: Option<u64>,
@@ -288,7 +310,9 @@ impl CudaBackend {
         check_cols("rms_norm weight", w.rows * w.cols, h)?;
         check_cols("rms_norm output", out.cols, h)?;
         check_rows("rms_norm", n, x.rows.min(out.rows))?;
-        let threads = if h >= 2048 { 1024 } else { 256 };
+        // Up to eight values per thread stay in registers between the kernel's two passes;
+        // more threads keep more loads in flight (the kernel is latency-bound at decode).
+        let threads = h.div_ceil(4).next_multiple_of(32).clamp(128, 1024) as u32;
         let grid = Grid {
             blocks: (n as u32, 1, 1),
             threads,
@@ -364,6 +388,7 @@ impl Backend for CudaBackend {
             self.dev.upload(m, 0, &bytes)?;
         }
         self.epoch += 1;
+        self.dev.timer.begin_step(self.epoch);
         Ok(CudaBatch {
             epoch: self.epoch,
             layout,
@@ -443,8 +468,10 @@ impl Backend for CudaBackend {
         check_cols("matmul input", x.cols, k)?;
         check_cols("matmul output", out.cols, m)?;
         check_rows("matmul", n, x.rows.min(out.rows))?;
-        self.blas
-            .matmul(self.dt, x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), n, k, m)?;
+        let (blas, dt) = (&self.blas, self.dt);
+        self.dev.timed("matmul", || {
+            blas.matmul(dt, x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), n, k, m)
+        })?;
         if let Some(b) = bias {
             check_cols("matmul bias", b.rows * b.cols, m)?;
             let total = n * m;

@@ -1,0 +1,100 @@
+//! Sampled kernel durations from device events, the raw samples behind
+//! `kiln_kernel_duration_seconds{device,kernel}`. Every `period`-th step, each launch (and
+//! each cuBLAS call) is bracketed by two events; [`Timer::take`] reads them out.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, sys};
+
+use super::device::dev_err;
+use crate::backend::BackendError;
+
+/// Most launches recorded between two reads; later ones in the same window go untimed.
+const MAX_PENDING: usize = 8192;
+
+/// One kernel's device time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KernelTiming {
+    /// The op name (`attention`, `matmul`, `rms_norm`, ...).
+    pub kernel: &'static str,
+    pub seconds: f64,
+}
+
+/// Event pairs around sampled launches.
+pub struct Timer {
+    period: Option<u64>,
+    active: bool,
+    events: Vec<CudaEvent>,
+    pending: Vec<&'static str>,
+}
+
+impl Timer {
+    /// Times every `period`-th step; `None` never times.
+    pub fn new(period: Option<u64>) -> Timer {
+        Timer {
+            period: period.filter(|&p| p > 0),
+            active: false,
+            events: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    pub fn set_period(&mut self, period: Option<u64>) {
+        self.period = period.filter(|&p| p > 0);
+    }
+
+    /// Called once per step (by `prepare`): decides whether this step is timed.
+    pub fn begin_step(&mut self, step: u64) {
+        self.active = self.period.is_some_and(|p| step % p == 0);
+    }
+
+    /// Records the start event of a launch; `Some(index)` when this launch is timed.
+    pub fn start(
+        &mut self,
+        ctx: &Arc<CudaContext>,
+        stream: &CudaStream,
+        op: &'static str,
+    ) -> Result<Option<usize>, BackendError> {
+        if !self.active || self.pending.len() >= MAX_PENDING {
+            return Ok(None);
+        }
+        let i = self.pending.len();
+        while self.events.len() < 2 * (i + 1) {
+            let e = ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(dev_err("timing"))?;
+            self.events.push(e);
+        }
+        self.events[2 * i]
+            .record(stream)
+            .map_err(dev_err("timing"))?;
+        self.pending.push(op);
+        Ok(Some(i))
+    }
+
+    /// Records the end event of timed launch `i`.
+    pub fn end(&mut self, i: Option<usize>, stream: &CudaStream) -> Result<(), BackendError> {
+        match i {
+            Some(i) => self.events[2 * i + 1]
+                .record(stream)
+                .map_err(dev_err("timing")),
+            None => Ok(()),
+        }
+    }
+
+    /// The durations recorded since the last call (waits for them to complete).
+    pub fn take(&mut self) -> Result<Vec<KernelTiming>, BackendError> {
+        let mut out = Vec::with_capacity(self.pending.len());
+        for (i, &kernel) in self.pending.iter().enumerate() {
+            let ms = self.events[2 * i]
+                .elapsed_ms(&self.events[2 * i + 1])
+                .map_err(dev_err("timing"))?;
+            out.push(KernelTiming {
+                kernel,
+                seconds: ms as f64 * 1e-3,
+            });
+        }
+        self.pending.clear();
+        Ok(out)
+    }
+}
