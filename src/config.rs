@@ -176,13 +176,16 @@ pub struct ServeArgs {
     /// GGUF file, Hugging Face directory, or hf:OWNER/REPO[/FILE].
     #[arg(long, env = "KILN_MODEL")]
     pub model: Option<String>,
+    /// How to read --model.
     #[arg(long, value_enum, env = "KILN_LOAD_FORMAT")]
     pub load_format: Option<LoadFormat>,
     /// Name clients send as `model`.
     #[arg(long, env = "KILN_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
+    /// Address to bind [default: 127.0.0.1].
     #[arg(long, env = "KILN_HOST")]
     pub host: Option<String>,
+    /// Port to bind [default: 8000].
     #[arg(long, env = "KILN_PORT")]
     pub port: Option<u16>,
     /// Accepted bearer key; repeat for several (comma-separated in KILN_API_KEY).
@@ -196,18 +199,25 @@ pub struct ServeArgs {
     /// cpu, cuda:N or rocm:N; repeat for one lane per device.
     #[arg(long = "device", env = "KILN_DEVICE", value_delimiter = ',')]
     pub devices: Vec<String>,
+    /// Sequences running at once per lane.
     #[arg(long, env = "KILN_MAX_NUM_SEQS")]
     pub max_num_seqs: Option<usize>,
+    /// Tokens per forward step per lane.
     #[arg(long, env = "KILN_MAX_NUM_BATCHED_TOKENS")]
     pub max_num_batched_tokens: Option<usize>,
+    /// Tokens per KV block.
     #[arg(long, env = "KILN_BLOCK_SIZE")]
     pub block_size: Option<usize>,
+    /// KV pool size in blocks per lane (otherwise sized from memory).
     #[arg(long, env = "KILN_KV_BLOCKS")]
     pub kv_blocks: Option<usize>,
+    /// Waiting requests allowed before 429.
     #[arg(long, env = "KILN_MAX_WAITING")]
     pub max_waiting: Option<usize>,
+    /// Context limit (defaults to the model's).
     #[arg(long, env = "KILN_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
+    /// HTTP worker threads (0: one per core).
     #[arg(long, env = "KILN_WORKERS")]
     pub workers: Option<usize>,
     /// Allowed CORS origin; repeat for several.

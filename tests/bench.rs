@@ -572,6 +572,37 @@ async fn offline_runs_the_fixture_through_the_engine() {
         assert!((16..=48).contains(&q.prompt_tokens) && (8..=24).contains(&q.output_tokens));
     }
     assert_eq!(r.run.target, "offline");
+
+    // Dummy weights without a tokenizer: the random dataset becomes random token ids.
+    let dir = temp("dummy-model");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let config = kiln::config::default_model_path()
+        .with_file_name("stories260K-hf")
+        .join("config.json");
+    std::fs::copy(&config, dir.join("config.json")).expect("copy config");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let a = args(&[
+        "--offline",
+        "--load-format",
+        "dummy",
+        "--model",
+        &dir_arg,
+        "--num-prompts",
+        "6",
+        "--input-len",
+        "30",
+        "--output-len",
+        "5",
+        "--ignore-eos",
+    ]);
+    let r = kiln::bench::execute(&a).await.expect("dummy offline run");
+    std::fs::remove_dir_all(&dir).ok();
+    check_report(&r, 6);
+    assert!(
+        r.requests
+            .iter()
+            .all(|q| q.prompt_tokens == 30 && q.output_tokens == 5)
+    );
 }
 
 /// A real Kiln server on the fixture, on an ephemeral port.

@@ -199,5 +199,8 @@ async fn device_error_fails_requests_and_lane_keeps_serving() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    panic!("blocks not returned or lane not healthy: {:?}", client.stats());
+    panic!(
+        "blocks not returned or lane not healthy: {:?}",
+        client.stats()
+    );
 }

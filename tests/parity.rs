@@ -43,6 +43,7 @@ fn rope(dim: usize, layout: RopeLayout) -> RopeSpec {
         dim,
         layout,
         llama3: None,
+        freq_factors: None,
     }
 }
 

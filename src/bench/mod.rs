@@ -45,7 +45,7 @@ pub enum BenchError {
     Server { url: String, message: String },
     #[error("model: {0}")]
     Model(String),
-    #[error("engine: {0}")]
+    #[error(transparent)]
     Engine(#[from] crate::engine::EngineError),
 }
 

@@ -24,13 +24,15 @@ pub struct Llama3Scaling {
 }
 
 /// RoPE parameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RopeSpec {
     pub theta: f32,
     /// Number of leading dims of each head that are rotated (usually `head_dim`).
     pub dim: usize,
     pub layout: RopeLayout,
     pub llama3: Option<Llama3Scaling>,
+    /// Per-frequency divisors (GGUF `rope_freqs.weight`, how llama.cpp stores Llama-3.1 scaling).
+    pub freq_factors: Option<Vec<f32>>,
 }
 
 impl RopeSpec {
@@ -39,11 +41,14 @@ impl RopeSpec {
         let half = self.dim / 2;
         (0..half)
             .map(|i| {
-                let f = (self.theta as f64).powf(-(2.0 * i as f64) / self.dim as f64);
-                match self.llama3 {
-                    None => f as f32,
-                    Some(s) => llama3_scale(f, s) as f32,
+                let mut f = (self.theta as f64).powf(-(2.0 * i as f64) / self.dim as f64);
+                if let Some(s) = self.llama3 {
+                    f = llama3_scale(f, s);
                 }
+                if let Some(div) = self.freq_factors.as_ref().and_then(|d| d.get(i)) {
+                    f /= *div as f64;
+                }
+                f as f32
             })
             .collect()
     }
@@ -202,6 +207,10 @@ impl ModelSpec {
                 dim: rope_dim,
                 layout,
                 llama3,
+                freq_factors: match g.tensor("rope_freqs.weight") {
+                    Some(_) => Some(g.tensor_f32("rope_freqs.weight")?),
+                    None => None,
+                },
             },
             tied_embeddings: g.tensor("output.weight").is_none(),
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
@@ -235,8 +244,44 @@ impl ModelSpec {
                     original_max_position: s.original_max_position_embeddings.unwrap_or(8192.0),
                 })
             }
+            Some(s)
+                if !matches!(
+                    s.rope_type.as_deref().or(s.kind.as_deref()),
+                    None | Some("default")
+                ) =>
+            {
+                let kind = s
+                    .rope_type
+                    .as_deref()
+                    .or(s.kind.as_deref())
+                    .unwrap_or_default();
+                return Err(ModelError::Spec(format!(
+                    "unsupported rope_scaling type '{kind}'"
+                )));
+            }
             _ => None,
         };
+        if let Some(act) = c.hidden_act.as_deref().filter(|a| *a != "silu") {
+            return Err(ModelError::Spec(format!(
+                "unsupported hidden_act '{act}' (only silu)"
+            )));
+        }
+        if c.mlp_bias == Some(true) {
+            return Err(ModelError::Spec("mlp_bias is not supported".into()));
+        }
+        let mut max_position = c.max_position_embeddings.unwrap_or(2048);
+        // Sliding-window attention is not implemented: within the window it equals full
+        // attention, so the context is capped at the window instead of silently differing.
+        if let Some(w) = c
+            .sliding_window
+            .filter(|_| c.use_sliding_window != Some(false))
+            && w < max_position
+        {
+            tracing::warn!(
+                "sliding_window {w} < context {max_position}: capping the context at {w}"
+            );
+            max_position = w;
+        }
         let spec = ModelSpec {
             qkv_bias: arch == "qwen2" || c.attention_bias.unwrap_or(false),
             arch,
@@ -247,13 +292,14 @@ impl ModelSpec {
             n_kv_heads,
             head_dim,
             vocab_size: c.vocab_size,
-            max_position: c.max_position_embeddings.unwrap_or(2048),
+            max_position,
             rms_eps: c.rms_norm_eps.unwrap_or(1e-6),
             rope: RopeSpec {
                 theta: c.rope_theta.unwrap_or(10000.0),
                 dim: head_dim,
                 layout: RopeLayout::Half,
                 llama3,
+                freq_factors: None,
             },
             tied_embeddings: c.tie_word_embeddings.unwrap_or(false),
         };
@@ -289,6 +335,10 @@ struct HfConfig {
     rope_scaling: Option<HfRopeScaling>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
+    hidden_act: Option<String>,
+    mlp_bias: Option<bool>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
 }
 
 #[cfg(test)]
@@ -308,10 +358,11 @@ mod tests {
             dim: 128,
             layout: RopeLayout::Half,
             llama3: Some(s),
+            freq_factors: None,
         };
         let plain = RopeSpec {
             llama3: None,
-            ..rope
+            ..rope.clone()
         };
         let (a, b) = (rope.inv_freqs(), plain.inv_freqs());
         assert_eq!(a[0], b[0]);

@@ -68,6 +68,7 @@ fn llama3_8b(layers: usize) -> ModelSpec {
                 high_freq_factor: 4.0,
                 original_max_position: 8192.0,
             }),
+            freq_factors: None,
         },
         tied_embeddings: false,
         qkv_bias: false,

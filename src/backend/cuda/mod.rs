@@ -14,108 +14,17 @@ pub mod kernels;
 mod meta;
 mod sample;
 mod timing;
-
-use std::path::PathBuf;
-
-use rayon::prelude::*;
+mod types;
 
 use device::{Arg, DevBuf, Device, Grid};
 pub use device::{TransferStats, device_available};
 use kernels::{Kernel, Kernels};
 pub use timing::KernelTiming;
+pub use types::{CudaBatch, CudaKv, CudaOptions, CudaTensor, CudaWeight, DType};
 
 use super::{Backend, BackendError, BatchPlan, KvShape};
 use crate::model::{HostTensor, ModelSpec, RopeLayout, RopeSpec};
 use crate::sampling::{SampleRow, Sampled};
-
-/// Storage type of weights, activations and the KV cache. Accumulation is always f32.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DType {
-    /// Exact parity with the CPU reference (tests).
-    F32,
-    /// Serving.
-    Bf16,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::Bf16 => 2,
-        }
-    }
-    fn suffix(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::Bf16 => "bf16",
-        }
-    }
-}
-
-/// How to build a [`CudaBackend`].
-#[derive(Debug, Clone)]
-pub struct CudaOptions {
-    pub dtype: DType,
-    /// Where compiled kernels are cached; `None` compiles every time.
-    pub kernel_cache: Option<PathBuf>,
-    /// Synchronize after every launch so errors name the op that caused them (slow).
-    pub sync_check: bool,
-    /// Time every launch of every `n`-th step with device events (see
-    /// [`CudaBackend::take_kernel_timings`]); `None`: never.
-    pub timing_period: Option<u64>,
-}
-
-impl Default for CudaOptions {
-    fn default() -> Self {
-        Self {
-            dtype: DType::Bf16,
-            kernel_cache: kernels::default_cache_dir(),
-            sync_check: false,
-            timing_period: None,
-        }
-    }
-}
-
-/// A `[rows, cols]` activation buffer on the device.
-#[derive(Debug)]
-pub struct CudaTensor {
-    buf: DevBuf,
-    rows: usize,
-    cols: usize,
-}
-
-impl CudaTensor {
-    /// Row capacity.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-}
-
-/// A weight on the device: `[rows, cols]`, or `[1, len]` for vectors.
-#[derive(Debug)]
-pub struct CudaWeight {
-    buf: DevBuf,
-    rows: usize,
-    cols: usize,
-}
-
-/// The paged KV pool: per layer, K then V, each `[num_slots, n_kv_heads * head_dim]`.
-#[derive(Debug)]
-pub struct CudaKv {
-    buf: DevBuf,
-    shape: KvShape,
-}
-
-/// A prepared step: where its metadata sits in the backend's metadata buffer.
-#[derive(Debug)]
-pub struct CudaBatch {
-    epoch: u64,
-    layout: meta::Layout,
-}
 
 /// The CUDA backend of one lane.
 pub struct CudaBackend {
@@ -231,39 +140,8 @@ impl CudaBackend {
                 t.cols
             )));
         }
-        let bytes = self.encode(data);
+        let bytes = self.dt.encode(data);
         self.dev.upload(&t.buf, 0, &bytes)
-    }
-
-    fn encode(&self, data: &[f32]) -> Vec<u8> {
-        let size = self.dt.size();
-        let mut out = vec![0u8; data.len() * size];
-        match self.dt {
-            DType::F32 => out
-                .par_chunks_mut(4)
-                .zip(data.par_iter())
-                .for_each(|(o, v)| o.copy_from_slice(&v.to_le_bytes())),
-            DType::Bf16 => out
-                .par_chunks_mut(2)
-                .zip(data.par_iter())
-                .for_each(|(o, v)| {
-                    o.copy_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes())
-                }),
-        }
-        out
-    }
-
-    fn decode(&self, bytes: &[u8]) -> Vec<f32> {
-        match self.dt {
-            DType::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            DType::Bf16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
-                .collect(),
-        }
     }
 
     fn layout(&self, b: &CudaBatch) -> Result<meta::Layout, BackendError> {
@@ -290,7 +168,7 @@ impl CudaBackend {
             let buf = self.dev.alloc(f.len() * 4, "rope frequencies")?;
             let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
             self.dev.upload(&buf, 0, &bytes)?;
-            self.rope = Some((*rope, buf));
+            self.rope = Some((rope.clone(), buf));
         }
         Ok(self.rope.as_ref().map_or(0, |(_, b)| b.ptr()))
     }
@@ -342,7 +220,7 @@ impl Backend for CudaBackend {
     fn upload_weight(&mut self, w: HostTensor) -> Result<CudaWeight, BackendError> {
         let (rows, cols) = (w.rows(), w.cols());
         let buf = self.dev.alloc(rows * cols * self.dt.size(), "weight")?;
-        let bytes = self.encode(&w.data);
+        let bytes = self.dt.encode(&w.data);
         drop(w);
         self.dev.upload(&buf, 0, &bytes)?;
         Ok(CudaWeight { buf, rows, cols })
@@ -620,7 +498,7 @@ impl Backend for CudaBackend {
         check_rows("to_host", n, x.rows)?;
         let mut bytes = vec![0u8; n * x.cols * self.dt.size()];
         self.dev.download(&x.buf, 0, &mut bytes)?;
-        Ok(self.decode(&bytes))
+        Ok(self.dt.decode(&bytes))
     }
 
     fn kv_budget_bytes(&self, utilization: f32) -> Option<usize> {

@@ -45,7 +45,7 @@ impl Timer {
 
     /// Called once per step (by `prepare`): decides whether this step is timed.
     pub fn begin_step(&mut self, step: u64) {
-        self.active = self.period.is_some_and(|p| step % p == 0);
+        self.active = self.period.is_some_and(|p| step.is_multiple_of(p));
     }
 
     /// Records the start event of a launch; `Some(index)` when this launch is timed.
