@@ -3,44 +3,17 @@
 //! (`scripts/golden_arch.py` wrote them and `tests/golden/arch-<name>.json`): greedy ids
 //! token for token, logits within 1e-4 relative error. The directories hold no tokenizer.
 
-use std::path::{Path, PathBuf};
+mod golden_support;
 
-use kiln::backend::cpu::CpuBackend;
-use kiln::generate::{GenerateOptions, SingleGenerator};
+use std::path::Path;
+
+use golden_support::{check, load, repo};
 use kiln::model::{LoadFormat, ModelFiles, ModelSpec};
-use kiln::sampling::SamplingParams;
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// max |a - b| / max |b| over the full-vocab logits the reference stored.
-fn rel_error(ours: &[f32], reference: &Value) -> f64 {
-    let full = reference["logits"].as_array().expect("logits array");
-    assert_eq!(full.len(), ours.len(), "vocab size");
-    let pairs: Vec<(f64, f64)> = full
-        .iter()
-        .zip(ours)
-        .map(|(r, &o)| (o as f64, r.as_f64().unwrap()))
-        .collect();
-    let scale = pairs.iter().map(|p| p.1.abs()).fold(0.0, f64::max);
-    pairs.iter().map(|(o, r)| (o - r).abs()).fold(0.0, f64::max) / scale
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-/// Opens `tests/data/arch/<name>`, lets `check_spec` look at the parsed spec, then
-/// generates greedily for every prompt of `tests/golden/arch-<name>.json`.
+/// Opens `tests/data/arch/<name>`, lets `check_spec` look at the parsed spec, then checks
+/// every prompt of `tests/golden/arch-<name>.json`.
 fn check_model(name: &str, min_exact: usize, check_spec: impl FnOnce(&ModelSpec)) {
-    let golden = repo().join(format!("tests/golden/arch-{name}.json"));
-    let g: Value = serde_json::from_str(&std::fs::read_to_string(golden).unwrap()).unwrap();
     let dir = repo().join("tests/data/arch").join(name);
     let files = ModelFiles::open(&dir, LoadFormat::Hf)
         .unwrap_or_else(|e| panic!("{name}: loading {}: {e}", dir.display()));
@@ -49,57 +22,7 @@ fn check_model(name: &str, min_exact: usize, check_spec: impl FnOnce(&ModelSpec)
         "{name}: the fixture has no tokenizer"
     );
     check_spec(&files.spec);
-    let mut generator = SingleGenerator::new(CpuBackend::new(), &files, 256, 7, 4).unwrap();
-    let mut worst = 0.0f64;
-    for p in g["prompts"].as_array().unwrap() {
-        let prompt = ids(&p["prompt_ids"]);
-        let want = ids(&p["generated_ids"]);
-        let margins: Vec<f64> = p["top2_margin"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m.as_f64().unwrap())
-            .collect();
-        let opts = GenerateOptions {
-            max_tokens: want.len(),
-            params: SamplingParams::greedy(),
-            stop_ids: vec![],
-            chunk: 7,
-            block_size: 4,
-            record_logits: want.len(),
-        };
-        let out = generator.generate(&prompt, &opts, |_| {}).unwrap();
-        // Ids must agree up to the first near-tie (where float rounding may pick either).
-        let exact = margins.iter().position(|&m| m < 1e-3).unwrap_or(want.len());
-        assert!(
-            exact >= min_exact,
-            "{name}: reference has a near-tie at step {exact}"
-        );
-        let n = prompt.len();
-        assert_eq!(
-            out.token_ids[..exact],
-            want[..exact],
-            "{name}: greedy ids for the {n}-token prompt"
-        );
-        let err = rel_error(&out.step_logits[0], &p["prompt_logits_last"]);
-        assert!(
-            err < 1e-4,
-            "{name}: {n}-token prompt logits rel error {err}"
-        );
-        worst = worst.max(err);
-        for s in p["step_logits"].as_array().unwrap() {
-            let step = s["step"].as_u64().unwrap() as usize;
-            if step < exact {
-                let err = rel_error(&out.step_logits[step], s);
-                assert!(
-                    err < 1e-4,
-                    "{name}: {n}-token prompt, step {step} logits rel error {err}"
-                );
-                worst = worst.max(err);
-            }
-        }
-    }
-    eprintln!("{name}: worst logits rel error {worst:.3e}");
+    check(name, &load(&format!("arch-{name}.json")), &files, min_exact);
 }
 
 #[test]

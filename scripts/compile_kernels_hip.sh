@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Ahead-of-time compile of every Kiln GPU kernel for AMD with hipcc, warnings as errors.
+#
+# The kernel list is derived from kernels/*.cu (tests/kernels_hip.rs checks that every source
+# of the typed kernel enum is one of them). Each source is compiled exactly as the runtime
+# compiles it: prelude.cuh, a #line marker, then the untouched kernel text, with
+# -DKILN_WARP_SIZE set for the target and both storage types (f32, bf16) instantiated.
+# `-include hip/hip_runtime.h` supplies what hipRTC pre-includes implicitly.
+#
+# Targets: gfx90a (CDNA2, MI200: wave64) and gfx1030 (RDNA2: wave32).
+# Usage: scripts/compile_kernels_hip.sh [--list] [OUT_DIR]
+#   --list  print the kernel sources this script compiles, one per line, and exit.
+# Exit status: 0 when every kernel compiled for every target, 1 otherwise, 2 without hipcc.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+KERNEL_DIR=kernels
+PRELUDE="$KERNEL_DIR/prelude.cuh"
+TARGETS=("gfx90a:64" "gfx1030:32")
+
+mapfile -t SOURCES < <(find "$KERNEL_DIR" -maxdepth 1 -name '*.cu' -printf '%f\n' | LC_ALL=C sort)
+
+if [[ "${1:-}" == "--list" ]]; then
+    printf '%s\n' "${SOURCES[@]}"
+    exit 0
+fi
+
+HIPCC="${HIPCC:-hipcc}"
+if ! command -v "$HIPCC" >/dev/null 2>&1; then
+    echo "compile_kernels_hip: $HIPCC not found (apt-get install hipcc libamdhip64-dev)" >&2
+    exit 2
+fi
+if [[ ${#SOURCES[@]} -eq 0 ]]; then
+    echo "compile_kernels_hip: no kernel sources in $KERNEL_DIR" >&2
+    exit 1
+fi
+
+OUT="${1:-$(mktemp -d)}"
+mkdir -p "$OUT"
+echo "hipcc: $("$HIPCC" --version 2>/dev/null | grep -m1 -i 'HIP version' || true)"
+
+failed=0
+total=0
+for src in "${SOURCES[@]}"; do
+    name="${src%.cu}"
+    unit="$OUT/$name.hip"
+    { cat "$PRELUDE"; printf '\n#line 1 "%s"\n' "$src"; cat "$KERNEL_DIR/$src"; } >"$unit"
+    for t in "${TARGETS[@]}"; do
+        arch="${t%%:*}"
+        warp="${t##*:}"
+        obj="$OUT/$name.$arch.hsaco"
+        log="$OUT/$name.$arch.log"
+        total=$((total + 1))
+        start=$(date +%s.%N)
+        if "$HIPCC" --genco --offload-arch="$arch" -O3 -std=c++17 -Werror ${KILN_HIP_WARN:-} \
+            -include hip/hip_runtime.h -DKILN_WARP_SIZE="$warp" \
+            "$unit" -o "$obj" >"$log" 2>&1; then
+            secs=$(echo "$(date +%s.%N) - $start" | bc)
+            printf 'hip-kernel %-14s %-8s wave%-2s ok    %8d bytes %5.1fs\n' \
+                "$src" "$arch" "$warp" "$(stat -c %s "$obj")" "$secs"
+        else
+            failed=$((failed + 1))
+            printf 'hip-kernel %-14s %-8s wave%-2s FAILED\n' "$src" "$arch" "$warp"
+            sed 's/^/    /' "$log"
+        fi
+    done
+done
+
+echo "hip-kernel summary: $((total - failed))/$total compiled (${#SOURCES[@]} sources x ${#TARGETS[@]} targets) into $OUT"
+[[ $failed -eq 0 ]]
