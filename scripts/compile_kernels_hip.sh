@@ -8,6 +8,8 @@
 # `-include hip/hip_runtime.h` supplies what hipRTC pre-includes implicitly.
 #
 # Targets: gfx90a (CDNA2, MI200: wave64) and gfx1030 (RDNA2: wave32).
+# Warnings: -Wall minus -Wunused-const-variable (prelude constants such as MAX_WARPS are
+# unused by some kernels), all as errors; override with KILN_HIP_WARN="...".
 # Usage: scripts/compile_kernels_hip.sh [--list] [OUT_DIR]
 #   --list  print the kernel sources this script compiles, one per line, and exit.
 # Exit status: 0 when every kernel compiled for every target, 1 otherwise, 2 without hipcc.
@@ -52,7 +54,7 @@ for src in "${SOURCES[@]}"; do
         log="$OUT/$name.$arch.log"
         total=$((total + 1))
         start=$(date +%s.%N)
-        if "$HIPCC" --genco --offload-arch="$arch" -O3 -std=c++17 -Werror ${KILN_HIP_WARN:-} \
+        if "$HIPCC" --genco --offload-arch="$arch" -O3 -std=c++17 -Werror ${KILN_HIP_WARN--Wall -Wno-unused-const-variable} \
             -include hip/hip_runtime.h -DKILN_WARP_SIZE="$warp" \
             "$unit" -o "$obj" >"$log" 2>&1; then
             secs=$(echo "$(date +%s.%N) - $start" | bc)

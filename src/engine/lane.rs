@@ -223,10 +223,9 @@ impl<B: Backend> Lane<B> {
     fn handle(&mut self, msg: LaneMsg) -> bool {
         match msg {
             LaneMsg::Shutdown => {
-                self.fail_all(BackendError::Device {
-                    op: "lane",
-                    message: "shutting down".into(),
-                });
+                for id in self.sched.ids() {
+                    self.fail_one(id, EngineError::ShuttingDown);
+                }
                 false
             }
             LaneMsg::Abort(id) => {
@@ -350,6 +349,14 @@ impl<B: Backend> Lane<B> {
     }
 
     /// A device or model error: fail every request of this lane, free everything, keep serving.
+    /// Ends one sequence with an error event.
+    fn fail_one(&mut self, id: SeqId, e: EngineError) {
+        if let Some(rt) = self.seqs.get(&id) {
+            let _ = rt.req.events.try_send(LaneEvent::Failed(e));
+        }
+        self.finish(id);
+    }
+
     fn fail_all(&mut self, e: BackendError) {
         tracing::error!(device = %self.backend.name(), error = %e, "lane step failed");
         let lane_err = EngineError::LaneFailed {
@@ -360,10 +367,7 @@ impl<B: Backend> Lane<B> {
             self.stats.lock().expect("stats lock").healthy = false;
         }
         for id in self.sched.ids() {
-            if let Some(rt) = self.seqs.get(&id) {
-                let _ = rt.req.events.try_send(LaneEvent::Failed(lane_err.clone()));
-            }
-            self.finish(id);
+            self.fail_one(id, lane_err.clone());
         }
     }
 
