@@ -330,3 +330,42 @@ async fn hundred_concurrent_streams_with_a_third_disconnecting() {
     );
     assert_eq!(get(&s.base, "/health").await.0, 200);
 }
+
+#[tokio::test]
+async fn cors_is_off_unless_configured() {
+    let origin = "http://app.example";
+    let preflight = |base: String| async move {
+        client()
+            .request(reqwest::Method::OPTIONS, format!("{base}{C}"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .send()
+            .await
+            .unwrap()
+    };
+    let res = preflight(shared().base.clone()).await;
+    assert!(res.headers().get("access-control-allow-origin").is_none());
+    let mut cfg = test_config();
+    cfg.server.cors_allowed_origins = vec![origin.into()];
+    cfg.server.api_keys = vec!["sk-cors".into()];
+    let s = start(cfg);
+    let res = preflight(s.base.clone()).await;
+    assert!(
+        res.status().is_success(),
+        "preflight passes before auth: {}",
+        res.status()
+    );
+    assert_eq!(res.headers()["access-control-allow-origin"], origin);
+    let res = client()
+        .get(format!("{}/v1/models", s.base))
+        .header("origin", "http://evil.example")
+        .bearer_auth("sk-cors")
+        .send()
+        .await
+        .unwrap();
+    assert!(res.headers().get("access-control-allow-origin").is_none());
+}

@@ -73,19 +73,21 @@ pub(crate) struct LaneReady {
     pub num_blocks: usize,
 }
 
-/// KV blocks for a lane: `kv_blocks` if set, else what `budget_bytes` holds (f32 K and V),
+/// KV blocks for a lane: `kv_blocks` if set, else what `budget_bytes` holds (K and V of
+/// `elem_bytes` each),
 /// capped at what `max_num_seqs` full-length sequences could use.
 pub(crate) fn kv_blocks(
     files: &ModelFiles,
     cfg: &EngineConfig,
     max_len: usize,
     budget_bytes: usize,
+    elem_bytes: usize,
 ) -> usize {
     if let Some(n) = cfg.kv_blocks {
         return n;
     }
     let s = &files.spec;
-    let per_block = 2 * s.n_layers * cfg.block_size * s.kv_dim() * std::mem::size_of::<f32>();
+    let per_block = 2 * s.n_layers * cfg.block_size * s.kv_dim() * elem_bytes;
     let cap = cfg.max_num_seqs * max_len.div_ceil(cfg.block_size);
     (budget_bytes / per_block.max(1)).min(cap).max(1)
 }
@@ -133,7 +135,11 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
             cfg.max_num_batched_tokens,
             cfg.max_num_seqs,
         )?;
-        let num_blocks = kv_blocks(&files, &cfg, max_len, cfg.cpu_kv_cache_bytes);
+        // After the weights and scratch: a GPU reports what is left of its memory budget.
+        let budget = backend
+            .kv_budget_bytes(cfg.gpu_memory_utilization)
+            .unwrap_or(cfg.cpu_kv_cache_bytes);
+        let num_blocks = kv_blocks(&files, &cfg, max_len, budget, backend.kv_element_bytes());
         let s = &files.spec;
         let shape = KvShape {
             num_layers: s.n_layers,

@@ -1,0 +1,65 @@
+//! Every kernel source of the typed kernel enum is compiled ahead of time for AMD by
+//! `scripts/compile_kernels_hip.sh` (run in CI with Debian's hipcc), straight from
+//! `kernels/`: the bytes NVRTC compiles are the bytes hipcc compiles.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The `.cu` files named by the kernel enum (`Source::file` and its `include_str!`s).
+fn enum_sources() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(root().join("src/backend/cuda/kernels.rs"))
+        .expect("src/backend/cuda/kernels.rs");
+    let mut out = BTreeSet::new();
+    for piece in text.split('"').skip(1).step_by(2) {
+        if let Some(name) = piece.strip_suffix(".cu") {
+            let file = name.rsplit('/').next().unwrap_or(name);
+            out.insert(format!("{file}.cu"));
+        }
+    }
+    out
+}
+
+fn script_sources() -> BTreeSet<String> {
+    let out = Command::new("bash")
+        .arg(root().join("scripts/compile_kernels_hip.sh"))
+        .arg("--list")
+        .output()
+        .expect("run scripts/compile_kernels_hip.sh --list");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn every_enum_kernel_source_is_compiled_for_amd() {
+    let enum_srcs = enum_sources();
+    assert!(
+        enum_srcs.len() >= 7,
+        "kernel enum sources not found: {enum_srcs:?}"
+    );
+    let script = script_sources();
+    let missing: Vec<_> = enum_srcs.difference(&script).collect();
+    assert!(
+        missing.is_empty(),
+        "kernel sources of the enum not compiled by scripts/compile_kernels_hip.sh: {missing:?} \
+         (it compiles {script:?})"
+    );
+    for s in &enum_srcs {
+        assert!(
+            root().join("kernels").join(s).is_file(),
+            "kernels/{s} missing"
+        );
+    }
+}
