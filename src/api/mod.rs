@@ -144,6 +144,13 @@ impl Server {
                     })
                     .shutdown_timeout(server_cfg.shutdown_timeout_s)
                     .h1_allow_half_closed(false)
+                    // Stream tokens as they come: without TCP_NODELAY a small SSE frame on a
+                    // kept-alive connection waits ~40 ms for the client's delayed ACK.
+                    .on_connect(|conn, _ext| {
+                        if let Some(sock) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+                            let _ = sock.set_nodelay(true);
+                        }
+                    })
                     .listen(listener);
                     let server = match built {
                         Ok(s) => s.run(),
