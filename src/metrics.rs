@@ -10,6 +10,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::engine::stats::{DURATION_BUCKETS, PlainHistogram};
 use crate::engine::{EngineStats, FinishReason, RequestTimings, Usage};
 
 /// Metric names, in one place.
@@ -31,6 +32,8 @@ pub mod names {
     pub const QUEUE_TIME: &str = "kiln_request_queue_time_seconds";
     pub const CLIENT_DISCONNECTS: &str = "kiln_http_requests_client_disconnected_total";
     pub const BUILD_INFO: &str = "kiln_build_info";
+    pub const STEP_DURATION: &str = "kiln_step_duration_seconds";
+    pub const KERNEL_DURATION: &str = "kiln_kernel_duration_seconds";
 }
 
 const TTFT_BUCKETS: &[f64] = &[
@@ -197,7 +200,18 @@ impl Metrics {
         let mut out = Vec::new();
         // Encoding into a Vec cannot fail for well-formed families.
         let _ = TextEncoder::new().encode(&families, &mut out);
-        String::from_utf8(out).unwrap_or_default()
+        let mut text = String::from_utf8(out).unwrap_or_default();
+        // Histograms that have no series yet (e.g. kernel timings before GPU work) are
+        // still declared, so dashboards and checks can rely on every name.
+        for (name, help) in [
+            (names::STEP_DURATION, STEP_HELP),
+            (names::KERNEL_DURATION, KERNEL_HELP),
+        ] {
+            if !text.contains(&format!("# TYPE {name} ")) {
+                text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+            }
+        }
+        text
     }
 }
 
@@ -255,7 +269,69 @@ fn engine_families(s: &EngineStats) -> Vec<MetricFamily> {
             .set(if l.healthy { 1.0 } else { 0.0 });
     }
     out.extend(healthy.collect());
+    let steps = s.lanes.iter().flat_map(|l| {
+        l.step_durations
+            .iter()
+            .map(move |(phase, h)| (vec![("device", l.device.as_str()), ("phase", *phase)], h))
+    });
+    out.extend(histogram_family(STEP_DURATION, STEP_HELP, steps));
+    let kernels = s.lanes.iter().flat_map(|l| {
+        l.kernel_durations
+            .iter()
+            .map(move |(k, h)| (vec![("device", l.device.as_str()), ("kernel", *k)], h))
+    });
+    out.extend(histogram_family(KERNEL_DURATION, KERNEL_HELP, kernels));
     out
+}
+
+const STEP_HELP: &str = "Duration of engine steps by phase.";
+const KERNEL_HELP: &str = "Device-timed kernel durations (sampled).";
+
+/// A histogram family from plain snapshot histograms (`None` without series: the text
+/// encoder refuses empty families; `render` declares those names itself).
+fn histogram_family<'a>(
+    name: &str,
+    help: &str,
+    series: impl Iterator<Item = (Vec<(&'a str, &'a str)>, &'a PlainHistogram)>,
+) -> Option<MetricFamily> {
+    use prometheus::proto::{Bucket, LabelPair, Metric, MetricType};
+    let mut family = MetricFamily::default();
+    family.set_name(name.to_string());
+    family.set_help(help.to_string());
+    family.set_field_type(MetricType::HISTOGRAM);
+    for (labels, h) in series {
+        let mut hist = prometheus::proto::Histogram::default();
+        hist.set_sample_count(h.count);
+        hist.set_sample_sum(h.sum);
+        let mut cumulative = 0;
+        let buckets = DURATION_BUCKETS
+            .iter()
+            .zip(&h.counts)
+            .map(|(&bound, &c)| {
+                cumulative += c;
+                let mut b = Bucket::default();
+                b.set_upper_bound(bound);
+                b.set_cumulative_count(cumulative);
+                b
+            })
+            .collect();
+        hist.set_bucket(buckets);
+        let mut m = Metric::default();
+        m.set_label(
+            labels
+                .into_iter()
+                .map(|(k, v)| {
+                    let mut l = LabelPair::default();
+                    l.set_name(k.to_string());
+                    l.set_value(v.to_string());
+                    l
+                })
+                .collect(),
+        );
+        m.set_histogram(hist);
+        family.mut_metric().push(m);
+    }
+    (!family.get_metric().is_empty()).then_some(family)
 }
 
 #[cfg(test)]
@@ -295,6 +371,10 @@ mod tests {
                 ..LaneStats::default()
             }],
         };
+        let mut stats = stats;
+        let decode = stats.lanes[0].step_durations.entry("decode").or_default();
+        decode.observe(0.0009);
+        decode.observe(0.2);
         let text = m.render(Some(&stats));
         for line in [
             "kiln_requests_running 2",
@@ -314,6 +394,9 @@ mod tests {
             "kiln_request_queue_time_seconds_count 1",
             "kiln_lane_healthy{device=\"cpu\",lane=\"0\"} 1",
             "# TYPE kiln_prefix_cache_hits_total counter",
+            "# TYPE kiln_kernel_duration_seconds histogram",
+            "kiln_step_duration_seconds_bucket{device=\"cpu\",phase=\"decode\",le=\"0.001\"} 1",
+            "kiln_step_duration_seconds_count{device=\"cpu\",phase=\"decode\"} 2",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -14,11 +14,16 @@ fn root() -> &'static Path {
 fn enum_sources() -> BTreeSet<String> {
     let text = std::fs::read_to_string(root().join("src/backend/cuda/kernels.rs"))
         .expect("src/backend/cuda/kernels.rs");
+    // Every `<name>.cu"` literal: `Source::file`'s names and the `include_str!` paths.
     let mut out = BTreeSet::new();
-    for piece in text.split('"').skip(1).step_by(2) {
-        if let Some(name) = piece.strip_suffix(".cu") {
-            let file = name.rsplit('/').next().unwrap_or(name);
-            out.insert(format!("{file}.cu"));
+    let b = text.as_bytes();
+    for (at, _) in text.match_indices(".cu\"") {
+        let start = (0..at)
+            .rev()
+            .find(|&i| !(b[i].is_ascii_alphanumeric() || b[i] == b'_'))
+            .map_or(0, |i| i + 1);
+        if start < at {
+            out.insert(format!("{}.cu", &text[start..at]));
         }
     }
     out

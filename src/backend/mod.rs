@@ -139,6 +139,12 @@ pub trait Backend {
     /// Downloads `n` rows of a tensor (tests and debugging).
     fn to_host(&mut self, x: &Self::Tensor, n: usize) -> Result<Vec<f32>, BackendError>;
 
+    /// Device-timed kernel durations `(kernel, seconds)` recorded since the last call
+    /// (sampled; empty for backends without device timers).
+    fn take_kernel_timings(&mut self) -> Result<Vec<(&'static str, f64)>, BackendError> {
+        Ok(Vec::new())
+    }
+
     /// Bytes the KV pool may take, from the device memory left after weights and
     /// workspaces, keeping `1 - utilization` of the device free. `None`: not a device with
     /// its own memory (the configured CPU budget applies).

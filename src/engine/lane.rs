@@ -377,7 +377,14 @@ impl<B: Backend> Lane<B> {
         }
     }
 
-    fn publish(&self, step: &Step, prefill: bool, secs: f64) {
+    fn publish(&mut self, step: &Step, prefill: bool, secs: f64) {
+        let kernels = match self.backend.take_kernel_timings() {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading kernel timings failed");
+                Vec::new()
+            }
+        };
         let mut st = self.stats.lock().expect("stats lock");
         st.steps += 1;
         st.tokens_computed += step.plan.num_tokens() as u64;
@@ -385,6 +392,11 @@ impl<B: Backend> Lane<B> {
             st.prefill_step_seconds += secs
         } else {
             st.decode_step_seconds += secs
+        }
+        let phase = if prefill { "prefill" } else { "decode" };
+        st.step_durations.entry(phase).or_default().observe(secs);
+        for (kernel, secs) in kernels {
+            st.kernel_durations.entry(kernel).or_default().observe(secs);
         }
         drop(st);
         self.publish_idle();

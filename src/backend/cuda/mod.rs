@@ -501,6 +501,13 @@ impl Backend for CudaBackend {
         Ok(self.dt.decode(&bytes))
     }
 
+    fn take_kernel_timings(&mut self) -> Result<Vec<(&'static str, f64)>, BackendError> {
+        Ok(CudaBackend::take_kernel_timings(self)?
+            .into_iter()
+            .map(|t| (t.kernel, t.seconds))
+            .collect())
+    }
+
     fn kv_budget_bytes(&self, utilization: f32) -> Option<usize> {
         let (free, total) = self.dev.mem_info().ok()?;
         // Sampling workspace for the largest logits buffer, attention partials and cuBLAS.
