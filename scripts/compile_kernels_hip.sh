@@ -41,32 +41,54 @@ OUT="${1:-$(mktemp -d)}"
 mkdir -p "$OUT"
 echo "hipcc: $("$HIPCC" --version 2>/dev/null | grep -m1 -i 'HIP version' || true)"
 
+JOBS="${KILN_HIP_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+
+# Compiles one (source, target) pair; writes its log line to $OUT/<name>.<arch>.result.
+compile_one() {
+    local src="$1" arch="$2" warp="$3" name="${1%.cu}"
+    local unit="$OUT/$name.hip" obj="$OUT/$name.$arch.hsaco" log="$OUT/$name.$arch.log"
+    local start secs
+    start=$(date +%s.%N)
+    if "$HIPCC" --genco --offload-arch="$arch" -O3 -std=c++17 -Werror ${KILN_HIP_WARN--Wall -Wno-unused-const-variable} \
+        -include hip/hip_runtime.h -DKILN_WARP_SIZE="$warp" \
+        "$unit" -o "$obj" >"$log" 2>&1; then
+        secs=$(echo "$(date +%s.%N) - $start" | bc)
+        printf 'hip-kernel %-14s %-8s wave%-2s ok    %8d bytes %6.1fs\n' \
+            "$src" "$arch" "$warp" "$(stat -c %s "$obj")" "$secs" >"$OUT/$name.$arch.result"
+    else
+        { printf 'hip-kernel %-14s %-8s wave%-2s FAILED\n' "$src" "$arch" "$warp"
+          sed 's/^/    /' "$log"; } >"$OUT/$name.$arch.result"
+    fi
+}
+
+for src in "${SOURCES[@]}"; do
+    { cat "$PRELUDE"; printf '\n#line 1 "%s"\n' "$src"; cat "$KERNEL_DIR/$src"; } >"$OUT/${src%.cu}.hip"
+done
+# attention.cu dominates (minutes per target): start the largest sources first.
+mapfile -t ORDER < <(for src in "${SOURCES[@]}"; do echo "$(stat -c %s "$KERNEL_DIR/$src") $src"; done \
+    | sort -rn | cut -d' ' -f2)
+for src in "${ORDER[@]}"; do
+    for t in "${TARGETS[@]}"; do
+        while [[ $(jobs -rp | wc -l) -ge $JOBS ]]; do wait -n; done
+        compile_one "$src" "${t%%:*}" "${t##*:}" &
+    done
+done
+wait
+
 failed=0
 total=0
 for src in "${SOURCES[@]}"; do
-    name="${src%.cu}"
-    unit="$OUT/$name.hip"
-    { cat "$PRELUDE"; printf '\n#line 1 "%s"\n' "$src"; cat "$KERNEL_DIR/$src"; } >"$unit"
     for t in "${TARGETS[@]}"; do
-        arch="${t%%:*}"
-        warp="${t##*:}"
-        obj="$OUT/$name.$arch.hsaco"
-        log="$OUT/$name.$arch.log"
         total=$((total + 1))
-        start=$(date +%s.%N)
-        if "$HIPCC" --genco --offload-arch="$arch" -O3 -std=c++17 -Werror ${KILN_HIP_WARN--Wall -Wno-unused-const-variable} \
-            -include hip/hip_runtime.h -DKILN_WARP_SIZE="$warp" \
-            "$unit" -o "$obj" >"$log" 2>&1; then
-            secs=$(echo "$(date +%s.%N) - $start" | bc)
-            printf 'hip-kernel %-14s %-8s wave%-2s ok    %8d bytes %5.1fs\n' \
-                "$src" "$arch" "$warp" "$(stat -c %s "$obj")" "$secs"
+        r="$OUT/${src%.cu}.${t%%:*}.result"
+        if [[ -s "$r" ]] && head -n1 "$r" | grep -q ' ok '; then
+            cat "$r"
         else
             failed=$((failed + 1))
-            printf 'hip-kernel %-14s %-8s wave%-2s FAILED\n' "$src" "$arch" "$warp"
-            sed 's/^/    /' "$log"
+            [[ -s "$r" ]] && cat "$r" || printf 'hip-kernel %-14s %-8s FAILED (no result)\n' "$src" "${t%%:*}"
         fi
     done
 done
 
-echo "hip-kernel summary: $((total - failed))/$total compiled (${#SOURCES[@]} sources x ${#TARGETS[@]} targets) into $OUT"
+echo "hip-kernel summary: $((total - failed))/$total compiled (${#SOURCES[@]} sources x ${#TARGETS[@]} targets, $JOBS jobs) into $OUT"
 [[ $failed -eq 0 ]]

@@ -63,8 +63,17 @@ fn device_body(device: Device) -> LaneBody {
         Device::Cpu => Box::new(|ctx| lane::run(|| Ok(CpuBackend::new()), ctx)),
         #[cfg(feature = "cuda")]
         Device::Cuda(i) => Box::new(move |ctx| {
-            use crate::backend::cuda::{CudaBackend, CudaOptions};
-            lane::run(move || CudaBackend::new(i, CudaOptions::default()), ctx)
+            use crate::backend::cuda::{CudaBackend, CudaOptions, DType};
+            let opts = CudaOptions {
+                dtype: match ctx.cfg.gpu_dtype {
+                    super::GpuDtype::Bf16 => DType::Bf16,
+                    super::GpuDtype::F32 => DType::F32,
+                },
+                timing_period: (ctx.cfg.kernel_timing_period > 0)
+                    .then_some(ctx.cfg.kernel_timing_period),
+                ..CudaOptions::default()
+            };
+            lane::run(move || CudaBackend::new(i, opts), ctx)
         }),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => {

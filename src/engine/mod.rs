@@ -98,6 +98,20 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// Context limit; defaults to the model's.
     pub max_model_len: Option<usize>,
+    /// GPU lanes time every kernel of every n-th step with device events for
+    /// `kiln_kernel_duration_seconds` (0: off).
+    pub kernel_timing_period: u64,
+    /// GPU activation/weight precision: `bf16` (default) or `f32` (exact parity with the CPU).
+    pub gpu_dtype: GpuDtype,
+}
+
+/// Precision of GPU weights and activations (accumulation is always f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuDtype {
+    #[default]
+    Bf16,
+    F32,
 }
 
 impl Default for EngineConfig {
@@ -112,6 +126,8 @@ impl Default for EngineConfig {
             max_waiting: 1024,
             enable_prefix_caching: true,
             max_model_len: None,
+            kernel_timing_period: 64,
+            gpu_dtype: GpuDtype::Bf16,
         }
     }
 }
