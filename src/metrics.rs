@@ -126,11 +126,7 @@ impl Metrics {
                 "Finished choices by finish reason.",
                 "finished_reason",
             ),
-            errors: counter_vec(
-                REQUEST_ERRORS,
-                "Failed requests by OpenAI error type.",
-                "type",
-            ),
+            errors: counter_vec(REQUEST_ERRORS, REQUEST_ERRORS_HELP, "type"),
             disconnects: counter(
                 CLIENT_DISCONNECTS,
                 "Requests whose client went away before the end.",
@@ -201,14 +197,15 @@ impl Metrics {
         // Encoding into a Vec cannot fail for well-formed families.
         let _ = TextEncoder::new().encode(&families, &mut out);
         let mut text = String::from_utf8(out).unwrap_or_default();
-        // Histograms that have no series yet (e.g. kernel timings before GPU work) are
-        // still declared, so dashboards and checks can rely on every name.
-        for (name, help) in [
-            (names::STEP_DURATION, STEP_HELP),
-            (names::KERNEL_DURATION, KERNEL_HELP),
+        // Families with no series yet (kernel timings before GPU work, error counts before
+        // the first error) are still declared, so dashboards and checks can rely on every name.
+        for (name, help, kind) in [
+            (names::STEP_DURATION, STEP_HELP, "histogram"),
+            (names::KERNEL_DURATION, KERNEL_HELP, "histogram"),
+            (names::REQUEST_ERRORS, REQUEST_ERRORS_HELP, "counter"),
         ] {
             if !text.contains(&format!("# TYPE {name} ")) {
-                text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+                text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
             }
         }
         text
@@ -284,6 +281,7 @@ fn engine_families(s: &EngineStats) -> Vec<MetricFamily> {
     out
 }
 
+const REQUEST_ERRORS_HELP: &str = "Failed requests by OpenAI error type.";
 const STEP_HELP: &str = "Duration of engine steps by phase.";
 const KERNEL_HELP: &str = "Device-timed kernel durations (sampled).";
 
