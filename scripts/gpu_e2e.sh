@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# GPU end-to-end check, run ON the GPU machine from a staged folder. Stage it here with:
+#   cargo build --release --features cuda && mkdir -p target/e2e && cp target/release/kiln target/e2e/ \
+#     && strip target/e2e/kiln && cp ../shared/models/stories260K.gguf scripts/gpu_e2e.sh target/e2e/ \
+#     && sed 's/^enable_prefix_caching = true/&\ngpu_dtype = "f32"/' config/default.toml > target/e2e/f32.toml \
+#     && ./target/release/kiln generate --prompt "Once upon a time" --max-tokens 64 --json --ignore-eos \
+#        | python3 -c 'import json,sys; open("target/e2e/expected.txt","w").write(json.load(sys.stdin)["text"])'
+# (the generate step with a non-cuda build, on the CPU), then carry target/e2e and run
+# `bash target/e2e/gpu_e2e.sh`.
+set -uo pipefail
+cd "$(dirname "$0")"
+for d in /usr/local/cuda/lib64 $(python3 -c 'import os, nvidia
+for p in nvidia.__path__:
+    for s in sorted(os.listdir(p)):
+        q=os.path.join(p,s,"lib")
+        os.path.isdir(q) and print(q)' 2>/dev/null); do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+export KILN_LOG=warn
+for mode in f32 bf16; do
+  cfg=""; [ $mode = f32 ] && cfg="--config f32.toml"
+  ./kiln serve $cfg --model stories260K.gguf --device cuda:0 --port 8123 > serve-$mode.log 2>&1 &
+  pid=$!
+  for i in $(seq 1 120); do curl -sf localhost:8123/health >/dev/null && break; sleep 1; done
+  echo "== $mode ready after ${i}s"
+  curl -s localhost:8123/v1/completions -H 'content-type: application/json' \
+    -d '{"model":"stories260K.gguf","prompt":"Once upon a time","max_tokens":64,"temperature":0,"ignore_eos":true}' > resp-$mode.json
+  python3 - "$mode" <<'PY'
+import json, sys
+r = json.load(open(f"resp-{sys.argv[1]}.json"))
+got = r["choices"][0]["text"]; want = open("expected.txt").read()
+n = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+print(sys.argv[1], "identical to CPU:", got == want, "| common prefix chars:", n, "of", len(want))
+print(repr(got[:120]))
+PY
+  ./kiln bench --base-url http://127.0.0.1:8123 --model stories260K.gguf --num-prompts 64 --input-len 128 --output-len 64 --max-concurrency 16 --ignore-eos 2>&1 | tail -12
+  curl -s localhost:8123/metrics | grep -E "^kiln_(kernel_duration_seconds_count|step_duration_seconds_count)" | head -20
+  kill -TERM $pid; wait $pid; echo "exit $?"
+  tail -5 serve-$mode.log
+done
