@@ -225,7 +225,6 @@ async fn stop_strings_spanning_tokens_are_cut_and_never_leaked() {
     let o = run(&client, req).await;
     assert_eq!(o.text[0], full[..at]);
     assert_eq!(o.finish[0], FinishReason::Stop);
-    assert!(!o.text[0].contains(&stop[..1]) || !full[..at].is_empty());
     // Streaming deltas never contained any part of the stop string past the cut point.
     let mut req = ignore_eos(prompt, 48);
     req.stop.strings = vec![stop];
