@@ -4,6 +4,10 @@ pub mod batch;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub mod gpu;
+#[cfg(feature = "rocm")]
+pub mod rocm;
 
 pub use batch::{BatchPlan, KvShape, SeqSlice};
 

@@ -62,27 +62,36 @@ fn device_body(device: Device) -> LaneBody {
     match device {
         Device::Cpu => Box::new(|ctx| lane::run(|| Ok(CpuBackend::new()), ctx)),
         #[cfg(feature = "cuda")]
-        Device::Cuda(i) => Box::new(move |ctx| {
-            use crate::backend::cuda::{CudaBackend, CudaOptions, DType};
-            let opts = CudaOptions {
-                dtype: match ctx.cfg.gpu_dtype {
-                    super::GpuDtype::Bf16 => DType::Bf16,
-                    super::GpuDtype::F32 => DType::F32,
-                },
-                timing_period: (ctx.cfg.kernel_timing_period > 0)
-                    .then_some(ctx.cfg.kernel_timing_period),
-                ..CudaOptions::default()
-            };
-            lane::run(move || CudaBackend::new(i, opts), ctx)
-        }),
+        Device::Cuda(i) => gpu_body::<crate::backend::cuda::Cuda>(i),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => {
             Box::new(|ctx| lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("cuda")), ctx))
         }
+        #[cfg(feature = "rocm")]
+        Device::Rocm(i) => gpu_body::<crate::backend::rocm::Hip>(i),
+        #[cfg(not(feature = "rocm"))]
         Device::Rocm(_) => {
             Box::new(|ctx| lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("rocm")), ctx))
         }
     }
+}
+
+/// A lane on GPU `ordinal` of vendor runtime `R`.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn gpu_body<R: crate::backend::gpu::runtime::Runtime>(ordinal: usize) -> LaneBody {
+    use crate::backend::gpu::{DType, GpuBackend, GpuOptions};
+    Box::new(move |ctx| {
+        let opts = GpuOptions {
+            dtype: match ctx.cfg.gpu_dtype {
+                super::GpuDtype::Bf16 => DType::Bf16,
+                super::GpuDtype::F32 => DType::F32,
+            },
+            timing_period: (ctx.cfg.kernel_timing_period > 0)
+                .then_some(ctx.cfg.kernel_timing_period),
+            ..GpuOptions::default()
+        };
+        lane::run(move || GpuBackend::<R>::new(ordinal, opts), ctx)
+    })
 }
 
 type ReadyRx = std::sync::mpsc::Receiver<Result<lane::LaneReady, EngineError>>;

@@ -2,11 +2,8 @@
 //! `kiln_kernel_duration_seconds{device,kernel}`. Every `period`-th step, each launch (and
 //! each cuBLAS call) is bracketed by two events; [`Timer::take`] reads them out.
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, sys};
-
 use super::device::dev_err;
+use super::runtime::Runtime;
 use crate::backend::BackendError;
 
 /// Most launches recorded between two reads; later ones in the same window go untimed.
@@ -21,16 +18,16 @@ pub struct KernelTiming {
 }
 
 /// Event pairs around sampled launches.
-pub struct Timer {
+pub struct Timer<R: Runtime> {
     period: Option<u64>,
     active: bool,
-    events: Vec<CudaEvent>,
+    events: Vec<R::Event>,
     pending: Vec<&'static str>,
 }
 
-impl Timer {
+impl<R: Runtime> Timer<R> {
     /// Times every `period`-th step; `None` never times.
-    pub fn new(period: Option<u64>) -> Timer {
+    pub fn new(period: Option<u64>) -> Timer<R> {
         Timer {
             period: period.filter(|&p| p > 0),
             active: false,
@@ -49,45 +46,35 @@ impl Timer {
     }
 
     /// Records the start event of a launch; `Some(index)` when this launch is timed.
-    pub fn start(
-        &mut self,
-        ctx: &Arc<CudaContext>,
-        stream: &CudaStream,
-        op: &'static str,
-    ) -> Result<Option<usize>, BackendError> {
+    pub fn start(&mut self, rt: &R, op: &'static str) -> Result<Option<usize>, BackendError> {
         if !self.active || self.pending.len() >= MAX_PENDING {
             return Ok(None);
         }
         let i = self.pending.len();
         while self.events.len() < 2 * (i + 1) {
-            let e = ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(dev_err("timing"))?;
-            self.events.push(e);
+            self.events.push(rt.new_event().map_err(dev_err("timing"))?);
         }
-        self.events[2 * i]
-            .record(stream)
-            .map_err(dev_err("timing"))?;
+        rt.record(&self.events[2 * i]).map_err(dev_err("timing"))?;
         self.pending.push(op);
         Ok(Some(i))
     }
 
     /// Records the end event of timed launch `i`.
-    pub fn end(&mut self, i: Option<usize>, stream: &CudaStream) -> Result<(), BackendError> {
+    pub fn end(&mut self, i: Option<usize>, rt: &R) -> Result<(), BackendError> {
         match i {
-            Some(i) => self.events[2 * i + 1]
-                .record(stream)
+            Some(i) => rt
+                .record(&self.events[2 * i + 1])
                 .map_err(dev_err("timing")),
             None => Ok(()),
         }
     }
 
     /// The durations recorded since the last call (waits for them to complete).
-    pub fn take(&mut self) -> Result<Vec<KernelTiming>, BackendError> {
+    pub fn take(&mut self, rt: &R) -> Result<Vec<KernelTiming>, BackendError> {
         let mut out = Vec::with_capacity(self.pending.len());
         for (i, &kernel) in self.pending.iter().enumerate() {
-            let ms = self.events[2 * i]
-                .elapsed_ms(&self.events[2 * i + 1])
+            let ms = rt
+                .elapsed_ms(&self.events[2 * i], &self.events[2 * i + 1])
                 .map_err(dev_err("timing"))?;
             out.push(KernelTiming {
                 kernel,

@@ -2,9 +2,10 @@
 //! entries into one upload, launches the sampling kernels, and downloads only the chosen
 //! ids, their logprobs and the requested top alternatives.
 
-use super::device::{Arg, Grid};
+use super::device::Arg;
 use super::kernels::Kernel;
-use super::{CudaBackend, CudaTensor, check_rows, ensure};
+use super::runtime::{Grid, Runtime};
+use super::{GpuBackend, GpuTensor, check_rows, ensure};
 use crate::backend::BackendError;
 use crate::sampling::{SampleRow, Sampled};
 
@@ -52,7 +53,7 @@ pub fn pack(
         };
         if n_top > MAX_TOP {
             return Err(BackendError::Unsupported {
-                backend: "cuda",
+                backend: "gpu",
                 op: "sample",
                 dtype: format!("{n_top} top logprobs (max {MAX_TOP})"),
             });
@@ -146,10 +147,10 @@ pub fn unpack(pack: &SamplePack, words: &[u32]) -> Vec<Sampled> {
 /// Threads of the per-row sampling kernels (`SAMPLE_THREADS` in `kernels/sample.cu`).
 const SAMPLE_THREADS: u32 = 1024;
 
-impl CudaBackend {
+impl<R: Runtime> GpuBackend<R> {
     pub(super) fn sample_on_device(
         &mut self,
-        logits: &CudaTensor,
+        logits: &GpuTensor,
         rows: &[SampleRow<'_>],
     ) -> Result<Vec<Sampled>, BackendError> {
         check_rows("sample", rows.len(), logits.rows)?;
@@ -168,7 +169,7 @@ impl CudaBackend {
     /// Kernel order: prep (float copy and lse), top-n on the raw values, penalties, pick.
     fn run_sample(
         &mut self,
-        logits: &CudaTensor,
+        logits: &GpuTensor,
         pk: &SamplePack,
     ) -> Result<Vec<u32>, BackendError> {
         let (s, v) = (pk.rows, logits.cols);

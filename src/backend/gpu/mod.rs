@@ -1,36 +1,45 @@
-//! The NVIDIA backend: kernels from `kernels/` compiled by NVRTC at lane start, GEMMs through
-//! cuBLAS, attention in one launch per layer over the paged cache, sampling on the device.
+//! The GPU backend, written once for every vendor: kernels from `kernels/` compiled at lane
+//! start by the runtime's compiler (NVRTC, hipRTC), GEMMs through the vendor BLAS (cuBLAS,
+//! rocBLAS), attention in one launch per layer over the paged cache, sampling on the
+//! device, decode steps replayed from graphs.
 //!
-//! Everything lives in one [`CudaBackend`], created and used on its lane's thread: context
-//! and stream, loaded kernels, cuBLAS handle, weights, KV pool and workspaces. Nothing is
+//! Everything lives in one [`GpuBackend`], created and used on its lane's thread: runtime
+//! and stream, loaded kernels, BLAS handle, weights, KV pool and workspaces. Nothing is
 //! global; two backends in one process (parallel tests) share only the driver's primary
 //! context. There is no CPU fallback: every op of the contract runs on the device, and
-//! a missing kernel fails `new`.
+//! a missing kernel fails `new`. The vendor runtimes ([`runtime::Runtime`]) are the only
+//! vendor-specific code.
 
 mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda_rt;
 mod device;
-mod gemm;
+#[cfg(feature = "rocm")]
+pub mod hip_rt;
 pub mod kernels;
 mod meta;
+pub mod runtime;
 mod sample;
 mod timing;
 mod types;
 
-use device::{Arg, DevBuf, Device, Grid};
-pub use device::{TransferStats, device_available};
+use device::{Arg, DevBuf, Device};
+pub use device::TransferStats;
 use kernels::{Kernel, Kernels};
+use runtime::{Grid, Runtime};
 pub use timing::KernelTiming;
-pub use types::{CudaBatch, CudaKv, CudaOptions, CudaTensor, CudaWeight, DType};
+pub use types::{DType, GpuBatch, GpuKv, GpuOptions, GpuTensor, GpuWeight};
 
 use super::{Backend, BackendError, BatchPlan, KvShape};
 use crate::model::{HostTensor, ModelSpec, RopeLayout, RopeSpec};
 use crate::sampling::{SampleRow, Sampled};
 
-/// The CUDA backend of one lane.
-pub struct CudaBackend {
-    kernels: Kernels,
-    blas: gemm::Blas,
-    dev: Device,
+/// The GPU backend of one lane, over vendor runtime `R`.
+pub struct GpuBackend<R: Runtime> {
+    // Field order is drop order: kernels and the BLAS handle go before the device.
+    kernels: Kernels<R>,
+    blas: R::Blas,
+    dev: Device<R>,
     dt: DType,
     kv_shape: Option<KvShape>,
     meta: Option<DevBuf>,
@@ -65,8 +74,8 @@ fn check_rows(what: &str, n: usize, cap: usize) -> Result<(), BackendError> {
 }
 
 /// Grows `slot` to at least `bytes` (by half again, to avoid regrowing every step).
-fn ensure(
-    dev: &Device,
+fn ensure<R: Runtime>(
+    dev: &Device<R>,
     slot: &mut Option<DevBuf>,
     bytes: usize,
     what: &'static str,
@@ -78,14 +87,20 @@ fn ensure(
     Ok(slot.as_ref().map_or(0, |b| b.ptr()))
 }
 
-impl CudaBackend {
-    /// Opens device `ordinal`, compiles or loads every kernel, creates the cuBLAS handle.
-    pub fn new(ordinal: usize, opts: CudaOptions) -> Result<CudaBackend, BackendError> {
-        let dev = Device::open(ordinal, opts.sync_check, opts.timing_period)?;
+impl<R: Runtime> GpuBackend<R> {
+    /// Whether `R`'s libraries load and at least one device is visible.
+    pub fn device_available() -> bool {
+        R::available().is_ok()
+    }
+
+    /// Opens device `ordinal`, compiles or loads every kernel, creates the BLAS handle.
+    pub fn new(ordinal: usize, opts: GpuOptions) -> Result<GpuBackend<R>, BackendError> {
+        let dev = Device::<R>::open(ordinal, opts.sync_check, opts.timing_period)?;
         let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref())?;
-        let blas = gemm::Blas::new(&dev)?;
-        tracing::info!(device = %dev.name, ordinal, arch = ?dev.arch, sms = dev.sm_count, dtype = ?opts.dtype, "cuda backend ready");
-        Ok(CudaBackend {
+        let blas = dev.rt.blas().map_err(device::dev_err("blas"))?;
+        let i = &dev.info;
+        tracing::info!(backend = R::NAME, device = %i.name, ordinal, arch = %i.arch, sms = i.sm_count, warp = i.warp_size, dtype = ?opts.dtype, "gpu backend ready");
+        Ok(GpuBackend {
             kernels,
             blas,
             dev,
@@ -115,14 +130,14 @@ impl CudaBackend {
     }
 
     /// Kernel durations of the timed steps since the last call (see
-    /// [`CudaOptions::timing_period`]); waits for the timed work to finish.
+    /// [`GpuOptions::timing_period`]); waits for the timed work to finish.
     pub fn take_kernel_timings(&mut self) -> Result<Vec<KernelTiming>, BackendError> {
-        self.dev.timer.take()
+        self.dev.timer.take(&self.dev.rt)
     }
 
     /// Registers, spill bytes and shared memory of every loaded kernel (tuning reports).
     pub fn kernel_resources(&self) -> Vec<(Kernel, i32, i32, i32)> {
-        self.kernels.resources()
+        self.kernels.resources(&self.dev.rt)
     }
 
     /// Changes how often steps are timed (`None`: never).
@@ -131,7 +146,7 @@ impl CudaBackend {
     }
 
     /// Overwrites the first `data.len() / cols` rows of `t` (tests: inputs and NaN poison).
-    pub fn write_tensor(&mut self, t: &mut CudaTensor, data: &[f32]) -> Result<(), BackendError> {
+    pub fn write_tensor(&mut self, t: &mut GpuTensor, data: &[f32]) -> Result<(), BackendError> {
         if data.len() > t.rows * t.cols {
             return Err(invalid(format!(
                 "{} values for a {}x{} tensor",
@@ -144,7 +159,7 @@ impl CudaBackend {
         self.dev.upload(&t.buf, 0, &bytes)
     }
 
-    fn layout(&self, b: &CudaBatch) -> Result<meta::Layout, BackendError> {
+    fn layout(&self, b: &GpuBatch) -> Result<meta::Layout, BackendError> {
         if b.epoch != self.epoch {
             return Err(invalid(
                 "batch was prepared before the latest prepare()".into(),
@@ -177,12 +192,12 @@ impl CudaBackend {
     fn norm(
         &mut self,
         k: Kernel,
-        x: &CudaTensor,
+        x: &GpuTensor,
         resid: Option<u64>,
-        w: &CudaWeight,
+        w: &GpuWeight,
         eps: f32,
         n: usize,
-        out: &CudaTensor,
+        out: &GpuTensor,
     ) -> Result<(), BackendError> {
         let h = x.cols;
         check_cols("rms_norm weight", w.rows * w.cols, h)?;
@@ -207,41 +222,41 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
-    type Tensor = CudaTensor;
-    type Weight = CudaWeight;
-    type Kv = CudaKv;
-    type Batch = CudaBatch;
+impl<R: Runtime> Backend for GpuBackend<R> {
+    type Tensor = GpuTensor;
+    type Weight = GpuWeight;
+    type Kv = GpuKv;
+    type Batch = GpuBatch;
 
     fn name(&self) -> String {
-        format!("cuda:{}", self.dev.ordinal)
+        format!("{}:{}", R::NAME, self.dev.ordinal)
     }
 
-    fn upload_weight(&mut self, w: HostTensor) -> Result<CudaWeight, BackendError> {
+    fn upload_weight(&mut self, w: HostTensor) -> Result<GpuWeight, BackendError> {
         let (rows, cols) = (w.rows(), w.cols());
         let buf = self.dev.alloc(rows * cols * self.dt.size(), "weight")?;
         let bytes = self.dt.encode(&w.data);
         drop(w);
         self.dev.upload(&buf, 0, &bytes)?;
-        Ok(CudaWeight { buf, rows, cols })
+        Ok(GpuWeight { buf, rows, cols })
     }
 
-    fn alloc(&mut self, rows: usize, cols: usize) -> Result<CudaTensor, BackendError> {
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<GpuTensor, BackendError> {
         self.largest_alloc = self.largest_alloc.max(rows * cols);
-        Ok(CudaTensor {
+        Ok(GpuTensor {
             buf: self.dev.alloc(rows * cols * self.dt.size(), "activation")?,
             rows,
             cols,
         })
     }
 
-    fn alloc_kv(&mut self, shape: &KvShape) -> Result<CudaKv, BackendError> {
+    fn alloc_kv(&mut self, shape: &KvShape) -> Result<GpuKv, BackendError> {
         let hd = shape.head_dim;
         if kernels::AttnHead::for_head_dim(hd) == kernels::AttnHead::Any
             && hd > kernels::AttnHead::MAX_ANY
         {
             return Err(BackendError::Unsupported {
-                backend: "cuda",
+                backend: R::NAME,
                 op: "attention",
                 dtype: format!("head_dim {hd}"),
             });
@@ -249,16 +264,16 @@ impl Backend for CudaBackend {
         let bytes = 2 * shape.num_layers * shape.num_slots() * shape.slot_width() * self.dt.size();
         let buf = self.dev.alloc(bytes, "kv cache")?;
         self.kv_shape = Some(*shape);
-        Ok(CudaKv { buf, shape: *shape })
+        Ok(GpuKv { buf, shape: *shape })
     }
 
-    fn prepare(&mut self, plan: &BatchPlan) -> Result<CudaBatch, BackendError> {
+    fn prepare(&mut self, plan: &BatchPlan) -> Result<GpuBatch, BackendError> {
         let shape = self
             .kv_shape
             .ok_or_else(|| invalid("no KV cache allocated".into()))?;
         plan.validate(&shape)?;
         let mut words = std::mem::take(&mut self.meta_words);
-        let layout = meta::pack(plan, &shape, self.dev.sm_count, &mut words);
+        let layout = meta::pack(plan, &shape, self.dev.info.sm_count, &mut words);
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         self.meta_words = words;
         ensure(&self.dev, &mut self.meta, bytes.len(), "batch metadata")?;
@@ -267,7 +282,7 @@ impl Backend for CudaBackend {
         }
         self.epoch += 1;
         self.dev.timer.begin_step(self.epoch);
-        Ok(CudaBatch {
+        Ok(GpuBatch {
             epoch: self.epoch,
             layout,
         })
@@ -275,9 +290,9 @@ impl Backend for CudaBackend {
 
     fn embed(
         &mut self,
-        table: &CudaWeight,
-        b: &CudaBatch,
-        out: &mut CudaTensor,
+        table: &GpuWeight,
+        b: &GpuBatch,
+        out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
         check_cols("embed", out.cols, table.cols)?;
@@ -303,23 +318,23 @@ impl Backend for CudaBackend {
 
     fn rms_norm(
         &mut self,
-        x: &CudaTensor,
-        w: &CudaWeight,
+        x: &GpuTensor,
+        w: &GpuWeight,
         eps: f32,
         n: usize,
-        out: &mut CudaTensor,
+        out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         self.norm(Kernel::RmsNorm, x, None, w, eps, n, out)
     }
 
     fn add_rms_norm(
         &mut self,
-        x: &CudaTensor,
-        residual: &mut CudaTensor,
-        w: &CudaWeight,
+        x: &GpuTensor,
+        residual: &mut GpuTensor,
+        w: &GpuWeight,
         eps: f32,
         n: usize,
-        out: &mut CudaTensor,
+        out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         check_cols("add_rms_norm residual", residual.cols, x.cols)?;
         check_rows("add_rms_norm residual", n, residual.rows)?;
@@ -336,20 +351,28 @@ impl Backend for CudaBackend {
 
     fn matmul(
         &mut self,
-        x: &CudaTensor,
-        w: &CudaWeight,
-        bias: Option<&CudaWeight>,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        bias: Option<&GpuWeight>,
         n: usize,
-        out: &mut CudaTensor,
+        out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         let (m, k) = (w.rows, w.cols);
         check_cols("matmul input", x.cols, k)?;
         check_cols("matmul output", out.cols, m)?;
         check_rows("matmul", n, x.rows.min(out.rows))?;
-        let (blas, dt) = (&self.blas, self.dt);
-        self.dev.timed("matmul", || {
-            blas.matmul(dt, x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), n, k, m)
-        })?;
+        if n > 0 && m > 0 {
+            if [n, k, m].iter().any(|&v| v > i32::MAX as usize) {
+                return Err(invalid(format!("GEMM {n}x{k}x{m} too large")));
+            }
+            let (blas, dt) = (&self.blas, self.dt);
+            // SAFETY: x holds n*k, w m*k and out n*m elements of `dt` (shapes checked above);
+            // all three buffers are live.
+            self.dev.timed("matmul", |rt| unsafe {
+                rt.gemm(blas, dt, x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), n, k, m)
+                    .map_err(device::dev_err("matmul"))
+            })?;
+        }
         if let Some(b) = bias {
             check_cols("matmul bias", b.rows * b.cols, m)?;
             let total = n * m;
@@ -370,8 +393,8 @@ impl Backend for CudaBackend {
 
     fn rope(
         &mut self,
-        qkv: &mut CudaTensor,
-        b: &CudaBatch,
+        qkv: &mut GpuTensor,
+        b: &GpuBatch,
         spec: &ModelSpec,
     ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
@@ -397,10 +420,10 @@ impl Backend for CudaBackend {
 
     fn write_kv(
         &mut self,
-        kv: &mut CudaKv,
+        kv: &mut GpuKv,
         layer: usize,
-        qkv: &CudaTensor,
-        b: &CudaBatch,
+        qkv: &GpuTensor,
+        b: &GpuBatch,
         spec: &ModelSpec,
     ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
@@ -431,21 +454,21 @@ impl Backend for CudaBackend {
 
     fn attention(
         &mut self,
-        qkv: &CudaTensor,
-        kv: &CudaKv,
+        qkv: &GpuTensor,
+        kv: &GpuKv,
         layer: usize,
-        b: &CudaBatch,
+        b: &GpuBatch,
         spec: &ModelSpec,
-        out: &mut CudaTensor,
+        out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         self.launch_attention(qkv, kv, layer, b, spec, out)
     }
 
     fn silu_mul(
         &mut self,
-        gate_up: &CudaTensor,
+        gate_up: &GpuTensor,
         n: usize,
-        out: &mut CudaTensor,
+        out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         let f = out.cols;
         check_cols("silu_mul", gate_up.cols, 2 * f)?;
@@ -466,9 +489,9 @@ impl Backend for CudaBackend {
 
     fn gather_rows(
         &mut self,
-        x: &CudaTensor,
-        b: &CudaBatch,
-        out: &mut CudaTensor,
+        x: &GpuTensor,
+        b: &GpuBatch,
+        out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
         check_cols("gather_rows", out.cols, x.cols)?;
@@ -488,13 +511,13 @@ impl Backend for CudaBackend {
 
     fn sample(
         &mut self,
-        logits: &CudaTensor,
+        logits: &GpuTensor,
         rows: &[SampleRow<'_>],
     ) -> Result<Vec<Sampled>, BackendError> {
         self.sample_on_device(logits, rows)
     }
 
-    fn to_host(&mut self, x: &CudaTensor, n: usize) -> Result<Vec<f32>, BackendError> {
+    fn to_host(&mut self, x: &GpuTensor, n: usize) -> Result<Vec<f32>, BackendError> {
         check_rows("to_host", n, x.rows)?;
         let mut bytes = vec![0u8; n * x.cols * self.dt.size()];
         self.dev.download(&x.buf, 0, &mut bytes)?;
@@ -502,7 +525,7 @@ impl Backend for CudaBackend {
     }
 
     fn take_kernel_timings(&mut self) -> Result<Vec<(&'static str, f64)>, BackendError> {
-        Ok(CudaBackend::take_kernel_timings(self)?
+        Ok(GpuBackend::take_kernel_timings(self)?
             .into_iter()
             .map(|t| (t.kernel, t.seconds))
             .collect())

@@ -1,17 +1,14 @@
 //! Kernel identity and loading: a typed enum of kernels mapped to their source file and
-//! entry point, compiled by NVRTC for the present device at lane start, cached on disk by
-//! (source hash, arch, driver, NVRTC version), and loaded once into a set the backend owns.
+//! entry point, compiled by the runtime's compiler (NVRTC, hipRTC) for the present device
+//! at lane start, cached on disk by (source hash, arch, driver, compiler version), and
+//! loaded once into a set the backend owns.
 
 use std::collections::HashMap;
-use std::ffi::{CStr, CString, c_int};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-use cudarc::driver::{CudaFunction, CudaModule};
-use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 use super::DType;
 use super::device::{Device, dev_err};
+use super::runtime::Runtime;
 use crate::backend::BackendError;
 
 const PRELUDE: &str = include_str!("../../../kernels/prelude.cuh");
@@ -210,60 +207,59 @@ impl Kernel {
 }
 
 /// The loaded kernels of one backend. Modules stay loaded as long as this lives.
-pub struct Kernels {
-    funcs: HashMap<Kernel, CudaFunction>,
-    _modules: Vec<Arc<CudaModule>>,
+pub struct Kernels<R: Runtime> {
+    funcs: HashMap<Kernel, R::Func>,
+    _modules: Vec<R::Module>,
 }
 
-impl Kernels {
+impl<R: Runtime> Kernels<R> {
     /// Compiles (or reads from `cache_dir`) every source for `dev` and loads every kernel.
     /// A missing entry point is a startup error naming its op.
     pub fn load(
-        dev: &Device,
+        dev: &Device<R>,
         dt: DType,
         cache_dir: Option<&Path>,
-    ) -> Result<Kernels, BackendError> {
-        let opts = vec![
-            format!("--gpu-architecture=sm_{}{}", dev.arch.0, dev.arch.1),
-            format!("-DKILN_WARP_SIZE={}", dev.warp_size),
-            format!("-DKILN_DTYPE_{}", dt.suffix().to_uppercase()),
-            "--std=c++17".to_string(),
-        ];
+    ) -> Result<Kernels<R>, BackendError> {
+        let mut opts = R::compile_options(&dev.info);
+        opts.push(format!("-DKILN_DTYPE_{}", dt.suffix().to_uppercase()));
         let salt = format!(
-            "{opts:?} driver {} nvrtc {:?}",
-            dev.driver_version,
-            nvrtc_version()
+            "{} {opts:?} {} driver {} {}",
+            R::NAME,
+            dev.info.arch,
+            dev.info.driver_version,
+            R::compiler_version()
         );
         let images: Vec<Result<Vec<u8>, BackendError>> = std::thread::scope(|s| {
             let handles: Vec<_> = Source::ALL
                 .iter()
                 .map(|&src| {
                     let (opts, salt) = (&opts, &salt);
-                    s.spawn(move || cached_compile(src, opts, salt, cache_dir))
+                    s.spawn(move || cached_compile::<R>(src, opts, salt, cache_dir))
                 })
                 .collect();
             handles
                 .into_iter()
                 .map(|h| {
                     h.join()
-                        .unwrap_or_else(|_| Err(nvrtc_err("NVRTC compile thread panicked".into())))
+                        .unwrap_or_else(|_| Err(compile_err::<R>("compile thread panicked".into())))
                 })
                 .collect()
         });
         let mut modules = HashMap::new();
         for (src, image) in Source::ALL.iter().zip(images) {
             let module = dev
-                .ctx
-                .load_module(Ptx::from_binary(image?))
+                .rt
+                .load_module(&image?)
                 .map_err(dev_err("load_module"))?;
             modules.insert(*src, module);
         }
         let mut funcs = HashMap::new();
         for k in Kernel::all() {
-            let f = modules[&k.source()]
-                .load_function(&k.entry(dt))
-                .map_err(|_| BackendError::Unsupported {
-                    backend: "cuda",
+            let f = dev
+                .rt
+                .function(&modules[&k.source()], &k.entry(dt))
+                .ok_or_else(|| BackendError::Unsupported {
+                    backend: R::NAME,
                     op: k.op(),
                     dtype: format!(
                         "{dt:?} (entry point {} missing in {})",
@@ -281,14 +277,12 @@ impl Kernels {
 
     /// Compiler resource use of every kernel: (kernel, registers per thread, local
     /// (spill) bytes per thread, static shared bytes per block).
-    pub fn resources(&self) -> Vec<(Kernel, i32, i32, i32)> {
+    pub fn resources(&self, rt: &R) -> Vec<(Kernel, i32, i32, i32)> {
         let mut v: Vec<_> = self
             .funcs
             .iter()
             .map(|(k, f)| {
-                let regs = f.num_regs().unwrap_or(-1);
-                let local = f.local_size_bytes().unwrap_or(-1);
-                let shared = f.shared_size_bytes().unwrap_or(-1);
+                let (regs, local, shared) = rt.resources(f);
                 (*k, regs, local, shared)
             })
             .collect();
@@ -297,27 +291,20 @@ impl Kernels {
     }
 
     /// The loaded function of `k`.
-    pub fn get(&self, k: Kernel) -> Result<&CudaFunction, BackendError> {
+    pub fn get(&self, k: Kernel) -> Result<&R::Func, BackendError> {
         self.funcs.get(&k).ok_or(BackendError::Unsupported {
-            backend: "cuda",
+            backend: R::NAME,
             op: k.op(),
             dtype: "any".into(),
         })
     }
 }
 
-fn nvrtc_err(message: String) -> BackendError {
+fn compile_err<R: Runtime>(message: String) -> BackendError {
     BackendError::Device {
-        op: "nvrtc",
+        op: R::COMPILER,
         message,
     }
-}
-
-fn nvrtc_version() -> (c_int, c_int) {
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: writes two ints through valid pointers.
-    let _ = unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) };
-    (major, minor)
 }
 
 /// FNV-1a, 64 bits: stable across builds, unlike the std hasher.
@@ -332,9 +319,9 @@ fn fnv64(parts: &[&[u8]]) -> u64 {
     h
 }
 
-const MAGIC: &[u8] = b"kiln-cubin-v1\n";
+const MAGIC: &[u8] = b"kiln-kernel-v1\n";
 
-fn cached_compile(
+fn cached_compile<R: Runtime>(
     src: Source,
     opts: &[String],
     salt: &str,
@@ -344,7 +331,8 @@ fn cached_compile(
     let key = format!("{:016x}", fnv64(&[text.as_bytes(), salt.as_bytes()]));
     let path: Option<PathBuf> = dir.map(|d| {
         d.join(format!(
-            "{}-{key}.cubin",
+            "{}-{}-{key}.bin",
+            R::NAME,
             src.file().trim_end_matches(".cu")
         ))
     });
@@ -356,7 +344,7 @@ fn cached_compile(
             return Ok(image.to_vec());
         }
     }
-    let image = compile(&text, src.file(), opts)?;
+    let image = R::compile(&text, src.file(), opts).map_err(|e| compile_err::<R>(e.to_string()))?;
     if let Some(p) = &path {
         store(p, &key, &image);
     }
@@ -376,46 +364,6 @@ fn store(path: &Path, key: &str, image: &[u8]) {
     let body = [MAGIC, key.as_bytes(), b"\n", image].concat();
     if std::fs::write(&tmp, body).is_ok() && std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
-    }
-}
-
-fn compile(text: &str, name: &str, opts: &[String]) -> Result<Vec<u8>, BackendError> {
-    let c_src = CString::new(text).map_err(|_| nvrtc_err(format!("{name}: NUL in source")))?;
-    let c_name = CString::new(name).map_err(|_| nvrtc_err(format!("{name}: NUL in name")))?;
-    let prog = nvrtc::create_program(&c_src, Some(&c_name))
-        .map_err(|e| nvrtc_err(format!("{name}: {e:?}")))?;
-    // SAFETY: `prog` was created above and is destroyed exactly once, below; the log and
-    // CUBIN buffers are sized by NVRTC's own size queries before being filled.
-    unsafe {
-        let compiled = nvrtc::compile_program(prog, opts);
-        let result = match compiled {
-            Ok(()) => cubin(prog).map_err(|e| nvrtc_err(format!("{name}: {e}"))),
-            Err(e) => {
-                let log = nvrtc::get_program_log(prog)
-                    .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                Err(nvrtc_err(format!("{name}: {e:?}\n{log}")))
-            }
-        };
-        let _ = nvrtc::destroy_program(prog);
-        result
-    }
-}
-
-/// # Safety
-/// `prog` must be a successfully compiled, live NVRTC program.
-unsafe fn cubin(prog: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
-    let mut size = 0usize;
-    // SAFETY: per this function's contract; NVRTC writes the size, then exactly that many bytes.
-    unsafe {
-        nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size)
-            .result()
-            .map_err(|e| format!("{e:?}"))?;
-        let mut buf = vec![0u8; size];
-        nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char)
-            .result()
-            .map_err(|e| format!("{e:?}"))?;
-        Ok(buf)
     }
 }
 

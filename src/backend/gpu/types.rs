@@ -1,4 +1,4 @@
-//! The CUDA backend's value types: storage type, options, and device-resident tensors.
+//! The GPU backend's value types: storage type, options, and device-resident tensors.
 
 use std::path::PathBuf;
 
@@ -66,20 +66,20 @@ impl DType {
     }
 }
 
-/// How to build a [`CudaBackend`].
+/// How to build a [`super::GpuBackend`].
 #[derive(Debug, Clone)]
-pub struct CudaOptions {
+pub struct GpuOptions {
     pub dtype: DType,
     /// Where compiled kernels are cached; `None` compiles every time.
     pub kernel_cache: Option<PathBuf>,
     /// Synchronize after every launch so errors name the op that caused them (slow).
     pub sync_check: bool,
     /// Time every launch of every `n`-th step with device events (see
-    /// [`CudaBackend::take_kernel_timings`]); `None`: never.
+    /// [`super::GpuBackend::take_kernel_timings`]); `None`: never.
     pub timing_period: Option<u64>,
 }
 
-impl Default for CudaOptions {
+impl Default for GpuOptions {
     fn default() -> Self {
         Self {
             dtype: DType::Bf16,
@@ -92,13 +92,13 @@ impl Default for CudaOptions {
 
 /// A `[rows, cols]` activation buffer on the device.
 #[derive(Debug)]
-pub struct CudaTensor {
+pub struct GpuTensor {
     pub(super) buf: DevBuf,
     pub(super) rows: usize,
     pub(super) cols: usize,
 }
 
-impl CudaTensor {
+impl GpuTensor {
     /// Row capacity.
     pub fn rows(&self) -> usize {
         self.rows
@@ -110,7 +110,7 @@ impl CudaTensor {
 
 /// A weight on the device: `[rows, cols]`, or `[1, len]` for vectors.
 #[derive(Debug)]
-pub struct CudaWeight {
+pub struct GpuWeight {
     pub(super) buf: DevBuf,
     pub(super) rows: usize,
     pub(super) cols: usize,
@@ -118,14 +118,14 @@ pub struct CudaWeight {
 
 /// The paged KV pool: per layer, K then V, each `[num_slots, n_kv_heads * head_dim]`.
 #[derive(Debug)]
-pub struct CudaKv {
+pub struct GpuKv {
     pub(super) buf: DevBuf,
     pub(super) shape: KvShape,
 }
 
 /// A prepared step: where its metadata sits in the backend's metadata buffer.
 #[derive(Debug)]
-pub struct CudaBatch {
+pub struct GpuBatch {
     pub(super) epoch: u64,
     pub(super) layout: meta::Layout,
 }

@@ -2,24 +2,25 @@
 //! step's largest item, launches it once over every item and KV head, then merges split-K
 //! partials when the step has any.
 
-use super::device::{Arg, Grid};
+use super::device::Arg;
 use super::kernels::{AttnHead, Kernel};
-use super::{CudaBackend, CudaKv, CudaTensor, check_cols, check_rows, ensure, invalid};
+use super::runtime::{Grid, Runtime};
+use super::{GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
 use crate::backend::BackendError;
 use crate::model::ModelSpec;
 
 /// Warps per attention block (`ATTN_WARPS` in `kernels/attention.cu`).
 const ATTN_WARPS: usize = 4;
 
-impl CudaBackend {
+impl<R: Runtime> GpuBackend<R> {
     pub(super) fn launch_attention(
         &mut self,
-        qkv: &CudaTensor,
-        kv: &CudaKv,
+        qkv: &GpuTensor,
+        kv: &GpuKv,
         layer: usize,
-        b: &super::CudaBatch,
+        b: &super::GpuBatch,
         spec: &ModelSpec,
-        out: &mut CudaTensor,
+        out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
         let (hd, n_heads, n_kv) = (spec.head_dim, spec.n_heads, spec.n_kv_heads);
@@ -57,7 +58,7 @@ impl CudaBackend {
         let k = kv.buf.ptr() + 2 * layer as u64 * layer_elems * size;
         let grid = Grid {
             blocks: (l.n_items as u32, n_kv as u32, 1),
-            threads: (ATTN_WARPS * self.dev.warp_size) as u32,
+            threads: (ATTN_WARPS * self.dev.info.warp_size) as u32,
         };
         let args = [
             Arg::Ptr(qkv.buf.ptr()),

@@ -1,0 +1,253 @@
+//! One lane's device over a vendor [`Runtime`]: buffers, counted host<->device copies,
+//! checked launches and sampled timing. Created on the lane thread and never shared.
+
+use std::any::Any;
+use std::ffi::c_void;
+
+use super::runtime::{DeviceInfo, Grid, RtError, Runtime};
+use super::timing::Timer;
+use crate::backend::BackendError;
+
+/// Host<->device traffic since the backend was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    pub h2d_calls: u64,
+    pub h2d_bytes: u64,
+    pub d2h_calls: u64,
+    pub d2h_bytes: u64,
+}
+
+impl TransferStats {
+    /// Traffic between `earlier` and `self`.
+    pub fn since(&self, earlier: &TransferStats) -> TransferStats {
+        TransferStats {
+            h2d_calls: self.h2d_calls - earlier.h2d_calls,
+            h2d_bytes: self.h2d_bytes - earlier.h2d_bytes,
+            d2h_calls: self.d2h_calls - earlier.d2h_calls,
+            d2h_bytes: self.d2h_bytes - earlier.d2h_bytes,
+        }
+    }
+}
+
+/// Maps a runtime error of `op` into the backend's error.
+pub(crate) fn dev_err(op: &'static str) -> impl Fn(RtError) -> BackendError {
+    move |e| BackendError::Device {
+        op,
+        message: e.to_string(),
+    }
+}
+
+/// A device allocation; its raw address is taken once, at allocation. The runtime's
+/// allocation object (freed on drop) is kept type-erased so tensors need no runtime
+/// parameter.
+pub struct DevBuf {
+    _mem: Box<dyn Any>,
+    ptr: u64,
+    bytes: usize,
+}
+
+impl std::fmt::Debug for DevBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevBuf({:#x}, {} bytes)", self.ptr, self.bytes)
+    }
+}
+
+impl DevBuf {
+    /// Device address of byte 0.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// One kernel argument, passed by value.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    U64(u64),
+    F32(f32),
+}
+
+/// The device of one lane.
+pub struct Device<R: Runtime> {
+    pub rt: R,
+    pub ordinal: usize,
+    pub info: DeviceInfo,
+    /// Synchronize and check after every launch (tests and debugging).
+    pub sync_check: bool,
+    /// Sampled kernel timings.
+    pub timer: Timer<R>,
+    /// Launches are being recorded into a graph: nothing may synchronize or copy.
+    pub capturing: bool,
+    stats: TransferStats,
+}
+
+impl<R: Runtime> Device<R> {
+    /// Opens device `ordinal` with a fresh stream.
+    pub fn open(
+        ordinal: usize,
+        sync_check: bool,
+        timing_period: Option<u64>,
+    ) -> Result<Device<R>, BackendError> {
+        let (rt, info) = R::open(ordinal).map_err(dev_err("init"))?;
+        Ok(Device {
+            rt,
+            ordinal,
+            info,
+            sync_check,
+            timer: Timer::new(timing_period),
+            capturing: false,
+            stats: TransferStats::default(),
+        })
+    }
+
+    /// Cumulative transfer counters.
+    pub fn stats(&self) -> TransferStats {
+        self.stats
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize), BackendError> {
+        self.rt.mem_info().map_err(dev_err("mem_get_info"))
+    }
+
+    /// An uninitialized buffer of `bytes` bytes (at least 1).
+    pub fn alloc(&self, bytes: usize, what: &'static str) -> Result<DevBuf, BackendError> {
+        let bytes = bytes.max(1);
+        let (mem, ptr) = self.rt.alloc(bytes).map_err(|e| match e {
+            RtError::OutOfMemory => BackendError::OutOfMemory { what, bytes },
+            RtError::Failed(message) => BackendError::Device { op: what, message },
+        })?;
+        Ok(DevBuf {
+            _mem: Box::new(mem),
+            ptr,
+            bytes,
+        })
+    }
+
+    fn not_while_capturing(&self, op: &'static str) -> Result<(), BackendError> {
+        if self.capturing {
+            return Err(BackendError::Device {
+                op,
+                message: "host<->device copy inside a captured graph".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies `src` to `dst` at byte `offset` (stream-ordered). Counted.
+    pub fn upload(&mut self, dst: &DevBuf, offset: usize, src: &[u8]) -> Result<(), BackendError> {
+        if offset + src.len() > dst.bytes {
+            return Err(BackendError::Device {
+                op: "upload",
+                message: "copy past the end of a buffer".into(),
+            });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.not_while_capturing("upload")?;
+        // SAFETY: the destination range lies inside `dst` (checked above), which is live.
+        unsafe { self.rt.upload(dst.ptr + offset as u64, src) }.map_err(dev_err("upload"))?;
+        self.stats.h2d_calls += 1;
+        self.stats.h2d_bytes += src.len() as u64;
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes from `src` at byte `offset` and waits for them. Counted.
+    pub fn download(
+        &mut self,
+        src: &DevBuf,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<(), BackendError> {
+        if offset + dst.len() > src.bytes {
+            return Err(BackendError::Device {
+                op: "download",
+                message: "copy past the end of a buffer".into(),
+            });
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.not_while_capturing("download")?;
+        // SAFETY: the source range lies inside `src` (checked above), which is live.
+        unsafe { self.rt.download(src.ptr + offset as u64, dst) }.map_err(dev_err("download"))?;
+        self.stats.d2h_calls += 1;
+        self.stats.d2h_bytes += dst.len() as u64;
+        Ok(())
+    }
+
+    /// Launches `f` on the lane's stream; with `sync_check`, waits and reports errors as `op`'s.
+    pub fn launch(
+        &mut self,
+        op: &'static str,
+        f: &R::Func,
+        grid: Grid,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<(), BackendError> {
+        let (bx, by, bz) = grid.blocks;
+        if bx == 0 || by == 0 || bz == 0 {
+            return Ok(());
+        }
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(p) | Arg::U64(p) => p,
+                Arg::I32(v) => v as u32 as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+            })
+            .collect();
+        // Each parameter is read from the start of its 8-byte slot: 4-byte values sit in
+        // the low bytes (little-endian), as the kernel's i32/f32 parameters expect.
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        let timed = self.time_start(op)?;
+        // SAFETY: `params` points at one live slot per kernel parameter, in order, with the
+        // width the kernel declares (entry points and argument lists are kept in step in
+        // this module's callers); every pointer argument addresses a live buffer of this
+        // backend that the launch's geometry stays inside.
+        unsafe { self.rt.launch(f, grid, smem, &mut params) }.map_err(dev_err(op))?;
+        self.timer.end(timed, &self.rt)?;
+        if self.sync_check && !self.capturing {
+            self.rt.sync().map_err(dev_err(op))?;
+        }
+        Ok(())
+    }
+
+    /// Brackets work queued by `f` (a library call) with timing events as `op`.
+    pub fn timed<T>(
+        &mut self,
+        op: &'static str,
+        f: impl FnOnce(&R) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        let timed = self.time_start(op)?;
+        let out = f(&self.rt)?;
+        self.timer.end(timed, &self.rt)?;
+        if self.sync_check && !self.capturing {
+            self.rt.sync().map_err(dev_err(op))?;
+        }
+        Ok(out)
+    }
+
+    /// Starts timing `op` when this step is sampled (never inside a graph: replays are
+    /// timed as a whole).
+    fn time_start(&mut self, op: &'static str) -> Result<Option<usize>, BackendError> {
+        if self.capturing {
+            return Ok(None);
+        }
+        self.timer.start(&self.rt, op)
+    }
+
+    /// Waits for all queued work.
+    pub fn sync(&self, op: &'static str) -> Result<(), BackendError> {
+        self.rt.sync().map_err(dev_err(op))
+    }
+}

@@ -1,0 +1,162 @@
+//! What the GPU backend needs from a vendor runtime, and nothing more: one device, one
+//! stream, memory, copies, module loading, launches, events, run-time compilation, a BLAS
+//! GEMM and stream capture into replayable graphs.
+//!
+//! [`super::GpuBackend`] is written once against this trait; `cuda_rt` (cudarc: driver,
+//! NVRTC, cuBLAS) and `hip_rt` (libamdhip64, hipRTC, rocBLAS) implement it. Everything
+//! above this line — kernels, launch geometry, metadata, sampling, graphs, metrics — is
+//! shared, so the two vendors cannot drift apart.
+
+use std::ffi::c_void;
+
+use super::types::DType;
+
+/// Launch geometry: a 3-D grid of 1-D blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Grid {
+    pub blocks: (u32, u32, u32),
+    pub threads: u32,
+}
+
+/// A runtime call that failed.
+#[derive(Debug, Clone)]
+pub enum RtError {
+    /// An allocation found no room.
+    OutOfMemory,
+    /// Anything else, with the runtime's own description.
+    Failed(String),
+}
+
+impl std::fmt::Display for RtError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RtError::OutOfMemory => f.write_str("out of device memory"),
+            RtError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+pub type RtResult<T> = Result<T, RtError>;
+
+/// What the backend knows about its device once it is open.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    /// Marketing name (`NVIDIA H100 80GB HBM3`, `AMD Instinct MI250X`).
+    pub name: String,
+    /// Compilation target (`sm_90`, `gfx90a`): part of the kernel cache key.
+    pub arch: String,
+    /// Streaming multiprocessors / compute units (steers split-K).
+    pub sm_count: usize,
+    /// Threads per warp / wavefront: 32 on NVIDIA and RDNA, 64 on CDNA.
+    pub warp_size: usize,
+    /// Driver / runtime version (cache key).
+    pub driver_version: i32,
+}
+
+/// One vendor runtime bound to one device and one stream. Created and used on the lane's
+/// thread only.
+pub trait Runtime: Sized + 'static {
+    /// Backend name in logs, errors and metrics (`cuda`, `rocm`).
+    const NAME: &'static str;
+    /// Name of the run-time compiler in errors (`nvrtc`, `hiprtc`).
+    const COMPILER: &'static str;
+    /// A device allocation; freed when dropped.
+    type Alloc: 'static;
+    /// A loaded code object; its functions stay valid while it lives.
+    type Module;
+    /// A kernel entry point.
+    type Func;
+    /// A timing event.
+    type Event;
+    /// The BLAS handle bound to the stream.
+    type Blas;
+    /// An instantiated, replayable graph.
+    type Graph;
+
+    /// Whether the runtime libraries load and at least one device is visible.
+    fn available() -> RtResult<()>;
+
+    /// Opens device `ordinal` with a fresh stream.
+    fn open(ordinal: usize) -> RtResult<(Self, DeviceInfo)>;
+
+    /// (free, total) device memory in bytes.
+    fn mem_info(&self) -> RtResult<(usize, usize)>;
+
+    /// An uninitialized allocation of `bytes` (> 0) bytes and its device address.
+    fn alloc(&self, bytes: usize) -> RtResult<(Self::Alloc, u64)>;
+
+    /// Queues a copy of `src` to device address `dst` on the stream; `src` may be reused
+    /// when this returns.
+    ///
+    /// # Safety
+    /// `dst .. dst + src.len()` lies inside a live allocation of this runtime.
+    unsafe fn upload(&self, dst: u64, src: &[u8]) -> RtResult<()>;
+
+    /// Copies `dst.len()` bytes from device address `src` after all queued work, and waits.
+    ///
+    /// # Safety
+    /// `src .. src + dst.len()` lies inside a live allocation of this runtime.
+    unsafe fn download(&self, src: u64, dst: &mut [u8]) -> RtResult<()>;
+
+    /// Queues `f` on the stream.
+    ///
+    /// # Safety
+    /// `params` holds one pointer per kernel parameter, in order, each to a value of the
+    /// parameter's width; every device address passed stays inside a live allocation for
+    /// everything the kernel reads and writes at this geometry.
+    unsafe fn launch(
+        &self,
+        f: &Self::Func,
+        grid: Grid,
+        smem: u32,
+        params: &mut [*mut c_void],
+    ) -> RtResult<()>;
+
+    /// Waits for all queued work.
+    fn sync(&self) -> RtResult<()>;
+
+    fn new_event(&self) -> RtResult<Self::Event>;
+    /// Queues `e` on the stream.
+    fn record(&self, e: &Self::Event) -> RtResult<()>;
+    /// Milliseconds between two recorded events (waits for `end`).
+    fn elapsed_ms(&self, start: &Self::Event, end: &Self::Event) -> RtResult<f32>;
+
+    /// Compiler options for `info`'s device (target, warp size); the backend adds the
+    /// storage type define.
+    fn compile_options(info: &DeviceInfo) -> Vec<String>;
+    /// Compiler identity for the kernel cache key.
+    fn compiler_version() -> String;
+    /// Compiles one translation unit to a loadable code object. Thread-safe.
+    fn compile(text: &str, name: &str, opts: &[String]) -> RtResult<Vec<u8>>;
+    fn load_module(&self, image: &[u8]) -> RtResult<Self::Module>;
+    /// The entry point `name` of `m`, or `None` when it has none.
+    fn function(&self, m: &Self::Module, name: &str) -> Option<Self::Func>;
+    /// (registers per thread, spill bytes per thread, static shared bytes per block);
+    /// -1 where the runtime cannot tell.
+    fn resources(&self, f: &Self::Func) -> (i32, i32, i32);
+
+    fn blas(&self) -> RtResult<Self::Blas>;
+    /// Queues `out[n, m] = x[n, k] @ w[m, k]^T` (row-major, f32 accumulation).
+    ///
+    /// # Safety
+    /// `x`, `w`, `out` address live allocations of at least n*k, m*k, n*m elements of `dt`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm(
+        &self,
+        blas: &Self::Blas,
+        dt: DType,
+        x: u64,
+        w: u64,
+        out: u64,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> RtResult<()>;
+
+    /// Starts recording the stream's work into a graph instead of running it.
+    fn begin_capture(&self) -> RtResult<()>;
+    /// Stops recording and instantiates what was recorded.
+    fn end_capture(&self) -> RtResult<Self::Graph>;
+    /// Queues a replay of `g` on the stream.
+    fn replay(&self, g: &Self::Graph) -> RtResult<()>;
+}
