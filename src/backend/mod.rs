@@ -57,6 +57,38 @@ pub trait Backend {
     fn alloc_kv(&mut self, shape: &KvShape) -> Result<Self::Kv, BackendError>;
     /// Uploads the step's metadata (the only host-to-device traffic of a step).
     fn prepare(&mut self, plan: &BatchPlan) -> Result<Self::Batch, BackendError>;
+    /// [`Backend::prepare`] for a whole model step whose activation buffers hold `row_cap`
+    /// rows. A backend that replays recorded graphs may pad a decode step to a fixed bucket
+    /// of rows ([`Backend::padded_rows`]); the plan's rows come first, in order.
+    fn prepare_step(
+        &mut self,
+        plan: &BatchPlan,
+        row_cap: usize,
+    ) -> Result<Self::Batch, BackendError> {
+        let _ = row_cap;
+        self.prepare(plan)
+    }
+    /// Rows (token rows and logits rows alike) a padded step computes; `None` when the step
+    /// computes exactly its plan's rows.
+    fn padded_rows(&self, b: &Self::Batch) -> Option<usize> {
+        let _ = b;
+        None
+    }
+    /// Runs the ops `ops` queues for step `b`. A backend may record them into a graph the
+    /// second time a step shape occurs and replay that graph for later steps of the shape
+    /// instead of calling `ops` (which it may call more than once if a recording fails);
+    /// the result is the same either way.
+    fn run_step(
+        &mut self,
+        b: &Self::Batch,
+        mut ops: impl FnMut(&mut Self) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError>
+    where
+        Self: Sized,
+    {
+        let _ = b;
+        ops(self)
+    }
 
     /// `out[t] = table[token_ids[t]]`.
     fn embed(

@@ -76,8 +76,9 @@ impl<B: Backend> Llama<B> {
         &self.scratch.logits
     }
 
-    /// Runs one step. Returns the logits `[L, vocab]` of the plan's logits rows
-    /// (`plan.logits_rows()`, in order), valid until the next call.
+    /// Runs one step. Returns the logits of the plan's logits rows (`plan.logits_rows()`,
+    /// in order) in the first rows of the buffer (a padded step computes more after
+    /// them), valid until the next call.
     pub fn forward(
         &mut self,
         backend: &mut B,
@@ -94,31 +95,37 @@ impl<B: Backend> Llama<B> {
                 self.max_seqs
             )));
         }
-        let b = backend.prepare(plan)?;
+        let b = backend.prepare_step(plan, self.max_tokens.min(self.max_seqs))?;
+        let (n, n_logits) = backend
+            .padded_rows(&b)
+            .map_or((n, n_logits), |rows| (rows, rows));
         let (spec, w, s) = (&self.spec, &self.weights, &mut self.scratch);
         let eps = spec.rms_eps;
-        backend.embed(&w.embed, &b, &mut s.x)?;
-        for (l, lw) in w.layers.iter().enumerate() {
-            if l == 0 {
-                backend.rms_norm(&s.x, &lw.attn_norm, eps, n, &mut s.h)?;
-            } else {
-                backend.add_rms_norm(&s.delta, &mut s.x, &lw.attn_norm, eps, n, &mut s.h)?;
+        backend.run_step(&b, |backend| {
+            backend.embed(&w.embed, &b, &mut s.x)?;
+            for (l, lw) in w.layers.iter().enumerate() {
+                if l == 0 {
+                    backend.rms_norm(&s.x, &lw.attn_norm, eps, n, &mut s.h)?;
+                } else {
+                    backend.add_rms_norm(&s.delta, &mut s.x, &lw.attn_norm, eps, n, &mut s.h)?;
+                }
+                backend.matmul(&s.h, &lw.wqkv, lw.bqkv.as_ref(), n, &mut s.qkv)?;
+                backend.rope(&mut s.qkv, &b, spec)?;
+                backend.write_kv(kv, l, &s.qkv, &b, spec)?;
+                backend.attention(&s.qkv, kv, l, &b, spec, &mut s.attn)?;
+                backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
+                backend.add_rms_norm(&s.delta, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
+                backend.matmul(&s.h, &lw.w_gate_up, None, n, &mut s.gate_up)?;
+                backend.silu_mul(&s.gate_up, n, &mut s.act)?;
+                backend.matmul(&s.act, &lw.w_down, None, n, &mut s.delta)?;
             }
-            backend.matmul(&s.h, &lw.wqkv, lw.bqkv.as_ref(), n, &mut s.qkv)?;
-            backend.rope(&mut s.qkv, &b, spec)?;
-            backend.write_kv(kv, l, &s.qkv, &b, spec)?;
-            backend.attention(&s.qkv, kv, l, &b, spec, &mut s.attn)?;
-            backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
-            backend.add_rms_norm(&s.delta, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
-            backend.matmul(&s.h, &lw.w_gate_up, None, n, &mut s.gate_up)?;
-            backend.silu_mul(&s.gate_up, n, &mut s.act)?;
-            backend.matmul(&s.act, &lw.w_down, None, n, &mut s.delta)?;
-        }
-        if n_logits > 0 {
-            backend.add_rms_norm(&s.delta, &mut s.x, &w.norm, eps, n, &mut s.h)?;
-            backend.gather_rows(&s.h, &b, &mut s.last)?;
-            backend.matmul(&s.last, w.output(), None, n_logits, &mut s.logits)?;
-        }
+            if n_logits > 0 {
+                backend.add_rms_norm(&s.delta, &mut s.x, &w.norm, eps, n, &mut s.h)?;
+                backend.gather_rows(&s.h, &b, &mut s.last)?;
+                backend.matmul(&s.last, w.output(), None, n_logits, &mut s.logits)?;
+            }
+            Ok(())
+        })?;
         Ok(&s.logits)
     }
 }

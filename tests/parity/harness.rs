@@ -62,6 +62,15 @@ impl TestBackend for kiln::backend::cuda::CudaBackend {
 /// A CUDA backend of `dtype` on device 0, or `None` (with a notice) where no GPU is usable.
 #[cfg(feature = "cuda")]
 pub fn cuda(dtype: kiln::backend::cuda::DType) -> Option<kiln::backend::cuda::CudaBackend> {
+    cuda_with(dtype, true)
+}
+
+/// [`cuda`] with decode graphs on or off.
+#[cfg(feature = "cuda")]
+pub fn cuda_with(
+    dtype: kiln::backend::cuda::DType,
+    graphs: bool,
+) -> Option<kiln::backend::cuda::CudaBackend> {
     use kiln::backend::cuda::{CudaBackend, CudaOptions, device_available};
     if !device_available() {
         eprintln!("notice: no CUDA device or driver here; CUDA parity skipped");
@@ -70,6 +79,7 @@ pub fn cuda(dtype: kiln::backend::cuda::DType) -> Option<kiln::backend::cuda::Cu
     let opts = CudaOptions {
         dtype,
         sync_check: true,
+        graphs,
         ..CudaOptions::default()
     };
     Some(CudaBackend::new(0, opts).expect("a CUDA device is present, so the backend must start"))

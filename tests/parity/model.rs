@@ -169,7 +169,9 @@ mod transfers {
 
     #[test]
     fn decode_step_moves_only_metadata_in_and_ids_out() {
-        let Some(mut b) = crate::harness::cuda(DType::Bf16) else {
+        // Eager steps: the exact metadata layout below (graph replays upload the padded
+        // layout; `decode_graphs_match_eager_steps` counts their copies).
+        let Some(mut b) = crate::harness::cuda_with(DType::Bf16, false) else {
             return;
         };
         let files = stories();
@@ -239,6 +241,139 @@ mod transfers {
                 (d.d2h_calls, d.d2h_bytes),
                 (1, 8 * (4 + 4)),
                 "decode step {step} downloads: {d:?}"
+            );
+        }
+    }
+
+    /// One decode step over `seqs` = (first block, context length after this token, token).
+    fn step_plan(seqs: &[(u32, u32, u32)]) -> BatchPlan {
+        let mut p = BatchPlan {
+            block_size: 16,
+            ..Default::default()
+        };
+        for (i, &(first, ctx, tok)) in seqs.iter().enumerate() {
+            p.seqs.push(SeqSlice {
+                q_start: i as u32,
+                q_len: 1,
+                ctx_len: ctx,
+                block_table: (first..first + ctx.div_ceil(16)).collect(),
+                wants_logits: true,
+            });
+            p.token_ids.push(tok);
+        }
+        p.fill_positions_and_slots();
+        p
+    }
+
+    fn rel(a: &[f32], b: &[f32]) -> f64 {
+        super::rel_l2(a, b)
+    }
+
+    /// Decode steps replayed from recorded graphs (padded to a bucket, split-K at a fixed
+    /// part count) give the eager steps' logits, for two buckets, with padding rows that
+    /// would corrupt sequence 0's first KV entry (block 0) if they wrote the cache.
+    #[test]
+    fn decode_graphs_match_eager_steps() {
+        for dt in [DType::F32, DType::Bf16] {
+            let (Some(mut eager), Some(mut graphed)) = (
+                crate::harness::cuda_with(dt, false),
+                crate::harness::cuda_with(dt, true),
+            ) else {
+                return;
+            };
+            let files = stories();
+            let mut me = Llama::load(&mut eager, &files, 256, 8).unwrap();
+            let mut mg = Llama::load(&mut graphed, &files, 256, 8).unwrap();
+            let shape = KvShape {
+                num_layers: 5,
+                num_blocks: 5 * 20,
+                block_size: 16,
+                n_kv_heads: 4,
+                head_dim: 8,
+            };
+            let (mut kve, mut kvg) = (
+                eager.alloc_kv(&shape).unwrap(),
+                graphed.alloc_kv(&shape).unwrap(),
+            );
+            // Prompts (eager on both: prefill is never graphed).
+            let lens = [5u32, 9, 2, 200, 30];
+            let mut p = BatchPlan {
+                block_size: 16,
+                ..Default::default()
+            };
+            for (i, &n) in lens.iter().enumerate() {
+                p.seqs.push(SeqSlice {
+                    q_start: p.token_ids.len() as u32,
+                    q_len: n,
+                    ctx_len: n,
+                    block_table: (0..n.div_ceil(16)).map(|b| i as u32 * 20 + b).collect(),
+                    wants_logits: true,
+                });
+                p.token_ids
+                    .extend((0..n).map(|t| 1 + (t * 11 + i as u32) % 500));
+            }
+            p.fill_positions_and_slots();
+            let argmax = |row: &[f32]| {
+                (0..row.len())
+                    .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+                    .unwrap() as u32
+            };
+            let vocab = files.spec.vocab_size;
+            mg.forward(&mut graphed, &mut kvg, &p).unwrap();
+            let le = me.forward(&mut eager, &mut kve, &p).unwrap();
+            let host = eager.to_host(le, lens.len()).unwrap();
+            let mut next: Vec<u32> = host.chunks(vocab).map(argmax).collect();
+            let mut ctx = lens.to_vec();
+            let (tol, mut worst) = (if dt == DType::F32 { 1e-4 } else { 2e-2 }, 0.0f64);
+            for step in 0..12 {
+                // Five sequences (bucket 8), then three (bucket 4).
+                let active: Vec<usize> = if step < 6 {
+                    (0..5).collect()
+                } else {
+                    vec![0, 2, 4]
+                };
+                for &i in &active {
+                    ctx[i] += 1;
+                }
+                let seqs: Vec<(u32, u32, u32)> = active
+                    .iter()
+                    .map(|&i| (i as u32 * 20, ctx[i], next[i]))
+                    .collect();
+                let plan = step_plan(&seqs);
+                let le = me.forward(&mut eager, &mut kve, &plan).unwrap();
+                let want = eager.to_host(le, seqs.len()).unwrap();
+                let before = graphed.transfer_stats();
+                let lg = mg.forward(&mut graphed, &mut kvg, &plan).unwrap();
+                let got = graphed.to_host(lg, seqs.len()).unwrap();
+                let d = graphed.transfer_stats().since(&before);
+                assert_eq!(
+                    (d.h2d_calls, d.d2h_calls),
+                    (1, 1),
+                    "step {step}: one upload, one download"
+                );
+                for (r, &i) in active.iter().enumerate() {
+                    let (w, g) = (
+                        &want[r * vocab..(r + 1) * vocab],
+                        &got[r * vocab..(r + 1) * vocab],
+                    );
+                    let err = rel(g, w);
+                    assert!(
+                        err < tol,
+                        "{dt:?} step {step} sequence {i}: relative error {err:.3e}"
+                    );
+                    worst = worst.max(err);
+                    next[i] = argmax(w);
+                }
+            }
+            let gs = graphed.graph_stats();
+            eprintln!("{dt:?}: graphs {gs:?}, worst logits error vs eager {worst:.2e}");
+            // Per bucket: one eager step (two when that step grew a workspace: a new buffer
+            // retires what was seen), one recording, replays after that.
+            assert_eq!(gs.captures, 2, "one recording per bucket");
+            assert!(gs.replays >= 7, "later steps of a bucket replay: {gs:?}");
+            assert_eq!(
+                eager.graph_stats().captures + eager.graph_stats().replays,
+                0
             );
         }
     }

@@ -50,6 +50,7 @@ impl<R: Runtime> GpuBackend<R> {
                 &mut self.attn_ws,
                 acc_bytes + l.n_parts * n_heads * 8,
                 "attention partials",
+                &mut self.generation,
             )?;
             part_ml = part_acc + acc_bytes as u64;
         }

@@ -98,6 +98,124 @@ pub fn pack(plan: &BatchPlan, kv: &KvShape, sm_count: usize, words: &mut Vec<u32
     l
 }
 
+/// Rows a graph-replayed decode step is padded to: the smallest bucket that holds it.
+const GRAPH_BUCKETS: [u32; 19] = [
+    1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256,
+];
+/// A padding row's slot: `write_kv` skips it.
+pub const SKIP_SLOT: u32 = u32::MAX;
+
+/// The shape a decode step replays at: rows after padding, split-K parts per row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphKey {
+    pub rows: u32,
+    pub parts: u32,
+}
+
+impl GraphKey {
+    /// The key of `plan` when it is a decode step (every sequence one token that wants
+    /// logits) that fits a bucket of at most `row_cap` rows; `None` runs it eagerly.
+    pub fn for_plan(
+        plan: &BatchPlan,
+        kv: &KvShape,
+        sm_count: usize,
+        row_cap: usize,
+    ) -> Option<GraphKey> {
+        let n = plan.seqs.len() as u32;
+        let decode = |(i, s): (usize, &crate::backend::SeqSlice)| {
+            s.q_len == 1 && s.wants_logits && s.q_start == i as u32
+        };
+        if n == 0 || !plan.seqs.iter().enumerate().all(decode) {
+            return None;
+        }
+        let rows = *GRAPH_BUCKETS.iter().find(|&&b| b >= n)?;
+        if rows as usize > row_cap {
+            return None;
+        }
+        // Enough parts per row that the step fills two waves of blocks whatever the
+        // context; parts beyond a short context are empty and exit at once.
+        let blocks = rows as usize * kv.n_kv_heads.max(1);
+        let target = 2 * sm_count.max(1);
+        let parts = if blocks >= target {
+            1
+        } else {
+            (target.div_ceil(blocks) as u32).min(MAX_PARTS)
+        };
+        Some(GraphKey { rows, parts })
+    }
+}
+
+/// Packs decode step `plan` at the fixed shape `key`: every array but the block tables has
+/// the same length and offset for every step of that key, so the kernels recorded in a
+/// graph read this step's values from the addresses they were recorded with. Rows past the
+/// plan's are padding: token 0 at position 0, a skipped KV write, a one-position context in
+/// block 0 (read, never written), logits computed and ignored.
+pub fn pack_graph(plan: &BatchPlan, key: GraphKey, words: &mut Vec<u32>) -> Layout {
+    words.clear();
+    let b = key.rows as usize;
+    let n = plan.seqs.len();
+    let mut l = Layout {
+        n_tokens: b,
+        n_logits: b,
+        max_item_rows: 1,
+        max_token: plan.token_ids.iter().copied().max().unwrap_or(0),
+        ..Layout::default()
+    };
+    let pad = b - n;
+    l.tokens = words.len();
+    words.extend_from_slice(&plan.token_ids);
+    words.extend(std::iter::repeat_n(0, pad));
+    l.positions = words.len();
+    words.extend_from_slice(&plan.positions);
+    words.extend(std::iter::repeat_n(0, pad));
+    l.slots = words.len();
+    words.extend_from_slice(&plan.slot_mapping);
+    words.extend(std::iter::repeat_n(SKIP_SLOT, pad));
+    l.logits_rows = words.len();
+    words.extend(0..b as u32);
+    // Tables go last (their length varies); padding rows share one entry: block 0.
+    let mut table_off = 1u32;
+    l.seqinfo = words.len();
+    for (i, s) in plan.seqs.iter().enumerate() {
+        words.extend_from_slice(&[i as u32, 1, s.ctx_len, table_off]);
+        table_off += s.block_table.len() as u32;
+    }
+    for i in n..b {
+        words.extend_from_slice(&[i as u32, 1, 1, 0]);
+    }
+    let p = key.parts;
+    l.items = words.len();
+    let ctx = |i: usize| plan.seqs.get(i).map_or(1, |s| s.ctx_len);
+    for i in 0..b {
+        let c = ctx(i);
+        if p == 1 {
+            words.extend_from_slice(&[i as u32, i as u32, 1, 0, c, NO_PART]);
+            continue;
+        }
+        let seg = c.div_ceil(p).div_ceil(64).max(MIN_SPLIT / 64) * 64;
+        for k in 0..p {
+            let (lo, hi) = ((k * seg).min(c), ((k + 1) * seg).min(c));
+            words.extend_from_slice(&[i as u32, i as u32, 1, lo, hi, i as u32 * p + k]);
+        }
+    }
+    l.n_items = b * p as usize;
+    l.splits = words.len();
+    if p > 1 {
+        for i in 0..b as u32 {
+            words.extend_from_slice(&[i, i * p, p]);
+        }
+        l.n_splits = b;
+        l.n_parts = b * p as usize;
+    }
+    l.tables = words.len();
+    words.push(0);
+    for s in &plan.seqs {
+        words.extend_from_slice(&s.block_table);
+    }
+    l.words = words.len();
+    l
+}
+
 /// Splits single-row items with long contexts into parts when the batch fills fewer than
 /// two waves of blocks. Returns (items, split rows, number of parts).
 fn split_long_rows(
@@ -190,6 +308,59 @@ mod tests {
         assert_eq!(items[5], &[1, 40, 1, 0, 7, NO_PART]);
         assert_eq!(l.n_splits, 0);
         assert_eq!(l.max_item_rows, 8);
+    }
+
+    #[test]
+    fn graph_layout_is_fixed_per_key_and_pads_rows() {
+        let kv = shape();
+        let short = plan(&[(1, 5), (1, 300), (1, 40)]);
+        let long = plan(&[(1, 900), (1, 2000), (1, 33)]);
+        let key = GraphKey::for_plan(&short, &kv, 132, 64).unwrap();
+        assert_eq!(key, GraphKey::for_plan(&long, &kv, 132, 64).unwrap());
+        assert_eq!(key.rows, 4);
+        assert!(key.parts > 1);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let (la, lb) = (
+            pack_graph(&short, key, &mut a),
+            pack_graph(&long, key, &mut b),
+        );
+        // Everything a recorded launch addresses sits at the same offset, with the same count.
+        let fixed = |l: &Layout| {
+            (
+                l.tokens,
+                l.positions,
+                l.slots,
+                l.seqinfo,
+                l.logits_rows,
+                l.items,
+                l.splits,
+                l.tables,
+            )
+        };
+        assert_eq!(fixed(&la), fixed(&lb));
+        assert_eq!(
+            (la.n_items, la.n_splits, la.n_parts),
+            (lb.n_items, lb.n_splits, lb.n_parts)
+        );
+        assert_eq!(la.n_tokens, 4);
+        assert_eq!(a[la.slots + 3], SKIP_SLOT, "the padding row writes no KV");
+        // Each real row's parts cover its context exactly once, in order.
+        let p = key.parts as usize;
+        for (i, ctx) in [900u32, 2000, 33].into_iter().enumerate() {
+            let items: Vec<&[u32]> = b[lb.items + 6 * p * i..lb.items + 6 * p * (i + 1)]
+                .chunks(6)
+                .collect();
+            assert_eq!(items[0][3], 0);
+            assert_eq!(items[p - 1][4], ctx);
+            for w in items.windows(2) {
+                assert_eq!(w[0][4], w[1][3]);
+            }
+            let t = b[lb.seqinfo + 4 * i + 3] as usize;
+            assert_eq!(b[lb.tables + t], long.seqs[i].block_table[0]);
+        }
+        // Prefill steps, and steps past the capacity, run eagerly.
+        assert!(GraphKey::for_plan(&plan(&[(3, 3)]), &kv, 132, 64).is_none());
+        assert!(GraphKey::for_plan(&plan(&[(1, 3); 5]), &kv, 132, 4).is_none());
     }
 
     #[test]

@@ -23,9 +23,12 @@ mod sample;
 mod timing;
 mod types;
 
-use device::{Arg, DevBuf, Device};
 pub use device::TransferStats;
+use device::{Arg, DevBuf, Device};
+use std::collections::{HashMap, HashSet};
+
 use kernels::{Kernel, Kernels};
+use meta::GraphKey;
 use runtime::{Grid, Runtime};
 pub use timing::KernelTiming;
 pub use types::{DType, GpuBatch, GpuKv, GpuOptions, GpuTensor, GpuWeight};
@@ -53,6 +56,25 @@ pub struct GpuBackend<R: Runtime> {
     sample_pack: sample::SamplePack,
     /// Largest activation allocated, in elements (sizes the sampling workspace estimate).
     largest_alloc: usize,
+    use_graphs: bool,
+    /// Recorded decode graphs of the current generation, by shape.
+    graphs: HashMap<GraphKey, R::Graph>,
+    /// Shapes run eagerly once in the current generation: recorded when they recur.
+    graph_seen: HashSet<GraphKey>,
+    /// Shapes whose recording failed: always eager.
+    graph_refused: HashSet<GraphKey>,
+    /// Bumped by every allocation a recorded graph could address; graphs of an older
+    /// generation are dropped before the next step.
+    generation: u64,
+    graph_generation: u64,
+    graph_stats: GraphStats,
+}
+
+/// How decode steps ran: recorded into a graph, or replayed from one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    pub captures: u64,
+    pub replays: u64,
 }
 
 fn invalid(m: String) -> BackendError {
@@ -73,14 +95,23 @@ fn check_rows(what: &str, n: usize, cap: usize) -> Result<(), BackendError> {
     Ok(())
 }
 
-/// Grows `slot` to at least `bytes` (by half again, to avoid regrowing every step).
+/// Grows `slot` to at least `bytes` (by half again, to avoid regrowing every step); a new
+/// buffer bumps `generation`, retiring the graphs that address the old one.
 fn ensure<R: Runtime>(
     dev: &Device<R>,
     slot: &mut Option<DevBuf>,
     bytes: usize,
     what: &'static str,
+    generation: &mut u64,
 ) -> Result<u64, BackendError> {
     if slot.as_ref().is_none_or(|b| b.bytes() < bytes) {
+        if dev.capturing {
+            return Err(BackendError::Device {
+                op: what,
+                message: "a workspace would grow while recording a graph".into(),
+            });
+        }
+        *generation += 1;
         *slot = None;
         *slot = Some(dev.alloc(bytes + bytes / 2, what)?);
     }
@@ -116,12 +147,29 @@ impl<R: Runtime> GpuBackend<R> {
             sample_out: None,
             sample_pack: sample::SamplePack::default(),
             largest_alloc: 0,
+            use_graphs: opts.graphs,
+            graphs: HashMap::new(),
+            graph_seen: HashSet::new(),
+            graph_refused: HashSet::new(),
+            generation: 0,
+            graph_generation: 0,
+            graph_stats: GraphStats::default(),
         })
     }
 
     /// Storage type of this backend.
     pub fn dtype(&self) -> DType {
         self.dt
+    }
+
+    /// Turns decode graphs on or off for the following steps (benchmarks compare both).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on;
+    }
+
+    /// Decode steps recorded into graphs and replayed from them so far.
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graph_stats
     }
 
     /// Host<->device traffic so far (weights included); diff two readings for one step.
@@ -180,6 +228,12 @@ impl<R: Runtime> GpuBackend<R> {
     fn inv_freqs(&mut self, rope: &RopeSpec) -> Result<u64, BackendError> {
         if self.rope.as_ref().is_none_or(|(r, _)| r != rope) {
             let f = rope.inv_freqs();
+            if self.dev.capturing {
+                return Err(invalid(
+                    "rope frequencies first uploaded while recording".into(),
+                ));
+            }
+            self.generation += 1;
             let buf = self.dev.alloc(f.len() * 4, "rope frequencies")?;
             let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
             self.dev.upload(&buf, 0, &bytes)?;
@@ -222,6 +276,46 @@ impl<R: Runtime> GpuBackend<R> {
     }
 }
 
+impl<R: Runtime> GpuBackend<R> {
+    /// Validates and packs `plan` (at graph shape `key` when given) and uploads it.
+    fn prepare_with(
+        &mut self,
+        plan: &BatchPlan,
+        key: Option<GraphKey>,
+    ) -> Result<GpuBatch, BackendError> {
+        let shape = self
+            .kv_shape
+            .ok_or_else(|| invalid("no KV cache allocated".into()))?;
+        plan.validate(&shape)?;
+        let mut words = std::mem::take(&mut self.meta_words);
+        let layout = match key {
+            Some(k) => meta::pack_graph(plan, k, &mut words),
+            None => meta::pack(plan, &shape, self.dev.info.sm_count, &mut words),
+        };
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        self.meta_words = words;
+        // Room to spare: block tables grow with the contexts, and a new buffer means new
+        // graphs.
+        ensure(
+            &self.dev,
+            &mut self.meta,
+            bytes.len().max(64 << 10),
+            "batch metadata",
+            &mut self.generation,
+        )?;
+        if let Some(m) = &self.meta {
+            self.dev.upload(m, 0, &bytes)?;
+        }
+        self.epoch += 1;
+        self.dev.timer.begin_step(self.epoch);
+        Ok(GpuBatch {
+            epoch: self.epoch,
+            layout,
+            graph: key,
+        })
+    }
+}
+
 impl<R: Runtime> Backend for GpuBackend<R> {
     type Tensor = GpuTensor;
     type Weight = GpuWeight;
@@ -234,6 +328,8 @@ impl<R: Runtime> Backend for GpuBackend<R> {
 
     fn upload_weight(&mut self, w: HostTensor) -> Result<GpuWeight, BackendError> {
         let (rows, cols) = (w.rows(), w.cols());
+        // New buffers (a new model, new scratch) retire recorded graphs.
+        self.generation += 1;
         let buf = self.dev.alloc(rows * cols * self.dt.size(), "weight")?;
         let bytes = self.dt.encode(&w.data);
         drop(w);
@@ -243,6 +339,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
 
     fn alloc(&mut self, rows: usize, cols: usize) -> Result<GpuTensor, BackendError> {
         self.largest_alloc = self.largest_alloc.max(rows * cols);
+        self.generation += 1;
         Ok(GpuTensor {
             buf: self.dev.alloc(rows * cols * self.dt.size(), "activation")?,
             rows,
@@ -251,6 +348,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     }
 
     fn alloc_kv(&mut self, shape: &KvShape) -> Result<GpuKv, BackendError> {
+        self.generation += 1;
         let hd = shape.head_dim;
         if kernels::AttnHead::for_head_dim(hd) == kernels::AttnHead::Any
             && hd > kernels::AttnHead::MAX_ANY
@@ -268,24 +366,80 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     }
 
     fn prepare(&mut self, plan: &BatchPlan) -> Result<GpuBatch, BackendError> {
-        let shape = self
-            .kv_shape
-            .ok_or_else(|| invalid("no KV cache allocated".into()))?;
-        plan.validate(&shape)?;
-        let mut words = std::mem::take(&mut self.meta_words);
-        let layout = meta::pack(plan, &shape, self.dev.info.sm_count, &mut words);
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        self.meta_words = words;
-        ensure(&self.dev, &mut self.meta, bytes.len(), "batch metadata")?;
-        if let Some(m) = &self.meta {
-            self.dev.upload(m, 0, &bytes)?;
+        self.prepare_with(plan, None)
+    }
+
+    fn prepare_step(&mut self, plan: &BatchPlan, row_cap: usize) -> Result<GpuBatch, BackendError> {
+        let key = match self.kv_shape {
+            Some(kv) if self.use_graphs => {
+                GraphKey::for_plan(plan, &kv, self.dev.info.sm_count, row_cap)
+                    .filter(|k| !self.graph_refused.contains(k))
+            }
+            _ => None,
+        };
+        self.prepare_with(plan, key)
+    }
+
+    fn padded_rows(&self, b: &GpuBatch) -> Option<usize> {
+        b.graph.map(|k| k.rows as usize)
+    }
+
+    fn run_step(
+        &mut self,
+        b: &GpuBatch,
+        mut ops: impl FnMut(&mut Self) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        self.layout(b)?;
+        let Some(key) = b.graph else {
+            return ops(self);
+        };
+        if self.graph_generation != self.generation {
+            self.graphs.clear();
+            self.graph_seen.clear();
+            self.graph_generation = self.generation;
         }
-        self.epoch += 1;
-        self.dev.timer.begin_step(self.epoch);
-        Ok(GpuBatch {
-            epoch: self.epoch,
-            layout,
-        })
+        if let Some(g) = self.graphs.get(&key) {
+            let dev = &mut self.dev;
+            dev.timed("decode_graph", |rt| {
+                rt.replay(g).map_err(device::dev_err("decode_graph"))
+            })?;
+            self.graph_stats.replays += 1;
+            return Ok(());
+        }
+        // The first step of a shape runs eagerly: it makes every lazy allocation (rope
+        // tables, workspaces) that a recording must not.
+        if self.graph_seen.insert(key) {
+            return ops(self);
+        }
+        let generation = self.generation;
+        self.dev
+            .rt
+            .begin_capture()
+            .map_err(device::dev_err("graph capture"))?;
+        self.dev.capturing = true;
+        let recorded = ops(self);
+        self.dev.capturing = false;
+        let graph = self.dev.rt.end_capture();
+        match (recorded, graph) {
+            (Ok(()), Ok(g)) if generation == self.generation => {
+                self.dev.timed("decode_graph", |rt| {
+                    rt.replay(&g).map_err(device::dev_err("decode_graph"))
+                })?;
+                self.graphs.insert(key, g);
+                self.graph_stats.captures += 1;
+                Ok(())
+            }
+            (recorded, graph) => {
+                // Nothing recorded ran: run the step eagerly, and this shape from now on.
+                let why = recorded
+                    .err()
+                    .map(|e| e.to_string())
+                    .or(graph.err().map(|e| e.to_string()));
+                tracing::warn!(?key, reason = ?why, "decode graph not recorded; running eagerly");
+                self.graph_refused.insert(key);
+                ops(self)
+            }
+        }
     }
 
     fn embed(

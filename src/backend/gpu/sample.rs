@@ -179,12 +179,14 @@ impl<R: Runtime> GpuBackend<R> {
             &mut self.sample_in,
             bytes.len(),
             "sampling parameters",
+            &mut self.generation,
         )?;
         let work = ensure(
             &self.dev,
             &mut self.sample_work,
             (s * v + s) * 4,
             "sampling workspace",
+            &mut self.generation,
         )?;
         let lse = work + (s * v * 4) as u64;
         let out = ensure(
@@ -192,6 +194,7 @@ impl<R: Runtime> GpuBackend<R> {
             &mut self.sample_out,
             pk.out_words() * 4,
             "sampling output",
+            &mut self.generation,
         )?;
         if let Some(buf) = &self.sample_in {
             self.dev.upload(buf, 0, &bytes)?;

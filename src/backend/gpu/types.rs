@@ -77,6 +77,8 @@ pub struct GpuOptions {
     /// Time every launch of every `n`-th step with device events (see
     /// [`super::GpuBackend::take_kernel_timings`]); `None`: never.
     pub timing_period: Option<u64>,
+    /// Record decode steps into graphs at bucketed batch sizes and replay them.
+    pub graphs: bool,
 }
 
 impl Default for GpuOptions {
@@ -86,6 +88,7 @@ impl Default for GpuOptions {
             kernel_cache: kernels::default_cache_dir(),
             sync_check: false,
             timing_period: None,
+            graphs: true,
         }
     }
 }
@@ -128,4 +131,6 @@ pub struct GpuKv {
 pub struct GpuBatch {
     pub(super) epoch: u64,
     pub(super) layout: meta::Layout,
+    /// The graph shape of a padded decode step; `None` runs eagerly.
+    pub(super) graph: Option<meta::GraphKey>,
 }
