@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root, with target/device/ staged by
-# scripts/cuda_stage.sh. Usage: scripts/cuda_device.sh [parity [ROUNDS] | bench | all]
+# scripts/cuda_stage.sh. Usage: scripts/cuda_device.sh [parity [ROUNDS] | bench | torchref | all]
 # Logs go to $OUT (or /tmp/kiln-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,8 +35,23 @@ bench() {
     echo "bench exit $?"
     grep -E "BENCH|BREAKDOWN|RESOURCES Attention|loaded|panicked|error" "$out/bench.log" | head -40
 }
+torchref() {
+    # Kiln against PyTorch/transformers (issue 5): model and reference logits made here, on
+    # this GPU, by transformers (scripts/torch_reference.py); 0.6 GB, kept out of $out.
+    local ref=/tmp/kiln-torchref
+    python3 scripts/torch_reference.py "$ref" --device cuda > "$out/torchref-py.log" 2>&1 \
+        || { echo "torch_reference.py failed"; tail -30 "$out/torchref-py.log"; return 1; }
+    grep -E "^(saved|bf16|f32|prompt|wrote)" "$out/torchref-py.log"
+    cp "$ref/reference.json" "$out/"
+    KILN_TORCH_REF=$ref "$dev/parity" --exact torch_ref::torch_reference_logits --nocapture \
+        > "$out/torchref.log" 2>&1
+    echo "torchref exit $?"
+    grep -E "^(reference|backend|cpu|cuda)|panicked|relative error|picked|agrees|notice|test result" \
+        "$out/torchref.log" | head -40
+}
 case "${1:-parity}" in
     parity) parity "${2:-1}" ;;
     bench) bench ;;
-    all) parity "${2:-1}"; bench ;;
+    torchref) torchref ;;
+    all) parity "${2:-1}"; bench; torchref ;;
 esac

@@ -11,6 +11,8 @@ mod harness;
 mod model;
 #[path = "parity/sampling.rs"]
 mod sampling;
+#[path = "parity/torch_ref.rs"]
+mod torch_ref;
 
 use harness::*;
 use kiln::backend::cpu::CpuBackend;

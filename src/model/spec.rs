@@ -235,7 +235,14 @@ impl ModelSpec {
         let head_dim = c
             .head_dim
             .unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
-        let llama3 = match &c.rope_scaling {
+        // transformers >= 5 writes `rope_parameters` (the scaling and the base together)
+        // instead of `rope_scaling` and `rope_theta`.
+        let rope_params = c.rope_parameters.as_ref().or(c.rope_scaling.as_ref());
+        let theta = rope_params
+            .and_then(|r| r.rope_theta)
+            .or(c.rope_theta)
+            .unwrap_or(10000.0);
+        let llama3 = match rope_params {
             Some(s) if s.rope_type.as_deref().or(s.kind.as_deref()) == Some("llama3") => {
                 Some(Llama3Scaling {
                     factor: s.factor.unwrap_or(8.0),
@@ -295,7 +302,7 @@ impl ModelSpec {
             max_position,
             rms_eps: c.rms_norm_eps.unwrap_or(1e-6),
             rope: RopeSpec {
-                theta: c.rope_theta.unwrap_or(10000.0),
+                theta,
                 dim: head_dim,
                 layout: RopeLayout::Half,
                 llama3,
@@ -317,6 +324,8 @@ struct HfRopeScaling {
     low_freq_factor: Option<f32>,
     high_freq_factor: Option<f32>,
     original_max_position_embeddings: Option<f32>,
+    /// Only in transformers >= 5 `rope_parameters`.
+    rope_theta: Option<f32>,
 }
 
 #[derive(Deserialize)]
@@ -333,6 +342,7 @@ struct HfConfig {
     rms_norm_eps: Option<f32>,
     rope_theta: Option<f32>,
     rope_scaling: Option<HfRopeScaling>,
+    rope_parameters: Option<HfRopeScaling>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
     hidden_act: Option<String>,
@@ -344,6 +354,27 @@ struct HfConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transformers5_rope_parameters_carry_theta_and_scaling() {
+        let base = r#""hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 100, "model_type": "llama""#;
+        let plain = format!(
+            r#"{{{base}, "rope_parameters": {{"rope_theta": 500000.0, "rope_type": "default"}}}}"#
+        );
+        let s = ModelSpec::from_hf_config(&plain).unwrap();
+        assert_eq!((s.rope.theta, s.rope.llama3), (500000.0, None));
+        let scaled = format!(
+            r#"{{{base}, "rope_parameters": {{"rope_theta": 500000.0, "rope_type": "llama3",
+                "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}}}}"#
+        );
+        let s = ModelSpec::from_hf_config(&scaled).unwrap();
+        assert_eq!(s.rope.theta, 500000.0);
+        assert_eq!(s.rope.llama3.map(|l| l.factor), Some(32.0));
+        let v4 = format!(r#"{{{base}, "rope_theta": 1000000.0}}"#);
+        assert_eq!(ModelSpec::from_hf_config(&v4).unwrap().rope.theta, 1e6);
+    }
 
     #[test]
     fn llama3_scaling_keeps_high_freqs_and_divides_low_ones() {
