@@ -12,8 +12,8 @@ fn root() -> &'static Path {
 
 /// The `.cu` files named by the kernel enum (`Source::file` and its `include_str!`s).
 fn enum_sources() -> BTreeSet<String> {
-    let text = std::fs::read_to_string(root().join("src/backend/cuda/kernels.rs"))
-        .expect("src/backend/cuda/kernels.rs");
+    let text = std::fs::read_to_string(root().join("src/backend/gpu/kernels.rs"))
+        .expect("src/backend/gpu/kernels.rs");
     // Every `<name>.cu"` literal: `Source::file`'s names and the `include_str!` paths.
     let mut out = BTreeSet::new();
     let b = text.as_bytes();

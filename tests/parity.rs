@@ -380,6 +380,12 @@ fn attentions<B: TestBackend>(b: &mut B) {
             16,
             &[(1, 512), (1, 700), (1, 1500), (1, 3000)],
         ),
+        // Prefill items of many query vectors (the tensor-core variant in bf16 on NVIDIA):
+        // a chunk after cached context next to decode rows, GQA 4 and 8, head sizes 128
+        // and 64, G = 2 (one m16 tile per item), a long decode row split into parts.
+        case((32, 8), 128, 16, &[(150, 1400), (1, 900), (64, 64)]),
+        case((16, 2), 64, 16, &[(70, 200), (1, 3000), (5, 5)]),
+        case((8, 4), 128, 16, &[(45, 45), (1, 77)]),
     ];
     for c in &cases {
         attention_case(b, c, &mut rng);

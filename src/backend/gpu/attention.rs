@@ -5,7 +5,7 @@
 use super::device::Arg;
 use super::kernels::{AttnHead, Kernel};
 use super::runtime::{Grid, Runtime};
-use super::{GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
+use super::{DType, GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
 use crate::backend::BackendError;
 use crate::model::ModelSpec;
 
@@ -42,6 +42,12 @@ impl<R: Runtime> GpuBackend<R> {
             .copied()
             .find(|&q| q as usize >= vectors)
             .unwrap_or(sizes[sizes.len() - 1]);
+        // More query vectors than the largest CUDA-core pass: the tensor-core variant.
+        let kernel = if vectors > sizes[sizes.len() - 1] as usize && self.tensor_cores(head) {
+            Kernel::AttentionTc { head }
+        } else {
+            Kernel::Attention { head, qv }
+        };
         let (mut part_acc, mut part_ml) = (0u64, 0u64);
         if l.n_parts > 0 {
             let acc_bytes = l.n_parts * n_heads * hd * 4;
@@ -79,7 +85,7 @@ impl<R: Runtime> GpuBackend<R> {
             Arg::I32(kv.shape.block_size as i32),
             Arg::F32(1.0 / (hd as f32).sqrt()),
         ];
-        self.launch(Kernel::Attention { head, qv }, grid, &args)?;
+        self.launch(kernel, grid, &args)?;
         if l.n_splits > 0 {
             let grid = Grid {
                 blocks: (l.n_splits as u32, n_heads as u32, 1),
@@ -96,5 +102,16 @@ impl<R: Runtime> GpuBackend<R> {
             self.launch(Kernel::AttnCombine, grid, &args)?;
         }
         Ok(())
+    }
+
+    /// Whether attention for `head` runs on tensor cores: bf16 storage on NVIDIA sm_80 or
+    /// newer (`mma.sync` bf16). f32 storage keeps the CUDA-core kernel (the parity reference).
+    fn tensor_cores(&self, head: AttnHead) -> bool {
+        let sm = self.dev.info.arch.strip_prefix("sm_").and_then(|v| {
+            v.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+                .parse::<u32>()
+                .ok()
+        });
+        R::NAME == "cuda" && self.dt == DType::Bf16 && head.has_tc() && sm.is_some_and(|v| v >= 80)
     }
 }

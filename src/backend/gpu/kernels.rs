@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::DType;
 use super::device::{Device, dev_err};
-use super::runtime::Runtime;
+use super::runtime::{DeviceInfo, Runtime};
 use crate::backend::BackendError;
 
 const PRELUDE: &str = include_str!("../../../kernels/prelude.cuh");
@@ -46,6 +46,11 @@ impl Source {
             Source::Attention => "attention.cu",
             Source::Sample => "sample.cu",
         }
+    }
+
+    /// The translation unit the runtime compiler sees: the prelude, a `#line` marker, the file.
+    fn full_text(self) -> String {
+        format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.file(), self.text())
     }
 
     fn text(self) -> &'static str {
@@ -86,6 +91,13 @@ impl AttnHead {
             _ => AttnHead::Any,
         }
     }
+    /// Whether the head size has a tensor-core variant (`Kernel::AttentionTc`).
+    pub fn has_tc(self) -> bool {
+        matches!(
+            self,
+            AttnHead::D64 | AttnHead::D80 | AttnHead::D96 | AttnHead::D128
+        )
+    }
     /// Query vectors per pass the variant is instantiated for, largest last.
     pub fn group_sizes(self) -> &'static [u32] {
         &[1, 4, 8]
@@ -117,6 +129,11 @@ pub enum Kernel {
     Attention {
         head: AttnHead,
         qv: u32,
+    },
+    /// Paged attention on tensor cores for items of many query vectors (bf16 on NVIDIA
+    /// sm_80+; elsewhere the entry runs the portable kernel at its largest pass).
+    AttentionTc {
+        head: AttnHead,
     },
     AttnCombine,
     SamplePrep,
@@ -156,6 +173,9 @@ impl Kernel {
                     .iter()
                     .map(|&qv| Kernel::Attention { head, qv }),
             );
+            if head.has_tc() {
+                v.push(Kernel::AttentionTc { head });
+            }
         }
         v
     }
@@ -171,7 +191,7 @@ impl Kernel {
             Kernel::WriteKv => "write_kv",
             Kernel::SiluMul => "silu_mul",
             Kernel::AddBias => "add_bias",
-            Kernel::Attention { .. } => "attention",
+            Kernel::Attention { .. } | Kernel::AttentionTc { .. } => "attention",
             Kernel::AttnCombine => "attn_combine",
             Kernel::SamplePrep => "sample_prep",
             Kernel::SampleTopN => "sample_topn",
@@ -187,7 +207,9 @@ impl Kernel {
             Kernel::Rope => Source::Rope,
             Kernel::WriteKv => Source::Kv,
             Kernel::SiluMul | Kernel::AddBias => Source::Activation,
-            Kernel::Attention { .. } | Kernel::AttnCombine => Source::Attention,
+            Kernel::Attention { .. } | Kernel::AttentionTc { .. } | Kernel::AttnCombine => {
+                Source::Attention
+            }
             Kernel::SamplePrep
             | Kernel::SampleTopN
             | Kernel::SamplePenalty
@@ -200,6 +222,7 @@ impl Kernel {
         let d = dt.suffix();
         match self {
             Kernel::Attention { head, qv } => format!("attn_{d}_d{}_q{qv}", head.tag()),
+            Kernel::AttentionTc { head } => format!("attn_{d}_d{}_tc", head.tag()),
             Kernel::SampleTopN | Kernel::SamplePenalty => self.op().to_string(),
             _ => format!("{}_{d}", self.op()),
         }
@@ -220,8 +243,7 @@ impl<R: Runtime> Kernels<R> {
         dt: DType,
         cache_dir: Option<&Path>,
     ) -> Result<Kernels<R>, BackendError> {
-        let mut opts = R::compile_options(&dev.info);
-        opts.push(format!("-DKILN_DTYPE_{}", dt.suffix().to_uppercase()));
+        let opts = compile_options::<R>(&dev.info, dt);
         let salt = format!(
             "{} {opts:?} {} driver {} {}",
             R::NAME,
@@ -300,6 +322,30 @@ impl<R: Runtime> Kernels<R> {
     }
 }
 
+/// The compiler options of every kernel source for `info`'s device and storage type `dt`.
+pub fn compile_options<R: Runtime>(info: &DeviceInfo, dt: DType) -> Vec<String> {
+    let mut opts = R::compile_options(info);
+    opts.push(format!("-DKILN_DTYPE_{}", dt.suffix().to_uppercase()));
+    opts
+}
+
+/// Every kernel source exactly as [`Kernels::load`] compiles it, with the entry points it
+/// must define for storage type `dt`: (file name, full text, entry points). For checks that
+/// run the compiler without a device (`tests/hiprtc.rs`).
+pub fn sources(dt: DType) -> Vec<(&'static str, String, Vec<String>)> {
+    Source::ALL
+        .iter()
+        .map(|&src| {
+            let entries = Kernel::all()
+                .into_iter()
+                .filter(|k| k.source() == src)
+                .map(|k| k.entry(dt))
+                .collect();
+            (src.file(), src.full_text(), entries)
+        })
+        .collect()
+}
+
 fn compile_err<R: Runtime>(message: String) -> BackendError {
     BackendError::Device {
         op: R::COMPILER,
@@ -327,7 +373,7 @@ fn cached_compile<R: Runtime>(
     salt: &str,
     dir: Option<&Path>,
 ) -> Result<Vec<u8>, BackendError> {
-    let text = format!("{PRELUDE}\n#line 1 \"{}\"\n{}", src.file(), src.text());
+    let text = src.full_text();
     let key = format!("{:016x}", fnv64(&[text.as_bytes(), salt.as_bytes()]));
     let path: Option<PathBuf> = dir.map(|d| {
         d.join(format!(
