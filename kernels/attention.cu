@@ -120,7 +120,7 @@ __device__ __forceinline__ void load_dims(const T* __restrict__ row, int d0, int
 }
 
 template <typename T, int D, int QV>
-__device__ void attn_impl(const T* __restrict__ qkv, int qkv_stride, const T* __restrict__ k_cache,
+__device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_stride, const T* __restrict__ k_cache,
                           const T* __restrict__ v_cache, T* __restrict__ out, float* __restrict__ part_acc,
                           float* __restrict__ part_ml, const u32* __restrict__ positions,
                           const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
@@ -322,7 +322,7 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
 }
 
 template <int D>
-__device__ void attn_tc_impl(const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
+__device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
                              const bf16* __restrict__ v_cache, bf16* __restrict__ out, float* __restrict__ part_acc,
                              float* __restrict__ part_ml, const u32* __restrict__ positions,
                              const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
@@ -576,7 +576,7 @@ __device__ __forceinline__ void attn_tc_body(const bf16* qkv, int qkv_stride, co
 // Merges split-K partials. splits: 3 words per row (row, first part, number of parts).
 // Grid (split rows, n_heads).
 template <typename T>
-__device__ void attn_combine_impl(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+__device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                   const u32* __restrict__ splits, T* __restrict__ out, int n_heads, int hd) {
     const u32* sp = splits + 3 * (size_t)blockIdx.x;
     const size_t row = sp[0];

@@ -1,0 +1,215 @@
+//! The ROCm backend where no AMD GPU is present (CI), with the `rocm` feature:
+//! - hipRTC compiles every kernel source, exactly as a ROCm lane compiles it at start (same
+//!   text, same options from `Hip::compile_options`), for gfx90a (CDNA2, wave64) and gfx1030
+//!   (RDNA2, wave32) in both storage types, into AMDGPU code objects defining every entry
+//!   point the backend loads. hipRTC needs no device: the target is an option.
+//! - Without a device, `Hip::available`, `GpuBackend::<Hip>::new` and an engine on
+//!   `rocm:0` fail with a clear error instead of panicking.
+//!
+//! Without the feature, `rocm:0` reports that the backend is not compiled in.
+
+use kiln::engine::{Device, Engine, EngineConfig};
+use kiln::model::{LoadFormat, ModelFiles};
+
+fn files() -> ModelFiles {
+    ModelFiles::open(&kiln::config::default_model_path(), LoadFormat::Gguf).unwrap()
+}
+
+/// The error an engine on `rocm:0` starts with, or `None` if it starts.
+fn rocm_engine_error() -> Option<String> {
+    let dev: Device = "rocm:0".parse().unwrap();
+    Engine::start(files(), &[dev], EngineConfig::default())
+        .err()
+        .map(|e| e.to_string())
+}
+
+#[cfg(not(feature = "rocm"))]
+#[test]
+fn rocm_device_without_the_feature_is_not_compiled() {
+    let e = rocm_engine_error().expect("a rocm lane cannot start without the rocm feature");
+    assert!(
+        e.contains("'rocm' is not compiled into this build"),
+        "unclear error: {e}"
+    );
+}
+
+#[cfg(feature = "rocm")]
+mod rocm {
+    use std::path::Path;
+
+    use kiln::backend::gpu::runtime::{DeviceInfo, Runtime};
+    use kiln::backend::rocm::{DType, Hip, RocmBackend, RocmOptions, kernels};
+
+    /// Whether this machine exposes the ROCm compute interface at all.
+    fn has_kfd() -> bool {
+        Path::new("/dev/kfd").exists()
+    }
+
+    #[test]
+    fn without_a_device_rocm_fails_cleanly() {
+        let opts = RocmOptions {
+            kernel_cache: None,
+            ..RocmOptions::default()
+        };
+        match Hip::available() {
+            Ok(()) => {
+                // A real AMD GPU: the backend must come up.
+                RocmBackend::new(0, opts).expect("a ROCm device is visible, so rocm:0 starts");
+            }
+            Err(e) => {
+                let e = e.to_string();
+                if !has_kfd() {
+                    assert!(
+                        e.contains("no ROCm device is visible") && e.contains("/dev/kfd"),
+                        "unclear error without /dev/kfd: {e}"
+                    );
+                }
+                let b = RocmBackend::new(0, opts)
+                    .err()
+                    .expect("no device: new must fail");
+                assert!(b.to_string().contains(&e), "backend error {b} lost '{e}'");
+                let engine = super::rocm_engine_error().expect("no device: the engine must fail");
+                assert!(engine.contains(&e), "engine error {engine} lost '{e}'");
+            }
+        }
+    }
+
+    /// ELF `e_machine` of AMDGPU code objects.
+    const EM_AMDGPU: u16 = 224;
+    /// `e_flags` (`hsa/amd_hsa_elf.h`, code object v4): `EF_AMDGPU_MACH_AMDGCN_GFX90A` (0x3f)
+    /// | `FEATURE_XNACK_OFF_V4` (0x200) | `FEATURE_SRAMECC_ON_V4` (0xc00).
+    const GFX90A_SRAMECC_ON_XNACK_OFF: u32 = 0xe3f;
+    /// `EF_AMDGPU_MACH_AMDGCN_GFX1030`; RDNA2 supports neither feature.
+    const GFX1030: u32 = 0x036;
+
+    /// Compiles every source for `arch` (as a device reports it) in storage type `dt`, in
+    /// parallel as `Kernels::load` does, and checks each code object: an AMDGPU ELF whose
+    /// `e_flags` (target `EF_AMDGPU_MACH_*` in the low byte, xnack/sramecc feature bits
+    /// above) are `flags`, defining every entry point of `dt` and none of the other type.
+    fn compile_all(arch: &str, warp: usize, flags: u32, dt: DType) {
+        let info = DeviceInfo {
+            name: format!("(none: hipRTC only, {arch})"),
+            arch: arch.to_string(),
+            sm_count: 1,
+            warp_size: warp,
+            driver_version: 0,
+        };
+        let opts = kernels::compile_options::<Hip>(&info, dt);
+        assert!(opts.contains(&format!("--offload-arch={arch}")), "{opts:?}");
+        let sources = kernels::sources(dt);
+        let other = if dt == DType::F32 {
+            DType::Bf16
+        } else {
+            DType::F32
+        };
+        let other_entries: Vec<String> = kernels::sources(other)
+            .into_iter()
+            .flat_map(|(_, _, e)| e)
+            .collect();
+        let start = std::time::Instant::now();
+        let images: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = sources
+                .iter()
+                .map(|(file, text, _)| {
+                    let opts = &opts;
+                    s.spawn(move || (Hip::compile(text, file, opts), start.elapsed()))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let failures: Vec<String> = sources
+            .iter()
+            .zip(images)
+            .filter_map(|((file, _, entries), (image, took))| {
+                let problems = match image {
+                    Ok(image) => {
+                        eprintln!(
+                            "hiprtc {arch} {dt:?} {file}: {} bytes, done at {:.1}s",
+                            image.len(),
+                            took.as_secs_f64()
+                        );
+                        check_image(&image, flags, entries, &other_entries)
+                    }
+                    Err(e) => vec![e.to_string()],
+                };
+                (!problems.is_empty())
+                    .then(|| format!("hipRTC {arch} {dt:?} {file}:\n{}", problems.join("\n")))
+            })
+            .collect();
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// What is wrong with one code object (nothing: empty).
+    fn check_image(image: &[u8], flags: u32, entries: &[String], other: &[String]) -> Vec<String> {
+        if image.len() < 52 || !image.starts_with(b"\x7fELF") {
+            return vec![format!("not an ELF ({} bytes)", image.len())];
+        }
+        let mut problems = Vec::new();
+        let machine = u16::from_le_bytes([image[18], image[19]]);
+        if machine != EM_AMDGPU {
+            problems.push(format!("e_machine {machine}: not an AMDGPU code object"));
+        }
+        let e_flags = u32::from_le_bytes([image[48], image[49], image[50], image[51]]);
+        if e_flags & 0xfff != flags {
+            problems.push(format!("e_flags {e_flags:#x}: built for another target"));
+        }
+        if entries.is_empty() {
+            problems.push("no entry points expected: wrong source list".into());
+        }
+        // Each kernel has a kernel descriptor symbol `<name>.kd`.
+        let has = |name: &str| {
+            let sym = format!("{name}.kd\0");
+            image.windows(sym.len()).any(|w| w == sym.as_bytes())
+        };
+        for e in entries.iter().filter(|e| !has(e)) {
+            problems.push(format!("kernel {e} missing"));
+        }
+        for e in other.iter().filter(|e| !entries.contains(e) && has(e)) {
+            problems.push(format!("{e} built for the other storage type"));
+        }
+        problems
+    }
+
+    #[test]
+    fn hiprtc_compiles_every_kernel_gfx90a_f32() {
+        compile_all(
+            "gfx90a:sramecc+:xnack-",
+            64,
+            GFX90A_SRAMECC_ON_XNACK_OFF,
+            DType::F32,
+        );
+    }
+
+    #[test]
+    fn hiprtc_compiles_every_kernel_gfx90a_bf16() {
+        compile_all(
+            "gfx90a:sramecc+:xnack-",
+            64,
+            GFX90A_SRAMECC_ON_XNACK_OFF,
+            DType::Bf16,
+        );
+    }
+
+    #[test]
+    fn hiprtc_compiles_every_kernel_gfx1030_f32() {
+        compile_all("gfx1030", 32, GFX1030, DType::F32);
+    }
+
+    #[test]
+    fn hiprtc_compiles_every_kernel_gfx1030_bf16() {
+        compile_all("gfx1030", 32, GFX1030, DType::Bf16);
+    }
+
+    #[test]
+    fn hiprtc_reports_compile_errors_with_the_log() {
+        let opts = vec!["--offload-arch=gfx90a".to_string()];
+        let e = Hip::compile("this is not C++;", "broken.cu", &opts)
+            .expect_err("garbage must not compile")
+            .to_string();
+        assert!(
+            e.contains("broken.cu") && e.contains("hiprtcCompileProgram") && e.contains("error"),
+            "{e}"
+        );
+        assert!(Hip::compiler_version().starts_with("hiprtc "));
+    }
+}
