@@ -573,6 +573,261 @@ __device__ __forceinline__ void attn_tc_body(const bf16* qkv, int qkv_stride, co
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode variant (vLLM paged-attention style) for items of at most QV query vectors (decode
+// rows: nrows * G <= 8). Same items, grid and block as attn_impl; head sizes whose rows are a
+// power of two of 16-byte chunks (64, 128, 256).
+//
+// A thread group of TPR lanes reads one K (and V) row together, lane t taking 16-byte chunks
+// t, t + TPR, ... (CPL chunks): the warp reads WARP / TPR whole rows per load, coalesced.
+// Each group is an independent online-softmax stream over U consecutive positions per
+// step, K and V of all U positions loaded before first use (U * CPL * 2 loads in flight per
+// lane), all QV query vectors (held in registers, pre-scaled, log2 domain) reusing every
+// load. A score is the group's xor-shuffle sum, so every lane of the group holds it and
+// accumulates its own dims of P . V with no shared memory. At the end the streams of a warp
+// merge through shuffles, the warps through shared memory.
+
+template <typename T>
+struct Chunk;
+template <>
+struct Chunk<bf16> {
+    static constexpr int E = 8;  // elements per 16-byte chunk
+    typedef vec4u Raw;
+    static __device__ __forceinline__ void unpack(const Raw& r, float* k) {
+        k[0] = __uint_as_float(r.x << 16); k[1] = __uint_as_float(r.x & 0xffff0000u);
+        k[2] = __uint_as_float(r.y << 16); k[3] = __uint_as_float(r.y & 0xffff0000u);
+        k[4] = __uint_as_float(r.z << 16); k[5] = __uint_as_float(r.z & 0xffff0000u);
+        k[6] = __uint_as_float(r.w << 16); k[7] = __uint_as_float(r.w & 0xffff0000u);
+    }
+    static __device__ __forceinline__ Raw zero() { return Raw{0u, 0u, 0u, 0u}; }
+};
+template <>
+struct Chunk<float> {
+    static constexpr int E = 4;
+    typedef vec4f Raw;
+    static __device__ __forceinline__ void unpack(const Raw& r, float* k) {
+        k[0] = r.x; k[1] = r.y; k[2] = r.z; k[3] = r.w;
+    }
+    static __device__ __forceinline__ Raw zero() { return Raw{0.f, 0.f, 0.f, 0.f}; }
+};
+
+template <typename T, int D, int QV>
+__device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv_stride, const T* __restrict__ k_cache,
+                              const T* __restrict__ v_cache, T* __restrict__ out, float* __restrict__ part_acc,
+                              float* __restrict__ part_ml, const u32* __restrict__ positions,
+                              const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
+                              const u32* __restrict__ items, int n_heads, int n_kv, int block_size, float scale) {
+    typedef Chunk<T> C;
+    typedef typename C::Raw Raw;
+    constexpr int E = C::E;
+    constexpr int NCH = D / E;                        // 16-byte chunks per row
+    constexpr int TPR = NCH < 16 ? NCH : 16;          // lanes per row (thread group)
+    constexpr int CPL = NCH / TPR;                    // chunks per lane
+    constexpr int RPW = WARP / TPR;                   // rows (streams) per warp
+    constexpr int NW = ATTN_WARPS;
+    constexpr int S = NW * RPW;                       // streams per block
+    constexpr int U = QV * CPL <= 4 ? 4 : 2;          // positions per stream and step
+    static_assert(NCH % TPR == 0 && WARP % TPR == 0, "decode attention: head size");
+    __shared__ float o_s[NW][QV][D];
+    __shared__ float m_s[NW][QV], l_s[NW][QV];
+
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int t = lane % TPR, stream = warp * RPW + lane / TPR;
+    const u32* it = items + 6 * (size_t)blockIdx.x;
+    const int seq = it[0], row0 = it[1], nrows = it[2], kv0 = it[3], kv1 = it[4];
+    const u32 part = it[5];
+    const int kvh = blockIdx.y, G = n_heads / n_kv, width = n_kv * D;
+    const u32* table = tables + seqinfo[4 * seq + 3];
+    const T* kbase = k_cache + (size_t)kvh * D;
+    const T* vbase = v_cache + (size_t)kvh * D;
+    const int nvec = nrows * G;
+    const float sl2 = scale * 1.4426950408889634f;
+
+    for (int vb = 0; vb < nvec; vb += QV) {
+        const int nv = min(QV, nvec - vb);
+        float q[QV][CPL][E];
+        int qpos[QV];
+        int maxpos = -1;
+#pragma unroll
+        for (int i = 0; i < QV; ++i) {
+            const int v = vb + i;
+            qpos[i] = i < nv ? (int)positions[row0 + v / G] : -1;
+            maxpos = max(maxpos, qpos[i]);
+            const T* qr = qkv + (i < nv ? (size_t)(row0 + v / G) * qkv_stride + (size_t)(kvh * G + v % G) * D : 0);
+#pragma unroll
+            for (int c = 0; c < CPL; ++c) {
+                const Raw r = i < nv ? reinterpret_cast<const Raw*>(qr)[t + c * TPR] : C::zero();
+                C::unpack(r, q[i][c]);
+#pragma unroll
+                for (int e = 0; e < E; ++e) q[i][c][e] *= sl2;
+            }
+        }
+        const int lim = min(kv1, maxpos + 1);
+        float m[QV], l[QV], acc[QV][CPL][E];
+#pragma unroll
+        for (int i = 0; i < QV; ++i) {
+            m[i] = -KILN_INF;
+            l[i] = 0.f;
+#pragma unroll
+            for (int c = 0; c < CPL; ++c)
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[i][c][e] = 0.f;
+        }
+
+        // The U positions of a stream share one block-table entry when blocks and the item's
+        // start are multiples of U (the usual case): that entry is loaded one step ahead so
+        // the K/V loads do not wait on it. Otherwise each position looks its entry up.
+        const bool one = block_size % U == 0 && kv0 % U == 0;
+        u32 blk = 0;
+        if (one && kv0 + stream * U < lim) blk = table[(kv0 + stream * U) / block_size];
+        for (int c0 = kv0; c0 < lim; c0 += S * U) {
+            const int p0 = c0 + stream * U;
+            Raw kr[U][CPL], vr[U][CPL];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int pos = p0 + u;
+                const bool ok = pos < lim;
+                const u32 b = ok ? (one ? blk : table[pos / block_size]) : 0u;
+                const size_t slot = ok ? (size_t)b * block_size + pos % block_size : 0;
+                const Raw* kp = reinterpret_cast<const Raw*>(kbase + slot * width);
+                const Raw* vp = reinterpret_cast<const Raw*>(vbase + slot * width);
+#pragma unroll
+                for (int c = 0; c < CPL; ++c) {
+                    kr[u][c] = ok ? kp[t + c * TPR] : C::zero();
+                    vr[u][c] = ok ? vp[t + c * TPR] : C::zero();
+                }
+            }
+            if (one && p0 + S * U < lim) blk = table[(p0 + S * U) / block_size];
+            // Scores of the U positions for every vector (log2 domain).
+            float s[U][QV];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int i = 0; i < QV; ++i) s[u][i] = 0.f;
+#pragma unroll
+                for (int c = 0; c < CPL; ++c) {
+                    float k[E];
+                    C::unpack(kr[u][c], k);
+#pragma unroll
+                    for (int i = 0; i < QV; ++i) {
+#pragma unroll
+                        for (int e = 0; e < E; ++e) s[u][i] += q[i][c][e] * k[e];
+                    }
+                }
+            }
+#pragma unroll
+            for (int o = 1; o < TPR; o <<= 1) {
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int i = 0; i < QV; ++i) s[u][i] += shfl_xor(s[u][i], o);
+            }
+            float p[U][QV];
+#pragma unroll
+            for (int i = 0; i < QV; ++i) {
+                float mx = -KILN_INF;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int pos = p0 + u;
+                    s[u][i] = (pos < lim && pos <= qpos[i]) ? s[u][i] : -KILN_INF;
+                    mx = fmaxf(mx, s[u][i]);
+                }
+                const float mn = fmaxf(m[i], mx);
+                const float ref = mn == -KILN_INF ? 0.f : mn;
+                const float corr = exp2f(m[i] - ref);
+                m[i] = mn;
+                float sum = 0.f;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    p[u][i] = exp2f(s[u][i] - ref);
+                    sum += p[u][i];
+                }
+                l[i] = l[i] * corr + sum;
+#pragma unroll
+                for (int c = 0; c < CPL; ++c)
+#pragma unroll
+                    for (int e = 0; e < E; ++e) acc[i][c][e] *= corr;
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int c = 0; c < CPL; ++c) {
+                    float v[E];
+                    C::unpack(vr[u][c], v);
+#pragma unroll
+                    for (int i = 0; i < QV; ++i) {
+#pragma unroll
+                        for (int e = 0; e < E; ++e) acc[i][c][e] += p[u][i] * v[e];
+                    }
+                }
+            }
+        }
+
+        // Merge the RPW streams of the warp (lanes t, t + TPR, ...) through shuffles.
+#pragma unroll
+        for (int i = 0; i < QV; ++i) {
+            float mw = m[i];
+#pragma unroll
+            for (int o = TPR; o < WARP; o <<= 1) mw = fmaxf(mw, shfl_xor(mw, o));
+            const float f = m[i] == -KILN_INF ? 0.f : exp2f(m[i] - mw);
+            float lw = l[i] * f;
+#pragma unroll
+            for (int o = TPR; o < WARP; o <<= 1) lw += shfl_xor(lw, o);
+#pragma unroll
+            for (int c = 0; c < CPL; ++c) {
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    float a = acc[i][c][e] * f;
+#pragma unroll
+                    for (int o = TPR; o < WARP; o <<= 1) a += shfl_xor(a, o);
+                    acc[i][c][e] = a;
+                }
+            }
+            m[i] = mw;
+            l[i] = lw;
+        }
+        if (lane < TPR) {
+#pragma unroll
+            for (int i = 0; i < QV; ++i) {
+                if (lane == 0) {
+                    m_s[warp][i] = m[i];
+                    l_s[warp][i] = l[i];
+                }
+#pragma unroll
+                for (int c = 0; c < CPL; ++c)
+#pragma unroll
+                    for (int e = 0; e < E; ++e) o_s[warp][i][(t + c * TPR) * E + e] = acc[i][c][e];
+            }
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < nv * D; e += blockDim.x) {
+            const int i = e / D, d = e % D;
+            float mx = -KILN_INF;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) mx = fmaxf(mx, m_s[w][i]);
+            float sum = 0.f, o = 0.f;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) {
+                const float f = m_s[w][i] == -KILN_INF ? 0.f : exp2f(m_s[w][i] - mx);
+                sum += l_s[w][i] * f;
+                o += o_s[w][i][d] * f;
+            }
+            const int v = vb + i, h = kvh * G + v % G;
+            if (part == NO_PART) {
+                const size_t row = (size_t)(row0 + v / G);
+                out[row * n_heads * D + (size_t)h * D + d] = from_f<T>(sum > 0.f ? o / sum : 0.f);
+            } else {
+                part_acc[((size_t)part * n_heads + h) * D + d] = o;
+                if (d == 0) {
+                    part_ml[((size_t)part * n_heads + h) * 2] = mx * 0.6931471805599453f;
+                    part_ml[((size_t)part * n_heads + h) * 2 + 1] = sum;
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
 // Merges split-K partials. splits: 3 words per row (row, first part, number of parts).
 // Grid (split rows, n_heads).
 template <typename T>
@@ -615,6 +870,25 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
         int n_heads, int n_kv, int head_dim, int block_size, float scale) {                             \
         attn_tc_body<D>(KILN_ATTN_PASS_ARGS);                                                           \
     }
+// Decode blocks per SM the compiler must fit (NVIDIA): 4 (<= 128 registers) while the query
+// vectors of a lane take at most 4 chunks, so a batch of 64 x 8 KV heads runs in one wave.
+#define KILN_DEC_MINB(TT, D, QV) \
+    ((QV) * ((D) * (int)sizeof(TT) / 16 > 16 ? (D) * (int)sizeof(TT) / 256 : 1) <= 4 ? 4 : 2)
+#if defined(KILN_CUDA)
+#define KILN_DEC_BOUNDS(TT, D, QV) __launch_bounds__(ATTN_WARPS * WARP, KILN_DEC_MINB(TT, D, QV))
+#else
+#define KILN_DEC_BOUNDS(TT, D, QV) __launch_bounds__(ATTN_WARPS * WARP)
+#endif
+#define KILN_ATTN_DEC(N, TT, D, QV)                                                                     \
+    extern "C" __global__ void KILN_DEC_BOUNDS(TT, D, QV) attn_##N##_d##D##_dec##QV(                   \
+        const TT *qkv, int qkv_stride, const TT *k_cache, const TT *v_cache, TT *out, float *part_acc,   \
+        float *part_ml, const u32 *positions, const u32 *seqinfo, const u32 *tables, const u32 *items,  \
+        int n_heads, int n_kv, int head_dim, int block_size, float scale) {                             \
+        attn_dec_impl<TT, D, QV>(qkv, qkv_stride, k_cache, v_cache, out, part_acc, part_ml, positions,    \
+                                 seqinfo, tables, items, n_heads, n_kv, block_size, scale);              \
+    }
+#define KILN_ATTN_DEC_D(N, T, D) \
+    KILN_ATTN_DEC(N, T, D, 1) KILN_ATTN_DEC(N, T, D, 2) KILN_ATTN_DEC(N, T, D, 4) KILN_ATTN_DEC(N, T, D, 8)
 #define KILN_ATTN(N, T)                                                                                  \
     KILN_ATTN_D(N, T, 64, 64)                                            \
     KILN_ATTN_D(N, T, 80, 80)                                            \
@@ -626,6 +900,8 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
     KILN_ATTN_TC(N, T, 80)                                                                               \
     KILN_ATTN_TC(N, T, 96)                                                                               \
     KILN_ATTN_TC(N, T, 128)                                                                              \
+    KILN_ATTN_DEC_D(N, T, 64)                                                                            \
+    KILN_ATTN_DEC_D(N, T, 128)                                                                           \
     extern "C" __global__ void attn_combine_##N(const float* part_acc, const float* part_ml,             \
                                                 const u32* splits, T* out, int n_heads, int hd) {        \
         attn_combine_impl<T>(part_acc, part_ml, splits, out, n_heads, hd);                               \

@@ -357,6 +357,13 @@ fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha
     );
 }
 
+/// `n` decode rows with contexts from 1 to a few thousand positions.
+fn decode_rows(n: u32) -> Vec<(u32, u32)> {
+    (0..n)
+        .map(|i| (1, 1 + (i * 997 + i * i * 31) % 3500))
+        .collect()
+}
+
 fn attentions<B: TestBackend>(b: &mut B) {
     let mut rng = rng("attentions");
     let case = |heads, hd, block_size, seqs: &[(u32, u32)]| AttnCase {
@@ -386,6 +393,16 @@ fn attentions<B: TestBackend>(b: &mut B) {
         case((32, 8), 128, 16, &[(150, 1400), (1, 900), (64, 64)]),
         case((16, 2), 64, 16, &[(70, 200), (1, 3000), (5, 5)]),
         case((8, 4), 128, 16, &[(45, 45), (1, 77)]),
+        // Decode steps (every item at most 8 query vectors: the thread-group decode variant):
+        // many single rows (no split), GQA 4 and 8, head sizes 128 and 64, long rows split
+        // into parts, two-row items (8 vectors, per-vector causal limits), block size 8.
+        case((32, 8), 128, 16, &decode_rows(40)),
+        case((32, 4), 128, 16, &[(1, 3000), (1, 700), (1, 1)]),
+        case((16, 4), 64, 16, &[(1, 5000), (1, 130), (1, 2)]),
+        case((8, 1), 64, 16, &decode_rows(24)),
+        case((4, 4), 64, 8, &[(1, 2500), (1, 33)]),
+        case((16, 4), 128, 16, &[(2, 300), (1, 50), (2, 2)]),
+        case((8, 4), 128, 16, &[(3, 1000), (1, 9)]),
     ];
     for c in &cases {
         attention_case(b, c, &mut rng);

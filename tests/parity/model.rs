@@ -141,7 +141,9 @@ fn stories260k_greedy_matches_cpu() {
 mod transfers {
     use kiln::backend::cuda::DType;
     use kiln::backend::{Backend, BatchPlan, KvShape, SeqSlice};
+    use kiln::model::ModelFiles;
     use kiln::model::llama::Llama;
+    use kiln::model::source::DummySource;
     use kiln::sampling::{SampleRow, SamplingParams};
 
     use super::stories;
@@ -274,22 +276,44 @@ mod transfers {
     /// would corrupt sequence 0's first KV entry (block 0) if they wrote the cache.
     #[test]
     fn decode_graphs_match_eager_steps() {
-        for dt in [DType::F32, DType::Bf16] {
+        // stories260K (head_dim 8: the generic kernel) and random weights at head_dim 128
+        // with one KV head (the decode kernel, with many empty split-K parts per row).
+        let dummy = {
+            let mut spec = stories().spec;
+            (spec.n_heads, spec.n_kv_heads, spec.head_dim) = (4, 1, 128);
+            (spec.hidden, spec.n_layers, spec.vocab_size) = (512, 2, 512);
+            spec.rope.dim = 128;
+            ModelFiles {
+                name: "dummy-d128".into(),
+                spec,
+                tokenizer: None,
+                source: Box::new(DummySource { seed: 5 }),
+            }
+        };
+        for files in [stories(), dummy] {
+            for dt in [DType::F32, DType::Bf16] {
+                graphs_vs_eager(&files, dt);
+            }
+        }
+    }
+
+    fn graphs_vs_eager(files: &ModelFiles, dt: DType) {
+        {
             let (Some(mut eager), Some(mut graphed)) = (
                 crate::harness::cuda_with(dt, false),
                 crate::harness::cuda_with(dt, true),
             ) else {
                 return;
             };
-            let files = stories();
-            let mut me = Llama::load(&mut eager, &files, 256, 8).unwrap();
-            let mut mg = Llama::load(&mut graphed, &files, 256, 8).unwrap();
+            let spec = &files.spec;
+            let mut me = Llama::load(&mut eager, files, 256, 8).unwrap();
+            let mut mg = Llama::load(&mut graphed, files, 256, 8).unwrap();
             let shape = KvShape {
-                num_layers: 5,
+                num_layers: spec.n_layers,
                 num_blocks: 5 * 20,
                 block_size: 16,
-                n_kv_heads: 4,
-                head_dim: 8,
+                n_kv_heads: spec.n_kv_heads,
+                head_dim: spec.head_dim,
             };
             let (mut kve, mut kvg) = (
                 eager.alloc_kv(&shape).unwrap(),
@@ -366,7 +390,10 @@ mod transfers {
                 }
             }
             let gs = graphed.graph_stats();
-            eprintln!("{dt:?}: graphs {gs:?}, worst logits error vs eager {worst:.2e}");
+            eprintln!(
+                "{} {dt:?}: graphs {gs:?}, worst logits error vs eager {worst:.2e}",
+                files.name
+            );
             // Per bucket: one eager step (two when that step grew a workspace: a new buffer
             // retires what was seen), one recording, replays after that.
             assert_eq!(gs.captures, 2, "one recording per bucket");

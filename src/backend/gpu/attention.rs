@@ -42,12 +42,22 @@ impl<R: Runtime> GpuBackend<R> {
             .copied()
             .find(|&q| q as usize >= vectors)
             .unwrap_or(sizes[sizes.len() - 1]);
+        // Decode steps (every item at most 8 query vectors): the thread-group decode variant.
         // More query vectors than the largest CUDA-core pass: the tensor-core variant.
-        let kernel = if vectors > sizes[sizes.len() - 1] as usize && self.tensor_cores(head) {
-            Kernel::AttentionTc { head }
-        } else {
-            Kernel::Attention { head, qv }
-        };
+        let dec = head.decode_sizes();
+        let kernel =
+            if head.has_decode() && vectors <= dec[dec.len() - 1] as usize && decode_enabled() {
+                let qv = dec
+                    .iter()
+                    .copied()
+                    .find(|&q| q as usize >= vectors)
+                    .unwrap_or(1);
+                Kernel::AttentionDecode { head, qv }
+            } else if vectors > sizes[sizes.len() - 1] as usize && self.tensor_cores(head) {
+                Kernel::AttentionTc { head }
+            } else {
+                Kernel::Attention { head, qv }
+            };
         let (mut part_acc, mut part_ml) = (0u64, 0u64);
         if l.n_parts > 0 {
             let acc_bytes = l.n_parts * n_heads * hd * 4;
@@ -114,4 +124,10 @@ impl<R: Runtime> GpuBackend<R> {
         });
         R::NAME == "cuda" && self.dt == DType::Bf16 && head.has_tc() && sm.is_some_and(|v| v >= 80)
     }
+}
+
+/// The decode variant is on unless `KILN_ATTN_DECODE=0` (A/B measurements).
+fn decode_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_ATTN_DECODE").map_or(true, |v| v != "0"))
 }

@@ -98,6 +98,14 @@ impl AttnHead {
             AttnHead::D64 | AttnHead::D80 | AttnHead::D96 | AttnHead::D128
         )
     }
+    /// Whether the head size has a decode variant (`Kernel::AttentionDecode`).
+    pub fn has_decode(self) -> bool {
+        matches!(self, AttnHead::D64 | AttnHead::D128)
+    }
+    /// Query vectors per pass of the decode variant, largest last.
+    pub fn decode_sizes(self) -> &'static [u32] {
+        &[1, 2, 4, 8]
+    }
     /// Query vectors per pass the variant is instantiated for, largest last.
     pub fn group_sizes(self) -> &'static [u32] {
         &[1, 4, 8]
@@ -134,6 +142,12 @@ pub enum Kernel {
     /// sm_80+; elsewhere the entry runs the portable kernel at its largest pass).
     AttentionTc {
         head: AttnHead,
+    },
+    /// Paged attention for items of at most `qv` query vectors (decode rows): thread groups
+    /// share each K/V row, query vectors in registers.
+    AttentionDecode {
+        head: AttnHead,
+        qv: u32,
     },
     AttnCombine,
     SamplePrep,
@@ -176,6 +190,13 @@ impl Kernel {
             if head.has_tc() {
                 v.push(Kernel::AttentionTc { head });
             }
+            if head.has_decode() {
+                v.extend(
+                    head.decode_sizes()
+                        .iter()
+                        .map(|&qv| Kernel::AttentionDecode { head, qv }),
+                );
+            }
         }
         v
     }
@@ -191,7 +212,9 @@ impl Kernel {
             Kernel::WriteKv => "write_kv",
             Kernel::SiluMul => "silu_mul",
             Kernel::AddBias => "add_bias",
-            Kernel::Attention { .. } | Kernel::AttentionTc { .. } => "attention",
+            Kernel::Attention { .. }
+            | Kernel::AttentionTc { .. }
+            | Kernel::AttentionDecode { .. } => "attention",
             Kernel::AttnCombine => "attn_combine",
             Kernel::SamplePrep => "sample_prep",
             Kernel::SampleTopN => "sample_topn",
@@ -207,9 +230,10 @@ impl Kernel {
             Kernel::Rope => Source::Rope,
             Kernel::WriteKv => Source::Kv,
             Kernel::SiluMul | Kernel::AddBias => Source::Activation,
-            Kernel::Attention { .. } | Kernel::AttentionTc { .. } | Kernel::AttnCombine => {
-                Source::Attention
-            }
+            Kernel::Attention { .. }
+            | Kernel::AttentionTc { .. }
+            | Kernel::AttentionDecode { .. }
+            | Kernel::AttnCombine => Source::Attention,
             Kernel::SamplePrep
             | Kernel::SampleTopN
             | Kernel::SamplePenalty
@@ -223,6 +247,7 @@ impl Kernel {
         match self {
             Kernel::Attention { head, qv } => format!("attn_{d}_d{}_q{qv}", head.tag()),
             Kernel::AttentionTc { head } => format!("attn_{d}_d{}_tc", head.tag()),
+            Kernel::AttentionDecode { head, qv } => format!("attn_{d}_d{}_dec{qv}", head.tag()),
             Kernel::SampleTopN | Kernel::SamplePenalty => self.op().to_string(),
             _ => format!("{}_{d}", self.op()),
         }
