@@ -61,8 +61,8 @@ pub struct GpuBackend<R: Runtime> {
     graphs: HashMap<GraphKey, R::Graph>,
     /// Shapes run eagerly once in the current generation: recorded when they recur.
     graph_seen: HashSet<GraphKey>,
-    /// Shapes whose recording failed: always eager.
-    graph_refused: HashSet<GraphKey>,
+    /// Failed recordings by shape; a shape that failed `GRAPH_TRIES` times stays eager.
+    graph_failed: HashMap<GraphKey, u32>,
     /// Bumped by every allocation a recorded graph could address; graphs of an older
     /// generation are dropped before the next step.
     generation: u64,
@@ -75,7 +75,12 @@ pub struct GpuBackend<R: Runtime> {
 pub struct GraphStats {
     pub captures: u64,
     pub replays: u64,
+    /// Recordings the runtime refused (the step then ran eagerly).
+    pub failures: u64,
 }
+
+/// Recording attempts per shape before it stays eager.
+const GRAPH_TRIES: u32 = 3;
 
 fn invalid(m: String) -> BackendError {
     BackendError::InvalidBatch(m)
@@ -150,7 +155,7 @@ impl<R: Runtime> GpuBackend<R> {
             use_graphs: opts.graphs,
             graphs: HashMap::new(),
             graph_seen: HashSet::new(),
-            graph_refused: HashSet::new(),
+            graph_failed: HashMap::new(),
             generation: 0,
             graph_generation: 0,
             graph_stats: GraphStats::default(),
@@ -373,7 +378,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         let key = match self.kv_shape {
             Some(kv) if self.use_graphs => {
                 GraphKey::for_plan(plan, &kv, self.dev.info.sm_count, row_cap)
-                    .filter(|k| !self.graph_refused.contains(k))
+                    .filter(|k| self.graph_failed.get(k).is_none_or(|&n| n < GRAPH_TRIES))
             }
             _ => None,
         };
@@ -430,13 +435,15 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                 Ok(())
             }
             (recorded, graph) => {
-                // Nothing recorded ran: run the step eagerly, and this shape from now on.
+                // Nothing recorded ran: run the step eagerly; the shape is recorded again on
+                // a later step, up to GRAPH_TRIES attempts.
                 let why = recorded
                     .err()
                     .map(|e| e.to_string())
                     .or(graph.err().map(|e| e.to_string()));
                 tracing::warn!(?key, reason = ?why, "decode graph not recorded; running eagerly");
-                self.graph_refused.insert(key);
+                *self.graph_failed.entry(key).or_default() += 1;
+                self.graph_stats.failures += 1;
                 ops(self)
             }
         }
