@@ -5,7 +5,7 @@
 use super::device::Arg;
 use super::kernels::{AttnHead, Kernel};
 use super::runtime::{Grid, Runtime};
-use super::{DType, GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
+use super::{GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
 use crate::backend::BackendError;
 use crate::model::ModelSpec;
 
@@ -53,7 +53,7 @@ impl<R: Runtime> GpuBackend<R> {
                     .find(|&q| q as usize >= vectors)
                     .unwrap_or(1);
                 Kernel::AttentionDecode { head, qv }
-            } else if vectors > sizes[sizes.len() - 1] as usize && self.tensor_cores(head) {
+            } else if vectors > sizes[sizes.len() - 1] as usize && self.mma && head.has_tc() {
                 Kernel::AttentionTc { head }
             } else {
                 Kernel::Attention { head, qv }
@@ -112,17 +112,6 @@ impl<R: Runtime> GpuBackend<R> {
             self.launch(Kernel::AttnCombine, grid, &args)?;
         }
         Ok(())
-    }
-
-    /// Whether attention for `head` runs on tensor cores: bf16 storage on NVIDIA sm_80 or
-    /// newer (`mma.sync` bf16). f32 storage keeps the CUDA-core kernel (the parity reference).
-    fn tensor_cores(&self, head: AttnHead) -> bool {
-        let sm = self.dev.info.arch.strip_prefix("sm_").and_then(|v| {
-            v.trim_end_matches(|c: char| c.is_ascii_alphabetic())
-                .parse::<u32>()
-                .ok()
-        });
-        R::NAME == "cuda" && self.dt == DType::Bf16 && head.has_tc() && sm.is_some_and(|v| v >= 80)
     }
 }
 

@@ -44,6 +44,9 @@ pub struct GpuBackend<R: Runtime> {
     blas: R::Blas,
     dev: Device<R>,
     dt: DType,
+    /// Attention may use the bf16 tensor-core kernels (`mma.sync`: NVIDIA sm_80 or newer,
+    /// bf16 storage; f32 storage keeps the CUDA-core kernels, the parity reference).
+    mma: bool,
     kv_shape: Option<KvShape>,
     meta: Option<DevBuf>,
     meta_words: Vec<u32>,
@@ -100,6 +103,14 @@ fn check_rows(what: &str, n: usize, cap: usize) -> Result<(), BackendError> {
     Ok(())
 }
 
+/// `90` for `sm_90`, `90` for `sm_90a`; 0 for anything else (AMD targets).
+fn sm_version(arch: &str) -> u32 {
+    arch.strip_prefix("sm_")
+        .map(|v| v.trim_end_matches(|c: char| c.is_ascii_alphabetic()))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Grows `slot` to at least `bytes` (by half again, to avoid regrowing every step); a new
 /// buffer bumps `generation`, retiring the graphs that address the old one.
 fn ensure<R: Runtime>(
@@ -135,12 +146,14 @@ impl<R: Runtime> GpuBackend<R> {
         let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref())?;
         let blas = dev.rt.blas().map_err(device::dev_err("blas"))?;
         let i = &dev.info;
+        let mma = R::NAME == "cuda" && opts.dtype == DType::Bf16 && sm_version(&i.arch) >= 80;
         tracing::info!(backend = R::NAME, device = %i.name, ordinal, arch = %i.arch, sms = i.sm_count, warp = i.warp_size, dtype = ?opts.dtype, "gpu backend ready");
         Ok(GpuBackend {
             kernels,
             blas,
             dev,
             dt: opts.dtype,
+            mma,
             kv_shape: None,
             meta: None,
             meta_words: Vec::new(),

@@ -94,21 +94,14 @@ unsafe fn resolve(lib: Library) -> Result<Api, libloading::Error> {
 }
 
 fn load() -> Result<Api, String> {
-    let mut tried = Vec::new();
-    for name in CANDIDATES {
-        // SAFETY: loading runs only rocBLAS's initializers; `resolve` checks the symbols.
-        let api = unsafe { Library::new(name).and_then(|lib| resolve(lib)) };
-        match api {
-            Ok(api) => return Ok(api),
-            Err(e) => tried.push(format!("{name}: {e}")),
-        }
-    }
-    Err(format!(
-        "rocBLAS (librocblas.so) cannot be loaded: install rocblas (the `rocblas` package of \
-         ROCm, or use the ROCm image of docker/Dockerfile.rocm); Kiln runs every GEMM on \
-         rocBLAS. Tried {}",
-        tried.join("; ")
-    ))
+    // SAFETY: the candidates are rocBLAS; `resolve` gives each symbol its C signature.
+    unsafe { super::load_first(&CANDIDATES, resolve) }.map_err(|tried| {
+        format!(
+            "rocBLAS (librocblas.so) cannot be loaded: install rocblas (the `rocblas` package of \
+             ROCm, or use the ROCm image of docker/Dockerfile.rocm); Kiln runs every GEMM on \
+             rocBLAS. Tried {tried}"
+        )
+    })
 }
 
 fn api() -> RtResult<&'static Api> {

@@ -16,6 +16,28 @@ use super::runtime::{DeviceInfo, Grid, RtError, RtResult, Runtime};
 use super::types::DType;
 
 /// Maps a HIP status of `call` into an [`RtError`] naming the call and HIP's description.
+/// The first of `candidates` that loads and whose symbols `resolve` finds; otherwise what
+/// each attempt said.
+///
+/// # Safety
+/// Each candidate must be the library `resolve` expects: every symbol it finds has the C
+/// signature `resolve` gives it.
+unsafe fn load_first<A>(
+    candidates: &[&str],
+    resolve: unsafe fn(libloading::Library) -> Result<A, libloading::Error>,
+) -> Result<A, String> {
+    let mut tried = Vec::new();
+    for &name in candidates {
+        // SAFETY: loading runs only the library's initializers; per this function's
+        // contract `resolve` reads its symbols with their true signatures.
+        match unsafe { libloading::Library::new(name) }.and_then(|lib| unsafe { resolve(lib) }) {
+            Ok(api) => return Ok(api),
+            Err(e) => tried.push(format!("{name}: {e}")),
+        }
+    }
+    Err(tried.join("; "))
+}
+
 fn check(call: &str, e: ffi::HipError) -> RtResult<()> {
     match e {
         ffi::SUCCESS => Ok(()),

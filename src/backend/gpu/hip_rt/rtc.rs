@@ -73,19 +73,13 @@ unsafe fn resolve(lib: Library) -> Result<Api, libloading::Error> {
 }
 
 fn load() -> Result<Api, String> {
-    let mut tried = Vec::new();
-    for name in CANDIDATES {
-        // SAFETY: loading a ROCm library runs only its initializers; the candidates are
-        // hipRTC or the HIP runtime that contains it, whose symbols `resolve` checks by name.
-        match unsafe { Library::new(name) }.and_then(|lib| unsafe { resolve(lib) }) {
-            Ok(api) => return Ok(api),
-            Err(e) => tried.push(format!("{name}: {e}")),
-        }
-    }
-    Err(format!(
-        "hipRTC cannot be loaded (install ROCm's hiprtc, or libamdhip64 for ROCm 5.x); tried {}",
-        tried.join("; ")
-    ))
+    // SAFETY: the candidates are hipRTC or the HIP runtime that contains it (ROCm 5);
+    // `resolve` gives each symbol its C signature.
+    unsafe { super::load_first(&CANDIDATES, resolve) }.map_err(|tried| {
+        format!(
+            "hipRTC cannot be loaded (install ROCm's hiprtc, or libamdhip64 for ROCm 5.x); tried {tried}"
+        )
+    })
 }
 
 fn api() -> RtResult<&'static Api> {
