@@ -164,6 +164,11 @@ pub fn compile(text: &str, name: &str, opts: &[String]) -> RtResult<Vec<u8>> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| err("NUL in an option".into()))?;
     let opt_ptrs: Vec<*const c_char> = c_opts.iter().map(|o| o.as_ptr()).collect();
+    // One compile at a time per process: ROCm 5's hipRTC runs LLVM in-process with global
+    // state, and parallel compiles crashed it (SIGSEGV, once in five CI runs of the hipRTC
+    // test). Kernels are compiled once per source and then come from the disk cache.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let mut prog: Program = std::ptr::null_mut();
     // SAFETY: the source and name are NUL-terminated and outlive the call; no headers are
     // passed (count 0, null arrays), as the kernels include none.
