@@ -19,16 +19,6 @@
 constexpr int ATTN_WARPS = 4;
 constexpr u32 NO_PART = 0xffffffffu;
 
-struct alignas(16) vec4u {
-    u32 x, y, z, w;
-};
-struct alignas(8) vec2u {
-    u32 x, y;
-};
-struct alignas(16) vec4f {
-    float x, y, z, w;
-};
-
 // 8 consecutive elements as floats; p is 16-byte aligned.
 __device__ __forceinline__ void load8(const float* p, float k[8]) {
     const vec4f a = *reinterpret_cast<const vec4f*>(p);
@@ -573,6 +563,22 @@ __device__ __forceinline__ void attn_tc_body(const bf16* qkv, int qkv_stride, co
 #endif
 }
 
+// Asynchronous 16-byte global -> shared copies (NVIDIA sm_80+): the decode variant stages
+// K/V in shared memory a few steps ahead without holding them in registers. `ok == false`
+// fills zeros (source size 0). Each thread copies and later reads only its own slots, so
+// waiting on its own groups is all the ordering needed.
+#if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define KILN_CP_ASYNC 1
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    u32 s;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // Decode variant (vLLM paged-attention style) for items of at most QV query vectors (decode
 // rows: nrows * G <= 8). Same items, grid and block as attn_impl; head sizes whose rows are a
@@ -586,30 +592,6 @@ __device__ __forceinline__ void attn_tc_body(const bf16* qkv, int qkv_stride, co
 // load. A score is the group's xor-shuffle sum, so every lane of the group holds it and
 // accumulates its own dims of P . V with no shared memory. At the end the streams of a warp
 // merge through shuffles, the warps through shared memory.
-
-template <typename T>
-struct Chunk;
-template <>
-struct Chunk<bf16> {
-    static constexpr int E = 8;  // elements per 16-byte chunk
-    typedef vec4u Raw;
-    static __device__ __forceinline__ void unpack(const Raw& r, float* k) {
-        k[0] = __uint_as_float(r.x << 16); k[1] = __uint_as_float(r.x & 0xffff0000u);
-        k[2] = __uint_as_float(r.y << 16); k[3] = __uint_as_float(r.y & 0xffff0000u);
-        k[4] = __uint_as_float(r.z << 16); k[5] = __uint_as_float(r.z & 0xffff0000u);
-        k[6] = __uint_as_float(r.w << 16); k[7] = __uint_as_float(r.w & 0xffff0000u);
-    }
-    static __device__ __forceinline__ Raw zero() { return Raw{0u, 0u, 0u, 0u}; }
-};
-template <>
-struct Chunk<float> {
-    static constexpr int E = 4;
-    typedef vec4f Raw;
-    static __device__ __forceinline__ void unpack(const Raw& r, float* k) {
-        k[0] = r.x; k[1] = r.y; k[2] = r.z; k[3] = r.w;
-    }
-    static __device__ __forceinline__ Raw zero() { return Raw{0.f, 0.f, 0.f, 0.f}; }
-};
 
 template <typename T, int D, int QV>
 __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv_stride, const T* __restrict__ k_cache,
@@ -628,8 +610,25 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
     constexpr int S = NW * RPW;                       // streams per block
     constexpr int U = QV * CPL <= 4 ? 4 : 2;          // positions per stream and step
     static_assert(NCH % TPR == 0 && WARP % TPR == 0, "decode attention: head size");
-    __shared__ float o_s[NW][QV][D];
-    __shared__ float m_s[NW][QV], l_s[NW][QV];
+    // Stages of K/V staged ahead in shared memory (cp.async), each thread's U x 2 x CPL
+    // chunks per stage in its own slots; 0 loads straight into registers (AMD, pre-sm_80,
+    // and shapes whose stages would not fit). The merge buffers reuse the same memory.
+    constexpr int NT = NW * WARP;
+    constexpr int STAGE = U * 2 * CPL;                // chunks per thread and stage
+    constexpr int MERGE_BYTES = NW * QV * (D + 2) * 4;
+#if defined(KILN_CP_ASYNC)
+    constexpr int SMEM_MAX = 48 * 1024;               // static shared memory per block
+    constexpr int NST = 3 * STAGE * NT * 16 <= SMEM_MAX ? 3 : 2 * STAGE * NT * 16 <= SMEM_MAX ? 2 : 0;
+#else
+    constexpr int NST = 0;
+#endif
+    constexpr int STAGE_BYTES = NST * STAGE * NT * 16;
+    constexpr int SMEM_BYTES = STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES;
+    __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
+    float(*o_s)[QV][D] = reinterpret_cast<float(*)[QV][D]>(smem);
+    float(*m_s)[QV] = reinterpret_cast<float(*)[QV]>(smem + NW * QV * D * 4);
+    float(*l_s)[QV] = reinterpret_cast<float(*)[QV]>(smem + NW * QV * (D + 1) * 4);
+    Raw* stage_s = reinterpret_cast<Raw*>(smem);      // [NST][STAGE][NT]
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int t = lane % TPR, stream = warp * RPW + lane / TPR;
@@ -680,24 +679,76 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
         const bool one = block_size % U == 0 && kv0 % U == 0;
         u32 blk = 0;
         if (one && kv0 + stream * U < lim) blk = table[(kv0 + stream * U) / block_size];
-        for (int c0 = kv0; c0 < lim; c0 += S * U) {
-            const int p0 = c0 + stream * U;
-            Raw kr[U][CPL], vr[U][CPL];
+        // The chunks of step position p0's U positions: K/V addresses (ok: inside the item).
+        // Advances `blk` to the entry of the stream's next step.
+        auto addresses = [&](int p0, const Raw* kp[U], const Raw* vp[U], bool ok[U]) {
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int pos = p0 + u;
-                const bool ok = pos < lim;
-                const u32 b = ok ? (one ? blk : table[pos / block_size]) : 0u;
-                const size_t slot = ok ? (size_t)b * block_size + pos % block_size : 0;
-                const Raw* kp = reinterpret_cast<const Raw*>(kbase + slot * width);
-                const Raw* vp = reinterpret_cast<const Raw*>(vbase + slot * width);
-#pragma unroll
-                for (int c = 0; c < CPL; ++c) {
-                    kr[u][c] = ok ? kp[t + c * TPR] : C::zero();
-                    vr[u][c] = ok ? vp[t + c * TPR] : C::zero();
-                }
+                ok[u] = pos < lim;
+                const u32 b = ok[u] ? (one ? blk : table[pos / block_size]) : 0u;
+                const size_t slot = ok[u] ? (size_t)b * block_size + pos % block_size : 0;
+                kp[u] = reinterpret_cast<const Raw*>(kbase + slot * width) + t;
+                vp[u] = reinterpret_cast<const Raw*>(vbase + slot * width) + t;
             }
             if (one && p0 + S * U < lim) blk = table[(p0 + S * U) / block_size];
+        };
+        // Stage ahead: issue the copies of step j (group j), NST - 1 steps before its use.
+        auto issue = [&](int j) {
+#if defined(KILN_CP_ASYNC)
+            const int c0 = kv0 + j * S * U;
+            if (c0 < lim) {
+                const Raw* kp[U];
+                const Raw* vp[U];
+                bool ok[U];
+                addresses(c0 + stream * U, kp, vp, ok);
+                Raw* dst = stage_s + (size_t)(j % (NST > 0 ? NST : 1)) * STAGE * NT + threadIdx.x;
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int c = 0; c < CPL; ++c) {
+                        cp_async16(dst + ((u * 2) * CPL + c) * NT, kp[u] + c * TPR, ok[u]);
+                        cp_async16(dst + ((u * 2 + 1) * CPL + c) * NT, vp[u] + c * TPR, ok[u]);
+                    }
+            }
+            cp_async_commit();
+#else
+            (void)j;
+#endif
+        };
+        if constexpr (NST > 0) {
+#pragma unroll
+            for (int j = 0; j < NST - 1; ++j) issue(j);
+        }
+        for (int c0 = kv0, j = 0; c0 < lim; c0 += S * U, ++j) {
+            const int p0 = c0 + stream * U;
+            Raw kr[U][CPL], vr[U][CPL];
+            if constexpr (NST > 0) {
+                issue(j + NST - 1);
+#if defined(KILN_CP_ASYNC)
+                cp_async_wait<NST - 1>();
+#endif
+                const Raw* src = stage_s + (size_t)(j % (NST > 0 ? NST : 1)) * STAGE * NT + threadIdx.x;
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int c = 0; c < CPL; ++c) {
+                        kr[u][c] = src[((u * 2) * CPL + c) * NT];
+                        vr[u][c] = src[((u * 2 + 1) * CPL + c) * NT];
+                    }
+            } else {
+                const Raw* kp[U];
+                const Raw* vp[U];
+                bool ok[U];
+                addresses(p0, kp, vp, ok);
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int c = 0; c < CPL; ++c) {
+                        kr[u][c] = ok[u] ? kp[u][c * TPR] : C::zero();
+                        vr[u][c] = ok[u] ? vp[u][c * TPR] : C::zero();
+                    }
+            }
             // Scores of the U positions for every vector (log2 domain).
             float s[U][QV];
 #pragma unroll
@@ -763,6 +814,8 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
             }
         }
 
+        // The merge buffers below reuse other warps' stage slots.
+        if constexpr (NST > 0) __syncthreads();
         // Merge the RPW streams of the warp (lanes t, t + TPR, ...) through shuffles.
 #pragma unroll
         for (int i = 0; i < QV; ++i) {

@@ -108,6 +108,42 @@ __device__ float block_max(float v, float* scratch) {
     return scratch[0];
 }
 
+// 16-byte vectors: the widest single load of a thread.
+struct alignas(16) vec4u {
+    u32 x, y, z, w;
+};
+struct alignas(8) vec2u {
+    u32 x, y;
+};
+struct alignas(16) vec4f {
+    float x, y, z, w;
+};
+
+// One 16-byte chunk of storage type T: E elements, unpacked to floats.
+template <typename T>
+struct Chunk;
+template <>
+struct Chunk<bf16> {
+    static constexpr int E = 8;  // elements per 16-byte chunk
+    typedef vec4u Raw;
+    static __device__ __forceinline__ void unpack(const Raw& r, float* k) {
+        k[0] = __uint_as_float(r.x << 16); k[1] = __uint_as_float(r.x & 0xffff0000u);
+        k[2] = __uint_as_float(r.y << 16); k[3] = __uint_as_float(r.y & 0xffff0000u);
+        k[4] = __uint_as_float(r.z << 16); k[5] = __uint_as_float(r.z & 0xffff0000u);
+        k[6] = __uint_as_float(r.w << 16); k[7] = __uint_as_float(r.w & 0xffff0000u);
+    }
+    static __device__ __forceinline__ Raw zero() { return Raw{0u, 0u, 0u, 0u}; }
+};
+template <>
+struct Chunk<float> {
+    static constexpr int E = 4;
+    typedef vec4f Raw;
+    static __device__ __forceinline__ void unpack(const Raw& r, float* k) {
+        k[0] = r.x; k[1] = r.y; k[2] = r.z; k[3] = r.w;
+    }
+    static __device__ __forceinline__ Raw zero() { return Raw{0.f, 0.f, 0.f, 0.f}; }
+};
+
 // One instantiation per storage type: M(suffix, type). The host passes -DKILN_DTYPE_F32 or
 // -DKILN_DTYPE_BF16 to build only the type a backend uses (default: both).
 #if defined(KILN_DTYPE_F32)

@@ -165,6 +165,13 @@ fn matmuls<B: TestBackend>(b: &mut B) {
         (33, 512, 1000, false),
         (5, 4096, 256, true),
         (64, 96, 80, false),
+        // One or two rows stream over the weight (kernels/gemv.cu): odd row counts (tails
+        // of the rows-per-warp pairing), bias, a width that is no whole 16-byte chunk in
+        // bf16 (the BLAS then) but is in f32.
+        (2, 4096, 301, true),
+        (1, 4100, 129, true),
+        (2, 14336, 64, false),
+        (1, 8, 3, false),
     ] {
         let (x, w, bias) = (
             random(&mut rng, n * k, 1.0),
@@ -262,6 +269,84 @@ fn ropes<B: TestBackend>(b: &mut B) {
 }
 parity_test!(rope_both_layouts_and_llama3, ropes);
 
+/// Rope with the cache write in one pass (the GPU's fused `rope_kv`) against the CPU's rope
+/// then write_kv: the rotated qkv, then attention over the written cache (every position of
+/// the prefilled sequences) shows the cache holds the same K and V.
+fn rope_kv<B: TestBackend>(b: &mut B) {
+    let mut rng = rng("rope_kv");
+    let mut cpu = CpuBackend::new();
+    let llama3 = Llama3Scaling {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position: 8192.0,
+    };
+    let cases = [
+        spec(
+            8,
+            2,
+            128,
+            RopeSpec {
+                theta: 500000.0,
+                llama3: Some(llama3),
+                ..rope(128, RopeLayout::Half)
+            },
+        ),
+        spec(2, 1, 96, rope(32, RopeLayout::Interleaved)),
+        spec(8, 4, 8, rope(8, RopeLayout::Interleaved)),
+    ];
+    for s in cases {
+        let ctx = [37u32, 5, 300];
+        let tables = block_tables(&mut rng, &ctx, 16, 40);
+        let shape = KvShape {
+            num_layers: 2,
+            num_blocks: 40,
+            block_size: 16,
+            n_kv_heads: s.n_kv_heads,
+            head_dim: s.head_dim,
+        };
+        let mut bkv = b.alloc_kv(&shape).unwrap();
+        let mut ckv = cpu.alloc_kv(&shape).unwrap();
+        let seqs: Vec<_> = ctx
+            .iter()
+            .zip(&tables)
+            .map(|(&n, t)| (n, n, t.clone()))
+            .collect();
+        let p = plan(&seqs, 16, |_| 0);
+        let t = p.num_tokens();
+        let (bb, cb) = (b.prepare(&p).unwrap(), cpu.prepare(&p).unwrap());
+        let x = b.quantize(&random(&mut rng, t * s.qkv_dim(), 1.0));
+        let mut bx = tensor(b, t, s.qkv_dim(), &x);
+        let mut cx = tensor(&mut cpu, t, s.qkv_dim(), &x);
+        b.rope_write_kv(&mut bx, &mut bkv, 1, &bb, &s).unwrap();
+        cpu.rope(&mut cx, &cb, &s).unwrap();
+        cpu.write_kv(&mut ckv, 1, &cx, &cb, &s).unwrap();
+        let what = format!(
+            "{} rope_write_kv hd={} {:?}",
+            b.label(),
+            s.head_dim,
+            s.rope.layout
+        );
+        assert_close(
+            &what,
+            &b.to_host(&bx, t).unwrap(),
+            &cpu.to_host(&cx, t).unwrap(),
+            b.tol(),
+        );
+        let mut out = poisoned(b, t, s.q_dim());
+        let mut cout = cpu.alloc(t, s.q_dim()).unwrap();
+        b.attention(&bx, &bkv, 1, &bb, &s, &mut out).unwrap();
+        cpu.attention(&cx, &ckv, 1, &cb, &s, &mut cout).unwrap();
+        assert_close(
+            &format!("{what}: attention over the written cache"),
+            &b.to_host(&out, t).unwrap(),
+            &cpu.to_host(&cout, t).unwrap(),
+            b.tol(),
+        );
+    }
+}
+parity_test!(rope_write_kv_fused, rope_kv);
+
 fn silu<B: TestBackend>(b: &mut B) {
     let mut rng = rng("silu");
     let mut cpu = CpuBackend::new();
@@ -283,6 +368,46 @@ fn silu<B: TestBackend>(b: &mut B) {
     }
 }
 parity_test!(silu_mul, silu);
+
+/// The FFN's gate/up matmul with SiLU-mul (fused for one or two rows) against the CPU's
+/// separate matmul and silu_mul.
+fn matmul_silu<B: TestBackend>(b: &mut B) {
+    let mut rng = rng("matmul_silu");
+    let mut cpu = CpuBackend::new();
+    for (n, k, f) in [(1, 64, 172), (2, 4096, 1000), (3, 512, 96), (1, 4100, 33)] {
+        let (x, w) = (
+            random(&mut rng, n * k, 1.0),
+            random(&mut rng, 2 * f * k, 1.0),
+        );
+        // The reference sees the inputs as the backend stores them.
+        let (bw, cw) = (
+            weight(b, vec![2 * f, k], &w),
+            weight(&mut cpu, vec![2 * f, k], &b.quantize(&w)),
+        );
+        let bx = tensor(b, n + 2, k, &[x.clone(), vec![0.5; 2 * k]].concat());
+        let cx = tensor(&mut cpu, n, k, &b.quantize(&x));
+        let mut gu = poisoned(b, n + 2, 2 * f);
+        let mut out = poisoned(b, n + 2, f);
+        let mut cgu = cpu.alloc(n, 2 * f).unwrap();
+        let mut cout = cpu.alloc(n, f).unwrap();
+        b.matmul_silu_mul(&bx, &bw, n, &mut gu, &mut out).unwrap();
+        cpu.matmul(&cx, &cw, None, n, &mut cgu).unwrap();
+        cpu.silu_mul(&cgu, n, &mut cout).unwrap();
+        let what = format!("{} matmul_silu_mul {n}x{k}x{f}", b.label());
+        let got = b.to_host(&out, n + 2).unwrap();
+        assert_close(
+            &what,
+            &got[..n * f],
+            &cpu.to_host(&cout, n).unwrap(),
+            b.tol(),
+        );
+        assert!(
+            got[n * f..].iter().all(|v| v.is_nan()),
+            "{what}: wrote past row {n}"
+        );
+    }
+}
+parity_test!(matmul_silu_mul, matmul_silu);
 
 /// One attention scenario: heads, KV heads, head size, block size, and per sequence
 /// (new tokens, context after the step).

@@ -141,6 +141,18 @@ pub trait Backend {
         b: &Self::Batch,
         spec: &ModelSpec,
     ) -> Result<(), BackendError>;
+    /// [`Backend::rope`] then [`Backend::write_kv`]; a backend may do both in one pass.
+    fn rope_write_kv(
+        &mut self,
+        qkv: &mut Self::Tensor,
+        kv: &mut Self::Kv,
+        layer: usize,
+        b: &Self::Batch,
+        spec: &ModelSpec,
+    ) -> Result<(), BackendError> {
+        self.rope(qkv, b, spec)?;
+        self.write_kv(kv, layer, qkv, b, spec)
+    }
     /// Causal attention of every token's query (q part of `qkv`) over its sequence's paged
     /// context, prefill chunks and decode tokens in one call. `out` is `[n, q_dim]`.
     fn attention(
@@ -159,6 +171,20 @@ pub trait Backend {
         n: usize,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
+    /// The FFN's first half: `act[n, f] = silu(x W_g^T) * (x W_u^T)` for `w_gate_up` holding
+    /// the gate rows over the up rows. `gate_up` (`[n, 2f]`) is scratch for the product; a
+    /// backend may fuse both steps and never write it.
+    fn matmul_silu_mul(
+        &mut self,
+        x: &Self::Tensor,
+        w_gate_up: &Self::Weight,
+        n: usize,
+        gate_up: &mut Self::Tensor,
+        act: &mut Self::Tensor,
+    ) -> Result<(), BackendError> {
+        self.matmul(x, w_gate_up, None, n, gate_up)?;
+        self.silu_mul(gate_up, n, act)
+    }
     /// Copies the rows that need logits (`b`'s logits rows) to the front of `out`.
     fn gather_rows(
         &mut self,

@@ -110,13 +110,11 @@ impl<B: Backend> Llama<B> {
                     backend.add_rms_norm(&s.delta, &mut s.x, &lw.attn_norm, eps, n, &mut s.h)?;
                 }
                 backend.matmul(&s.h, &lw.wqkv, lw.bqkv.as_ref(), n, &mut s.qkv)?;
-                backend.rope(&mut s.qkv, &b, spec)?;
-                backend.write_kv(kv, l, &s.qkv, &b, spec)?;
+                backend.rope_write_kv(&mut s.qkv, kv, l, &b, spec)?;
                 backend.attention(&s.qkv, kv, l, &b, spec, &mut s.attn)?;
                 backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
                 backend.add_rms_norm(&s.delta, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
-                backend.matmul(&s.h, &lw.w_gate_up, None, n, &mut s.gate_up)?;
-                backend.silu_mul(&s.gate_up, n, &mut s.act)?;
+                backend.matmul_silu_mul(&s.h, &lw.w_gate_up, n, &mut s.gate_up, &mut s.act)?;
                 backend.matmul(&s.act, &lw.w_down, None, n, &mut s.delta)?;
             }
             if n_logits > 0 {

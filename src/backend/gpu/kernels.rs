@@ -23,10 +23,11 @@ pub enum Source {
     Activation,
     Attention,
     Sample,
+    Gemv,
 }
 
 impl Source {
-    const ALL: [Source; 7] = [
+    const ALL: [Source; 8] = [
         Source::Embed,
         Source::Norm,
         Source::Rope,
@@ -34,6 +35,7 @@ impl Source {
         Source::Activation,
         Source::Attention,
         Source::Sample,
+        Source::Gemv,
     ];
 
     fn file(self) -> &'static str {
@@ -45,6 +47,7 @@ impl Source {
             Source::Activation => "activation.cu",
             Source::Attention => "attention.cu",
             Source::Sample => "sample.cu",
+            Source::Gemv => "gemv.cu",
         }
     }
 
@@ -62,6 +65,7 @@ impl Source {
             Source::Activation => include_str!("../../../kernels/activation.cu"),
             Source::Attention => include_str!("../../../kernels/attention.cu"),
             Source::Sample => include_str!("../../../kernels/sample.cu"),
+            Source::Gemv => include_str!("../../../kernels/gemv.cu"),
         }
     }
 }
@@ -130,6 +134,8 @@ pub enum Kernel {
     RmsNorm,
     AddRmsNorm,
     Rope,
+    /// Rope, then the k/v heads written to the paged cache (rope + write_kv in one launch).
+    RopeKv,
     WriteKv,
     SiluMul,
     AddBias,
@@ -154,7 +160,18 @@ pub enum Kernel {
     SampleTopN,
     SamplePenalty,
     SamplePick,
+    /// Matmul of `rows` (1..=GEMV_MAX_ROWS) input rows, streamed over the weight.
+    Gemv {
+        rows: u32,
+    },
+    /// Gate/up matmul and SiLU-mul in one pass, for `rows` input rows.
+    GemvSiluMul {
+        rows: u32,
+    },
 }
+
+/// Most input rows of the streaming matmul kernels (`kernels/gemv.cu`).
+pub const GEMV_MAX_ROWS: usize = 2;
 
 impl Kernel {
     /// All kernels, in load order.
@@ -165,6 +182,7 @@ impl Kernel {
             Kernel::RmsNorm,
             Kernel::AddRmsNorm,
             Kernel::Rope,
+            Kernel::RopeKv,
             Kernel::WriteKv,
             Kernel::SiluMul,
             Kernel::AddBias,
@@ -174,6 +192,10 @@ impl Kernel {
             Kernel::SamplePenalty,
             Kernel::SamplePick,
         ];
+        for rows in 1..=GEMV_MAX_ROWS as u32 {
+            v.push(Kernel::Gemv { rows });
+            v.push(Kernel::GemvSiluMul { rows });
+        }
         for head in [
             AttnHead::D64,
             AttnHead::D80,
@@ -209,6 +231,7 @@ impl Kernel {
             Kernel::RmsNorm => "rms_norm",
             Kernel::AddRmsNorm => "add_rms_norm",
             Kernel::Rope => "rope",
+            Kernel::RopeKv => "rope_kv",
             Kernel::WriteKv => "write_kv",
             Kernel::SiluMul => "silu_mul",
             Kernel::AddBias => "add_bias",
@@ -220,6 +243,8 @@ impl Kernel {
             Kernel::SampleTopN => "sample_topn",
             Kernel::SamplePenalty => "sample_penalty",
             Kernel::SamplePick => "sample_pick",
+            Kernel::Gemv { .. } => "matmul",
+            Kernel::GemvSiluMul { .. } => "matmul_silu_mul",
         }
     }
 
@@ -227,7 +252,7 @@ impl Kernel {
         match self {
             Kernel::Embed | Kernel::GatherRows => Source::Embed,
             Kernel::RmsNorm | Kernel::AddRmsNorm => Source::Norm,
-            Kernel::Rope => Source::Rope,
+            Kernel::Rope | Kernel::RopeKv => Source::Rope,
             Kernel::WriteKv => Source::Kv,
             Kernel::SiluMul | Kernel::AddBias => Source::Activation,
             Kernel::Attention { .. }
@@ -238,6 +263,7 @@ impl Kernel {
             | Kernel::SampleTopN
             | Kernel::SamplePenalty
             | Kernel::SamplePick => Source::Sample,
+            Kernel::Gemv { .. } | Kernel::GemvSiluMul { .. } => Source::Gemv,
         }
     }
 
@@ -248,6 +274,8 @@ impl Kernel {
             Kernel::Attention { head, qv } => format!("attn_{d}_d{}_q{qv}", head.tag()),
             Kernel::AttentionTc { head } => format!("attn_{d}_d{}_tc", head.tag()),
             Kernel::AttentionDecode { head, qv } => format!("attn_{d}_d{}_dec{qv}", head.tag()),
+            Kernel::Gemv { rows } => format!("gemv_{d}_m{rows}"),
+            Kernel::GemvSiluMul { rows } => format!("gemv_silu_mul_{d}_m{rows}"),
             Kernel::SampleTopN | Kernel::SamplePenalty => self.op().to_string(),
             _ => format!("{}_{d}", self.op()),
         }

@@ -27,7 +27,7 @@ pub use device::TransferStats;
 use device::{Arg, DevBuf, Device};
 use std::collections::{HashMap, HashSet};
 
-use kernels::{Kernel, Kernels};
+use kernels::{GEMV_MAX_ROWS, Kernel, Kernels};
 use meta::GraphKey;
 use runtime::{Grid, Runtime};
 pub use timing::KernelTiming;
@@ -101,6 +101,20 @@ fn check_rows(what: &str, n: usize, cap: usize) -> Result<(), BackendError> {
         return Err(invalid(format!("{what}: {n} rows, capacity {cap}")));
     }
     Ok(())
+}
+
+/// Warps per block of the streaming matmul kernels (`GEMV_WARPS` in `kernels/gemv.cu`).
+const GEMV_WARPS: usize = 4;
+
+/// Weight rows per warp of `gemv_*_m{n}` (the instantiations in `kernels/gemv.cu`).
+fn gemv_rows_per_warp(n: usize) -> usize {
+    if n == 1 { 1 } else { 2 }
+}
+
+/// The streaming matmul kernels are on unless `KILN_GEMV=0` (A/B measurements).
+fn gemv_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_GEMV").map_or(true, |v| v != "0"))
 }
 
 /// `90` for `sm_90`, `90` for `sm_90a`; 0 for anything else (AMD targets).
@@ -241,6 +255,72 @@ impl<R: Runtime> GpuBackend<R> {
 
     fn launch(&mut self, k: Kernel, grid: Grid, args: &[Arg]) -> Result<(), BackendError> {
         self.dev.launch(k.op(), self.kernels.get(k)?, grid, 0, args)
+    }
+
+    /// Whether `n` rows of `x` times `w` run on the streaming kernels of `kernels/gemv.cu`
+    /// (faster than the BLAS for one or two rows): whole 16-byte chunks, aligned buffers.
+    fn gemv_fits(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> bool {
+        let chunk = 16 / self.dt.size();
+        (1..=GEMV_MAX_ROWS).contains(&n)
+            && gemv_enabled()
+            && x.cols == w.cols
+            && w.cols.is_multiple_of(chunk)
+            && w.cols <= i32::MAX as usize
+            && w.rows <= i32::MAX as usize
+            && x.buf.ptr().is_multiple_of(16)
+            && w.buf.ptr().is_multiple_of(16)
+    }
+
+    /// Launch shape and arguments of `rope` (shared by the fused `rope_kv`).
+    fn rope_args(
+        &mut self,
+        qkv: &GpuTensor,
+        b: &GpuBatch,
+        spec: &ModelSpec,
+    ) -> Result<(Grid, [Arg; 7]), BackendError> {
+        let l = self.layout(b)?;
+        check_cols("rope", qkv.cols, spec.qkv_dim())?;
+        check_rows("rope", l.n_tokens, qkv.rows)?;
+        let freqs = self.inv_freqs(&spec.rope)?;
+        let heads = (spec.n_heads + spec.n_kv_heads) as u32;
+        let grid = Grid {
+            blocks: (l.n_tokens as u32, heads, 1),
+            threads: 64,
+        };
+        let args = [
+            Arg::Ptr(qkv.buf.ptr()),
+            Arg::I32(qkv.cols as i32),
+            Arg::Ptr(self.meta_ptr(l.positions)),
+            Arg::Ptr(freqs),
+            Arg::I32(spec.head_dim as i32),
+            Arg::I32(spec.rope.dim as i32),
+            Arg::I32((spec.rope.layout == RopeLayout::Interleaved) as i32),
+        ];
+        Ok((grid, args))
+    }
+
+    /// Device addresses of `layer`'s K and V in the paged cache, checked against `spec`.
+    fn kv_layer(
+        &self,
+        kv: &GpuKv,
+        layer: usize,
+        spec: &ModelSpec,
+    ) -> Result<(u64, u64), BackendError> {
+        let w = spec.kv_dim();
+        check_cols("write_kv", w, kv.shape.slot_width())?;
+        if layer >= kv.shape.num_layers {
+            return Err(invalid(format!("layer {layer} of {}", kv.shape.num_layers)));
+        }
+        let layer_bytes = (kv.shape.num_slots() * w * self.dt.size()) as u64;
+        let k = kv.buf.ptr() + 2 * layer as u64 * layer_bytes;
+        Ok((k, k + layer_bytes))
+    }
+
+    fn gemv_grid(&self, blocks: usize) -> Grid {
+        Grid {
+            blocks: (blocks as u32, 1, 1),
+            threads: (GEMV_WARPS * self.dev.info.warp_size) as u32,
+        }
     }
 
     fn inv_freqs(&mut self, rope: &RopeSpec) -> Result<u64, BackendError> {
@@ -535,6 +615,25 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         check_cols("matmul input", x.cols, k)?;
         check_cols("matmul output", out.cols, m)?;
         check_rows("matmul", n, x.rows.min(out.rows))?;
+        if m > 0 && self.gemv_fits(n, x, w) {
+            let bias = bias.map_or(Ok(0), |b| {
+                check_cols("matmul bias", b.rows * b.cols, m).map(|_| b.buf.ptr())
+            })?;
+            let per_block = GEMV_WARPS * gemv_rows_per_warp(n);
+            let args = [
+                Arg::Ptr(x.buf.ptr()),
+                Arg::Ptr(w.buf.ptr()),
+                Arg::Ptr(bias),
+                Arg::Ptr(out.buf.ptr()),
+                Arg::I32(k as i32),
+                Arg::I32(m as i32),
+            ];
+            return self.launch(
+                Kernel::Gemv { rows: n as u32 },
+                self.gemv_grid(m.div_ceil(per_block)),
+                &args,
+            );
+        }
         if n > 0 && m > 0 {
             if [n, k, m].iter().any(|&v| v > i32::MAX as usize) {
                 return Err(invalid(format!("GEMM {n}x{k}x{m} too large")));
@@ -571,24 +670,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         b: &GpuBatch,
         spec: &ModelSpec,
     ) -> Result<(), BackendError> {
-        let l = self.layout(b)?;
-        check_cols("rope", qkv.cols, spec.qkv_dim())?;
-        check_rows("rope", l.n_tokens, qkv.rows)?;
-        let freqs = self.inv_freqs(&spec.rope)?;
-        let heads = (spec.n_heads + spec.n_kv_heads) as u32;
-        let grid = Grid {
-            blocks: (l.n_tokens as u32, heads, 1),
-            threads: 64,
-        };
-        let args = [
-            Arg::Ptr(qkv.buf.ptr()),
-            Arg::I32(qkv.cols as i32),
-            Arg::Ptr(self.meta_ptr(l.positions)),
-            Arg::Ptr(freqs),
-            Arg::I32(spec.head_dim as i32),
-            Arg::I32(spec.rope.dim as i32),
-            Arg::I32((spec.rope.layout == RopeLayout::Interleaved) as i32),
-        ];
+        let (grid, args) = self.rope_args(qkv, b, spec)?;
         self.launch(Kernel::Rope, grid, &args)
     }
 
@@ -601,15 +683,9 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         spec: &ModelSpec,
     ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
-        let w = spec.kv_dim();
-        check_cols("write_kv", w, kv.shape.slot_width())?;
         check_cols("write_kv input", qkv.cols, spec.qkv_dim())?;
         check_rows("write_kv", l.n_tokens, qkv.rows)?;
-        if layer >= kv.shape.num_layers {
-            return Err(invalid(format!("layer {layer} of {}", kv.shape.num_layers)));
-        }
-        let layer_bytes = (kv.shape.num_slots() * w * self.dt.size()) as u64;
-        let k = kv.buf.ptr() + 2 * layer as u64 * layer_bytes;
+        let (k, v) = self.kv_layer(kv, layer, spec)?;
         let grid = Grid {
             blocks: (l.n_tokens as u32, 1, 1),
             threads: 128,
@@ -618,12 +694,34 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             Arg::Ptr(qkv.buf.ptr()),
             Arg::I32(qkv.cols as i32),
             Arg::I32(spec.q_dim() as i32),
-            Arg::I32(w as i32),
+            Arg::I32(spec.kv_dim() as i32),
             Arg::Ptr(self.meta_ptr(l.slots)),
             Arg::Ptr(k),
-            Arg::Ptr(k + layer_bytes),
+            Arg::Ptr(v),
         ];
         self.launch(Kernel::WriteKv, grid, &args)
+    }
+
+    fn rope_write_kv(
+        &mut self,
+        qkv: &mut GpuTensor,
+        kv: &mut GpuKv,
+        layer: usize,
+        b: &GpuBatch,
+        spec: &ModelSpec,
+    ) -> Result<(), BackendError> {
+        let (grid, rope) = self.rope_args(qkv, b, spec)?;
+        let (k, v) = self.kv_layer(kv, layer, spec)?;
+        let l = self.layout(b)?;
+        let mut args = rope.to_vec();
+        args.extend([
+            Arg::I32(spec.n_heads as i32),
+            Arg::I32(spec.n_kv_heads as i32),
+            Arg::Ptr(self.meta_ptr(l.slots)),
+            Arg::Ptr(k),
+            Arg::Ptr(v),
+        ]);
+        self.launch(Kernel::RopeKv, grid, &args)
     }
 
     fn attention(
@@ -659,6 +757,37 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             Arg::U64(total as u64),
         ];
         self.launch(Kernel::SiluMul, grid, &args)
+    }
+
+    fn matmul_silu_mul(
+        &mut self,
+        x: &GpuTensor,
+        w_gate_up: &GpuWeight,
+        n: usize,
+        gate_up: &mut GpuTensor,
+        act: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        let f = act.cols;
+        if !self.gemv_fits(n, x, w_gate_up) {
+            self.matmul(x, w_gate_up, None, n, gate_up)?;
+            return self.silu_mul(gate_up, n, act);
+        }
+        check_cols("matmul_silu_mul input", x.cols, w_gate_up.cols)?;
+        check_cols("matmul_silu_mul weight", w_gate_up.rows, 2 * f)?;
+        check_rows("matmul_silu_mul", n, x.rows.min(act.rows))?;
+        let args = [
+            Arg::Ptr(x.buf.ptr()),
+            Arg::Ptr(w_gate_up.buf.ptr()),
+            Arg::Ptr(act.buf.ptr()),
+            Arg::I32(w_gate_up.cols as i32),
+            Arg::I32(f as i32),
+        ];
+        // One warp per output column (a gate row and its up row).
+        self.launch(
+            Kernel::GemvSiluMul { rows: n as u32 },
+            self.gemv_grid(f.div_ceil(GEMV_WARPS)),
+            &args,
+        )
     }
 
     fn gather_rows(
