@@ -48,6 +48,82 @@ __device__ void rms_norm_impl(const T* __restrict__ x, T* __restrict__ residual,
     }
 }
 
+// The same over whole 16-byte chunks (h a multiple of the chunk, aligned rows; the host
+// checks): NORM_VEC_CACHE chunks per thread stay in registers between the two passes.
+constexpr int NORM_VEC_CACHE = 2;
+
+template <typename T>
+__device__ __forceinline__ void norm_in_vec(const T* __restrict__ x, T* __restrict__ residual, size_t row, int c,
+                                            float v[Chunk<T>::E]) {
+    typedef Chunk<T> C;
+    typedef typename C::Raw Raw;
+    C::unpack(reinterpret_cast<const Raw*>(x + row)[c], v);
+    if (residual) {
+        Raw* rr = reinterpret_cast<Raw*>(residual + row) + c;
+        float r[C::E];
+        C::unpack(*rr, r);
+#pragma unroll
+        for (int e = 0; e < C::E; ++e) r[e] += v[e];
+        const Raw rounded = C::pack(r);
+        *rr = rounded;
+        C::unpack(rounded, v);
+    }
+}
+
+template <typename T>
+__device__ void rms_norm_vec_impl(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ w,
+                                  T* __restrict__ out, int h, float eps) {
+    typedef Chunk<T> C;
+    typedef typename C::Raw Raw;
+    constexpr int E = C::E;
+    __shared__ float scratch[MAX_WARPS];
+    const size_t row = (size_t)blockIdx.x * h;
+    const int hc = h / E, step = blockDim.x;
+    float cache[NORM_VEC_CACHE][E];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NORM_VEC_CACHE; ++k) {
+        const int c = threadIdx.x + k * step;
+        if (c < hc) {
+            norm_in_vec(x, residual, row, c, cache[k]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e) cache[k][e] = 0.f;
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) ss += cache[k][e] * cache[k][e];
+    }
+    for (int c = threadIdx.x + NORM_VEC_CACHE * step; c < hc; c += step) {
+        float v[E];
+        norm_in_vec(x, residual, row, c, v);
+#pragma unroll
+        for (int e = 0; e < E; ++e) ss += v[e] * v[e];
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)h + eps);
+    const Raw* wr = reinterpret_cast<const Raw*>(w);
+    Raw* orow = reinterpret_cast<Raw*>(out + row);
+#pragma unroll
+    for (int k = 0; k < NORM_VEC_CACHE; ++k) {
+        const int c = threadIdx.x + k * step;
+        if (c < hc) {
+            float wf[E];
+            C::unpack(wr[c], wf);
+#pragma unroll
+            for (int e = 0; e < E; ++e) wf[e] *= cache[k][e] * inv;
+            orow[c] = C::pack(wf);
+        }
+    }
+    for (int c = threadIdx.x + NORM_VEC_CACHE * step; c < hc; c += step) {
+        float v[E], wf[E];
+        C::unpack(reinterpret_cast<const Raw*>((residual ? residual : x) + row)[c], v);
+        C::unpack(wr[c], wf);
+#pragma unroll
+        for (int e = 0; e < E; ++e) wf[e] *= v[e] * inv;
+        orow[c] = C::pack(wf);
+    }
+}
+
 #define KILN_NORM(N, T)                                                                              \
     extern "C" __global__ void rms_norm_##N(const T* x, const T* w, T* out, int h, float eps) {      \
         rms_norm_impl<T>(x, nullptr, w, out, h, eps);                                               \
@@ -55,5 +131,12 @@ __device__ void rms_norm_impl(const T* __restrict__ x, T* __restrict__ residual,
     extern "C" __global__ void add_rms_norm_##N(const T* x, T* residual, const T* w, T* out, int h,  \
                                                 float eps) {                                         \
         rms_norm_impl<T>(x, residual, w, out, h, eps);                                              \
+    }                                                                                                \
+    extern "C" __global__ void rms_norm_vec_##N(const T* x, const T* w, T* out, int h, float eps) {  \
+        rms_norm_vec_impl<T>(x, nullptr, w, out, h, eps);                                           \
+    }                                                                                                \
+    extern "C" __global__ void add_rms_norm_vec_##N(const T* x, T* residual, const T* w, T* out,     \
+                                                    int h, float eps) {                              \
+        rms_norm_vec_impl<T>(x, residual, w, out, h, eps);                                          \
     }
 KILN_FOR_DTYPES(KILN_NORM)

@@ -133,6 +133,13 @@ struct Chunk<bf16> {
         k[6] = __uint_as_float(r.w << 16); k[7] = __uint_as_float(r.w & 0xffff0000u);
     }
     static __device__ __forceinline__ Raw zero() { return Raw{0u, 0u, 0u, 0u}; }
+    static __device__ __forceinline__ u32 pair(float lo, float hi) {
+        return (u32)from_f<bf16>(lo).bits | ((u32)from_f<bf16>(hi).bits << 16);
+    }
+    // E floats rounded to one chunk.
+    static __device__ __forceinline__ Raw pack(const float* v) {
+        return Raw{pair(v[0], v[1]), pair(v[2], v[3]), pair(v[4], v[5]), pair(v[6], v[7])};
+    }
 };
 template <>
 struct Chunk<float> {
@@ -142,6 +149,7 @@ struct Chunk<float> {
         k[0] = r.x; k[1] = r.y; k[2] = r.z; k[3] = r.w;
     }
     static __device__ __forceinline__ Raw zero() { return Raw{0.f, 0.f, 0.f, 0.f}; }
+    static __device__ __forceinline__ Raw pack(const float* v) { return Raw{v[0], v[1], v[2], v[3]}; }
 };
 
 // One instantiation per storage type: M(suffix, type). The host passes -DKILN_DTYPE_F32 or

@@ -1,14 +1,18 @@
 // Rotary position embedding, in place on the fused qkv tensor [T, stride]: the q heads and
-// then the k heads of each row (v is left alone). Grid (token, head); one thread per pair.
+// then the k heads of each row (v is left alone). Grid (token, group of ROPE_HEADS heads);
+// one thread per pair, its angle computed once for the group's heads.
 //   interleaved: pairs (2i, 2i+1)      half: pairs (i, i + rot_dim/2)
 // Angles pos * inv_freq[i] in f64, as the CPU reference computes them; inv_freq carries the
 // Llama-3 scaling (computed once on the host by RopeSpec::inv_freqs).
 
+constexpr int ROPE_HEADS = 8;  // heads per block (ROPE_HEADS in src/backend/gpu/mod.rs)
+
 template <typename T>
 __device__ __forceinline__ void rope_impl(T* __restrict__ qkv, int stride, const u32* __restrict__ positions,
                                           const float* __restrict__ inv_freq, int head_dim, int rot_dim,
-                                          int interleaved) {
-    T* x = qkv + (size_t)blockIdx.x * stride + (size_t)blockIdx.y * head_dim;
+                                          int interleaved, int heads) {
+    const int h0 = blockIdx.y * ROPE_HEADS, h1 = min(h0 + ROPE_HEADS, heads);
+    T* row = qkv + (size_t)blockIdx.x * stride;
     const double pos = (double)positions[blockIdx.x];
     const int half = rot_dim / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -17,28 +21,59 @@ __device__ __forceinline__ void rope_impl(T* __restrict__ qkv, int stride, const
         const float cf = (float)c, sf = (float)s;
         const int a = interleaved ? 2 * i : i;
         const int b = interleaved ? 2 * i + 1 : i + half;
-        const float x0 = to_f(x[a]), x1 = to_f(x[b]);
-        x[a] = from_f<T>(x0 * cf - x1 * sf);
-        x[b] = from_f<T>(x0 * sf + x1 * cf);
+        // Every head's pair loaded before the first store: one memory latency per block.
+        float x0[ROPE_HEADS], x1[ROPE_HEADS];
+#pragma unroll
+        for (int j = 0; j < ROPE_HEADS; ++j) {
+            const T* x = row + (size_t)(h0 + j) * head_dim;
+            x0[j] = h0 + j < h1 ? to_f(x[a]) : 0.f;
+            x1[j] = h0 + j < h1 ? to_f(x[b]) : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < ROPE_HEADS; ++j) {
+            if (h0 + j < h1) {
+                T* x = row + (size_t)(h0 + j) * head_dim;
+                x[a] = from_f<T>(x0[j] * cf - x1[j] * sf);
+                x[b] = from_f<T>(x0[j] * sf + x1[j] * cf);
+            }
+        }
     }
 }
 
-// rope_kv: rope, then what write_kv (kv.cu) does, in one launch: the block of k head h
-// copies that head's rotated k and its v into the paged cache at the row's slot (slot
-// 0xffffffff: a padding row, nothing written). Grid (token, n_heads + n_kv).
+// rope_kv: rope, then what write_kv (kv.cu) does, in one launch: the block of a group with
+// k heads copies their rotated k and their v into the paged cache at the row's slot (slot
+// 0xffffffff: a padding row, nothing written).
 template <typename T>
 __device__ void rope_kv_impl(T* __restrict__ qkv, int stride, const u32* __restrict__ positions,
                              const float* __restrict__ inv_freq, int head_dim, int rot_dim, int interleaved,
                              int n_heads, int n_kv, const u32* __restrict__ slots, T* __restrict__ k_cache,
                              T* __restrict__ v_cache) {
-    rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved);
+    rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, n_heads + n_kv);
     const u32 slot = slots[blockIdx.x];
-    if ((int)blockIdx.y < n_heads || slot == 0xffffffffu) return;
-    __syncthreads();  // the head's rotated values, written by other threads of the block
-    const int kh = blockIdx.y - n_heads, width = n_kv * head_dim;
-    const T* k = qkv + (size_t)blockIdx.x * stride + (size_t)n_heads * head_dim + (size_t)kh * head_dim;
-    const size_t dst = (size_t)slot * width + (size_t)kh * head_dim;
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+    // The group's k heads: [k0, k1) of the n_kv.
+    const int k0 = max((int)blockIdx.y * ROPE_HEADS, n_heads) - n_heads;
+    const int k1 = min(((int)blockIdx.y + 1) * ROPE_HEADS, n_heads + n_kv) - n_heads;
+    if (k0 >= k1 || slot == 0xffffffffu) return;
+    __syncthreads();  // the heads' rotated values, written by other threads of the block
+    const int width = n_kv * head_dim;
+    const T* k = qkv + (size_t)blockIdx.x * stride + (size_t)n_heads * head_dim;
+    const size_t dst = (size_t)slot * width;
+    const int i0 = k0 * head_dim, i1 = k1 * head_dim;
+    typedef typename Chunk<T>::Raw Raw;
+    constexpr int E = Chunk<T>::E;
+    // E is a power of two: OR-ed values are multiples of E (16) when each one is.
+    const bool whole = (i0 | i1 | width) % E == 0 &&
+                       ((size_t)(k + i0) | (size_t)(k_cache + dst + i0) | (size_t)(v_cache + dst + i0)) % 16 == 0;
+    if (whole) {  // 16-byte chunks (the usual case: head sizes of whole chunks)
+        for (int c = i0 / E + threadIdx.x; c < i1 / E; c += blockDim.x) {
+            const Raw kc = reinterpret_cast<const Raw*>(k)[c];
+            const Raw vc = reinterpret_cast<const Raw*>(k + width)[c];
+            reinterpret_cast<Raw*>(k_cache + dst)[c] = kc;
+            reinterpret_cast<Raw*>(v_cache + dst)[c] = vc;
+        }
+        return;
+    }
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
         k_cache[dst + i] = k[i];
         v_cache[dst + i] = k[width + i];
     }
@@ -46,8 +81,8 @@ __device__ void rope_kv_impl(T* __restrict__ qkv, int stride, const u32* __restr
 
 #define KILN_ROPE(N, T)                                                                            \
     extern "C" __global__ void rope_##N(T* qkv, int stride, const u32* positions, const float* inv_freq, \
-                                        int head_dim, int rot_dim, int interleaved) {              \
-        rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved);            \
+                                        int head_dim, int rot_dim, int interleaved, int heads) {   \
+        rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, heads);     \
     }                                                                                              \
     extern "C" __global__ void rope_kv_##N(T* qkv, int stride, const u32* positions, const float* inv_freq, \
                                            int head_dim, int rot_dim, int interleaved, int n_heads, int n_kv, \

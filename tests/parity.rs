@@ -111,7 +111,9 @@ parity_test!(embed_and_gather_rows, embed_and_gather);
 fn norms<B: TestBackend>(b: &mut B) {
     let mut rng = rng("norms");
     let mut cpu = CpuBackend::new();
-    for (n, h) in [(1, 8), (7, 64), (33, 1000), (3, 4096)] {
+    // Widths of whole 16-byte chunks take the vector kernels (20000: more chunks than the
+    // threads keep in registers), 1003 the scalar ones.
+    for (n, h) in [(1, 8), (7, 64), (33, 1000), (3, 4096), (2, 20000), (5, 1003)] {
         let (x, r, w) = (
             random(&mut rng, n * h, 2.0),
             random(&mut rng, n * h, 2.0),
@@ -294,6 +296,8 @@ fn rope_kv<B: TestBackend>(b: &mut B) {
         ),
         spec(2, 1, 96, rope(32, RopeLayout::Interleaved)),
         spec(8, 4, 8, rope(8, RopeLayout::Interleaved)),
+        // Heads of no whole 16-byte chunk: the element-wise cache copy.
+        spec(4, 1, 6, rope(6, RopeLayout::Half)),
     ];
     for s in cases {
         let ctx = [37u32, 5, 300];

@@ -133,11 +133,16 @@ pub enum Kernel {
     GatherRows,
     RmsNorm,
     AddRmsNorm,
+    /// The norms over whole 16-byte chunks.
+    RmsNormVec,
+    AddRmsNormVec,
     Rope,
     /// Rope, then the k/v heads written to the paged cache (rope + write_kv in one launch).
     RopeKv,
     WriteKv,
     SiluMul,
+    /// SiLU-mul over whole 16-byte chunks.
+    SiluMulVec,
     AddBias,
     /// Paged attention for a head size, `qv` query vectors per pass.
     Attention {
@@ -181,10 +186,13 @@ impl Kernel {
             Kernel::GatherRows,
             Kernel::RmsNorm,
             Kernel::AddRmsNorm,
+            Kernel::RmsNormVec,
+            Kernel::AddRmsNormVec,
             Kernel::Rope,
             Kernel::RopeKv,
             Kernel::WriteKv,
             Kernel::SiluMul,
+            Kernel::SiluMulVec,
             Kernel::AddBias,
             Kernel::AttnCombine,
             Kernel::SamplePrep,
@@ -228,12 +236,12 @@ impl Kernel {
         match self {
             Kernel::Embed => "embed",
             Kernel::GatherRows => "gather_rows",
-            Kernel::RmsNorm => "rms_norm",
-            Kernel::AddRmsNorm => "add_rms_norm",
+            Kernel::RmsNorm | Kernel::RmsNormVec => "rms_norm",
+            Kernel::AddRmsNorm | Kernel::AddRmsNormVec => "add_rms_norm",
             Kernel::Rope => "rope",
             Kernel::RopeKv => "rope_kv",
             Kernel::WriteKv => "write_kv",
-            Kernel::SiluMul => "silu_mul",
+            Kernel::SiluMul | Kernel::SiluMulVec => "silu_mul",
             Kernel::AddBias => "add_bias",
             Kernel::Attention { .. }
             | Kernel::AttentionTc { .. }
@@ -251,10 +259,12 @@ impl Kernel {
     fn source(self) -> Source {
         match self {
             Kernel::Embed | Kernel::GatherRows => Source::Embed,
-            Kernel::RmsNorm | Kernel::AddRmsNorm => Source::Norm,
+            Kernel::RmsNorm | Kernel::AddRmsNorm | Kernel::RmsNormVec | Kernel::AddRmsNormVec => {
+                Source::Norm
+            }
             Kernel::Rope | Kernel::RopeKv => Source::Rope,
             Kernel::WriteKv => Source::Kv,
-            Kernel::SiluMul | Kernel::AddBias => Source::Activation,
+            Kernel::SiluMul | Kernel::SiluMulVec | Kernel::AddBias => Source::Activation,
             Kernel::Attention { .. }
             | Kernel::AttentionTc { .. }
             | Kernel::AttentionDecode { .. }
@@ -276,6 +286,9 @@ impl Kernel {
             Kernel::AttentionDecode { head, qv } => format!("attn_{d}_d{}_dec{qv}", head.tag()),
             Kernel::Gemv { rows } => format!("gemv_{d}_m{rows}"),
             Kernel::GemvSiluMul { rows } => format!("gemv_silu_mul_{d}_m{rows}"),
+            Kernel::SiluMulVec => format!("silu_mul_vec_{d}"),
+            Kernel::RmsNormVec => format!("rms_norm_vec_{d}"),
+            Kernel::AddRmsNormVec => format!("add_rms_norm_vec_{d}"),
             Kernel::SampleTopN | Kernel::SamplePenalty => self.op().to_string(),
             _ => format!("{}_{d}", self.op()),
         }

@@ -103,6 +103,9 @@ fn check_rows(what: &str, n: usize, cap: usize) -> Result<(), BackendError> {
     Ok(())
 }
 
+/// Heads per rope block (`ROPE_HEADS` in `kernels/rope.cu`).
+const ROPE_HEADS: usize = 8;
+
 /// Warps per block of the streaming matmul kernels (`GEMV_WARPS` in `kernels/gemv.cu`).
 const GEMV_WARPS: usize = 4;
 
@@ -282,9 +285,9 @@ impl<R: Runtime> GpuBackend<R> {
         check_cols("rope", qkv.cols, spec.qkv_dim())?;
         check_rows("rope", l.n_tokens, qkv.rows)?;
         let freqs = self.inv_freqs(&spec.rope)?;
-        let heads = (spec.n_heads + spec.n_kv_heads) as u32;
+        let groups = (spec.n_heads + spec.n_kv_heads).div_ceil(ROPE_HEADS) as u32;
         let grid = Grid {
-            blocks: (l.n_tokens as u32, heads, 1),
+            blocks: (l.n_tokens as u32, groups, 1),
             threads: 64,
         };
         let args = [
@@ -355,12 +358,29 @@ impl<R: Runtime> GpuBackend<R> {
         check_cols("rms_norm weight", w.rows * w.cols, h)?;
         check_cols("rms_norm output", out.cols, h)?;
         check_rows("rms_norm", n, x.rows.min(out.rows))?;
-        // Up to eight values per thread stay in registers between the kernel's two passes;
-        // more threads keep more loads in flight (the kernel is latency-bound at decode).
-        let threads = h.div_ceil(4).next_multiple_of(32).clamp(128, 1024) as u32;
+        let chunk = 16 / self.dt.size();
+        let aligned = [x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), resid.unwrap_or(0)]
+            .iter()
+            .all(|p| p.is_multiple_of(16));
+        let (k, threads) = if h.is_multiple_of(chunk) && aligned {
+            // Two 16-byte chunks per thread stay in registers between the two passes.
+            let k = if k == Kernel::RmsNorm {
+                Kernel::RmsNormVec
+            } else {
+                Kernel::AddRmsNormVec
+            };
+            (
+                k,
+                (h / chunk).div_ceil(2).next_multiple_of(32).clamp(64, 1024),
+            )
+        } else {
+            // Up to eight values per thread stay in registers between the two passes; more
+            // threads keep more loads in flight (the kernel is latency-bound at decode).
+            (k, h.div_ceil(4).next_multiple_of(32).clamp(128, 1024))
+        };
         let grid = Grid {
             blocks: (n as u32, 1, 1),
-            threads,
+            threads: threads as u32,
         };
         let mut args = vec![Arg::Ptr(x.buf.ptr())];
         args.extend(resid.map(Arg::Ptr));
@@ -670,7 +690,9 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         b: &GpuBatch,
         spec: &ModelSpec,
     ) -> Result<(), BackendError> {
-        let (grid, args) = self.rope_args(qkv, b, spec)?;
+        let (grid, rope) = self.rope_args(qkv, b, spec)?;
+        let mut args = rope.to_vec();
+        args.push(Arg::I32((spec.n_heads + spec.n_kv_heads) as i32));
         self.launch(Kernel::Rope, grid, &args)
     }
 
@@ -745,6 +767,24 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         let f = out.cols;
         check_cols("silu_mul", gate_up.cols, 2 * f)?;
         check_rows("silu_mul", n, gate_up.rows.min(out.rows))?;
+        let chunk = 16 / self.dt.size();
+        if n > 0
+            && f.is_multiple_of(chunk)
+            && gate_up.buf.ptr().is_multiple_of(16)
+            && out.buf.ptr().is_multiple_of(16)
+        {
+            let grid = Grid {
+                blocks: ((f / chunk).div_ceil(256) as u32, n.min(65535) as u32, 1),
+                threads: 256,
+            };
+            let args = [
+                Arg::Ptr(gate_up.buf.ptr()),
+                Arg::Ptr(out.buf.ptr()),
+                Arg::I32(f as i32),
+                Arg::I32(n as i32),
+            ];
+            return self.launch(Kernel::SiluMulVec, grid, &args);
+        }
         let total = n * f;
         let grid = Grid {
             blocks: (total.div_ceil(256).min(65535) as u32, 1, 1),
