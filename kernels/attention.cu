@@ -581,8 +581,8 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // ---------------------------------------------------------------------------------------------
 // Decode variant (vLLM paged-attention style) for items of at most QV query vectors (decode
-// rows: nrows * G <= 8). Same items, grid and block as attn_impl; head sizes whose rows are a
-// power of two of 16-byte chunks (64, 128, 256).
+// rows: nrows * G <= 8). Same items and block as attn_impl, grid transposed (KV head, item);
+// head sizes whose rows are a power of two of 16-byte chunks (64, 128, 256).
 //
 // A thread group of TPR lanes reads one K (and V) row together, lane t taking 16-byte chunks
 // t, t + TPR, ... (CPL chunks): the warp reads WARP / TPR whole rows per load, coalesced.
@@ -632,10 +632,12 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int t = lane % TPR, stream = warp * RPW + lane / TPR;
-    const u32* it = items + 6 * (size_t)blockIdx.x;
+    // Grid (KV head, item), heads fastest: the blocks of one row's heads run together and
+    // read the same cache slots (each slot row holds every head) at about the same time.
+    const u32* it = items + 6 * (size_t)blockIdx.y;
     const int seq = it[0], row0 = it[1], nrows = it[2], kv0 = it[3], kv1 = it[4];
     const u32 part = it[5];
-    const int kvh = blockIdx.y, G = n_heads / n_kv, width = n_kv * D;
+    const int kvh = blockIdx.x, G = n_heads / n_kv, width = n_kv * D;
     const u32* table = tables + seqinfo[4 * seq + 3];
     const T* kbase = k_cache + (size_t)kvh * D;
     const T* vbase = v_cache + (size_t)kvh * D;

@@ -113,7 +113,14 @@ fn norms<B: TestBackend>(b: &mut B) {
     let mut cpu = CpuBackend::new();
     // Widths of whole 16-byte chunks take the vector kernels (20000: more chunks than the
     // threads keep in registers), 1003 the scalar ones.
-    for (n, h) in [(1, 8), (7, 64), (33, 1000), (3, 4096), (2, 20000), (5, 1003)] {
+    for (n, h) in [
+        (1, 8),
+        (7, 64),
+        (33, 1000),
+        (3, 4096),
+        (2, 20000),
+        (5, 1003),
+    ] {
         let (x, r, w) = (
             random(&mut rng, n * h, 2.0),
             random(&mut rng, n * h, 2.0),

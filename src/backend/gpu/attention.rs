@@ -45,19 +45,23 @@ impl<R: Runtime> GpuBackend<R> {
         // Decode steps (every item at most 8 query vectors): the thread-group decode variant.
         // More query vectors than the largest CUDA-core pass: the tensor-core variant.
         let dec = head.decode_sizes();
-        let kernel =
-            if head.has_decode() && vectors <= dec[dec.len() - 1] as usize && decode_enabled() {
-                let qv = dec
-                    .iter()
-                    .copied()
-                    .find(|&q| q as usize >= vectors)
-                    .unwrap_or(1);
-                Kernel::AttentionDecode { head, qv }
-            } else if vectors > sizes[sizes.len() - 1] as usize && self.mma && head.has_tc() {
-                Kernel::AttentionTc { head }
-            } else {
-                Kernel::Attention { head, qv }
-            };
+        // The decode variant's grid is (KV head, item): items must fit the grid's y limit.
+        let kernel = if head.has_decode()
+            && vectors <= dec[dec.len() - 1] as usize
+            && l.n_items <= 65535
+            && decode_enabled()
+        {
+            let qv = dec
+                .iter()
+                .copied()
+                .find(|&q| q as usize >= vectors)
+                .unwrap_or(1);
+            Kernel::AttentionDecode { head, qv }
+        } else if vectors > sizes[sizes.len() - 1] as usize && self.mma && head.has_tc() {
+            Kernel::AttentionTc { head }
+        } else {
+            Kernel::Attention { head, qv }
+        };
         let (mut part_acc, mut part_ml) = (0u64, 0u64);
         if l.n_parts > 0 {
             let acc_bytes = l.n_parts * n_heads * hd * 4;
@@ -73,8 +77,12 @@ impl<R: Runtime> GpuBackend<R> {
         let size = self.dt.size() as u64;
         let layer_elems = (kv.shape.num_slots() * kv.shape.slot_width()) as u64;
         let k = kv.buf.ptr() + 2 * layer as u64 * layer_elems * size;
+        let blocks = match kernel {
+            Kernel::AttentionDecode { .. } => (n_kv as u32, l.n_items as u32, 1),
+            _ => (l.n_items as u32, n_kv as u32, 1),
+        };
         let grid = Grid {
-            blocks: (l.n_items as u32, n_kv as u32, 1),
+            blocks,
             threads: (ATTN_WARPS * self.dev.info.warp_size) as u32,
         };
         let args = [
