@@ -23,9 +23,11 @@ export KILN_LOG=warn
 if [ -d wheels ] && ! python3 -c 'import openai' 2>/dev/null; then
   python3 -m pip install -q --no-index --find-links wheels --target pydeps openai && export PYTHONPATH=$PWD/pydeps
 fi
+# KILN_E2E_DEVICES=cuda:0,cuda:1 serves one lane per GPU (the metrics then show both devices).
+devices=${KILN_E2E_DEVICES:-cuda:0}
 for mode in f32 bf16; do
   cfg=""; [ $mode = f32 ] && cfg="--config f32.toml"
-  ./kiln serve $cfg --model stories260K.gguf --device cuda:0 --port 8123 --api-key sk-kiln-test > serve-$mode.log 2>&1 &
+  ./kiln serve $cfg --model stories260K.gguf --device "$devices" --port 8123 --api-key sk-kiln-test > serve-$mode.log 2>&1 &
   pid=$!
   for i in $(seq 1 120); do curl -sf localhost:8123/health >/dev/null && break; sleep 1; done
   echo "== $mode ready after ${i}s"
@@ -43,7 +45,11 @@ PY
   if [ -f openai_sdk.py ] && python3 -c 'import openai' 2>/dev/null; then
     python3 openai_sdk.py http://127.0.0.1:8123 sk-kiln-test stories260K.gguf 2>&1 | tail -3
   fi
-  curl -s localhost:8123/metrics | grep -E "^kiln_(kernel_duration_seconds_count|step_duration_seconds_count)" | head -20
+  curl -s localhost:8123/metrics > metrics-$mode.txt
+  grep -E "^kiln_(kernel_duration_seconds_count|step_duration_seconds_count)" metrics-$mode.txt | head -20
+  for d in ${devices//,/ }; do
+    echo "$d: $(grep -c "device=\"$d\"" metrics-$mode.txt) metric series"
+  done
   kill -TERM $pid; wait $pid; echo "exit $?"
   tail -5 serve-$mode.log
 done
