@@ -45,7 +45,8 @@ PY
   if [ -f openai_sdk.py ] && python3 -c 'import openai' 2>/dev/null; then
     python3 openai_sdk.py http://127.0.0.1:8123 sk-kiln-test stories260K.gguf 2>&1 | tail -3
   fi
-  curl -s localhost:8123/metrics > metrics-$mode.txt
+  curl -s localhost:8123/metrics -H "authorization: Bearer sk-kiln-test" > metrics-$mode.txt
+  [ -n "${OUT:-}" ] && cp metrics-$mode.txt "$OUT/"
   grep -E "^kiln_(kernel_duration_seconds_count|step_duration_seconds_count)" metrics-$mode.txt | head -20
   for d in ${devices//,/ }; do
     echo "$d: $(grep -c "device=\"$d\"" metrics-$mode.txt) metric series"
