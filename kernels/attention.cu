@@ -19,6 +19,23 @@
 constexpr int ATTN_WARPS = 4;
 constexpr u32 NO_PART = 0xffffffffu;
 
+// One element of a query head's result: the normalized output (part == NO_PART) or the
+// split-K partial, with the head's (max in natural log, sum) pair written by d == 0.
+template <typename T>
+__device__ __forceinline__ void store_result(T* __restrict__ out, float* __restrict__ part_acc,
+                                             float* __restrict__ part_ml, u32 part, size_t row, int h, int d,
+                                             int n_heads, int hd, float o, float sum, float mx_ln) {
+    if (part == NO_PART) {
+        out[row * n_heads * hd + (size_t)h * hd + d] = from_f<T>(sum > 0.f ? o / sum : 0.f);
+    } else {
+        part_acc[((size_t)part * n_heads + h) * hd + d] = o;
+        if (d == 0) {
+            part_ml[((size_t)part * n_heads + h) * 2] = mx_ln;
+            part_ml[((size_t)part * n_heads + h) * 2 + 1] = sum;
+        }
+    }
+}
+
 // 8 consecutive elements as floats; p is 16-byte aligned.
 __device__ __forceinline__ void load8(const float* p, float k[8]) {
     const vec4f a = *reinterpret_cast<const vec4f*>(p);
@@ -253,16 +270,8 @@ __device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_str
             for (int w = 0; w < NW; ++w) mx = fmaxf(mx, m_s[w][i]);
             for (int w = 0; w < NW; ++w) sum += m_s[w][i] == -KILN_INF ? 0.f : l_s[w][i] * expf(m_s[w][i] - mx);
             const int v = vb + i, h = kvh * G + v % G;
-            if (part == NO_PART) {
-                const size_t row = (size_t)(row0 + v / G);
-                out[row * n_heads * hd + (size_t)h * hd + d] = from_f<T>(sum > 0.f ? o_s[i][d] / sum : 0.f);
-            } else {
-                part_acc[((size_t)part * n_heads + h) * hd + d] = o_s[i][d];
-                if (d == 0) {
-                    part_ml[((size_t)part * n_heads + h) * 2] = mx;
-                    part_ml[((size_t)part * n_heads + h) * 2 + 1] = sum;
-                }
-            }
+            store_result<T>(out, part_acc, part_ml, part, (size_t)(row0 + v / G), h, d, n_heads, hd, o_s[i][d], sum,
+                             mx);
         }
         __syncthreads();
     }
@@ -524,16 +533,8 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
                 acc += o_s[((t * S + s) * 16 + r) * OS + d] * f;
             }
             const int v = vb + i, h = kvh * G + v % G;
-            if (part == NO_PART) {
-                const size_t row = (size_t)(row0 + v / G);
-                out[row * n_heads * D + (size_t)h * D + d] = from_f<bf16>(sum > 0.f ? acc / sum : 0.f);
-            } else {
-                part_acc[((size_t)part * n_heads + h) * D + d] = acc;
-                if (d == 0) {
-                    part_ml[((size_t)part * n_heads + h) * 2] = mxs * 0.6931471805599453f;
-                    part_ml[((size_t)part * n_heads + h) * 2 + 1] = sum;
-                }
-            }
+            store_result<bf16>(out, part_acc, part_ml, part, (size_t)(row0 + v / G), h, d, n_heads, D, acc, sum,
+                             mxs * 0.6931471805599453f);
         }
     }
 }
@@ -868,16 +869,8 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
                 o += o_s[w][i][d] * f;
             }
             const int v = vb + i, h = kvh * G + v % G;
-            if (part == NO_PART) {
-                const size_t row = (size_t)(row0 + v / G);
-                out[row * n_heads * D + (size_t)h * D + d] = from_f<T>(sum > 0.f ? o / sum : 0.f);
-            } else {
-                part_acc[((size_t)part * n_heads + h) * D + d] = o;
-                if (d == 0) {
-                    part_ml[((size_t)part * n_heads + h) * 2] = mx * 0.6931471805599453f;
-                    part_ml[((size_t)part * n_heads + h) * 2 + 1] = sum;
-                }
-            }
+            store_result<T>(out, part_acc, part_ml, part, (size_t)(row0 + v / G), h, d, n_heads, D, o, sum,
+                             mx * 0.6931471805599453f);
         }
         __syncthreads();
     }

@@ -198,16 +198,11 @@ fn matmuls<B: TestBackend>(b: &mut B) {
         cpu.matmul(&cx, &cw, with_bias.then_some(&cb), n, &mut cout)
             .unwrap();
         let what = format!("{} matmul {n}x{k}x{m} bias={with_bias}", b.label());
-        let got = b.to_host(&out, n + 3).unwrap();
-        assert_close(
+        assert_rows_only(
             &what,
-            &got[..n * m],
+            &b.to_host(&out, n + 3).unwrap(),
             &cpu.to_host(&cout, n).unwrap(),
             b.tol(),
-        );
-        assert!(
-            got[n * m..].iter().all(|v| v.is_nan()),
-            "{what}: wrote past row {n}"
         );
     }
 }
@@ -405,16 +400,11 @@ fn matmul_silu<B: TestBackend>(b: &mut B) {
         cpu.matmul(&cx, &cw, None, n, &mut cgu).unwrap();
         cpu.silu_mul(&cgu, n, &mut cout).unwrap();
         let what = format!("{} matmul_silu_mul {n}x{k}x{f}", b.label());
-        let got = b.to_host(&out, n + 2).unwrap();
-        assert_close(
+        assert_rows_only(
             &what,
-            &got[..n * f],
+            &b.to_host(&out, n + 2).unwrap(),
             &cpu.to_host(&cout, n).unwrap(),
             b.tol(),
-        );
-        assert!(
-            got[n * f..].iter().all(|v| v.is_nan()),
-            "{what}: wrote past row {n}"
         );
     }
 }

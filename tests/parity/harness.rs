@@ -157,6 +157,17 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
     assert!(err <= tol, "{what}: relative error {err:.3e} > {tol:.1e}");
 }
 
+/// `got` (read back from a poisoned tensor) holds `want` in its first `want.len()` elements
+/// and NaN after them: the op wrote its rows and nothing past them.
+pub fn assert_rows_only(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    let n = want.len();
+    assert_close(what, &got[..n], want, tol);
+    assert!(
+        got[n..].iter().all(|v| v.is_nan()),
+        "{what}: wrote past its rows"
+    );
+}
+
 /// A plan over sequences given as (q_len, ctx_len, block table); tokens are `token`.
 pub fn plan(
     seqs: &[(u32, u32, Vec<u32>)],

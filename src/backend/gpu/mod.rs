@@ -263,15 +263,18 @@ impl<R: Runtime> GpuBackend<R> {
     /// Whether `n` rows of `x` times `w` run on the streaming kernels of `kernels/gemv.cu`
     /// (faster than the BLAS for one or two rows): whole 16-byte chunks, aligned buffers.
     fn gemv_fits(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> bool {
-        let chunk = 16 / self.dt.size();
         (1..=GEMV_MAX_ROWS).contains(&n)
             && gemv_enabled()
             && x.cols == w.cols
-            && w.cols.is_multiple_of(chunk)
             && w.cols <= i32::MAX as usize
             && w.rows <= i32::MAX as usize
-            && x.buf.ptr().is_multiple_of(16)
-            && w.buf.ptr().is_multiple_of(16)
+            && self.whole_chunks(w.cols, &[x.buf.ptr(), w.buf.ptr()])
+    }
+
+    /// Whether rows of `cols` elements at `ptrs` split into whole, aligned 16-byte chunks
+    /// (the vector kernels' requirement; 0 stands for an absent buffer).
+    fn whole_chunks(&self, cols: usize, ptrs: &[u64]) -> bool {
+        cols.is_multiple_of(16 / self.dt.size()) && ptrs.iter().all(|p| p.is_multiple_of(16))
     }
 
     /// Launch shape and arguments of `rope` (shared by the fused `rope_kv`).
@@ -358,11 +361,11 @@ impl<R: Runtime> GpuBackend<R> {
         check_cols("rms_norm weight", w.rows * w.cols, h)?;
         check_cols("rms_norm output", out.cols, h)?;
         check_rows("rms_norm", n, x.rows.min(out.rows))?;
-        let chunk = 16 / self.dt.size();
-        let aligned = [x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), resid.unwrap_or(0)]
-            .iter()
-            .all(|p| p.is_multiple_of(16));
-        let (k, threads) = if h.is_multiple_of(chunk) && aligned {
+        // Whole warps: block_sum reduces warp by warp (64 lanes on CDNA).
+        let warp = self.dev.info.warp_size;
+        let ptrs = [x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), resid.unwrap_or(0)];
+        let (k, threads) = if self.whole_chunks(h, &ptrs) {
+            let chunk = 16 / self.dt.size();
             // Two 16-byte chunks per thread stay in registers between the two passes.
             let k = if k == Kernel::RmsNorm {
                 Kernel::RmsNormVec
@@ -371,12 +374,15 @@ impl<R: Runtime> GpuBackend<R> {
             };
             (
                 k,
-                (h / chunk).div_ceil(2).next_multiple_of(32).clamp(64, 1024),
+                (h / chunk)
+                    .div_ceil(2)
+                    .next_multiple_of(warp)
+                    .clamp(64, 1024),
             )
         } else {
             // Up to eight values per thread stay in registers between the two passes; more
             // threads keep more loads in flight (the kernel is latency-bound at decode).
-            (k, h.div_ceil(4).next_multiple_of(32).clamp(128, 1024))
+            (k, h.div_ceil(4).next_multiple_of(warp).clamp(128, 1024))
         };
         let grid = Grid {
             blocks: (n as u32, 1, 1),
@@ -767,12 +773,8 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         let f = out.cols;
         check_cols("silu_mul", gate_up.cols, 2 * f)?;
         check_rows("silu_mul", n, gate_up.rows.min(out.rows))?;
-        let chunk = 16 / self.dt.size();
-        if n > 0
-            && f.is_multiple_of(chunk)
-            && gate_up.buf.ptr().is_multiple_of(16)
-            && out.buf.ptr().is_multiple_of(16)
-        {
+        if n > 0 && self.whole_chunks(f, &[gate_up.buf.ptr(), out.buf.ptr()]) {
+            let chunk = 16 / self.dt.size();
             let grid = Grid {
                 blocks: ((f / chunk).div_ceil(256) as u32, n.min(65535) as u32, 1),
                 threads: 256,
