@@ -5,6 +5,7 @@
 //   sample_topn:    the n largest raw logits (ties: lower id first) minus lse, in order
 //   sample_penalty: per (row, token) entry: v += bias; repetition; v -= presence + frequency*count
 //   sample_pick:    greedy argmax (ties: lower id), or temperature -> top-k -> min-p -> top-p -> draw
+//   sample_greedy:  prep + pick in one pass, for steps whose rows are all plain greedy
 //
 // Row params, 8 words: greedy, inv_t, top_k, top_p, min_p, uniform, n_top, top_off.
 // Output words: [token, logprob] per row, then [id, logprob] pairs at 2*rows + 2*top_off.
@@ -154,16 +155,10 @@ extern "C" __global__ void sample_penalty(const u32* entries, int n, float* work
     *x = v - __uint_as_float(en[4]);
 }
 
-// Greedy: first index of the maximum.
-__device__ u32 argmax(const float* __restrict__ w, int V, float* vs, u32* is) {
-    float best = -KILN_INF;
-    u32 bi = 0xffffffffu;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        if (bi == 0xffffffffu || w[i] > best) {
-            best = w[i];
-            bi = (u32)i;
-        }
-    }
+// Block reduction of each thread's (best value, first index): the first index of the
+// maximum (NONE where a thread saw nothing).
+constexpr u32 NONE = 0xffffffffu;
+__device__ u32 argmax_reduce(float best, u32 bi, float* vs, u32* is) {
     vs[threadIdx.x] = best;
     is[threadIdx.x] = bi;
     __syncthreads();
@@ -171,8 +166,7 @@ __device__ u32 argmax(const float* __restrict__ w, int V, float* vs, u32* is) {
         if ((int)threadIdx.x < s) {
             const float ov = vs[threadIdx.x + s];
             const u32 oi = is[threadIdx.x + s];
-            if (oi != 0xffffffffu &&
-                (is[threadIdx.x] == 0xffffffffu || ov > vs[threadIdx.x] || (ov == vs[threadIdx.x] && oi < is[threadIdx.x]))) {
+            if (oi != NONE && (is[threadIdx.x] == NONE || ov > vs[threadIdx.x] || (ov == vs[threadIdx.x] && oi < is[threadIdx.x]))) {
                 vs[threadIdx.x] = ov;
                 is[threadIdx.x] = oi;
             }
@@ -180,6 +174,19 @@ __device__ u32 argmax(const float* __restrict__ w, int V, float* vs, u32* is) {
         __syncthreads();
     }
     return is[0];
+}
+
+// Greedy: first index of the maximum.
+__device__ u32 argmax(const float* __restrict__ w, int V, float* vs, u32* is) {
+    float best = -KILN_INF;
+    u32 bi = NONE;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        if (bi == NONE || w[i] > best) {
+            best = w[i];
+            bi = (u32)i;
+        }
+    }
+    return argmax_reduce(best, bi, vs, is);
 }
 
 __device__ u32 draw(const float* __restrict__ w, const u32* p, int V, RadixScratch* rs, float* fscratch,
@@ -218,6 +225,52 @@ __device__ void pick_impl(const T* __restrict__ logits, const float* __restrict_
     }
 }
 
+// Greedy rows with no penalty, bias or top alternatives (the usual decode step): one pass
+// over the raw logits gives the first index of the maximum and the log-sum-exp (online:
+// each thread's sum is rescaled whenever its maximum grows), so nothing is copied.
+template <typename T>
+__device__ void greedy_impl(const T* __restrict__ logits, int V, u32* __restrict__ out) {
+    __shared__ float vs[SAMPLE_THREADS];
+    __shared__ u32 is[SAMPLE_THREADS];
+    __shared__ float scratch[MAX_WARPS];
+    constexpr int UN = 8;  // independent loads in flight per thread
+    const T* row = logits + (size_t)blockIdx.x * V;
+    float best = -KILN_INF, m = -KILN_INF, s = 0.f;
+    u32 bi = NONE;
+    for (int i0 = threadIdx.x; i0 < V; i0 += UN * blockDim.x) {
+        float x[UN];
+#pragma unroll
+        for (int u = 0; u < UN; ++u) {
+            const int i = i0 + u * blockDim.x;
+            x[u] = i < V ? to_f(row[i]) : -KILN_INF;
+        }
+        float cm = -KILN_INF;
+#pragma unroll
+        for (int u = 0; u < UN; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < V && (bi == NONE || x[u] > best)) {
+                best = x[u];
+                bi = (u32)i;
+            }
+            cm = fmaxf(cm, x[u]);
+        }
+        if (cm > m) {
+            s = m == -KILN_INF ? 0.f : s * expf(m - cm);
+            m = cm;
+        }
+#pragma unroll
+        for (int u = 0; u < UN; ++u)
+            if (i0 + u * (int)blockDim.x < V) s += expf(x[u] - m);
+    }
+    const u32 token = argmax_reduce(best, bi, vs, is);
+    const float mx = block_max(m, scratch);
+    const float sum = block_sum(m == -KILN_INF ? 0.f : s * expf(m - mx), scratch);
+    if (threadIdx.x == 0) {
+        out[2 * blockIdx.x] = token;
+        out[2 * blockIdx.x + 1] = __float_as_uint(to_f(row[token]) - (mx + logf(sum)));
+    }
+}
+
 #define KILN_SAMPLE(N, T)                                                                                \
     extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)                                         \
         sample_prep_##N(const T* logits, int V, float* work, float* lse) {                               \
@@ -226,5 +279,8 @@ __device__ void pick_impl(const T* __restrict__ logits, const float* __restrict_
     extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_pick_##N(                        \
         const T* logits, const float* work, const float* lse, const u32* params, int V, u32* out) {     \
         pick_impl<T>(logits, work, lse, params, V, out);                                                 \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_greedy_##N(const T* logits, int V, u32* out) { \
+        greedy_impl<T>(logits, V, out);                                                                  \
     }
 KILN_FOR_DTYPES(KILN_SAMPLE)

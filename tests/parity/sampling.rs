@@ -67,7 +67,7 @@ fn samples<B: TestBackend>(b: &mut B) {
     let mut cpu = CpuBackend::new();
     let ps = params();
     let s = ps.len();
-    for vocab in [512usize, 32000] {
+    for vocab in [512usize, 1003, 32000] {
         for round in 0..3 {
             let mut logits = b.quantize(&random(&mut rng, s * vocab, 6.0));
             // Row 9: a tie at the maximum between two ids; greedy takes the lower one.
@@ -91,31 +91,48 @@ fn samples<B: TestBackend>(b: &mut B) {
                 .collect();
             let bl = tensor(b, s, vocab, &logits);
             let cl = tensor(&mut cpu, s, vocab, &logits);
-            let got = b.sample(&bl, &rows).unwrap();
-            let want = cpu.sample(&cl, &rows).unwrap();
-            assert_eq!(got[9].token as usize, lo, "{}: greedy tie", b.label());
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                let what = format!(
-                    "{} vocab {vocab} round {round} row {i} {:?}",
-                    b.label(),
-                    ps[i]
+            // Mixed rows (the full path), then the same logits with every row plain greedy
+            // (the one-pass path: no penalties, bias or alternatives anywhere in the step).
+            let greedy = SamplingParams::greedy();
+            let plain: Vec<SampleRow<'_>> = rows
+                .iter()
+                .map(|r| SampleRow {
+                    params: &greedy,
+                    ..*r
+                })
+                .collect();
+            for (kind, rows) in [("mixed", &rows), ("plain greedy", &plain)] {
+                let got = b.sample(&bl, rows).unwrap();
+                let want = cpu.sample(&cl, rows).unwrap();
+                assert_eq!(
+                    got[9].token as usize,
+                    lo,
+                    "{} {kind}: greedy tie",
+                    b.label()
                 );
-                assert_eq!(g.token, w.token, "{what}: token (u = {})", uniforms[i]);
-                assert!(
-                    (g.logprob - w.logprob).abs() < 1e-4,
-                    "{what}: logprob {} vs {}",
-                    g.logprob,
-                    w.logprob
-                );
-                assert_eq!(g.top.len(), w.top.len(), "{what}: top count");
-                for (a, c) in g.top.iter().zip(&w.top) {
-                    assert_eq!(a.0, c.0, "{what}: top ids {:?} vs {:?}", g.top, w.top);
-                    assert!(
-                        (a.1 - c.1).abs() < 1e-4,
-                        "{what}: top logprobs {:?} vs {:?}",
-                        g.top,
-                        w.top
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let what = format!(
+                        "{} {kind} vocab {vocab} round {round} row {i} {:?}",
+                        b.label(),
+                        rows[i].params
                     );
+                    assert_eq!(g.token, w.token, "{what}: token (u = {})", uniforms[i]);
+                    assert!(
+                        (g.logprob - w.logprob).abs() < 1e-4,
+                        "{what}: logprob {} vs {}",
+                        g.logprob,
+                        w.logprob
+                    );
+                    assert_eq!(g.top.len(), w.top.len(), "{what}: top count");
+                    for (a, c) in g.top.iter().zip(&w.top) {
+                        assert_eq!(a.0, c.0, "{what}: top ids {:?} vs {:?}", g.top, w.top);
+                        assert!(
+                            (a.1 - c.1).abs() < 1e-4,
+                            "{what}: top logprobs {:?} vs {:?}",
+                            g.top,
+                            w.top
+                        );
+                    }
                 }
             }
         }

@@ -165,6 +165,8 @@ pub enum Kernel {
     SampleTopN,
     SamplePenalty,
     SamplePick,
+    /// Greedy pick and its logprob in one pass over the raw logits (no penalties, no top-n).
+    SampleGreedy,
     /// Matmul of `rows` (1..=GEMV_MAX_ROWS) input rows, streamed over the weight.
     Gemv {
         rows: u32,
@@ -199,6 +201,7 @@ impl Kernel {
             Kernel::SampleTopN,
             Kernel::SamplePenalty,
             Kernel::SamplePick,
+            Kernel::SampleGreedy,
         ];
         for rows in 1..=GEMV_MAX_ROWS as u32 {
             v.push(Kernel::Gemv { rows });
@@ -251,6 +254,7 @@ impl Kernel {
             Kernel::SampleTopN => "sample_topn",
             Kernel::SamplePenalty => "sample_penalty",
             Kernel::SamplePick => "sample_pick",
+            Kernel::SampleGreedy => "sample_greedy",
             Kernel::Gemv { .. } => "matmul",
             Kernel::GemvSiluMul { .. } => "matmul_silu_mul",
         }
@@ -272,7 +276,8 @@ impl Kernel {
             Kernel::SamplePrep
             | Kernel::SampleTopN
             | Kernel::SamplePenalty
-            | Kernel::SamplePick => Source::Sample,
+            | Kernel::SamplePick
+            | Kernel::SampleGreedy => Source::Sample,
             Kernel::Gemv { .. } | Kernel::GemvSiluMul { .. } => Source::Gemv,
         }
     }
@@ -298,6 +303,8 @@ impl Kernel {
 /// The loaded kernels of one backend. Modules stay loaded as long as this lives.
 pub struct Kernels<R: Runtime> {
     funcs: HashMap<Kernel, R::Func>,
+    /// Resident blocks per multiprocessor, by kernel and block size (asked once).
+    occupancy: HashMap<(Kernel, u32), u32>,
     _modules: Vec<R::Module>,
 }
 
@@ -359,6 +366,7 @@ impl<R: Runtime> Kernels<R> {
         }
         Ok(Kernels {
             funcs,
+            occupancy: HashMap::new(),
             _modules: modules.into_values().collect(),
         })
     }
@@ -376,6 +384,17 @@ impl<R: Runtime> Kernels<R> {
             .collect();
         v.sort_by_key(|r| format!("{:?}", r.0));
         v
+    }
+
+    /// Blocks of `threads` threads of `k` that one multiprocessor holds at once (0: unknown).
+    pub fn blocks_per_sm(&mut self, rt: &R, k: Kernel, threads: u32) -> u32 {
+        let Some(f) = self.funcs.get(&k) else {
+            return 0;
+        };
+        *self
+            .occupancy
+            .entry((k, threads))
+            .or_insert_with(|| rt.blocks_per_sm(f, threads))
     }
 
     /// The loaded function of `k`.

@@ -26,6 +26,8 @@ pub struct SamplePack {
     /// Total top alternatives over all rows.
     pub total_top: usize,
     pub any_top: bool,
+    /// Every row greedy with no top alternatives and no penalty/bias entries: one pass.
+    pub plain_greedy: bool,
 }
 
 impl SamplePack {
@@ -45,6 +47,7 @@ pub fn pack(
     pack.rows = rows.len();
     pack.total_top = 0;
     pack.any_top = false;
+    let mut all_greedy = true;
     for row in rows {
         let p = row.params;
         let n_top = match p.logprobs {
@@ -75,12 +78,14 @@ pub fn pack(
         ]);
         pack.total_top += n_top;
         pack.any_top |= n_top > 0;
+        all_greedy &= p.is_greedy();
     }
     let start = pack.words.len();
     for (i, row) in rows.iter().enumerate() {
         entries(i as u32, row, vocab, &mut pack.words);
     }
     pack.entries = (pack.words.len() - start) / ENTRY_WORDS;
+    pack.plain_greedy = all_greedy && !pack.any_top && pack.entries == 0;
     Ok(())
 }
 
@@ -166,13 +171,34 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// One upload (parameters and entries), the kernels, one download (ids and logprobs).
-    /// Kernel order: prep (float copy and lse), top-n on the raw values, penalties, pick.
+    /// Kernel order: prep (float copy and lse), top-n on the raw values, penalties, pick;
+    /// plain greedy steps run one kernel over the raw logits instead, with no upload.
     fn run_sample(
         &mut self,
         logits: &GpuTensor,
         pk: &SamplePack,
     ) -> Result<Vec<u32>, BackendError> {
         let (s, v) = (pk.rows, logits.cols);
+        let rows = Grid {
+            blocks: (s as u32, 1, 1),
+            threads: SAMPLE_THREADS,
+        };
+        if pk.plain_greedy {
+            let out = ensure(
+                &self.dev,
+                &mut self.sample_out,
+                pk.out_words() * 4,
+                "sampling output",
+                &mut self.generation,
+            )?;
+            let args = [
+                Arg::Ptr(logits.buf.ptr()),
+                Arg::I32(v as i32),
+                Arg::Ptr(out),
+            ];
+            self.launch(Kernel::SampleGreedy, rows, &args)?;
+            return self.download_sampled(pk);
+        }
         let bytes: Vec<u8> = pk.words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let input = ensure(
             &self.dev,
@@ -200,10 +226,6 @@ impl<R: Runtime> GpuBackend<R> {
             self.dev.upload(buf, 0, &bytes)?;
         }
         let entries = input + (s * PARAM_WORDS * 4) as u64;
-        let rows = Grid {
-            blocks: (s as u32, 1, 1),
-            threads: SAMPLE_THREADS,
-        };
         let (vi, si) = (Arg::I32(v as i32), Arg::I32(s as i32));
         self.launch(
             Kernel::SamplePrep,
@@ -248,6 +270,11 @@ impl<R: Runtime> GpuBackend<R> {
             Arg::Ptr(out),
         ];
         self.launch(Kernel::SamplePick, rows, &args)?;
+        self.download_sampled(pk)
+    }
+
+    /// The output words of the sampling kernels.
+    fn download_sampled(&mut self, pk: &SamplePack) -> Result<Vec<u32>, BackendError> {
         let mut raw = vec![0u8; pk.out_words() * 4];
         if let Some(buf) = &self.sample_out {
             self.dev.download(buf, 0, &mut raw)?;
