@@ -582,9 +582,8 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // ---------------------------------------------------------------------------------------------
 // Decode variant (vLLM paged-attention style) for items of at most QV query vectors (decode
-// rows: nrows * G <= 8). Same items and block as attn_impl, grid transposed (KV head, items):
-// block y runs items y, y + gridDim.y, ... < n_items (one each unless the host shrinks the
-// grid to one wave); head sizes whose rows are a power of two of 16-byte chunks (64, 128, 256).
+// rows: nrows * G <= 8). Same items and block as attn_impl, grid transposed (KV head, item);
+// head sizes whose rows are a power of two of 16-byte chunks (64, 128, 256).
 //
 // A thread group of TPR lanes reads one K (and V) row together, lane t taking 16-byte chunks
 // t, t + TPR, ... (CPL chunks): the warp reads WARP / TPR whole rows per load, coalesced.
@@ -600,8 +599,7 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
                               const T* __restrict__ v_cache, T* __restrict__ out, float* __restrict__ part_acc,
                               float* __restrict__ part_ml, const u32* __restrict__ positions,
                               const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
-                              const u32* __restrict__ items, int n_items, int n_heads, int n_kv, int block_size,
-                              float scale) {
+                              const u32* __restrict__ items, int n_heads, int n_kv, int block_size, float scale) {
     typedef Chunk<T> C;
     typedef typename C::Raw Raw;
     constexpr int E = C::E;
@@ -615,81 +613,37 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
     static_assert(NCH % TPR == 0 && WARP % TPR == 0, "decode attention: head size");
     // Stages of K/V staged ahead in shared memory (cp.async), each thread's U x 2 x CPL
     // chunks per stage in its own slots; 0 loads straight into registers (AMD, pre-sm_80,
-    // and shapes whose stages would not fit).
+    // and shapes whose stages would not fit). The merge buffers reuse the same memory.
     constexpr int NT = NW * WARP;
     constexpr int STAGE = U * 2 * CPL;                // chunks per thread and stage
-    constexpr int SLOT_BYTES = STAGE * NT * 16;       // one stage of the block
     constexpr int MERGE_BYTES = NW * QV * (D + 2) * 4;
 #if defined(KILN_CP_ASYNC)
     constexpr int SMEM_MAX = 48 * 1024;               // static shared memory per block
-    constexpr int NST = 3 * SLOT_BYTES <= SMEM_MAX ? 3 : 2 * SLOT_BYTES <= SMEM_MAX ? 2 : 0;
+    constexpr int NST = 3 * STAGE * NT * 16 <= SMEM_MAX ? 3 : 2 * STAGE * NT * 16 <= SMEM_MAX ? 2 : 0;
 #else
     constexpr int NST = 0;
 #endif
-    // A block may run several items (the host sizes the grid to one wave when the batch
-    // has many). With stages, the next item's first NST - 1 steps are issued before this
-    // item's merge, so the copies never drain between items: warp 0 gathers the next
-    // item's words, table offset, context limit and first table entries during this item's
-    // first steps (META words), and the merge buffers and META sit in the last stage slot,
-    // which the early copies leave alone.
-    constexpr int META = 8 + NST * S;
-    constexpr bool PREFETCH = NST >= 2 && MERGE_BYTES + META * 4 <= SLOT_BYTES && NST * S <= 2 * WARP;
-    constexpr int MERGE_OFF = PREFETCH ? (NST - 1) * SLOT_BYTES : 0;
-    constexpr int STAGE_BYTES = NST * SLOT_BYTES;
-    constexpr int SMEM_BYTES = STAGE_BYTES > MERGE_OFF + MERGE_BYTES ? STAGE_BYTES : MERGE_OFF + MERGE_BYTES;
+    constexpr int STAGE_BYTES = NST * STAGE * NT * 16;
+    constexpr int SMEM_BYTES = STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES;
     __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
-    float(*o_s)[QV][D] = reinterpret_cast<float(*)[QV][D]>(smem + MERGE_OFF);
-    float(*m_s)[QV] = reinterpret_cast<float(*)[QV]>(smem + MERGE_OFF + NW * QV * D * 4);
-    float(*l_s)[QV] = reinterpret_cast<float(*)[QV]>(smem + MERGE_OFF + NW * QV * (D + 1) * 4);
-    u32* meta_s = reinterpret_cast<u32*>(smem + MERGE_OFF + MERGE_BYTES);
+    float(*o_s)[QV][D] = reinterpret_cast<float(*)[QV][D]>(smem);
+    float(*m_s)[QV] = reinterpret_cast<float(*)[QV]>(smem + NW * QV * D * 4);
+    float(*l_s)[QV] = reinterpret_cast<float(*)[QV]>(smem + NW * QV * (D + 1) * 4);
     Raw* stage_s = reinterpret_cast<Raw*>(smem);      // [NST][STAGE][NT]
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int t = lane % TPR, stream = warp * RPW + lane / TPR;
-    // Grid (KV head, items), heads fastest: the blocks of one row's heads run together and
+    // Grid (KV head, item), heads fastest: the blocks of one row's heads run together and
     // read the same cache slots (each slot row holds every head) at about the same time.
+    const u32* it = items + 6 * (size_t)blockIdx.y;
+    const int seq = it[0], row0 = it[1], nrows = it[2], kv0 = it[3], kv1 = it[4];
+    const u32 part = it[5];
     const int kvh = blockIdx.x, G = n_heads / n_kv, width = n_kv * D;
+    const u32* table = tables + seqinfo[4 * seq + 3];
     const T* kbase = k_cache + (size_t)kvh * D;
     const T* vbase = v_cache + (size_t)kvh * D;
-    const float sl2 = scale * 1.4426950408889634f;
-    const bool one_bs = block_size % U == 0;
-    // The chunks of a stream's U positions from p0 in stage slot `slot`, all positions in
-    // one cache block `b` (the usual case; see `one` below).
-    auto stage_copy = [&](int slot, int p0, int lim, u32 b) {
-#if defined(KILN_CP_ASYNC)
-        Raw* dst = stage_s + (size_t)slot * STAGE * NT + threadIdx.x;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int pos = p0 + u;
-            const bool ok = pos < lim;
-            const size_t sl = ok ? (size_t)b * block_size + pos % block_size : 0;
-            const Raw* kp = reinterpret_cast<const Raw*>(kbase + sl * width) + t;
-            const Raw* vp = reinterpret_cast<const Raw*>(vbase + sl * width) + t;
-#pragma unroll
-            for (int c = 0; c < CPL; ++c) {
-                cp_async16(dst + ((u * 2) * CPL + c) * NT, kp + c * TPR, ok);
-                cp_async16(dst + ((u * 2 + 1) * CPL + c) * NT, vp + c * TPR, ok);
-            }
-        }
-#else
-        (void)slot, (void)p0, (void)lim, (void)b;
-#endif
-    };
-
-    bool staged = false;  // this item's first NST - 1 steps were issued by the previous one
-    u32 staged_blk = 0;   // then: this stream's table entry for step NST - 1
-    u32 w[7];             // the item's 6 words and its table offset (from META when staged)
-    for (int item = blockIdx.y; item < n_items; item += gridDim.y) {
-    if (!staged) {
-#pragma unroll
-        for (int k = 0; k < 6; ++k) w[k] = items[6 * (size_t)item + k];
-        w[6] = seqinfo[4 * w[0] + 3];
-    }
-    const int row0 = w[1], nrows = w[2], kv0 = w[3], kv1 = w[4];
-    const u32 part = w[5];
-    const u32* table = tables + w[6];
     const int nvec = nrows * G;
-    const int next = item + gridDim.y;
+    const float sl2 = scale * 1.4426950408889634f;
 
     for (int vb = 0; vb < nvec; vb += QV) {
         const int nv = min(QV, nvec - vb);
@@ -725,11 +679,9 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
         // The U positions of a stream share one block-table entry when blocks and the item's
         // start are multiples of U (the usual case): that entry is loaded one step ahead so
         // the K/V loads do not wait on it. Otherwise each position looks its entry up.
-        const bool one = one_bs && kv0 % U == 0;
-        const bool early = staged && vb == 0;
+        const bool one = block_size % U == 0 && kv0 % U == 0;
         u32 blk = 0;
-        if (early) blk = staged_blk;
-        else if (one && kv0 + stream * U < lim) blk = table[(kv0 + stream * U) / block_size];
+        if (one && kv0 + stream * U < lim) blk = table[(kv0 + stream * U) / block_size];
         // The chunks of step position p0's U positions: K/V addresses (ok: inside the item).
         // Advances `blk` to the entry of the stream's next step.
         auto addresses = [&](int p0, const Raw* kp[U], const Raw* vp[U], bool ok[U]) {
@@ -767,46 +719,11 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
             (void)j;
 #endif
         };
-
-        // Warp 0 gathers the next item's META while this one streams, one dependent load
-        // per step (each used a step later): item words; table offset and context limit;
-        // the first NST steps' table entries. Lane i < 8 keeps word i, lane e entry e (and
-        // e + WARP).
-        const bool gather = PREFETCH && next < n_items && vb + QV >= nvec;
-        u32 g_word = 0, g_ent0 = 0, g_ent1 = 0;
-        auto gather_step = [&](int k) {
-            if (k == 0) {
-                g_word = lane < 6 ? items[6 * (size_t)next + lane] : 0u;
-            } else if (k == 1) {
-                const int nseq = shfl(g_word, 0), nrow0 = shfl(g_word, 1), nrows_n = shfl(g_word, 2);
-                const int nkv1 = shfl(g_word, 4);
-                const int rows = (min(QV, nrows_n * G) - 1) / G + 1;  // rows of the first pass
-                int mp = lane < rows ? (int)positions[nrow0 + lane] : -1;
-#pragma unroll
-                for (int o = WARP / 2; o > 0; o >>= 1) mp = max(mp, shfl_xor(mp, o));
-                const u32 toff = seqinfo[4 * nseq + 3];
-                if (lane == 6) g_word = toff;
-                if (lane == 7) g_word = (u32)min(nkv1, mp + 1);
-            } else {
-                const int nkv0 = shfl(g_word, 3), nlim = shfl(g_word, 7);
-                const u32* ntab = tables + shfl(g_word, 6);
-                const bool n_one = one_bs && nkv0 % U == 0;
-                auto ent = [&](int e) {
-                    const int pos = nkv0 + (e / S) * S * U + (e % S) * U;
-                    return e < NST * S && n_one && pos < nlim ? ntab[pos / block_size] : 0u;
-                };
-                g_ent0 = ent(lane);
-                if (NST * S > WARP) g_ent1 = ent(lane + WARP);
-            }
-        };
-
         if constexpr (NST > 0) {
 #pragma unroll
-            for (int j = 0; j < NST - 1; ++j)
-                if (!early) issue(j);
+            for (int j = 0; j < NST - 1; ++j) issue(j);
         }
-        int j = 0;
-        for (int c0 = kv0; c0 < lim; c0 += S * U, ++j) {
+        for (int c0 = kv0, j = 0; c0 < lim; c0 += S * U, ++j) {
             const int p0 = c0 + stream * U;
             Raw kr[U][CPL], vr[U][CPL];
             if constexpr (NST > 0) {
@@ -835,7 +752,6 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
                         vr[u][c] = ok[u] ? vp[u][c * TPR] : C::zero();
                     }
             }
-            if (gather && warp == 0 && j < 3) gather_step(j);
             // Scores of the U positions for every vector (log2 domain).
             float s[U][QV];
 #pragma unroll
@@ -900,38 +816,9 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
                 }
             }
         }
-        if (gather && warp == 0)
-            for (int k = j; k < 3; ++k) gather_step(k);
 
-        // The merge buffers below reuse stage slots: every thread is past its last read.
+        // The merge buffers below reuse other warps' stage slots.
         if constexpr (NST > 0) __syncthreads();
-        staged = false;
-#if defined(KILN_CP_ASYNC)
-        if (gather) {
-            // META to shared memory, then every thread takes the next item's words and
-            // issues its copies of that item's first NST - 1 steps (groups, in order, as the
-            // loop would have).
-            if (warp == 0) {
-                if (lane < 8) meta_s[lane] = g_word;
-                if (lane < NST * S) meta_s[8 + lane] = g_ent0;
-                if (NST * S > WARP && lane + WARP < NST * S) meta_s[8 + lane + WARP] = g_ent1;
-            }
-            __syncthreads();
-#pragma unroll
-            for (int k = 0; k < 7; ++k) w[k] = meta_s[k];
-            const int nkv0 = w[3], nlim = meta_s[7];
-            if (one_bs && nkv0 % U == 0) {
-#pragma unroll
-                for (int jj = 0; jj < NST - 1; ++jj) {
-                    const int c0 = nkv0 + jj * S * U;
-                    if (c0 < nlim) stage_copy(jj, c0 + stream * U, nlim, meta_s[8 + jj * S + stream]);
-                    cp_async_commit();
-                }
-                staged_blk = meta_s[8 + (NST - 1) * S + stream];
-                staged = true;
-            }
-        }
-#endif
         // Merge the RPW streams of the warp (lanes t, t + TPR, ...) through shuffles.
 #pragma unroll
         for (int i = 0; i < QV; ++i) {
@@ -986,7 +873,6 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
                              mx * 0.6931471805599453f);
         }
         __syncthreads();
-    }
     }
 }
 
@@ -1045,9 +931,9 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
     extern "C" __global__ void KILN_DEC_BOUNDS(TT, D, QV) attn_##N##_d##D##_dec##QV(                   \
         const TT *qkv, int qkv_stride, const TT *k_cache, const TT *v_cache, TT *out, float *part_acc,   \
         float *part_ml, const u32 *positions, const u32 *seqinfo, const u32 *tables, const u32 *items,  \
-        int n_heads, int n_kv, int head_dim, int block_size, float scale, int n_items) {                \
+        int n_heads, int n_kv, int head_dim, int block_size, float scale) {                             \
         attn_dec_impl<TT, D, QV>(qkv, qkv_stride, k_cache, v_cache, out, part_acc, part_ml, positions,    \
-                                 seqinfo, tables, items, n_items, n_heads, n_kv, block_size, scale);     \
+                                 seqinfo, tables, items, n_heads, n_kv, block_size, scale);              \
     }
 #define KILN_ATTN_DEC_D(N, T, D) \
     KILN_ATTN_DEC(N, T, D, 1) KILN_ATTN_DEC(N, T, D, 2) KILN_ATTN_DEC(N, T, D, 4) KILN_ATTN_DEC(N, T, D, 8)

@@ -77,20 +77,14 @@ impl<R: Runtime> GpuBackend<R> {
         let size = self.dt.size() as u64;
         let layer_elems = (kv.shape.num_slots() * kv.shape.slot_width()) as u64;
         let k = kv.buf.ptr() + 2 * layer as u64 * layer_elems * size;
-        let threads = (ATTN_WARPS * self.dev.info.warp_size) as u32;
         let blocks = match kernel {
-            Kernel::AttentionDecode { .. } => {
-                let resident = if persist_enabled() {
-                    self.kernels.blocks_per_sm(&self.dev.rt, kernel, threads) as usize
-                        * self.dev.info.sm_count
-                } else {
-                    0
-                };
-                (n_kv as u32, decode_rows(l.n_items, n_kv, resident), 1)
-            }
+            Kernel::AttentionDecode { .. } => (n_kv as u32, l.n_items as u32, 1),
             _ => (l.n_items as u32, n_kv as u32, 1),
         };
-        let grid = Grid { blocks, threads };
+        let grid = Grid {
+            blocks,
+            threads: (ATTN_WARPS * self.dev.info.warp_size) as u32,
+        };
         let args = [
             Arg::Ptr(qkv.buf.ptr()),
             Arg::I32(qkv.cols as i32),
@@ -108,15 +102,8 @@ impl<R: Runtime> GpuBackend<R> {
             Arg::I32(hd as i32),
             Arg::I32(kv.shape.block_size as i32),
             Arg::F32(1.0 / (hd as f32).sqrt()),
-            Arg::I32(l.n_items as i32),
         ];
-        // The decode entry takes the item count last (its grid may hold fewer rows).
-        let n_args = if matches!(kernel, Kernel::AttentionDecode { .. }) {
-            args.len()
-        } else {
-            args.len() - 1
-        };
-        self.launch(kernel, grid, &args[..n_args])?;
+        self.launch(kernel, grid, &args)?;
         if l.n_splits > 0 {
             let grid = Grid {
                 blocks: (l.n_splits as u32, n_heads as u32, 1),
@@ -136,49 +123,8 @@ impl<R: Runtime> GpuBackend<R> {
     }
 }
 
-/// Grid rows of the decode variant for `n_items` items of `n_kv` blocks each, when
-/// `resident` blocks fit on the device at once (0: unknown). A batch of more than one wave
-/// runs in one: each block takes an equal share of items in turn, so blocks do not start
-/// and end in lockstep and the next item's first copies overlap the last one's merge.
-fn decode_rows(n_items: usize, n_kv: usize, resident: usize) -> u32 {
-    let blocks = n_items * n_kv.max(1);
-    if resident == 0 || blocks <= resident {
-        return n_items as u32;
-    }
-    let per_block = blocks.div_ceil(resident);
-    n_items.div_ceil(per_block) as u32
-}
-
-/// Decode blocks run several items each (for large batches) unless `KILN_ATTN_PERSIST=0`.
-fn persist_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_ATTN_PERSIST").map_or(true, |v| v != "0"))
-}
-
 /// The decode variant is on unless `KILN_ATTN_DECODE=0` (A/B measurements).
 fn decode_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("KILN_ATTN_DECODE").map_or(true, |v| v != "0"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::decode_rows;
-
-    #[test]
-    fn decode_grid_is_one_wave_of_equal_shares() {
-        // H100 (132 SMs x 4 blocks): 256 rows x 8 KV heads run 4 items per block.
-        assert_eq!(decode_rows(256, 8, 528), 64);
-        // One wave or less, or an unknown occupancy: one item per block.
-        assert_eq!(decode_rows(64, 8, 528), 64);
-        assert_eq!(decode_rows(66, 8, 528), 66);
-        assert_eq!(decode_rows(300, 8, 0), 300);
-        // Uneven: 67 x 8 = 536 blocks -> 2 items per block, 34 rows of blocks.
-        assert_eq!(decode_rows(67, 8, 528), 34);
-        for (items, kv, res) in [(1000, 1, 100), (257, 8, 528), (5000, 4, 1000)] {
-            let rows = decode_rows(items, kv, res) as usize;
-            assert!(rows * kv <= res, "{items} x {kv} on {res}: {rows} rows");
-            assert!(rows * items.div_ceil(rows) >= items);
-        }
-    }
 }

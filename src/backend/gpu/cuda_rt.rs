@@ -234,11 +234,6 @@ impl Runtime for Cuda {
         )
     }
 
-    fn blocks_per_sm(&self, f: &CudaFunction, threads: u32) -> u32 {
-        f.occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
-            .unwrap_or(0)
-    }
-
     fn blas(&self) -> RtResult<CudaBlas> {
         self.ctx.bind_to_thread().map_err(failed)?;
         let (workspace, ws_ptr) = self.alloc(BLAS_WORKSPACE)?;

@@ -303,8 +303,6 @@ impl Kernel {
 /// The loaded kernels of one backend. Modules stay loaded as long as this lives.
 pub struct Kernels<R: Runtime> {
     funcs: HashMap<Kernel, R::Func>,
-    /// Resident blocks per multiprocessor, by kernel and block size (asked once).
-    occupancy: HashMap<(Kernel, u32), u32>,
     _modules: Vec<R::Module>,
 }
 
@@ -366,7 +364,6 @@ impl<R: Runtime> Kernels<R> {
         }
         Ok(Kernels {
             funcs,
-            occupancy: HashMap::new(),
             _modules: modules.into_values().collect(),
         })
     }
@@ -384,17 +381,6 @@ impl<R: Runtime> Kernels<R> {
             .collect();
         v.sort_by_key(|r| format!("{:?}", r.0));
         v
-    }
-
-    /// Blocks of `threads` threads of `k` that one multiprocessor holds at once (0: unknown).
-    pub fn blocks_per_sm(&mut self, rt: &R, k: Kernel, threads: u32) -> u32 {
-        let Some(f) = self.funcs.get(&k) else {
-            return 0;
-        };
-        *self
-            .occupancy
-            .entry((k, threads))
-            .or_insert_with(|| rt.blocks_per_sm(f, threads))
     }
 
     /// The loaded function of `k`.

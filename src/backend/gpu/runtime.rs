@@ -134,9 +134,6 @@ pub trait Runtime: Sized + 'static {
     /// (registers per thread, spill bytes per thread, static shared bytes per block);
     /// -1 where the runtime cannot tell.
     fn resources(&self, f: &Self::Func) -> (i32, i32, i32);
-    /// Blocks of `threads` threads of `f` that fit on one multiprocessor at once (0 when
-    /// the runtime cannot tell).
-    fn blocks_per_sm(&self, f: &Self::Func, threads: u32) -> u32;
 
     fn blas(&self) -> RtResult<Self::Blas>;
     /// Queues `out[n, m] = x[n, k] @ w[m, k]^T` (row-major, f32 accumulation).

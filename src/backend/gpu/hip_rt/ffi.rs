@@ -87,12 +87,6 @@ unsafe extern "C" {
     pub fn hipModuleUnload(module: Module) -> HipError;
     pub fn hipModuleGetFunction(f: *mut Function, module: Module, name: *const c_char) -> HipError;
     pub fn hipFuncGetAttribute(value: *mut c_int, attr: c_int, f: Function) -> HipError;
-    pub fn hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(
-        blocks: *mut c_int,
-        f: Function,
-        block_size: c_int,
-        dynamic_shared: usize,
-    ) -> HipError;
     #[allow(clippy::too_many_arguments)]
     pub fn hipModuleLaunchKernel(
         f: Function,

@@ -458,15 +458,6 @@ impl Runtime for Hip {
         )
     }
 
-    fn blocks_per_sm(&self, f: &HipFunc, threads: u32) -> u32 {
-        let mut n: c_int = 0;
-        // SAFETY: the function is live; writes one int through a valid pointer.
-        let r = unsafe {
-            ffi::hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f.0, threads as c_int, 0)
-        };
-        if r == ffi::SUCCESS { n.max(0) as u32 } else { 0 }
-    }
-
     fn blas(&self) -> RtResult<HipBlas> {
         self.bind()?;
         let (workspace, ws_ptr) = self.alloc(BLAS_WORKSPACE)?;
