@@ -665,6 +665,12 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
             }
         }
         const int lim = min(kv1, maxpos + 1);
+        // The smallest query position of the pass: steps wholly below it need no mask
+        // (vectors past nv have q = 0 and are never stored).
+        int minpos = maxpos;
+#pragma unroll
+        for (int i = 0; i < QV; ++i)
+            if (i < nv) minpos = min(minpos, qpos[i]);
         float m[QV], l[QV], acc[QV][CPL][E];
 #pragma unroll
         for (int i = 0; i < QV; ++i) {
@@ -680,11 +686,33 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
         // start are multiples of U (the usual case): that entry is loaded one step ahead so
         // the K/V loads do not wait on it. Otherwise each position looks its entry up.
         const bool one = block_size % U == 0 && kv0 % U == 0;
+        // When a step (S * U positions) is also a whole number of blocks, a stream's offset
+        // inside its block is the same at every step and its table index advances by a
+        // constant: no division per step (the loop is issue-bound at short contexts).
+        const bool fast = one && (S * U) % block_size == 0;
+        const int first = kv0 + stream * U;
+        int tidx = first / block_size;
+        const int off0 = first - tidx * block_size, tstep = (S * U) / block_size;
         u32 blk = 0;
-        if (one && kv0 + stream * U < lim) blk = table[(kv0 + stream * U) / block_size];
+        if (one && first < lim) blk = table[tidx];
         // The chunks of step position p0's U positions: K/V addresses (ok: inside the item).
         // Advances `blk` to the entry of the stream's next step.
         auto addresses = [&](int p0, const Raw* kp[U], const Raw* vp[U], bool ok[U]) {
+            if (fast) {
+                const size_t slot0 = (size_t)blk * block_size + off0;
+                const Raw* k0 = reinterpret_cast<const Raw*>(kbase + slot0 * width) + t;
+                const Raw* v0 = reinterpret_cast<const Raw*>(vbase + slot0 * width) + t;
+                const int row = width / E;  // chunks per cache slot
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    ok[u] = p0 + u < lim;
+                    kp[u] = k0 + u * row;
+                    vp[u] = v0 + u * row;
+                }
+                tidx += tstep;
+                if (p0 + S * U < lim) blk = table[tidx];
+                return;
+            }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int pos = p0 + u;
@@ -776,6 +804,8 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
 #pragma unroll
                     for (int i = 0; i < QV; ++i) s[u][i] += shfl_xor(s[u][i], o);
             }
+            // Masks only where the step reaches past a limit (the last steps of an item).
+            const bool edge = p0 + U > lim || p0 + U - 1 > minpos;
             float p[U][QV];
 #pragma unroll
             for (int i = 0; i < QV; ++i) {
@@ -783,24 +813,29 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int pos = p0 + u;
-                    s[u][i] = (pos < lim && pos <= qpos[i]) ? s[u][i] : -KILN_INF;
+                    if (edge) s[u][i] = (pos < lim && pos <= qpos[i]) ? s[u][i] : -KILN_INF;
                     mx = fmaxf(mx, s[u][i]);
                 }
-                const float mn = fmaxf(m[i], mx);
-                const float ref = mn == -KILN_INF ? 0.f : mn;
-                const float corr = exp2f(m[i] - ref);
-                m[i] = mn;
+                // Lazy rescaling: the reference max moves (and acc, l are rescaled) only when
+                // a score exceeds it by more than 2^8; below that, exp2 terms up to 256 are
+                // exact enough in f32 and l, acc keep the same reference.
+                if (mx > m[i] + 8.f) {
+                    const float corr = exp2f(m[i] - mx);
+                    m[i] = mx;
+                    l[i] *= corr;
+#pragma unroll
+                    for (int c = 0; c < CPL; ++c)
+#pragma unroll
+                        for (int e = 0; e < E; ++e) acc[i][c][e] *= corr;
+                }
+                const float ref = m[i] == -KILN_INF ? 0.f : m[i];
                 float sum = 0.f;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     p[u][i] = exp2f(s[u][i] - ref);
                     sum += p[u][i];
                 }
-                l[i] = l[i] * corr + sum;
-#pragma unroll
-                for (int c = 0; c < CPL; ++c)
-#pragma unroll
-                    for (int e = 0; e < E; ++e) acc[i][c][e] *= corr;
+                l[i] += sum;
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {

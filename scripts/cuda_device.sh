@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root, with target/device/ staged by
-# scripts/cuda_stage.sh. Usage: scripts/cuda_device.sh [parity [ROUNDS] | bench | torchref | all]
+# scripts/cuda_stage.sh. Usage: scripts/cuda_device.sh [parity [ROUNDS] | bench | torchref | all |
+# profile CASES KERNEL_REGEX [SKIP [COUNT]]]
 # Logs go to $OUT (or /tmp/kiln-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,9 +50,22 @@ torchref() {
     grep -E "^(reference|backend|cpu|cuda)|panicked|relative error|picked|agrees|notice|test result" \
         "$out/torchref.log" | head -40
 }
+profile() {
+    # Nsight Compute on launches of one kernel in chosen bench cases, e.g.
+    # scripts/cuda_device.sh profile 256x512 attn_bf16_d128_dec 100 2
+    local ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+    [ -n "$ncu" ] || { echo "ncu not found"; return 1; }
+    KILN_BENCH_CASES=$1 "$ncu" --kernel-name "regex:$2" --launch-skip "${3:-100}" --launch-count "${4:-1}" \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section LaunchStats \
+        "$dev/parity" --ignored --exact bench::bench_llama3_8b_shape --nocapture > "$out/ncu.log" 2>&1
+    echo "ncu exit $?"
+    grep -vE "^(BENCH|BREAKDOWN|RESOURCES)" "$out/ncu.log" | grep -E "^\s+[A-Z].*  |attn|gemv|Section" | head -150
+}
 case "${1:-parity}" in
     parity) parity "${2:-1}" ;;
     bench) bench ;;
     torchref) torchref ;;
     all) parity "${2:-1}"; bench; torchref ;;
+    profile) shift; profile "$@" ;;
 esac

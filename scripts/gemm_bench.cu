@@ -2,8 +2,9 @@
 // Kiln's CUDA runtime calls) against cublasLt, every algorithm its heuristic offers, on the
 // weights of a whole Llama-3-8B-shaped model (bf16, 32 layers of qkv/o/gate_up/down + the
 // output projection, 16 GB, so nothing is served from L2). For each rows count M it prints,
-// per weight shape, the time of the GemmEx call and of the best Lt algorithm (with its
-// index in the heuristic's list), then one whole pass over the model's weights with each.
+// per weight shape, the time of the GemmEx call and of the best Lt algorithm (its index in
+// the heuristic's list / the split-K factor set on it), then one whole pass over the
+// model's weights with each.
 //
 // Build and run on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90 scripts/gemm_bench.cu -lcublas -lcublasLt -o /tmp/gemm_bench
@@ -157,9 +158,10 @@ int main(int argc, char** argv) {
 
     for (int m : ms_list) {
         printf("\n== M = %d ==\n", m);
-        printf("%-8s %10s %10s %5s %6s %9s\n", "shape", "gemmex ms", "lt best", "idx", "algos", "TFLOP/s");
+        printf("%-8s %10s %10s %5s %6s %9s\n", "shape", "gemmex ms", "lt best", "#/spl", "algos", "TFLOP/s");
         Plan plans[5];
-        int best[5];
+        int best[5];      // heuristic index * 10 + split
+        size_t best_idx[5];
         const Shape* all[5] = {&SHAPES[0], &SHAPES[1], &SHAPES[2], &SHAPES[3], &HEAD};
         for (int si = 0; si < 5; si++) {
             const Shape& sh = *all[si];
@@ -169,25 +171,47 @@ int main(int argc, char** argv) {
             auto wsel = [&]() { return si == 4 ? head : w[si][(li++) % LAYERS]; };
             float ex = time_ms(s, 32, [&] { gemmex(wsel(), sh, m); });
             float bt = 1e9;
-            best[si] = 0;
-            for (size_t ai = 0; ai < plans[si].algos.size(); ai++) {
-                float t = time_ms(s, 16, [&] { ltmm(wsel(), plans[si], ai); });
-                if (t < bt) bt = t, best[si] = ai;
+            best[si] = 0, best_idx[si] = 0;
+            // Each heuristic algorithm as offered, then with its K split in 2..8 (where the
+            // algorithm accepts that configuration).
+            const size_t offered = plans[si].algos.size();
+            for (size_t ai = 0; ai < offered; ai++) {
+                for (int sk : {1, 2, 3, 4, 6, 8}) {
+                    cublasLtMatmulHeuristicResult_t h = plans[si].algos[ai];
+                    if (sk > 1) {
+                        int32_t v = sk;
+                        if (cublasLtMatmulAlgoConfigSetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &v,
+                                                                 sizeof v) != CUBLAS_STATUS_SUCCESS)
+                            continue;
+                        uint32_t red = CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+                        cublasLtMatmulAlgoConfigSetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red,
+                                                             sizeof red);
+                        cublasLtMatmulHeuristicResult_t chk;
+                        if (cublasLtMatmulAlgoCheck(lt.h, plans[si].op, plans[si].a, plans[si].b, plans[si].c,
+                                                    plans[si].c, &h.algo, &chk) != CUBLAS_STATUS_SUCCESS ||
+                            chk.workspaceSize > WORKSPACE)
+                            continue;
+                    }
+                    plans[si].algos.push_back(h);
+                    const size_t idx = plans[si].algos.size() - 1;
+                    float t = time_ms(s, 16, [&] { ltmm(wsel(), plans[si], idx); });
+                    if (t < bt) bt = t, best[si] = ai * 10 + sk, best_idx[si] = idx;
+                }
             }
             double fl = 2.0 * m * sh.n * sh.k;
-            printf("%-8s %10.4f %10.4f %5d %6zu %9.1f\n", sh.name, ex, bt, best[si], plans[si].algos.size(),
+            printf("%-8s %10.4f %10.4f %3d/%d %6zu %9.1f\n", sh.name, ex, bt, best[si] / 10, best[si] % 10, offered,
                    fl / (bt * 1e-3) / 1e12);
         }
         auto pass = [&](bool use_lt) {
             for (int l = 0; l < LAYERS; l++)
                 for (int si = 0; si < 4; si++) {
                     if (use_lt)
-                        ltmm(w[si][l], plans[si], best[si]);
+                        ltmm(w[si][l], plans[si], best_idx[si]);
                     else
                         gemmex(w[si][l], SHAPES[si], m);
                 }
             if (use_lt)
-                ltmm(head, plans[4], best[4]);
+                ltmm(head, plans[4], best_idx[4]);
             else
                 gemmex(head, HEAD, m);
         };
@@ -195,7 +219,7 @@ int main(int argc, char** argv) {
         float pl = time_ms(s, 5, [&] { pass(true); });
         printf("whole pass: gemmex %.3f ms (%.2f TB/s), lt best %.3f ms (%.2f TB/s), lt heuristic #0 ",
                pe, total / (pe * 1e-3) / 1e12, pl, total / (pl * 1e-3) / 1e12);
-        for (int si = 0; si < 5; si++) best[si] = 0;
+        for (int si = 0; si < 5; si++) best_idx[si] = 0;
         float p0 = time_ms(s, 5, [&] { pass(true); });
         printf("%.3f ms\n", p0);
     }

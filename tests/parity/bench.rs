@@ -294,9 +294,15 @@ fn bench_llama3_8b_shape() {
     for (k, regs, local, shared) in rig.b.kernel_resources() {
         eprintln!("RESOURCES {k:?}: {regs} regs, {local} B local, {shared} B shared");
     }
-    rig.prefill();
-    rig.decode(1, 512);
-    rig.decode(32, 2048);
-    rig.decode(256, 512);
-    rig.decode(64, 4096);
+    // KILN_BENCH_CASES picks cases (for profilers): e.g. "prefill,256x512".
+    let only = std::env::var("KILN_BENCH_CASES").ok();
+    let on = |c: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == c));
+    if on("prefill") {
+        rig.prefill();
+    }
+    for (batch, ctx) in [(1, 512), (32, 2048), (256, 512), (64, 4096)] {
+        if on(&format!("{batch}x{ctx}")) {
+            rig.decode(batch, ctx);
+        }
+    }
 }
