@@ -287,11 +287,11 @@ __device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_str
 // the item (T = ceil(nv / 16) m16 tiles); warp w owns tile w / S and column split w % S of
 // every K/V tile (S = 4 / T warps per tile: 4, 2, 1; with T = 3 the fourth warp only loads):
 //
-//   K/V tile: TC_BN positions -> k_s[pos][d] (row-major), vt_s[d][pos] (V transposed),
+//   K/V tile: TC_BN positions -> k_s[pos][d], v_s[pos][d] (row-major, 16-byte stores),
 //             zero past the causal limit, loaded by the whole block
 //   warp:     S_ = Q(16 x D) . K_s[cols]^T          mma m16n8k16, B = K rows (k = d)
 //             online softmax in the log2 domain (rows g, g+8 of the thread's group)
-//             O += P(16 x cols) . V_s[cols]         mma m16n8k16, B = V^T rows (k = pos)
+//             O += P(16 x cols) . V_s[cols]         mma m16n8k16, B = V through ldmatrix.trans
 //   end:      the S splits of a tile merged in shared memory, rows written (or partials)
 //
 // Fragments of mma.m16n8k16 (g = lane / 4, c = lane % 4), two bf16 per register, low first:
@@ -301,7 +301,6 @@ __device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_str
 // The accumulator of n-tiles 2j, 2j+1 is, packed to bf16, the A fragment of k-step j.
 
 constexpr int TC_BN = 64;
-constexpr int TC_VT = TC_BN + 8;  // vt_s row stride (bf16): conflict-free B reads
 
 #if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define KILN_MMA 1
@@ -311,6 +310,17 @@ __device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 b16 matrices from shared memory, transposed: lanes 8i..8i+7 give the row
+// addresses of matrix i (16-byte aligned); register i holds, for this lane, column g of
+// matrix i at rows 2c and 2c + 1 - the B fragment half (k = rows) of mma.m16n8k16.
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], const void* row) {
+    u32 a;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
 }
 
 // (lo, hi) rounded to nearest even, packed: lo in the low half.
@@ -330,7 +340,8 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
     constexpr int NW = ATTN_WARPS;
     constexpr int KS = D + 8;                    // k_s row stride (bf16)
     constexpr int OS = D + 8;                    // o_s row stride (f32)
-    constexpr int KV_BYTES = (TC_BN * KS + D * TC_VT) * 2;
+    constexpr int KV_BYTES = 2 * TC_BN * KS * 2;
+    static_assert((D / 8) % 2 == 0, "tensor-core attention: O n-tiles in pairs");
     constexpr int O_BYTES = NW * 16 * OS * 4;
     constexpr int SMEM = KV_BYTES > O_BYTES ? KV_BYTES : O_BYTES;
     constexpr int NK = D / 16;                   // k-steps of Q . K^T
@@ -338,7 +349,7 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
     alignas(16) __shared__ unsigned char smem[SMEM];
     __shared__ float m_s[NW][16], l_s[NW][16];
     u16* k_s = reinterpret_cast<u16*>(smem);     // [TC_BN][KS]
-    u16* vt_s = k_s + TC_BN * KS;                // [D][TC_VT]
+    u16* v_s = k_s + TC_BN * KS;                 // [TC_BN][KS]
     float* o_s = reinterpret_cast<float*>(smem); // [NW][16][OS], after the last tile
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -413,16 +424,8 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
                 for (int i = 0; i < ND / LSTEP; ++i) x[i] = vr[lc0 + i * LSTEP];
 #pragma unroll
                 for (int i = 0; i < ND / LSTEP; ++i) {
-                    const int d0 = (lc0 + i * LSTEP) * 8;
-                    u16* vt = vt_s + d0 * TC_VT + lp;
-                    vt[0 * TC_VT] = (u16)(x[i].x & keep);
-                    vt[1 * TC_VT] = (u16)((x[i].x & keep) >> 16);
-                    vt[2 * TC_VT] = (u16)(x[i].y & keep);
-                    vt[3 * TC_VT] = (u16)((x[i].y & keep) >> 16);
-                    vt[4 * TC_VT] = (u16)(x[i].z & keep);
-                    vt[5 * TC_VT] = (u16)((x[i].z & keep) >> 16);
-                    vt[6 * TC_VT] = (u16)(x[i].w & keep);
-                    vt[7 * TC_VT] = (u16)((x[i].w & keep) >> 16);
+                    const vec4u v = {x[i].x & keep, x[i].y & keep, x[i].z & keep, x[i].w & keep};
+                    *reinterpret_cast<vec4u*>(&v_s[lp * KS + (lc0 + i * LSTEP) * 8]) = v;
                 }
             }
             __syncthreads();
@@ -455,23 +458,28 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
                     mx[h] = fmaxf(mx[h], sc[j][e]);
                 }
             }
-            float corr[2], ref[2];
+            // Lazy rescaling as in the decode variant: the reference max of a row moves
+            // (O and l rescaled) only when a score passes it by more than 2^8.
+            float corr[2] = {1.f, 1.f}, ref[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 1));
                 mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 2));
-                const float mn = fmaxf(m[h], mx[h]);
-                ref[h] = mn == -KILN_INF ? 0.f : mn;
-                corr[h] = exp2f(m[h] - ref[h]);
-                m[h] = mn;
-                l[h] *= corr[h];
+                if (mx[h] > m[h] + 8.f) {
+                    corr[h] = exp2f(m[h] - mx[h]);
+                    m[h] = mx[h];
+                    l[h] *= corr[h];
+                }
+                ref[h] = m[h] == -KILN_INF ? 0.f : m[h];
             }
+            if (corr[0] != 1.f || corr[1] != 1.f) {
 #pragma unroll
-            for (int j = 0; j < ND; ++j) {
-                o[j][0] *= corr[0];
-                o[j][1] *= corr[0];
-                o[j][2] *= corr[1];
-                o[j][3] *= corr[1];
+                for (int j = 0; j < ND; ++j) {
+                    o[j][0] *= corr[0];
+                    o[j][1] *= corr[0];
+                    o[j][2] *= corr[1];
+                    o[j][3] *= corr[1];
+                }
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -488,12 +496,15 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
                     const u32 a[4] = {pack_bf16(sc[2 * ks][0], sc[2 * ks][1]), pack_bf16(sc[2 * ks][2], sc[2 * ks][3]),
                                       pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
                                       pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
-                    const u16* vr = vt_s + g * TC_VT + col0 + ks * 16 + 2 * c;
+                    // Lane L addresses row L % 8 of matrix L / 8: positions +0..7 / +8..15
+                    // (b0 / b1) of n-tiles 2jj / 2jj + 1.
+                    const u16* vr = v_s + (col0 + ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8;
 #pragma unroll
-                    for (int j = 0; j < ND; ++j) {
-                        const u32 b0 = *reinterpret_cast<const u32*>(vr + j * 8 * TC_VT);
-                        const u32 b1 = *reinterpret_cast<const u32*>(vr + j * 8 * TC_VT + 8);
-                        mma_bf16(o[j], a, b0, b1);
+                    for (int jj = 0; jj < ND / 2; ++jj) {
+                        u32 b[4];
+                        ldmatrix_x4_trans(b, vr + jj * 16);
+                        mma_bf16(o[2 * jj], a, b[0], b[1]);
+                        mma_bf16(o[2 * jj + 1], a, b[2], b[3]);
                     }
                 }
             }
