@@ -14,7 +14,7 @@
 use crate::backend::{BatchPlan, KvShape};
 
 /// Query rows per attention item.
-pub const ROWS_PER_ITEM: u32 = 8;
+pub const ROWS_PER_ITEM: u32 = 16;
 /// Marks an item that writes its output directly.
 pub const NO_PART: u32 = u32::MAX;
 /// Shortest context segment of a split-K part.
@@ -302,12 +302,13 @@ mod tests {
         let mut w = Vec::new();
         let l = pack(&plan(&[(40, 50), (1, 7)]), &shape(), 1, &mut w);
         let items: Vec<&[u32]> = w[l.items..l.items + 6 * l.n_items].chunks(6).collect();
-        assert_eq!(items.len(), 6);
-        assert_eq!(items[0], &[0, 0, 8, 0, 18, NO_PART]);
-        assert_eq!(items[4], &[0, 32, 8, 0, 50, NO_PART]);
-        assert_eq!(items[5], &[1, 40, 1, 0, 7, NO_PART]);
+        // 40 rows in tiles of 16 (16, 16, 8), each up to its last row's position.
+        assert_eq!(items.len(), 4);
+        assert_eq!(items[0], &[0, 0, 16, 0, 26, NO_PART]);
+        assert_eq!(items[2], &[0, 32, 8, 0, 50, NO_PART]);
+        assert_eq!(items[3], &[1, 40, 1, 0, 7, NO_PART]);
         assert_eq!(l.n_splits, 0);
-        assert_eq!(l.max_item_rows, 8);
+        assert_eq!(l.max_item_rows, 16);
     }
 
     #[test]
