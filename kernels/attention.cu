@@ -621,7 +621,6 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
     constexpr int NW = ATTN_WARPS;
     constexpr int S = NW * RPW;                       // streams per block
     constexpr int U = QV * CPL <= 4 ? 4 : 2;          // positions per stream and step
-    constexpr bool SCATTER = U * QV == TPR;           // one score per lane after the reduction
     static_assert(NCH % TPR == 0 && WARP % TPR == 0, "decode attention: head size");
     // Stages of K/V staged ahead in shared memory (cp.async), each thread's U x 2 x CPL
     // chunks per stage in its own slots; 0 loads straight into registers (AMD, pre-sm_80,
@@ -645,7 +644,6 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int t = lane % TPR, stream = warp * RPW + lane / TPR;
-    const int gbase = lane - t;                       // the group's first lane
     // Grid (KV head, item), heads fastest: the blocks of one row's heads run together and
     // read the same cache slots (each slot row holds every head) at about the same time.
     const u32* it = items + 6 * (size_t)blockIdx.y;
@@ -684,13 +682,6 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
 #pragma unroll
         for (int i = 0; i < QV; ++i)
             if (i < nv) minpos = min(minpos, qpos[i]);
-        // SCATTER (a group's lanes are exactly its U x QV scores): lane t keeps the
-        // softmax state (own_m, own_l) of vector t % QV over its position t / QV.
-        float own_m = -KILN_INF, own_l = 0.f;
-        int own_q = -1;
-#pragma unroll
-        for (int i = 0; i < QV; ++i)
-            if (i == t % QV) own_q = qpos[i];
         float m[QV], l[QV], acc[QV][CPL][E];
 #pragma unroll
         for (int i = 0; i < QV; ++i) {
@@ -817,60 +808,6 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
                     }
                 }
             }
-            // Masks only where the step reaches past a limit (the last steps of an item).
-            const bool edge = p0 + U > lim || p0 + U - 1 > minpos;
-            float p[U][QV];
-            if constexpr (SCATTER) {
-                // Reduce-scatter of the U x QV partial scores over the group: each round a
-                // lane keeps half of its values (the half its xor-partner does not) and adds
-                // the partner's, so lane t ends with the whole score t (u = t / QV, i = t % QV)
-                // after TPR - 1 shuffles instead of (TPR's log) x U x QV.
-                float v[U * QV];
-#pragma unroll
-                for (int u = 0; u < U; ++u)
-#pragma unroll
-                    for (int i = 0; i < QV; ++i) v[u * QV + i] = s[u][i];
-#pragma unroll
-                for (int o = TPR / 2; o >= 1; o >>= 1) {
-                    const bool up = (t & o) != 0;
-#pragma unroll
-                    for (int x = 0; x < o; ++x) {
-                        const float send = up ? v[x] : v[x + o];
-                        const float keep = up ? v[x + o] : v[x];
-                        v[x] = keep + shfl_xor(send, o);
-                    }
-                }
-                float sc = v[0];
-                const int pos = p0 + t / QV;
-                if (edge) sc = (pos < lim && pos <= own_q) ? sc : -KILN_INF;
-                // The vector's max over its U lanes; lazy rescaling as below.
-                float mx = sc;
-#pragma unroll
-                for (int o = QV; o < TPR; o <<= 1) mx = fmaxf(mx, shfl_xor(mx, o));
-                float corr = 1.f;
-                if (mx > own_m + 8.f) {
-                    corr = exp2f(own_m - mx);
-                    own_m = mx;
-                    own_l *= corr;
-                }
-                const float pe = exp2f(sc - (own_m == -KILN_INF ? 0.f : own_m));
-                own_l += pe;
-                // Every vector's factor and every probability back to the whole group.
-#pragma unroll
-                for (int i = 0; i < QV; ++i) {
-                    const float ci = shfl(corr, gbase + i);
-                    if (ci != 1.f) {
-#pragma unroll
-                        for (int c = 0; c < CPL; ++c)
-#pragma unroll
-                            for (int e = 0; e < E; ++e) acc[i][c][e] *= ci;
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < U; ++u)
-#pragma unroll
-                    for (int i = 0; i < QV; ++i) p[u][i] = shfl(pe, gbase + u * QV + i);
-            } else {
 #pragma unroll
             for (int o = 1; o < TPR; o <<= 1) {
 #pragma unroll
@@ -878,6 +815,9 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
 #pragma unroll
                     for (int i = 0; i < QV; ++i) s[u][i] += shfl_xor(s[u][i], o);
             }
+            // Masks only where the step reaches past a limit (the last steps of an item).
+            const bool edge = p0 + U > lim || p0 + U - 1 > minpos;
+            float p[U][QV];
 #pragma unroll
             for (int i = 0; i < QV; ++i) {
                 float mx = -KILN_INF;
@@ -908,7 +848,6 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
                 }
                 l[i] += sum;
             }
-            }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
 #pragma unroll
@@ -924,16 +863,6 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
             }
         }
 
-        if constexpr (SCATTER) {
-            // Each vector's (m, l) from its lanes: l summed over the U lanes that share m.
-#pragma unroll
-            for (int o = QV; o < TPR; o <<= 1) own_l += shfl_xor(own_l, o);
-#pragma unroll
-            for (int i = 0; i < QV; ++i) {
-                m[i] = shfl(own_m, gbase + i);
-                l[i] = shfl(own_l, gbase + i);
-            }
-        }
         // The merge buffers below reuse other warps' stage slots.
         if constexpr (NST > 0) __syncthreads();
         // Merge the RPW streams of the warp (lanes t, t + TPR, ...) through shuffles.
