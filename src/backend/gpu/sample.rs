@@ -183,14 +183,14 @@ impl<R: Runtime> GpuBackend<R> {
             blocks: (s as u32, 1, 1),
             threads: SAMPLE_THREADS,
         };
+        let out = ensure(
+            &self.dev,
+            &mut self.sample_out,
+            pk.out_words() * 4,
+            "sampling output",
+            &mut self.generation,
+        )?;
         if pk.plain_greedy {
-            let out = ensure(
-                &self.dev,
-                &mut self.sample_out,
-                pk.out_words() * 4,
-                "sampling output",
-                &mut self.generation,
-            )?;
             let args = [
                 Arg::Ptr(logits.buf.ptr()),
                 Arg::I32(v as i32),
@@ -215,13 +215,6 @@ impl<R: Runtime> GpuBackend<R> {
             &mut self.generation,
         )?;
         let lse = work + (s * v * 4) as u64;
-        let out = ensure(
-            &self.dev,
-            &mut self.sample_out,
-            pk.out_words() * 4,
-            "sampling output",
-            &mut self.generation,
-        )?;
         if let Some(buf) = &self.sample_in {
             self.dev.upload(buf, 0, &bytes)?;
         }
