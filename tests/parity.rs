@@ -529,6 +529,11 @@ fn attentions<B: TestBackend>(b: &mut B) {
         case((4, 4), 64, 8, &[(1, 2500), (1, 33)]),
         case((16, 4), 128, 16, &[(2, 300), (1, 50), (2, 2)]),
         case((8, 4), 128, 16, &[(3, 1000), (1, 9)]),
+        // Block sizes where a decode step (32 positions at head size 128) is not whole
+        // blocks (12: each stream still reads one block per step) or a stream's positions
+        // straddle blocks (6: one table entry per position).
+        case((32, 8), 128, 12, &decode_rows(12)),
+        case((16, 4), 128, 6, &[(1, 700), (1, 61), (2, 300)]),
     ];
     for c in &cases {
         attention_case(b, c, &mut rng);
