@@ -9,6 +9,8 @@
 // Build and run on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90 scripts/gemm_bench.cu -lcublas -lcublasLt -o /tmp/gemm_bench
 //   /tmp/gemm_bench [M ...]        (default: 32 64 128 256 2048)
+#include "bench_common.cuh"
+
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -18,14 +20,6 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                        \
-    do {                                                                             \
-        cudaError_t e = (x);                                                         \
-        if (e != cudaSuccess) {                                                      \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-            exit(1);                                                                 \
-        }                                                                            \
-    } while (0)
 #define CB(x)                                                          \
     do {                                                               \
         int st_ = (int)(x);                                            \
@@ -147,10 +141,7 @@ int main(int argc, char** argv) {
     printf("weights %.2f GB\n", total / 1e9);
     const float alpha = 1.f, beta = 0.f;
 
-    auto gemmex = [&](const __nv_bfloat16* wp, const Shape& sh, int m) {
-        CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.n, m, sh.k, &alpha, wp, CUDA_R_16BF, sh.k, x,
-                        CUDA_R_16BF, sh.k, &beta, y, CUDA_R_16BF, sh.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    };
+    auto gemmex = [&](const __nv_bfloat16* wp, const Shape& sh, int m) { CB(kiln_gemm(blas, wp, x, y, sh.n, sh.k, m)); };
     auto ltmm = [&](const __nv_bfloat16* wp, Plan& p, int ai) {
         CB(cublasLtMatmul(lt.h, p.op, &alpha, wp, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algos[ai].algo, lt.ws,
                           WORKSPACE, s));

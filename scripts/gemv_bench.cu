@@ -10,6 +10,7 @@
 //   /tmp/gemv_bench [LAYERS]
 // The kernel text is included unchanged, so the numbers are those of the shipped kernel.
 #include "../kernels/gemv.cu"
+#include "bench_common.cuh"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -21,14 +22,6 @@
 #include <cmath>
 #include <vector>
 
-#define CK(x)                                                                        \
-    do {                                                                             \
-        cudaError_t e = (x);                                                         \
-        if (e != cudaSuccess) {                                                      \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-            exit(1);                                                                 \
-        }                                                                            \
-    } while (0)
 
 template <int M, int R, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * WARP) variant(const bf16* x, const bf16* w, bf16* y, int k, int n) {
@@ -90,11 +83,7 @@ static float host_bf16(u16 v) {
 
 template <int M>
 void run_m(cublasHandle_t h, const std::vector<Mat>& mats, const bf16* x, bf16* y, bf16* y2, double bytes) {
-    auto blas = [&](const Mat& m) {
-        float one = 1.f, zero = 0.f;
-        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m.n, M, m.k, &one, m.w, CUDA_R_16BF, m.k, x, CUDA_R_16BF, m.k,
-                     &zero, y, CUDA_R_16BF, m.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    };
+    auto blas = [&](const Mat& m) { kiln_gemm(h, m.w, x, y, m.n, m.k, M); };
     const float tb = time_pass(mats, blas);
     printf("M=%d  cublas   %7.3f ms  %6.0f GB/s\n", M, tb, bytes / tb / 1e6);
     for (const Variant& v : variants<M>()) {
@@ -131,11 +120,7 @@ void run_glu(cublasHandle_t h, const std::vector<Mat>& all, const bf16* x, bf16*
             mats.push_back(m);
             bytes += 2.0 * m.n * m.k;
         }
-    auto blas = [&](const Mat& m) {
-        float one = 1.f, zero = 0.f;
-        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m.n, M, m.k, &one, m.w, CUDA_R_16BF, m.k, x, CUDA_R_16BF, m.k,
-                     &zero, y, CUDA_R_16BF, m.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    };
+    auto blas = [&](const Mat& m) { kiln_gemm(h, m.w, x, y, m.n, m.k, M); };
     const float tb = time_pass(mats, blas);
     printf("gate_up M=%d cublas      %7.3f ms  %6.0f GB/s\n", M, tb, bytes / tb / 1e6);
     const Kern ks[2] = {glu_variant<M, 4>, glu_variant<M, 8>};

@@ -49,6 +49,20 @@ fn rope(dim: usize, layout: RopeLayout) -> RopeSpec {
     }
 }
 
+/// Llama-3.x rope: theta 500000, head size 128, frequency scaling of factor 8.
+fn llama3_rope() -> RopeSpec {
+    RopeSpec {
+        theta: 500000.0,
+        llama3: Some(Llama3Scaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 8192.0,
+        }),
+        ..rope(128, RopeLayout::Half)
+    }
+}
+
 fn embed_and_gather<B: TestBackend>(b: &mut B) {
     let mut rng = rng("embed_and_gather");
     let mut cpu = CpuBackend::new();
@@ -211,25 +225,10 @@ parity_test!(matmul_against_weights, matmuls);
 fn ropes<B: TestBackend>(b: &mut B) {
     let mut rng = rng("ropes");
     let mut cpu = CpuBackend::new();
-    let llama3 = Llama3Scaling {
-        factor: 8.0,
-        low_freq_factor: 1.0,
-        high_freq_factor: 4.0,
-        original_max_position: 8192.0,
-    };
     let cases = [
         spec(8, 4, 8, rope(8, RopeLayout::Interleaved)),
         spec(4, 2, 64, rope(64, RopeLayout::Half)),
-        spec(
-            8,
-            2,
-            128,
-            RopeSpec {
-                theta: 500000.0,
-                llama3: Some(llama3),
-                ..rope(128, RopeLayout::Half)
-            },
-        ),
+        spec(8, 2, 128, llama3_rope()),
         spec(2, 1, 96, rope(32, RopeLayout::Interleaved)),
     ];
     for s in cases {
@@ -279,23 +278,8 @@ parity_test!(rope_both_layouts_and_llama3, ropes);
 fn rope_kv<B: TestBackend>(b: &mut B) {
     let mut rng = rng("rope_kv");
     let mut cpu = CpuBackend::new();
-    let llama3 = Llama3Scaling {
-        factor: 8.0,
-        low_freq_factor: 1.0,
-        high_freq_factor: 4.0,
-        original_max_position: 8192.0,
-    };
     let cases = [
-        spec(
-            8,
-            2,
-            128,
-            RopeSpec {
-                theta: 500000.0,
-                llama3: Some(llama3),
-                ..rope(128, RopeLayout::Half)
-            },
-        ),
+        spec(8, 2, 128, llama3_rope()),
         spec(2, 1, 96, rope(32, RopeLayout::Interleaved)),
         spec(8, 4, 8, rope(8, RopeLayout::Interleaved)),
         // Heads of no whole 16-byte chunk: the element-wise cache copy.
