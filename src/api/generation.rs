@@ -9,7 +9,7 @@ use futures_util::stream::{SelectAll, Stream, StreamExt};
 
 use super::errors::ApiError;
 use super::state::AppState;
-use crate::engine::{FinishReason, ResponseStream, StreamEvent, TokenInfo, Usage};
+use crate::engine::{EngineError, FinishReason, ResponseStream, StreamEvent, TokenInfo, Usage};
 
 /// An event of the merged stream.
 #[derive(Debug)]
@@ -142,7 +142,16 @@ impl Stream for Generation {
                         return Poll::Ready(Some(GenEvent::Done { usage: this.usage }));
                     }
                 }
-                StreamEvent::Error(e) => return Poll::Ready(Some(this.fail(e.into()))),
+                StreamEvent::Error(e) => {
+                    if matches!(e, EngineError::Stalled { .. }) {
+                        // The engine gave up on a client that stopped reading: a disconnect.
+                        this.state.metrics.observe_disconnect();
+                        for _ in 0..this.open_choices {
+                            this.state.metrics.observe_finish(FinishReason::Abort);
+                        }
+                    }
+                    return Poll::Ready(Some(this.fail(e.into())));
+                }
             }
         }
     }

@@ -308,15 +308,17 @@ impl EngineClient {
             return invalid("n", format!("n must be between 1 and {MAX_CHOICES}"));
         }
         let max_len = self.shared.max_len;
-        if p + m > max_len {
+        // Client counts are checked, never wrapped: `None` means past any limit.
+        let total = p.checked_add(m).filter(|&t| t <= max_len);
+        let Some(total) = total else {
             return invalid(
                 "max_tokens",
                 format!(
                     "This model's maximum context length is {max_len} tokens. However, you requested {} tokens ({p} in the prompt, {m} for the completion).",
-                    p + m
+                    p.saturating_add(m)
                 ),
             );
-        }
+        };
         let bs = self.shared.cfg.block_size;
         let pool = self
             .shared
@@ -325,12 +327,11 @@ impl EngineClient {
             .map(|l| l.num_blocks)
             .max()
             .unwrap_or(0);
-        if (p + m).div_ceil(bs) > pool {
+        if total.div_ceil(bs) > pool {
             return invalid(
                 "max_tokens",
                 format!(
-                    "{} tokens do not fit the KV cache of {} tokens",
-                    p + m,
+                    "{total} tokens do not fit the KV cache of {} tokens",
                     pool * bs
                 ),
             );
@@ -367,7 +368,9 @@ impl EngineClient {
             .ok_or(EngineError::ShuttingDown)?;
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let first = SeqId(id * MAX_CHOICES as u64);
-        let capacity = req.n * (req.max_tokens + 1) + 4;
+        // A server-chosen bound: one step's events (n tokens, `Scheduled`, a final error)
+        // plus the configured buffer; `n` is capped by `MAX_CHOICES`.
+        let capacity = self.shared.cfg.stream_buffer_events.max(1) + lane::step_events(req.n);
         let (tx, rx) = mpsc::channel(capacity);
         let mut stop_ids = req.stop.token_ids.clone();
         if !req.stop.ignore_eos

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -63,8 +63,25 @@ struct ReqRt {
     max_tokens: usize,
     stop_ids: Vec<u32>,
     seed: u64,
+    n: usize,
     events: mpsc::Sender<LaneEvent>,
     scheduled: std::sync::atomic::AtomicBool,
+    /// Since when the stream buffer has been too full for another step.
+    paused_since: std::cell::Cell<Option<Instant>>,
+}
+
+/// Most events one step sends to a request of `n` choices: a token per choice, the
+/// `Scheduled` event and a final error. A request runs only while this much room is free in
+/// its stream buffer, so no event is ever dropped for want of room.
+pub(crate) fn step_events(n: usize) -> usize {
+    n + 2
+}
+
+impl ReqRt {
+    /// Room in the stream buffer for one more step.
+    fn has_room(&self) -> bool {
+        self.events.capacity() >= step_events(self.n)
+    }
 }
 
 /// Sizes reported by a lane once it is ready.
@@ -102,6 +119,7 @@ struct Lane<B: Backend> {
     stats: Arc<Mutex<LaneStats>>,
     max_len: usize,
     index: usize,
+    stall_timeout: Duration,
 }
 
 /// Everything a lane thread needs besides its backend.
@@ -175,6 +193,7 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
             stats,
             max_len,
             index,
+            stall_timeout: Duration::from_secs_f64(cfg.stream_stall_timeout_s.clamp(0.001, 1e9)),
         })
     })();
     let mut lane = match built {
@@ -210,7 +229,12 @@ impl<B: Backend> Lane<B> {
                 }
             }
             self.drop_abandoned();
-            if let Some(step) = self.sched.schedule() {
+            self.abort_stalled();
+            let seqs = &self.seqs;
+            let next = self
+                .sched
+                .schedule_where(|id| seqs.get(&id).is_none_or(|rt| rt.req.has_room()));
+            if let Some(step) = next {
                 let t0 = Instant::now();
                 let prefill = step.seqs.iter().any(|s| s.num_tokens > 1);
                 match self.step(&step) {
@@ -221,7 +245,34 @@ impl<B: Backend> Lane<B> {
                 self.publish(&step, prefill, t0.elapsed().as_secs_f64());
             } else {
                 self.publish_idle();
+                if !self.sched.is_idle() {
+                    // Every held sequence waits for its client to read: poll again shortly.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
+        }
+    }
+
+    /// Pauses requests whose stream buffer is full and aborts those paused past the
+    /// stall timeout (their blocks are freed; the client sees `Stalled`).
+    fn abort_stalled(&mut self) {
+        let now = Instant::now();
+        let mut stalled = Vec::new();
+        for (id, rt) in &self.seqs {
+            let req = &rt.req;
+            if req.has_room() {
+                req.paused_since.set(None);
+                continue;
+            }
+            let since = req.paused_since.get().unwrap_or(now);
+            req.paused_since.set(Some(since));
+            if now.duration_since(since) >= self.stall_timeout {
+                stalled.push(*id);
+            }
+        }
+        let idle_s = self.stall_timeout.as_secs_f64();
+        for id in stalled {
+            self.fail_one(id, EngineError::Stalled { idle_s });
         }
     }
 
@@ -244,8 +295,10 @@ impl<B: Backend> Lane<B> {
                     max_tokens: r.req.max_tokens,
                     stop_ids: r.stop_ids,
                     seed: r.seed,
+                    n: r.req.n,
                     events: r.events,
                     scheduled: false.into(),
+                    paused_since: None.into(),
                 });
                 for c in 0..r.req.n {
                     let id = SeqId(r.first.0 + c as u64);
@@ -342,11 +395,15 @@ impl<B: Backend> Lane<B> {
                 logprob: s.logprob,
                 top: s.top,
             };
-            let _ = rt.req.events.try_send(LaneEvent::Token {
+            let sent = rt.req.events.try_send(LaneEvent::Token {
                 choice: rt.choice,
                 info,
                 finish,
             });
+            if let Err(mpsc::error::TrySendError::Full(_)) = sent {
+                // Unreachable while `has_room` gates scheduling; never silent if it happens.
+                tracing::error!(seq = id.0, "stream buffer full: token lost");
+            }
             if finish.is_some() {
                 self.finish(id);
             }

@@ -198,12 +198,22 @@ impl Scheduler {
 
     /// Picks the next step's work, or `None` when there is nothing to run.
     pub fn schedule(&mut self) -> Option<Step> {
+        self.schedule_where(|_| true)
+    }
+
+    /// Like [`Scheduler::schedule`], but sequences for which `ready` is false sit this step
+    /// out (running ones keep their blocks): their clients have not read their output yet.
+    pub fn schedule_where(&mut self, ready: impl Fn(SeqId) -> bool) -> Option<Step> {
         let bs = self.cfg.block_size;
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut picked: Vec<Scheduled> = Vec::new();
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
+            if !ready(self.running[i].id) {
+                i += 1;
+                continue;
+            }
             let (computed, len) = (self.running[i].num_computed, self.running[i].tokens.len());
             let n = (len - computed).min(budget);
             let mut fits = Self::grow(&mut self.pool, &mut self.running[i], computed + n, bs);
@@ -228,7 +238,7 @@ impl Scheduler {
             i += 1;
         }
         if !preempted {
-            self.admit_waiting(&mut budget, &mut picked);
+            self.admit_waiting(&mut budget, &mut picked, &ready);
         }
         (!picked.is_empty()).then(|| self.build_step(picked))
     }
@@ -239,11 +249,16 @@ impl Scheduler {
         self.add(seq);
     }
 
-    fn admit_waiting(&mut self, budget: &mut usize, picked: &mut Vec<Scheduled>) {
+    fn admit_waiting(
+        &mut self,
+        budget: &mut usize,
+        picked: &mut Vec<Scheduled>,
+        ready: &impl Fn(SeqId) -> bool,
+    ) {
         let bs = self.cfg.block_size;
         let mut w = 0;
         while w < self.waiting.len() && *budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            if !self.ready(&self.waiting[w]) {
+            if !self.ready(&self.waiting[w]) || !ready(self.waiting[w].id) {
                 w += 1;
                 continue;
             }
