@@ -35,6 +35,7 @@ pub fn error_kind(e: &EngineError) -> &'static str {
         EngineError::Overloaded { .. } => "overloaded",
         EngineError::InvalidRequest { .. } => "invalid_request",
         EngineError::LaneFailed { .. } => "lane_failed",
+        EngineError::Stalled { .. } => "stalled",
         EngineError::ShuttingDown => "shutting_down",
         EngineError::Load(_) => "load",
     }
