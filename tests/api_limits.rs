@@ -28,7 +28,10 @@ async fn wait_idle(s: &TestServer, timeout: Duration) -> bool {
         let st = client.stats();
         if st.running() == 0
             && st.waiting() == 0
-            && st.lanes.iter().all(|l| l.kv_free_blocks == l.kv_total_blocks)
+            && st
+                .lanes
+                .iter()
+                .all(|l| l.kv_free_blocks == l.kv_total_blocks)
         {
             return true;
         }
@@ -41,9 +44,14 @@ async fn wait_idle(s: &TestServer, timeout: Duration) -> bool {
 async fn max_tokens_near_u64_max_is_refused_on_completions_and_chat() {
     let s = shared();
     for v in HUGE {
-        let (status, _, body) =
-            post(&s.base, C, &json!({"prompt": "Once", "max_tokens": v})).await;
-        assert_error(status, &body, 400, "invalid_request_error", Some("max_tokens"));
+        let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": v})).await;
+        assert_error(
+            status,
+            &body,
+            400,
+            "invalid_request_error",
+            Some("max_tokens"),
+        );
         for field in ["max_tokens", "max_completion_tokens"] {
             let (status, _, body) = post(&s.base, CHAT, &chat_body(field, v)).await;
             assert_eq!(status, 400, "{field} = {v}: {body}");
@@ -60,18 +68,32 @@ async fn a_pool_smaller_than_the_context_refuses_what_cannot_fit_and_keeps_servi
     cfg.engine.kv_blocks = Some(64); // 1,024 tokens; the context holds 2,048
     let s = start(cfg);
     for v in HUGE {
-        let (status, _, body) =
-            post(&s.base, C, &json!({"prompt": "Once", "max_tokens": v})).await;
-        assert_error(status, &body, 400, "invalid_request_error", Some("max_tokens"));
+        let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": v})).await;
+        assert_error(
+            status,
+            &body,
+            400,
+            "invalid_request_error",
+            Some("max_tokens"),
+        );
         let (status, _, body) = post(&s.base, CHAT, &chat_body("max_tokens", v)).await;
         assert_eq!(status, 400, "{body}");
     }
     let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": 1500})).await;
-    assert_error(status, &body, 400, "invalid_request_error", Some("max_tokens"));
+    assert_error(
+        status,
+        &body,
+        400,
+        "invalid_request_error",
+        Some("max_tokens"),
+    );
     let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": 8})).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(get(&s.base, "/health").await.0, 200);
-    assert!(wait_idle(&s, Duration::from_secs(10)).await, "nothing left waiting");
+    assert!(
+        wait_idle(&s, Duration::from_secs(10)).await,
+        "nothing left waiting"
+    );
 }
 
 /// Per-choice texts and the completion token count of a non-streamed response.
@@ -96,7 +118,13 @@ async fn outputs_larger_than_the_stream_buffer_lose_no_tokens() {
         &json!({"prompt": "Once", "n": 16, "logprobs": 20, "max_tokens": u64::MAX}),
     )
     .await;
-    assert_error(status, &body, 400, "invalid_request_error", Some("max_tokens"));
+    assert_error(
+        status,
+        &body,
+        400,
+        "invalid_request_error",
+        Some("max_tokens"),
+    );
     let (n, m) = (16, 120);
     let req = json!({"prompt": "Once", "n": n, "logprobs": 20, "max_tokens": m,
                      "temperature": 1.0, "seed": 5, "ignore_eos": true});
@@ -145,7 +173,9 @@ async fn streams_whose_clients_never_read_are_aborted() {
     let s = start(cfg);
     let holder = json!({"prompt": "Once", "n": 16, "logprobs": 20, "max_tokens": 2000,
                         "ignore_eos": true, "stream": true});
-    let socks: Vec<TcpStream> = (0..3).map(|_| non_reading_stream(&s.base, &holder)).collect();
+    let socks: Vec<TcpStream> = (0..3)
+        .map(|_| non_reading_stream(&s.base, &holder))
+        .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(s.engine.client().stats().running() > 0, "the holders run");
     let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": 8})).await;

@@ -5,13 +5,16 @@ pub mod blocks;
 mod client;
 mod lane;
 mod output;
+mod request;
 pub mod scheduler;
 pub mod stats;
 pub mod types;
+mod validate;
 
 pub use client::{Engine, EngineClient, ResponseStream};
 pub use stats::{EngineStats, LaneStats};
 pub use types::*;
+pub use validate::{MAX_CHOICES, ValidRequest};
 
 use std::str::FromStr;
 
