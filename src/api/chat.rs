@@ -8,7 +8,7 @@ use actix_web::{HttpResponse, post};
 use super::completions::usage_info;
 use super::errors::ApiError;
 use super::extract::ApiJson;
-use super::generation::{self, ChoiceOutput, Generation};
+use super::generation::{self, ChoiceOutput, MergedStream};
 use super::logprobs::TokenTexts;
 use super::sse::{self, ChunkWriter, data_frame};
 use super::state::{AppState, Ready};
@@ -195,7 +195,7 @@ pub async fn chat_completions(
         n: v.n,
         priority: 0,
     })?;
-    let generated = Generation::new(vec![stream], v.n, state.clone());
+    let generated = MergedStream::new(vec![stream], v.n, state.clone());
     let meta = ResponseMeta::new("chatcmpl", &ready.model_name);
     let texts = ready.token_texts.clone();
     if req.stream.unwrap_or(false) {

@@ -7,7 +7,7 @@ use actix_web::{HttpResponse, post};
 
 use super::errors::ApiError;
 use super::extract::ApiJson;
-use super::generation::{self, ChoiceOutput, Generation};
+use super::generation::{self, ChoiceOutput, MergedStream};
 use super::logprobs::TokenTexts;
 use super::sse::{self, ChunkWriter, data_frame};
 use super::state::{AppState, Ready};
@@ -146,7 +146,7 @@ pub async fn completions(
         .into_iter()
         .map(|v| ready.client.submit_valid(v))
         .collect::<Result<Vec<_>, _>>()?;
-    let generated = Generation::new(streams, n, state.clone());
+    let generated = MergedStream::new(streams, n, state.clone());
     let meta = ResponseMeta::new("cmpl", &ready.model_name);
     let texts = ready.token_texts.clone();
     let logprobs = plan.v.params.logprobs.is_some();
