@@ -293,7 +293,7 @@ impl<B: Backend> Lane<B> {
                     arrival,
                 } = *r;
                 let (prompt, request, priority) = req.into_lane(events);
-                let request = Arc::new(request);
+                let request = std::rc::Rc::new(request);
                 for c in 0..request.n {
                     let id = SeqId(first.0 + c as u64);
                     let after = (c > 0).then_some(first);

@@ -3,7 +3,7 @@
 //! running sequence, which is recomputed later (its cached full blocks usually survive).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::rc::Rc;
 
 use super::FinishReason;
 use super::blocks::{BlockId, BlockPool};
@@ -36,7 +36,7 @@ pub struct Sequence {
     pub after: Option<SeqId>,
     /// Index of this choice within its request.
     pub choice: usize,
-    pub(crate) request: Arc<LaneRequest>,
+    pub(crate) request: Rc<LaneRequest>,
     /// Repetition/presence/frequency state, updated per token.
     penalties: Penalties,
 }
@@ -45,7 +45,7 @@ impl Sequence {
     pub(crate) fn new(
         id: SeqId,
         prompt: Vec<u32>,
-        request: Arc<LaneRequest>,
+        request: Rc<LaneRequest>,
         choice: usize,
         (priority, arrival): (i32, u64),
         after: Option<SeqId>,
@@ -101,7 +101,7 @@ impl Sequence {
 #[derive(Debug)]
 pub(crate) struct SeqOutput {
     pub choice: usize,
-    pub request: Arc<LaneRequest>,
+    pub request: Rc<LaneRequest>,
     pub sampled: Sampled,
     pub finish: Option<FinishReason>,
 }
@@ -454,7 +454,7 @@ mod tests {
             stop_ids: vec![],
         };
         let req = LaneRequest::new(SamplingParams::greedy(), 0, limits, 1, tx);
-        Sequence::new(SeqId(id), prompt, Arc::new(req), 0, (0, arrival), None)
+        Sequence::new(SeqId(id), prompt, Rc::new(req), 0, (0, arrival), None)
     }
 
     fn run_step(s: &mut Scheduler, next: u32) -> Step {
