@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{Backend, BackendError, BatchPlan, KvShape, SeqSlice};
 use crate::model::ModelFiles;
 use crate::model::llama::Llama;
-use crate::sampling::{SampleRow, Sampled, SamplingParams, uniform};
+use crate::sampling::{Penalties, SampleRow, Sampled, SamplingParams, uniform};
 
 /// What one generation produced, with in-process timings.
 #[derive(Debug, Clone)]
@@ -125,6 +125,7 @@ impl<B: Backend> SingleGenerator<B> {
         }
         out.prefill_time = t0.elapsed();
         let t1 = Instant::now();
+        let mut penalties = Penalties::new(&opts.params, prompt);
         for i in 0..opts.max_tokens {
             if i > 0 {
                 let last = *out.token_ids.last().expect("one token per step");
@@ -138,12 +139,12 @@ impl<B: Backend> SingleGenerator<B> {
             let row = SampleRow {
                 params: &opts.params,
                 uniform: uniform(seed, i as u64),
-                prompt,
-                output: &out.token_ids,
+                penalties: &penalties,
             };
             let s = self.sample_last(row)?;
             on_token(s.token);
             out.token_ids.push(s.token);
+            penalties.push(s.token);
             let stop = opts.stop_ids.contains(&s.token);
             out.samples.push(s);
             if stop {

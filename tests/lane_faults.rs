@@ -10,10 +10,12 @@ use kiln::engine::{Engine, EngineConfig, EngineError, GenerateRequest, StreamEve
 use kiln::model::{HostTensor, LoadFormat, ModelFiles, ModelSpec};
 use kiln::sampling::{SampleRow, Sampled};
 
-/// The CPU backend with an attention op that fails while `fail` is set.
+/// The CPU backend with an attention op that fails while `fail` is set and panics while
+/// `panic` is set.
 struct Faulty {
     inner: CpuBackend,
     fail: Arc<AtomicBool>,
+    panic: Arc<AtomicBool>,
 }
 
 impl Backend for Faulty {
@@ -103,6 +105,9 @@ impl Backend for Faulty {
         s: &ModelSpec,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
+        if self.panic.load(Ordering::SeqCst) {
+            panic!("injected panic");
+        }
         if self.fail.load(Ordering::SeqCst) {
             return Err(BackendError::Device {
                 op: "attention",
@@ -166,6 +171,7 @@ async fn device_error_fails_requests_and_lane_keeps_serving() {
         Ok(Faulty {
             inner: CpuBackend::new(),
             fail: f2,
+            panic: Arc::default(),
         })
     };
     let engine = Engine::start_with_backends(
@@ -203,4 +209,47 @@ async fn device_error_fails_requests_and_lane_keeps_serving() {
         "blocks not returned or lane not healthy: {:?}",
         client.stats()
     );
+}
+
+#[tokio::test]
+async fn a_lane_that_panics_is_unhealthy_and_fails_its_requests() {
+    let files = ModelFiles::open(&kiln::config::default_model_path(), LoadFormat::Gguf).unwrap();
+    let panic = Arc::new(AtomicBool::new(false));
+    let p2 = panic.clone();
+    let make = move || {
+        Ok(Faulty {
+            inner: CpuBackend::new(),
+            fail: Arc::default(),
+            panic: p2,
+        })
+    };
+    let engine = Engine::start_with_backends(
+        files,
+        vec![("faulty".to_string(), make)],
+        EngineConfig::default(),
+    )
+    .unwrap();
+    let client = engine.client();
+    assert_eq!(outcome(&client, vec![1, 400, 401]).await.unwrap(), 8);
+    assert!(client.is_healthy());
+    panic.store(true, Ordering::SeqCst);
+    let err = outcome(&client, vec![1, 400, 402]).await.unwrap_err();
+    assert!(
+        matches!(err, EngineError::LaneFailed { lane: 0, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("injected panic"), "{err}");
+    assert!(
+        !client.is_healthy(),
+        "a panicked lane reports itself unhealthy"
+    );
+    panic.store(false, Ordering::SeqCst);
+    for _ in 0..3 {
+        let err = outcome(&client, vec![1, 400, 401]).await.unwrap_err();
+        assert!(
+            matches!(err, EngineError::LaneFailed { lane: 0, .. }),
+            "later requests fail with a 5xx error, not hang: {err}"
+        );
+    }
+    assert!(!client.is_healthy(), "a panicked lane stays unhealthy");
 }

@@ -8,7 +8,7 @@ use actix_web::{HttpResponse, post};
 use super::completions::usage_info;
 use super::errors::ApiError;
 use super::extract::ApiJson;
-use super::generation::{self, ChoiceOutput, Generation};
+use super::generation::{self, ChoiceOutput, MergedStream};
 use super::logprobs::TokenTexts;
 use super::sse::{self, ChunkWriter, data_frame};
 use super::state::{AppState, Ready};
@@ -183,20 +183,19 @@ pub async fn chat_completions(
         ready.client.spec().vocab_size,
         logprobs,
     )?;
-    max_reply_tokens(&req, None)?;
+    let max_tokens = max_reply_tokens(&req)?;
     let msgs = messages(&req.messages, limits)?;
     let ids = prompt_ids(ready, msgs, req.add_generation_prompt.unwrap_or(true)).await?;
-    let room = ready.client.max_model_len().min(ready.kv_capacity_tokens());
-    let max_tokens = max_reply_tokens(&req, Some((ids.len(), room)))?;
     let stream = ready.client.submit(GenerateRequest {
         prompt_ids: ids,
+        prompt_param: "messages",
         params: v.params,
         max_tokens,
         stop: v.stop,
         n: v.n,
         priority: 0,
     })?;
-    let generated = Generation::new(vec![stream], v.n, state.clone());
+    let generated = MergedStream::new(vec![stream], v.n, state.clone());
     let meta = ResponseMeta::new("chatcmpl", &ready.model_name);
     let texts = ready.token_texts.clone();
     if req.stream.unwrap_or(false) {
@@ -219,28 +218,14 @@ pub async fn chat_completions(
     Ok(HttpResponse::Ok().json(reply(meta, outputs, usage, texts)))
 }
 
-/// `max_completion_tokens` (or `max_tokens`), at least 1. Given the prompt length and the
-/// room in the context, an absent limit means the rest of the room.
-fn max_reply_tokens(
-    req: &ChatCompletionRequest,
-    prompt: Option<(usize, usize)>,
-) -> Result<usize, ApiError> {
-    let (param, requested) = match (req.max_completion_tokens, req.max_tokens) {
-        (Some(m), _) => ("max_completion_tokens", Some(m)),
-        (None, m) => ("max_tokens", m),
-    };
-    let Some((len, room)) = prompt else {
-        return validate::max_tokens(param, requested, 1);
-    };
-    if len >= room {
-        return Err(ApiError::invalid(
-            "messages",
-            format!(
-                "the conversation is {len} tokens; the context holds {room} with room to reply"
-            ),
-        ));
+/// `max_completion_tokens` (or `max_tokens`), at least 1; absent means the rest of the room
+/// in the context (the engine resolves it).
+fn max_reply_tokens(req: &ChatCompletionRequest) -> Result<Option<usize>, ApiError> {
+    match (req.max_completion_tokens, req.max_tokens) {
+        (Some(m), _) => validate::max_tokens("max_completion_tokens", Some(m), 1).map(Some),
+        (None, Some(m)) => validate::max_tokens("max_tokens", Some(m), 1).map(Some),
+        (None, None) => Ok(None),
     }
-    validate::max_tokens(param, requested, room - len)
 }
 
 /// The non-streamed response.

@@ -7,7 +7,7 @@ use actix_web::{HttpResponse, post};
 
 use super::errors::ApiError;
 use super::extract::ApiJson;
-use super::generation::{self, ChoiceOutput, Generation};
+use super::generation::{self, ChoiceOutput, MergedStream};
 use super::logprobs::TokenTexts;
 use super::sse::{self, ChunkWriter, data_frame};
 use super::state::{AppState, Ready};
@@ -126,29 +126,27 @@ pub async fn completions(
     let srcs = sources(req.prompt, &state.config.limits)?;
     let (tok, echo) = (ready.tokenizer.clone(), plan.echo);
     let prompts = blocking(move || encode(&tok, srcs, echo)).await?;
-    let context = ready.client.max_model_len();
-    if let Some(p) = prompts.iter().find(|p| p.ids.len() >= context) {
-        let len = p.ids.len();
-        return Err(ApiError::invalid(
-            "prompt",
-            format!("the prompt is {len} tokens; the model's context is {context}"),
-        ));
-    }
     let n = plan.v.n;
-    let mut streams = Vec::with_capacity(prompts.len());
+    // Every prompt is checked before any is queued.
+    let mut valid = Vec::with_capacity(prompts.len());
     let mut echoes = Vec::with_capacity(prompts.len() * n);
     for p in prompts {
         echoes.extend(std::iter::repeat_n(p.echo, n));
-        streams.push(ready.client.submit(GenerateRequest {
+        valid.push(ready.client.validate(GenerateRequest {
             prompt_ids: p.ids,
+            prompt_param: "prompt",
             params: plan.v.params.clone(),
-            max_tokens: plan.max_tokens,
+            max_tokens: Some(plan.max_tokens),
             stop: plan.v.stop.clone(),
             n,
             priority: 0,
         })?);
     }
-    let generated = Generation::new(streams, n, state.clone());
+    let streams = valid
+        .into_iter()
+        .map(|v| ready.client.submit_valid(v))
+        .collect::<Result<Vec<_>, _>>()?;
+    let generated = MergedStream::new(streams, n, state.clone());
     let meta = ResponseMeta::new("cmpl", &ready.model_name);
     let texts = ready.token_texts.clone();
     let logprobs = plan.v.params.logprobs.is_some();

@@ -184,6 +184,10 @@ impl From<EngineError> for ApiError {
                 message: e.to_string(),
                 code: "lane_failed",
             },
+            e @ EngineError::Stalled { .. } => ApiError::Unavailable {
+                message: e.to_string(),
+                code: "stream_stalled",
+            },
             e @ EngineError::ShuttingDown => ApiError::Unavailable {
                 message: e.to_string(),
                 code: "shutting_down",

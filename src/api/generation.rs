@@ -1,5 +1,7 @@
 //! One API request's engine streams merged into one, with global choice indexes, metrics
 //! observed as events pass, and a disconnect counted when it is dropped before the end.
+//! It yields the engine's own [`StreamEvent`]s (choice = `prompt * n + choice`): one event
+//! type from the engine to the wire writers.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -9,28 +11,9 @@ use futures_util::stream::{SelectAll, Stream, StreamExt};
 
 use super::errors::ApiError;
 use super::state::AppState;
-use crate::engine::{FinishReason, ResponseStream, StreamEvent, TokenInfo, Usage};
-
-/// An event of the merged stream.
-#[derive(Debug)]
-pub enum GenEvent {
-    /// New text for choice `index` (`prompt * n + choice`).
-    Delta {
-        index: usize,
-        text: String,
-        tokens: Vec<TokenInfo>,
-    },
-    Finish {
-        index: usize,
-        reason: FinishReason,
-    },
-    /// Every choice of every prompt ended.
-    Done {
-        usage: Usage,
-    },
-    /// The request failed; nothing follows.
-    Error(ApiError),
-}
+use crate::engine::{
+    EngineError, FinishReason, RequestTimings, ResponseStream, StreamEvent, TokenInfo, Usage,
+};
 
 /// One engine stream tagged with its prompt's position.
 struct Tagged {
@@ -48,7 +31,7 @@ impl Stream for Tagged {
 
 /// The merged events of one request's engine streams (one per prompt, `n` choices each).
 /// Dropping it before `Done` or `Error` aborts the engine requests and counts a disconnect.
-pub struct Generation {
+pub struct MergedStream {
     streams: SelectAll<Tagged>,
     n: usize,
     parts_left: usize,
@@ -58,7 +41,7 @@ pub struct Generation {
     finished: bool,
 }
 
-impl Generation {
+impl MergedStream {
     /// Merges `streams` (in prompt order), each with `n` choices.
     pub fn new(streams: Vec<ResponseStream>, n: usize, state: Data<AppState>) -> Self {
         let parts = streams.len();
@@ -87,17 +70,17 @@ impl Generation {
         self.n * self.streams.len()
     }
 
-    fn fail(&mut self, e: ApiError) -> GenEvent {
+    fn fail(&mut self, e: EngineError) -> StreamEvent {
         self.finished = true;
         self.streams = SelectAll::new();
-        GenEvent::Error(e)
+        StreamEvent::Error(e)
     }
 }
 
-impl Stream for Generation {
-    type Item = GenEvent;
+impl Stream for MergedStream {
+    type Item = StreamEvent;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<GenEvent>> {
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<StreamEvent>> {
         let this = &mut *self;
         loop {
             if this.finished {
@@ -106,8 +89,8 @@ impl Stream for Generation {
             let (part, event) = match this.streams.poll_next_unpin(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => {
-                    let e = ApiError::Internal("the engine stream ended early".into());
-                    return Poll::Ready(Some(this.fail(e)));
+                    // Each engine stream ends with `Done` or `Error`; this is a lost engine.
+                    return Poll::Ready(Some(this.fail(EngineError::ShuttingDown)));
                 }
                 Poll::Ready(Some(x)) => x,
             };
@@ -118,8 +101,8 @@ impl Stream for Generation {
                     text,
                     tokens,
                 } => {
-                    return Poll::Ready(Some(GenEvent::Delta {
-                        index: index + choice,
+                    return Poll::Ready(Some(StreamEvent::Delta {
+                        choice: index + choice,
                         text,
                         tokens,
                     }));
@@ -127,8 +110,8 @@ impl Stream for Generation {
                 StreamEvent::Finish { choice, reason } => {
                     this.open_choices = this.open_choices.saturating_sub(1);
                     this.state.metrics.observe_finish(reason);
-                    return Poll::Ready(Some(GenEvent::Finish {
-                        index: index + choice,
+                    return Poll::Ready(Some(StreamEvent::Finish {
+                        choice: index + choice,
                         reason,
                     }));
                 }
@@ -139,16 +122,28 @@ impl Stream for Generation {
                     this.parts_left -= 1;
                     if this.parts_left == 0 {
                         this.finished = true;
-                        return Poll::Ready(Some(GenEvent::Done { usage: this.usage }));
+                        return Poll::Ready(Some(StreamEvent::Done {
+                            usage: this.usage,
+                            timings: RequestTimings::default(),
+                        }));
                     }
                 }
-                StreamEvent::Error(e) => return Poll::Ready(Some(this.fail(e.into()))),
+                StreamEvent::Error(e) => {
+                    if matches!(e, EngineError::Stalled { .. }) {
+                        // The engine gave up on a client that stopped reading: a disconnect.
+                        this.state.metrics.observe_disconnect();
+                        for _ in 0..this.open_choices {
+                            this.state.metrics.observe_finish(FinishReason::Abort);
+                        }
+                    }
+                    return Poll::Ready(Some(this.fail(e)));
+                }
             }
         }
     }
 }
 
-impl Drop for Generation {
+impl Drop for MergedStream {
     fn drop(&mut self) {
         if !self.finished {
             self.state.metrics.observe_disconnect();
@@ -169,27 +164,27 @@ pub struct ChoiceOutput {
 
 /// Runs `generated` to the end. If the client goes away, actix drops this future, which drops
 /// `generated` and aborts the engine requests.
-pub async fn collect(mut generated: Generation) -> Result<(Vec<ChoiceOutput>, Usage), ApiError> {
+pub async fn collect(mut generated: MergedStream) -> Result<(Vec<ChoiceOutput>, Usage), ApiError> {
     let mut choices = vec![ChoiceOutput::default(); generated.num_choices()];
     while let Some(event) = generated.next().await {
         match event {
-            GenEvent::Delta {
-                index,
+            StreamEvent::Delta {
+                choice,
                 text,
                 tokens,
             } => {
-                if let Some(c) = choices.get_mut(index) {
+                if let Some(c) = choices.get_mut(choice) {
                     c.text.push_str(&text);
                     c.tokens.extend(tokens);
                 }
             }
-            GenEvent::Finish { index, reason } => {
-                if let Some(c) = choices.get_mut(index) {
+            StreamEvent::Finish { choice, reason } => {
+                if let Some(c) = choices.get_mut(choice) {
                     c.finish = Some(reason);
                 }
             }
-            GenEvent::Done { usage } => return Ok((choices, usage)),
-            GenEvent::Error(e) => return Err(e),
+            StreamEvent::Done { usage, .. } => return Ok((choices, usage)),
+            StreamEvent::Error(e) => return Err(e.into()),
         }
     }
     Err(ApiError::Internal(

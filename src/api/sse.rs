@@ -13,8 +13,9 @@ use futures_util::stream::{Stream, StreamExt};
 use serde::Serialize;
 use tokio::time::{Instant, Sleep, sleep};
 
-use super::generation::{GenEvent, Generation};
-use crate::engine::{FinishReason, TokenInfo, Usage};
+use super::errors::ApiError;
+use super::generation::MergedStream;
+use crate::engine::{FinishReason, StreamEvent, TokenInfo, Usage};
 
 /// The comment sent after a quiet interval.
 pub const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
@@ -45,7 +46,7 @@ pub trait ChunkWriter: Unpin + 'static {
 /// SSE frames of a generation: everything the writer makes, then `[DONE]`; an error after
 /// the headers becomes a `data: {"error": ...}` frame followed by `[DONE]`.
 struct Frames<W> {
-    generated: Generation,
+    generated: MergedStream,
     writer: W,
     queue: VecDeque<Bytes>,
     started: bool,
@@ -72,22 +73,23 @@ impl<W: ChunkWriter> Stream for Frames<W> {
             match this.generated.poll_next_unpin(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => this.ended = true,
-                Poll::Ready(Some(GenEvent::Delta {
-                    index,
+                Poll::Ready(Some(StreamEvent::Delta {
+                    choice,
                     text,
                     tokens,
                 })) => {
-                    this.queue.extend(this.writer.delta(index, text, tokens));
+                    this.queue.extend(this.writer.delta(choice, text, tokens));
                 }
-                Poll::Ready(Some(GenEvent::Finish { index, reason })) => {
-                    this.queue.push_back(this.writer.finish(index, reason));
+                Poll::Ready(Some(StreamEvent::Finish { choice, reason })) => {
+                    this.queue.push_back(this.writer.finish(choice, reason));
                 }
-                Poll::Ready(Some(GenEvent::Done { usage })) => {
+                Poll::Ready(Some(StreamEvent::Done { usage, .. })) => {
                     this.queue.extend(this.writer.usage(usage));
                     this.queue.push_back(Bytes::from_static(DONE));
                     this.ended = true;
                 }
-                Poll::Ready(Some(GenEvent::Error(e))) => {
+                Poll::Ready(Some(StreamEvent::Error(e))) => {
+                    let e = ApiError::from(e);
                     tracing::warn!(error = %e, "request failed after the stream started");
                     this.generated.state().metrics.observe_error(e.error_type());
                     this.queue.push_back(data_frame(&e.body()));
@@ -132,7 +134,7 @@ impl<S: Stream<Item = Bytes> + Unpin> Stream for KeepAlive<S> {
 /// A `text/event-stream` response streaming `generated` through `writer`. When the client goes
 /// away actix drops the body, which drops `generated` and aborts the engine requests.
 pub fn response<W: ChunkWriter>(
-    generated: Generation,
+    generated: MergedStream,
     writer: W,
     keep_alive: Duration,
 ) -> HttpResponse {

@@ -32,18 +32,6 @@ impl Ready {
             Some(m) => Err(ApiError::ModelNotFound(m.to_string())),
         }
     }
-
-    /// Tokens of the KV pool of the largest lane: no request can use more.
-    pub fn kv_capacity_tokens(&self) -> usize {
-        let stats = self.client.stats();
-        let blocks = stats
-            .lanes
-            .iter()
-            .map(|l| l.kv_total_blocks)
-            .max()
-            .unwrap_or(0);
-        blocks * self.client.config().block_size
-    }
 }
 
 /// State shared by every worker (wrapped in `web::Data`, i.e. one `Arc`).

@@ -35,6 +35,7 @@ pub fn error_kind(e: &EngineError) -> &'static str {
         EngineError::Overloaded { .. } => "overloaded",
         EngineError::InvalidRequest { .. } => "invalid_request",
         EngineError::LaneFailed { .. } => "lane_failed",
+        EngineError::Stalled { .. } => "stalled",
         EngineError::ShuttingDown => "shutting_down",
         EngineError::Load(_) => "load",
     }
@@ -68,11 +69,12 @@ impl OfflineTarget {
     ) -> RequestRecord {
         let req = GenerateRequest {
             prompt_ids,
+            prompt_param: "prompt",
             params: SamplingParams {
                 temperature: self.temperature,
                 ..SamplingParams::greedy()
             },
-            max_tokens: info.requested_output_tokens,
+            max_tokens: Some(info.requested_output_tokens),
             stop: StopCriteria {
                 ignore_eos: self.ignore_eos,
                 ..StopCriteria::default()

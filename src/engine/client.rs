@@ -2,17 +2,19 @@
 //! KV blocks, and hands back a stream of events per request.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 
 use futures_util::Stream;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::lane::{self, LaneEvent, LaneMsg, NewRequest};
+use super::lane::{self, LaneLoad, LaneMsg, NewRequest};
 use super::output::OutputProcessor;
+use super::request::{LaneEvent, step_events};
 use super::scheduler::SeqId;
+use super::validate::{self, Bounds, MAX_CHOICES, ValidRequest};
 use super::{
     Device, EngineConfig, EngineError, EngineStats, GenerateRequest, LaneStats, StreamEvent,
 };
@@ -21,15 +23,12 @@ use crate::backend::cpu::CpuBackend;
 use crate::model::{ModelFiles, ModelSpec};
 use crate::tokenizer::Tokenizer;
 
-/// Most choices one request may ask for.
-pub const MAX_CHOICES: usize = 256;
-
 struct LaneHandle {
     tx: mpsc::Sender<LaneMsg>,
     stats: Arc<Mutex<LaneStats>>,
+    /// Free blocks and health, read by the router without locking the stats.
+    load: Arc<LaneLoad>,
     num_blocks: usize,
-    /// Requests routed here whose streams are still open.
-    outstanding: Arc<AtomicUsize>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -39,7 +38,11 @@ struct Shared {
     spec: ModelSpec,
     name: String,
     cfg: EngineConfig,
-    max_len: usize,
+    bounds: Bounds,
+    /// One permit per sequence admitted and not yet finished (held by its response
+    /// stream): the seats of every lane plus `max_waiting`.
+    admission: Arc<Semaphore>,
+    permits: usize,
     next_id: AtomicU64,
 }
 
@@ -110,6 +113,7 @@ fn spawn_lane(
         device: label,
         ..Default::default()
     }));
+    let load = Arc::new(LaneLoad::default());
     let ctx = lane::LaneCtx {
         files,
         cfg: cfg.clone(),
@@ -117,6 +121,7 @@ fn spawn_lane(
         index,
         rx,
         stats: stats.clone(),
+        load: load.clone(),
         ready,
     };
     let thread = std::thread::Builder::new()
@@ -126,8 +131,8 @@ fn spawn_lane(
     let handle = LaneHandle {
         tx,
         stats,
+        load,
         num_blocks: 0,
-        outstanding: Arc::default(),
         thread: Mutex::new(Some(thread)),
     };
     Ok((handle, ready_rx))
@@ -194,7 +199,13 @@ impl Engine {
         let mut failure = None;
         for (mut handle, ready) in pending {
             match ready.recv() {
-                Ok(Ok(r)) => handle.num_blocks = r.num_blocks,
+                Ok(Ok(r)) => {
+                    handle.num_blocks = r.num_blocks;
+                    handle
+                        .load
+                        .free_blocks
+                        .store(r.num_blocks, Ordering::Relaxed);
+                }
                 Ok(Err(e)) => failure = Some(e),
                 Err(_) => {
                     failure = Some(EngineError::Load("lane thread exited during load".into()))
@@ -202,13 +213,25 @@ impl Engine {
             }
             lanes.push(handle);
         }
+        let bounds = Bounds {
+            vocab_size: spec.vocab_size,
+            max_len,
+            pool_tokens: lanes.iter().map(|l| l.num_blocks).max().unwrap_or(0) * cfg.block_size,
+            eos_ids: tokenizer
+                .as_ref()
+                .map(|t| t.eos_ids().to_vec())
+                .unwrap_or_default(),
+        };
+        let permits = cfg.max_waiting + lanes.len() * cfg.max_num_seqs;
         let shared = Shared {
             lanes,
             tokenizer,
             spec,
             name,
             cfg,
-            max_len,
+            bounds,
+            admission: Arc::new(Semaphore::new(permits)),
+            permits,
             next_id: AtomicU64::new(1),
         };
         let engine = Engine {
@@ -257,7 +280,7 @@ impl EngineClient {
     }
     /// Prompt plus generated tokens may not exceed this.
     pub fn max_model_len(&self) -> usize {
-        self.shared.max_len
+        self.shared.bounds.max_len
     }
     pub fn config(&self) -> &EngineConfig {
         &self.shared.cfg
@@ -273,142 +296,101 @@ impl EngineClient {
                 .collect(),
         }
     }
+    /// Every lane is loaded, alive and healthy (a lane that panicked or whose thread ended
+    /// is not).
     pub fn is_healthy(&self) -> bool {
-        self.stats().healthy()
+        self.shared.lanes.iter().all(|l| {
+            let alive = l
+                .thread
+                .lock()
+                .expect("thread lock")
+                .as_ref()
+                .is_some_and(|t| !t.is_finished());
+            alive && l.load.healthy.load(Ordering::Relaxed)
+        })
     }
 
-    fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
-        let invalid = |param, message: String| {
-            Err(EngineError::InvalidRequest {
-                param: Some(param),
-                message,
-            })
-        };
-        let (p, m) = (req.prompt_ids.len(), req.max_tokens);
-        if p == 0 {
-            return invalid("prompt", "the prompt is empty".into());
-        }
-        if let Some(t) = req
-            .prompt_ids
-            .iter()
-            .find(|&&t| t as usize >= self.shared.spec.vocab_size)
-        {
-            return invalid(
-                "prompt",
-                format!(
-                    "token id {t} is out of range (vocabulary of {})",
-                    self.shared.spec.vocab_size
-                ),
-            );
-        }
-        if m == 0 {
-            return invalid("max_tokens", "max_tokens must be at least 1".into());
-        }
-        if req.n == 0 || req.n > MAX_CHOICES {
-            return invalid("n", format!("n must be between 1 and {MAX_CHOICES}"));
-        }
-        let max_len = self.shared.max_len;
-        if p + m > max_len {
-            return invalid(
-                "max_tokens",
-                format!(
-                    "This model's maximum context length is {max_len} tokens. However, you requested {} tokens ({p} in the prompt, {m} for the completion).",
-                    p + m
-                ),
-            );
-        }
-        let bs = self.shared.cfg.block_size;
-        let pool = self
-            .shared
-            .lanes
-            .iter()
-            .map(|l| l.num_blocks)
-            .max()
-            .unwrap_or(0);
-        if (p + m).div_ceil(bs) > pool {
-            return invalid(
-                "max_tokens",
-                format!(
-                    "{} tokens do not fit the KV cache of {} tokens",
-                    p + m,
-                    pool * bs
-                ),
-            );
-        }
-        Ok(())
+    /// Checks every limit of `req` (the one place they are checked).
+    pub fn validate(&self, req: GenerateRequest) -> Result<ValidRequest, EngineError> {
+        validate::validate(req, &self.shared.bounds)
     }
 
     /// Validates and queues a request. Fails fast with `Overloaded` when too many wait.
     pub fn submit(&self, req: GenerateRequest) -> Result<ResponseStream, EngineError> {
-        self.validate(&req)?;
-        let stats = self.stats();
-        let waiting = stats.waiting();
-        if waiting >= self.shared.cfg.max_waiting {
-            return Err(EngineError::Overloaded {
-                waiting,
-                retry_after_s: 1,
-            });
-        }
-        let lane = stats
-            .lanes
-            .iter()
-            .enumerate()
-            .max_by_key(|(i, l)| {
-                // Healthy lanes first, then most free KV blocks, then fewest open streams.
-                let queued = self.shared.lanes[*i].outstanding.load(Ordering::Relaxed);
+        self.submit_valid(self.validate(req)?)
+    }
+
+    /// The lane with the most free blocks (healthy lanes first); the blocks the request
+    /// will need are counted against it at once, so a burst spreads over the lanes.
+    fn route(&self, req: &ValidRequest) -> usize {
+        let lanes = &self.shared.lanes;
+        let i = (0..lanes.len())
+            .max_by_key(|&i| {
+                let load = &lanes[i].load;
                 (
-                    l.healthy,
-                    l.kv_free_blocks,
-                    usize::MAX - queued,
+                    load.healthy.load(Ordering::Relaxed),
+                    load.free_blocks.load(Ordering::Relaxed),
                     usize::MAX - i,
                 )
             })
-            .map(|(i, _)| i)
-            .ok_or(EngineError::ShuttingDown)?;
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let first = SeqId(id * MAX_CHOICES as u64);
-        let capacity = req.n * (req.max_tokens + 1) + 4;
-        let (tx, rx) = mpsc::channel(capacity);
-        let mut stop_ids = req.stop.token_ids.clone();
-        if !req.stop.ignore_eos
-            && let Some(t) = &self.shared.tokenizer
-        {
-            stop_ids.extend_from_slice(t.eos_ids());
+            .unwrap_or(0);
+        let need = req.prompt_ids().len().div_ceil(self.shared.cfg.block_size) + req.n();
+        let free = &lanes[i].load.free_blocks;
+        let _ = free.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |f| {
+            Some(f.saturating_sub(need))
+        });
+        i
+    }
+
+    /// Queues a validated request, holding one admission permit per choice for the life of
+    /// its stream; none left is `Overloaded` (429 with Retry-After).
+    pub fn submit_valid(&self, mut req: ValidRequest) -> Result<ResponseStream, EngineError> {
+        let sh = &self.shared;
+        let overloaded = || EngineError::Overloaded {
+            waiting: sh.permits - sh.admission.available_permits(),
+            retry_after_s: 1,
+        };
+        if req.n() > sh.permits {
+            return Err(EngineError::InvalidRequest {
+                param: Some("n"),
+                message: format!("n must be at most {} on this server", sh.permits),
+            });
         }
-        let processor = OutputProcessor::new(
-            self.shared.tokenizer.as_ref(),
-            &req.prompt_ids,
-            req.n,
-            req.stop.strings.clone(),
-        );
-        let seed = req.params.seed.unwrap_or_else(rand::random);
+        let permit = sh
+            .admission
+            .clone()
+            .try_acquire_many_owned(req.n() as u32)
+            .map_err(|_| overloaded())?;
+        let lane = self.route(&req);
+        let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+        let first = SeqId(id * MAX_CHOICES as u64);
+        // A server-chosen bound: one step's events (n tokens, `Scheduled`, a final error)
+        // plus the configured buffer; `n` is capped by `MAX_CHOICES`.
+        let capacity = sh.cfg.stream_buffer_events.max(1) + step_events(req.n());
+        let (tx, rx) = mpsc::channel(capacity);
+        let stops = req.take_stop_strings();
+        let processor =
+            OutputProcessor::new(sh.tokenizer.as_ref(), req.prompt_ids(), req.n(), stops);
         let msg = NewRequest {
             first,
             req,
-            seed,
-            stop_ids,
             events: tx,
             arrival: id,
         };
-        let lane_tx = self.shared.lanes[lane].tx.clone();
+        let lane_tx = sh.lanes[lane].tx.clone();
         lane_tx
             .try_send(LaneMsg::Submit(Box::new(msg)))
             .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => EngineError::Overloaded {
-                    waiting,
-                    retry_after_s: 1,
-                },
+                mpsc::error::TrySendError::Full(_) => overloaded(),
                 mpsc::error::TrySendError::Closed(_) => EngineError::ShuttingDown,
             })?;
-        let outstanding = self.shared.lanes[lane].outstanding.clone();
-        outstanding.fetch_add(1, Ordering::Relaxed);
         Ok(ResponseStream {
             rx,
             lane_tx,
             first,
             processor,
             done: false,
-            outstanding,
+            _permit: permit,
         })
     }
 }
@@ -420,13 +402,8 @@ pub struct ResponseStream {
     first: SeqId,
     processor: OutputProcessor,
     done: bool,
-    outstanding: Arc<AtomicUsize>,
-}
-
-impl Drop for ResponseStream {
-    fn drop(&mut self) {
-        self.outstanding.fetch_sub(1, Ordering::Relaxed);
-    }
+    /// Admission: released when the stream is dropped.
+    _permit: OwnedSemaphorePermit,
 }
 
 impl ResponseStream {

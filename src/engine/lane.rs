@@ -2,20 +2,22 @@
 //! scheduler and block manager. Everything else talks to it through bounded channels.
 //! The loop is `schedule()` -> `forward(batch)` -> `update(outputs)`.
 
-use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
 use super::blocks::BlockPool;
+use super::request::LaneEvent;
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence, Step};
 use super::stats::LaneStats;
-use super::{EngineConfig, EngineError, FinishReason, GenerateRequest, TokenInfo};
+use super::validate::ValidRequest;
+use super::{EngineConfig, EngineError, TokenInfo};
 use crate::backend::{Backend, BackendError, KvShape};
 use crate::model::ModelFiles;
 use crate::model::llama::Llama;
-use crate::sampling::{SampleRow, SamplingParams, uniform};
 
 /// Messages into a lane.
 pub(crate) enum LaneMsg {
@@ -29,42 +31,17 @@ pub(crate) enum LaneMsg {
 pub(crate) struct NewRequest {
     /// Sequence id of choice 0; choice `c` is `first + c`.
     pub first: SeqId,
-    pub req: GenerateRequest,
-    pub seed: u64,
-    /// Token ids that end a choice (EOS unless ignored, plus the request's stop ids).
-    pub stop_ids: Vec<u32>,
+    pub req: ValidRequest,
     pub events: mpsc::Sender<LaneEvent>,
     pub arrival: u64,
 }
 
-/// Events from a lane to one request's output processor.
-#[derive(Debug)]
-pub(crate) enum LaneEvent {
-    /// The request got its first step.
-    Scheduled {
-        at: Instant,
-    },
-    Token {
-        choice: usize,
-        info: TokenInfo,
-        finish: Option<FinishReason>,
-    },
-    Failed(EngineError),
-}
-
-/// What the lane knows about a running choice beyond the scheduler's view.
-struct SeqRt {
-    choice: usize,
-    req: Arc<ReqRt>,
-}
-
-struct ReqRt {
-    params: SamplingParams,
-    max_tokens: usize,
-    stop_ids: Vec<u32>,
-    seed: u64,
-    events: mpsc::Sender<LaneEvent>,
-    scheduled: std::sync::atomic::AtomicBool,
+/// What the router reads of a lane without locking its stats: cheap atomics the lane keeps.
+#[derive(Debug, Default)]
+pub(crate) struct LaneLoad {
+    /// Free KV blocks after the last step, less what was routed here since.
+    pub free_blocks: AtomicUsize,
+    pub healthy: AtomicBool,
 }
 
 /// Sizes reported by a lane once it is ready.
@@ -97,11 +74,11 @@ struct Lane<B: Backend> {
     model: Llama<B>,
     kv: B::Kv,
     sched: Scheduler,
-    seqs: HashMap<SeqId, SeqRt>,
     rx: mpsc::Receiver<LaneMsg>,
     stats: Arc<Mutex<LaneStats>>,
-    max_len: usize,
+    load: Arc<LaneLoad>,
     index: usize,
+    stall_timeout: Duration,
 }
 
 /// Everything a lane thread needs besides its backend.
@@ -112,6 +89,7 @@ pub(crate) struct LaneCtx {
     pub index: usize,
     pub rx: mpsc::Receiver<LaneMsg>,
     pub stats: Arc<Mutex<LaneStats>>,
+    pub load: Arc<LaneLoad>,
     pub ready: std::sync::mpsc::SyncSender<Result<LaneReady, EngineError>>,
 }
 
@@ -125,6 +103,7 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
         index,
         rx,
         stats,
+        load,
         ready,
     } = ctx;
     let built = (|| -> Result<Lane<B>, BackendError> {
@@ -164,17 +143,18 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
             st.healthy = true;
             st.kv_total_blocks = num_blocks;
             st.kv_free_blocks = num_blocks;
+            load.healthy.store(true, Ordering::Relaxed);
         }
         Ok(Lane {
             backend,
             model,
             kv,
             sched,
-            seqs: HashMap::new(),
             rx,
             stats,
-            max_len,
+            load,
             index,
+            stall_timeout: Duration::from_secs_f64(cfg.stream_stall_timeout_s.clamp(0.001, 1e9)),
         })
     })();
     let mut lane = match built {
@@ -188,7 +168,17 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
         num_blocks: lane.sched.pool().num_blocks(),
     }));
     drop(files);
-    lane.serve();
+    lane.publish_idle();
+    // A panic anywhere in the loop leaves the lane's state unknown: it reports itself
+    // unhealthy and fails what it holds and everything sent to it afterwards.
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(|| lane.serve())) {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        lane.die(&what);
+    }
 }
 
 impl<B: Backend> Lane<B> {
@@ -210,18 +200,75 @@ impl<B: Backend> Lane<B> {
                 }
             }
             self.drop_abandoned();
+            self.abort_stalled();
             if let Some(step) = self.sched.schedule() {
                 let t0 = Instant::now();
                 let prefill = step.seqs.iter().any(|s| s.num_tokens > 1);
                 match self.step(&step) {
                     // A step that succeeds after a failure makes the lane healthy again.
-                    Ok(()) => self.stats.lock().expect("stats lock").healthy = true,
+                    Ok(()) => self.set_healthy(true),
                     Err(e) => self.fail_all(e),
                 }
                 self.publish(&step, prefill, t0.elapsed().as_secs_f64());
             } else {
                 self.publish_idle();
+                if !self.sched.is_idle() {
+                    // Every held sequence waits for its client to read: poll again shortly.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
+        }
+    }
+
+    fn set_healthy(&self, healthy: bool) {
+        self.stats.lock().expect("stats lock").healthy = healthy;
+        self.load.healthy.store(healthy, Ordering::Relaxed);
+    }
+
+    /// After a panic: unhealthy for good; fails every held and every later request.
+    fn die(&mut self, what: &str) {
+        tracing::error!(lane = self.index, panic = %what, "lane panicked; it serves no more");
+        let err = EngineError::LaneFailed {
+            lane: self.index,
+            message: format!("the lane panicked: {what}"),
+        };
+        if let Ok(mut st) = self.stats.lock() {
+            st.healthy = false;
+        }
+        self.load.healthy.store(false, Ordering::Relaxed);
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            for id in self.sched.ids() {
+                self.fail_one(id, err.clone());
+            }
+        }));
+        while let Some(msg) = self.rx.blocking_recv() {
+            match msg {
+                LaneMsg::Submit(r) => {
+                    let _ = r.events.try_send(LaneEvent::Failed(err.clone()));
+                }
+                LaneMsg::Abort(_) => {}
+                LaneMsg::Shutdown => return,
+            }
+        }
+    }
+
+    /// Aborts requests whose stream buffer has been full for the stall timeout (their blocks
+    /// are freed; the client sees `Stalled`). Requests with a full buffer merely pause.
+    fn abort_stalled(&mut self) {
+        let now = Instant::now();
+        let stalled: Vec<SeqId> = self
+            .sched
+            .sequences()
+            .filter(|s| {
+                s.request
+                    .paused_for(now)
+                    .is_some_and(|d| d >= self.stall_timeout)
+            })
+            .map(|s| s.id)
+            .collect();
+        let idle_s = self.stall_timeout.as_secs_f64();
+        for id in stalled {
+            self.fail_one(id, EngineError::Stalled { idle_s });
         }
     }
 
@@ -235,134 +282,82 @@ impl<B: Backend> Lane<B> {
                 false
             }
             LaneMsg::Abort(id) => {
-                self.finish(id);
+                self.sched.remove(id);
                 true
             }
             LaneMsg::Submit(r) => {
-                let rt = Arc::new(ReqRt {
-                    params: r.req.params.clone(),
-                    max_tokens: r.req.max_tokens,
-                    stop_ids: r.stop_ids,
-                    seed: r.seed,
-                    events: r.events,
-                    scheduled: false.into(),
-                });
-                for c in 0..r.req.n {
-                    let id = SeqId(r.first.0 + c as u64);
-                    let after = (c > 0).then_some(r.first);
+                let NewRequest {
+                    first,
+                    req,
+                    events,
+                    arrival,
+                } = *r;
+                let (prompt, request, priority) = req.into_lane(events);
+                let request = std::rc::Rc::new(request);
+                for c in 0..request.n {
+                    let id = SeqId(first.0 + c as u64);
+                    let after = (c > 0).then_some(first);
                     self.sched.add(Sequence::new(
                         id,
-                        r.req.prompt_ids.clone(),
-                        r.req.priority,
-                        r.arrival,
+                        prompt.clone(),
+                        request.clone(),
+                        c,
+                        (priority, arrival),
                         after,
                     ));
-                    self.seqs.insert(
-                        id,
-                        SeqRt {
-                            choice: c,
-                            req: rt.clone(),
-                        },
-                    );
                 }
                 true
             }
         }
     }
 
-    fn finish(&mut self, id: SeqId) {
-        self.sched.remove(id);
-        self.seqs.remove(&id);
-    }
-
     /// Frees every sequence whose client has gone away.
     fn drop_abandoned(&mut self) {
         let gone: Vec<SeqId> = self
-            .seqs
-            .iter()
-            .filter(|(_, rt)| rt.req.events.is_closed())
-            .map(|(id, _)| *id)
+            .sched
+            .sequences()
+            .filter(|s| s.request.is_abandoned())
+            .map(|s| s.id)
             .collect();
         for id in gone {
-            self.finish(id);
+            self.sched.remove(id);
         }
     }
 
+    /// `schedule()` -> forward + sample -> `update()`; the lane only turns outputs into events.
     fn step(&mut self, step: &Step) -> Result<(), BackendError> {
         let now = Instant::now();
-        for p in &step.seqs {
-            let rt = &self.seqs[&p.id].req;
-            if !rt
-                .scheduled
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
-            {
-                let _ = rt.events.try_send(LaneEvent::Scheduled { at: now });
-            }
+        for s in self.sched.running() {
+            s.request.mark_scheduled(now);
         }
         let logits = self
             .model
             .forward(&mut self.backend, &mut self.kv, &step.plan)?;
-        self.sched.on_computed(step);
-        let sampling: Vec<SeqId> = step
-            .seqs
-            .iter()
-            .filter(|p| p.wants_logits)
-            .map(|p| p.id)
-            .collect();
-        let sampled = {
-            let mut rows = Vec::with_capacity(sampling.len());
-            for id in &sampling {
-                let seq = self.sched.get(*id).expect("scheduled sequence is held");
-                let req = &self.seqs[id].req;
-                rows.push(SampleRow {
-                    params: &req.params,
-                    uniform: uniform(
-                        req.seed ^ self.seqs[id].choice as u64,
-                        seq.output().len() as u64,
-                    ),
-                    prompt: &seq.tokens[..seq.prompt_len],
-                    output: seq.output(),
-                });
-            }
-            self.backend.sample(logits, &rows)?
-        };
-        for (id, s) in sampling.into_iter().zip(sampled) {
-            self.sched.push_token(id, s.token);
-            let seq = self.sched.get(id).expect("held");
-            let rt = &self.seqs[&id];
-            let finish = if rt.req.stop_ids.contains(&s.token) {
-                Some(FinishReason::Stop)
-            } else if seq.output().len() >= rt.req.max_tokens || seq.tokens.len() >= self.max_len {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            let info = TokenInfo {
-                id: s.token,
-                logprob: s.logprob,
-                top: s.top,
-            };
-            let _ = rt.req.events.try_send(LaneEvent::Token {
-                choice: rt.choice,
-                info,
-                finish,
+        let sampled = self.backend.sample(logits, &self.sched.sample_rows(step))?;
+        for out in self.sched.update(step, sampled) {
+            let s = out.sampled;
+            out.request.emit(LaneEvent::Token {
+                choice: out.choice,
+                info: TokenInfo {
+                    id: s.token,
+                    logprob: s.logprob,
+                    top: s.top,
+                },
+                finish: out.finish,
             });
-            if finish.is_some() {
-                self.finish(id);
-            }
         }
         Ok(())
     }
 
-    /// A device or model error: fail every request of this lane, free everything, keep serving.
-    /// Ends one sequence with an error event.
+    /// Ends one sequence with an error event (one per request) and frees it.
     fn fail_one(&mut self, id: SeqId, e: EngineError) {
-        if let Some(rt) = self.seqs.get(&id) {
-            let _ = rt.req.events.try_send(LaneEvent::Failed(e));
+        if let Some(seq) = self.sched.get(id) {
+            seq.request.fail(e);
         }
-        self.finish(id);
+        self.sched.remove(id);
     }
 
+    /// A device or model error: fail every request of this lane, free everything, keep serving.
     fn fail_all(&mut self, e: BackendError) {
         tracing::error!(device = %self.backend.name(), error = %e, "lane step failed");
         let lane_err = EngineError::LaneFailed {
@@ -370,7 +365,7 @@ impl<B: Backend> Lane<B> {
             message: e.to_string(),
         };
         if !matches!(e, BackendError::InvalidBatch(_)) {
-            self.stats.lock().expect("stats lock").healthy = false;
+            self.set_healthy(false);
         }
         for id in self.sched.ids() {
             self.fail_one(id, lane_err.clone());
@@ -407,6 +402,9 @@ impl<B: Backend> Lane<B> {
         st.running = self.sched.num_running();
         st.waiting = self.sched.num_waiting();
         st.kv_free_blocks = self.sched.pool().num_free();
+        self.load
+            .free_blocks
+            .store(st.kv_free_blocks, Ordering::Relaxed);
         st.prefix_cache_queries = self.sched.counters.prefix_queries;
         st.prefix_cache_hits = self.sched.counters.prefix_hits;
         st.preemptions = self.sched.counters.preemptions;

@@ -5,13 +5,16 @@ pub mod blocks;
 mod client;
 mod lane;
 mod output;
+mod request;
 pub mod scheduler;
 pub mod stats;
 pub mod types;
+mod validate;
 
 pub use client::{Engine, EngineClient, ResponseStream};
 pub use stats::{EngineStats, LaneStats};
 pub use types::*;
+pub use validate::{MAX_CHOICES, ValidRequest};
 
 use std::str::FromStr;
 
@@ -30,6 +33,9 @@ pub enum EngineError {
     /// A device or model error failed this lane's requests.
     #[error("lane {lane} failed: {message}")]
     LaneFailed { lane: usize, message: String },
+    /// The client read nothing for `idle_s` seconds while its stream buffer was full.
+    #[error("the client read nothing for {idle_s} s; the request was aborted")]
+    Stalled { idle_s: f64 },
     /// The engine is shutting down or has stopped.
     #[error("the engine is shutting down")]
     ShuttingDown,
@@ -103,6 +109,12 @@ pub struct EngineConfig {
     pub kernel_timing_period: u64,
     /// GPU activation/weight precision: `bf16` (default) or `f32` (exact parity with the CPU).
     pub gpu_dtype: GpuDtype,
+    /// Events a request's stream buffers beyond one step's worth (a server bound, never a
+    /// client's number). A request whose client reads slower pauses, keeping its blocks.
+    pub stream_buffer_events: usize,
+    /// A paused request whose client has read nothing for this long is aborted: its blocks
+    /// are freed and it counts as a disconnect.
+    pub stream_stall_timeout_s: f64,
 }
 
 /// Precision of GPU weights and activations (accumulation is always f32).
@@ -128,6 +140,8 @@ impl Default for EngineConfig {
             max_model_len: None,
             kernel_timing_period: 64,
             gpu_dtype: GpuDtype::Bf16,
+            stream_buffer_events: 256,
+            stream_stall_timeout_s: 30.0,
         }
     }
 }

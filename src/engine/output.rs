@@ -1,11 +1,15 @@
 //! Per-request output processing, off the lane: incremental detokenization, stop strings
 //! (text that may begin one is held back until resolved), usage and timings.
+//!
+//! Stop strings live here, not in the scheduler's `update`: they match text, which only
+//! exists after detokenization (a stop string may span tokens or end inside one), as in
+//! vLLM v1's frontend output processor. A match aborts the choice in the lane.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::lane::LaneEvent;
+use super::request::LaneEvent;
 use super::{FinishReason, RequestTimings, StreamEvent, TokenInfo, Usage};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 

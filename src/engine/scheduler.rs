@@ -3,15 +3,20 @@
 //! running sequence, which is recomputed later (its cached full blocks usually survive).
 
 use std::collections::VecDeque;
+use std::rc::Rc;
 
+use super::FinishReason;
 use super::blocks::{BlockId, BlockPool};
+use super::request::LaneRequest;
 use crate::backend::{BatchPlan, SeqSlice};
+use crate::sampling::{Penalties, SampleRow, Sampled, uniform};
 
 /// Identifies one sequence (one choice of one request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u64);
 
-/// A sequence as the scheduler sees it: tokens and how many of them are in the cache.
+/// One choice of one request: its tokens, how many of them are in the cache, its limits and
+/// the request data it shares with its sibling choices.
 #[derive(Debug)]
 pub struct Sequence {
     pub id: SeqId,
@@ -29,19 +34,26 @@ pub struct Sequence {
     pub arrival: u64,
     /// Wait until this sequence's prompt is computed (n > 1 choices share its blocks).
     pub after: Option<SeqId>,
+    /// Index of this choice within its request.
+    pub choice: usize,
+    pub(crate) request: Rc<LaneRequest>,
+    /// Repetition/presence/frequency state, updated per token.
+    penalties: Penalties,
 }
 
 impl Sequence {
-    pub fn new(
+    pub(crate) fn new(
         id: SeqId,
         prompt: Vec<u32>,
-        priority: i32,
-        arrival: u64,
+        request: Rc<LaneRequest>,
+        choice: usize,
+        (priority, arrival): (i32, u64),
         after: Option<SeqId>,
     ) -> Self {
         Self {
             id,
             prompt_len: prompt.len(),
+            penalties: Penalties::new(&request.params, &prompt),
             tokens: prompt,
             num_computed: 0,
             blocks: Vec::new(),
@@ -49,12 +61,49 @@ impl Sequence {
             priority,
             arrival,
             after,
+            choice,
+            request,
         }
     }
     /// Generated tokens so far.
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
     }
+
+    /// The sampler's view of this sequence for its next token.
+    fn sample_row(&self) -> SampleRow<'_> {
+        let r = &self.request;
+        SampleRow {
+            params: &r.params,
+            uniform: uniform(r.seed ^ self.choice as u64, self.output().len() as u64),
+            penalties: &self.penalties,
+        }
+    }
+
+    /// Appends a sampled token and decides whether the choice ends: a stop id, its
+    /// `max_tokens`, or the context length.
+    fn push(&mut self, token: u32) -> Option<FinishReason> {
+        self.tokens.push(token);
+        self.penalties.push(token);
+        let l = &self.request.limits;
+        if l.stop_ids.contains(&token) {
+            Some(FinishReason::Stop)
+        } else if self.output().len() >= l.max_tokens || self.tokens.len() >= l.max_len {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+}
+
+/// What a step produced for one sequence: its sampled token and, when the token ids decide
+/// it, why the choice ended (the sequence is then gone and its blocks are free).
+#[derive(Debug)]
+pub(crate) struct SeqOutput {
+    pub choice: usize,
+    pub request: Rc<LaneRequest>,
+    pub sampled: Sampled,
+    pub finish: Option<FinishReason>,
 }
 
 /// Limits of one lane's scheduler.
@@ -143,6 +192,11 @@ impl Scheduler {
             .find(|s| s.id == id)
     }
 
+    /// Every sequence held (running then waiting).
+    pub fn sequences(&self) -> impl Iterator<Item = &Sequence> {
+        self.running.iter().chain(self.waiting.iter())
+    }
+
     /// Ids of every sequence held (running then waiting).
     pub fn ids(&self) -> Vec<SeqId> {
         self.running
@@ -196,7 +250,9 @@ impl Scheduler {
         }
     }
 
-    /// Picks the next step's work, or `None` when there is nothing to run.
+    /// Picks the next step's work, or `None` when there is nothing to run. Sequences whose
+    /// stream buffer is full sit the step out (running ones keep their blocks) until their
+    /// client reads.
     pub fn schedule(&mut self) -> Option<Step> {
         let bs = self.cfg.block_size;
         let mut budget = self.cfg.max_num_batched_tokens;
@@ -204,6 +260,10 @@ impl Scheduler {
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
+            if !self.running[i].request.has_room() {
+                i += 1;
+                continue;
+            }
             let (computed, len) = (self.running[i].num_computed, self.running[i].tokens.len());
             let n = (len - computed).min(budget);
             let mut fits = Self::grow(&mut self.pool, &mut self.running[i], computed + n, bs);
@@ -243,7 +303,7 @@ impl Scheduler {
         let bs = self.cfg.block_size;
         let mut w = 0;
         while w < self.waiting.len() && *budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            if !self.ready(&self.waiting[w]) {
+            if !self.ready(&self.waiting[w]) || !self.waiting[w].request.has_room() {
                 w += 1;
                 continue;
             }
@@ -301,8 +361,55 @@ impl Scheduler {
         Step { plan, seqs: picked }
     }
 
+    /// Running sequences, in scheduling order.
+    pub fn running(&self) -> &[Sequence] {
+        &self.running
+    }
+
+    fn running_seq(&self, id: SeqId) -> &Sequence {
+        self.running
+            .iter()
+            .find(|s| s.id == id)
+            .expect("a scheduled sequence runs until the step is updated")
+    }
+
+    /// The sampler rows of a step: one per sequence that wants logits, in step order.
+    pub fn sample_rows(&self, step: &Step) -> Vec<SampleRow<'_>> {
+        step.seqs
+            .iter()
+            .filter(|p| p.wants_logits)
+            .map(|p| self.running_seq(p.id).sample_row())
+            .collect()
+    }
+
+    /// Applies a computed step (vLLM's `update_from_output`): marks its tokens as computed,
+    /// registers newly full blocks, appends the sampled tokens (one per row of
+    /// [`Scheduler::sample_rows`]) and decides every finish the token ids decide. Finished
+    /// sequences are removed and their blocks freed.
+    pub(crate) fn update(&mut self, step: &Step, sampled: Vec<Sampled>) -> Vec<SeqOutput> {
+        self.on_computed(step);
+        let ids = step.seqs.iter().filter(|p| p.wants_logits).map(|p| p.id);
+        let mut outputs = Vec::with_capacity(sampled.len());
+        for (id, sampled) in ids.zip(sampled) {
+            let Some(seq) = self.running.iter_mut().find(|s| s.id == id) else {
+                continue;
+            };
+            let finish = seq.push(sampled.token);
+            outputs.push(SeqOutput {
+                choice: seq.choice,
+                request: seq.request.clone(),
+                sampled,
+                finish,
+            });
+            if finish.is_some() {
+                self.remove(id);
+            }
+        }
+        outputs
+    }
+
     /// Marks a step's tokens as computed and registers newly full blocks in the prefix cache.
-    pub fn on_computed(&mut self, step: &Step) {
+    fn on_computed(&mut self, step: &Step) {
         let bs = self.cfg.block_size;
         for p in &step.seqs {
             let Some(s) = self.running.iter_mut().find(|s| s.id == p.id) else {
@@ -320,18 +427,13 @@ impl Scheduler {
             }
         }
     }
-
-    /// Appends a sampled token to a running sequence.
-    pub fn push_token(&mut self, id: SeqId, token: u32) {
-        if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
-            s.tokens.push(token);
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::request::Limits;
+    use crate::sampling::SamplingParams;
 
     fn sched(blocks: usize, budget: usize) -> Scheduler {
         let cfg = SchedulerConfig {
@@ -342,21 +444,37 @@ mod tests {
         Scheduler::new(cfg, BlockPool::new(blocks, true))
     }
 
+    /// A greedy request that never finishes within these tests, with room to stream.
+    fn seq(id: u64, prompt: Vec<u32>, arrival: u64) -> Sequence {
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        std::mem::forget(rx);
+        let limits = Limits {
+            max_tokens: 1000,
+            max_len: 1000,
+            stop_ids: vec![],
+        };
+        let req = LaneRequest::new(SamplingParams::greedy(), 0, limits, 1, tx);
+        Sequence::new(SeqId(id), prompt, Rc::new(req), 0, (0, arrival), None)
+    }
+
     fn run_step(s: &mut Scheduler, next: u32) -> Step {
         let step = s.schedule().expect("work");
-        s.on_computed(&step);
-        for p in &step.seqs {
-            if p.wants_logits {
-                s.push_token(p.id, next);
-            }
-        }
+        let rows = s.sample_rows(&step).len();
+        let sampled = (0..rows)
+            .map(|_| Sampled {
+                token: next,
+                logprob: 0.0,
+                top: vec![],
+            })
+            .collect();
+        assert!(s.update(&step, sampled).iter().all(|o| o.finish.is_none()));
         step
     }
 
     #[test]
     fn chunked_prefill_then_decode_within_budget() {
         let mut s = sched(16, 6);
-        s.add(Sequence::new(SeqId(1), (0..10).collect(), 0, 0, None));
+        s.add(seq(1, (0..10).collect(), 0));
         let a = run_step(&mut s, 99);
         assert_eq!((a.plan.num_tokens(), a.seqs[0].wants_logits), (6, false));
         let b = run_step(&mut s, 99);
@@ -371,8 +489,8 @@ mod tests {
     #[test]
     fn preempts_newest_when_blocks_run_out() {
         let mut s = sched(4, 64);
-        s.add(Sequence::new(SeqId(1), (0..7).collect(), 0, 0, None));
-        s.add(Sequence::new(SeqId(2), (10..17).collect(), 0, 1, None));
+        s.add(seq(1, (0..7).collect(), 0));
+        s.add(seq(2, (10..17).collect(), 1));
         run_step(&mut s, 5); // both prefilled: 2 blocks each, 8 tokens each now
         run_step(&mut s, 5); // token 8 computed: still 2 blocks each
         assert_eq!((s.num_running(), s.counters.preemptions), (2, 0));
@@ -391,10 +509,10 @@ mod tests {
     #[test]
     fn second_request_hits_prefix_cache() {
         let mut s = sched(16, 64);
-        s.add(Sequence::new(SeqId(1), (0..9).collect(), 0, 0, None));
+        s.add(seq(1, (0..9).collect(), 0));
         run_step(&mut s, 1);
         s.remove(SeqId(1));
-        s.add(Sequence::new(SeqId(2), (0..9).collect(), 0, 1, None));
+        s.add(seq(2, (0..9).collect(), 1));
         let step = run_step(&mut s, 1);
         assert_eq!(
             step.plan.num_tokens(),

@@ -5,10 +5,6 @@ use std::time::Duration;
 
 use crate::sampling::SamplingParams;
 
-/// Identifies a request within the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(pub u64);
-
 /// When a choice stops.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StopCriteria {
@@ -20,13 +16,16 @@ pub struct StopCriteria {
     pub ignore_eos: bool,
 }
 
-/// A validated generation request: prompt tokens plus everything that shapes the output.
+/// A generation request as a caller builds it: prompt tokens plus everything that shapes the
+/// output. The engine checks it once ([`super::EngineClient::validate`]) before queueing it.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
     pub prompt_ids: Vec<u32>,
+    /// The wire field the prompt came from, named in errors (`prompt`, `messages`).
+    pub prompt_param: &'static str,
     pub params: SamplingParams,
-    /// Tokens to generate per choice at most.
-    pub max_tokens: usize,
+    /// Tokens to generate per choice at most; `None`: the room the context leaves.
+    pub max_tokens: Option<usize>,
     pub stop: StopCriteria,
     /// Number of choices; they share the prompt's KV blocks through the prefix cache.
     pub n: usize,
@@ -39,8 +38,9 @@ impl GenerateRequest {
     pub fn greedy(prompt_ids: Vec<u32>, max_tokens: usize) -> Self {
         Self {
             prompt_ids,
+            prompt_param: "prompt",
             params: SamplingParams::greedy(),
-            max_tokens,
+            max_tokens: Some(max_tokens),
             stop: StopCriteria::default(),
             n: 1,
             priority: 0,

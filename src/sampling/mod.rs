@@ -1,5 +1,7 @@
 //! Sampling parameters and the CPU sampler (the reference the GPU sampler is checked against).
 
+use std::collections::BTreeMap;
+
 use rand::{RngExt, SeedableRng};
 
 /// How to pick the next token. Neutral values disable each stage.
@@ -56,7 +58,8 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature < 1e-5 || self.top_k == 1
     }
-    fn has_penalties(&self) -> bool {
+    /// True when repetition, presence or frequency penalties are on.
+    pub fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0
             || self.presence_penalty != 0.0
             || self.frequency_penalty != 0.0
@@ -71,14 +74,71 @@ pub fn uniform(seed: u64, step: u64) -> f32 {
     rng.random::<f32>()
 }
 
+/// The token counts behind one sequence's repetition, presence and frequency penalties,
+/// kept up to date one token at a time (never rebuilt from the whole history).
+/// Empty, and never updated, when the sequence's parameters turn no penalty on.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Penalties {
+    /// Every token of the prompt and the output -> its count in the output (0: prompt only).
+    counts: BTreeMap<u32, u32>,
+    on: bool,
+}
+
+static NO_PENALTIES: Penalties = Penalties {
+    counts: BTreeMap::new(),
+    on: false,
+};
+
+impl Penalties {
+    /// The state of a sequence with `prompt` and no output yet.
+    pub fn new(params: &SamplingParams, prompt: &[u32]) -> Self {
+        let mut p = Self {
+            counts: BTreeMap::new(),
+            on: params.has_penalties(),
+        };
+        if p.on {
+            for &t in prompt {
+                p.counts.entry(t).or_insert(0);
+            }
+        }
+        p
+    }
+
+    /// The state after `output` was generated from `prompt`.
+    pub fn from_history(params: &SamplingParams, prompt: &[u32], output: &[u32]) -> Self {
+        let mut p = Self::new(params, prompt);
+        for &t in output {
+            p.push(t);
+        }
+        p
+    }
+
+    /// No penalties (for rows whose parameters turn none on).
+    pub fn none() -> &'static Penalties {
+        &NO_PENALTIES
+    }
+
+    /// Records one generated token.
+    pub fn push(&mut self, token: u32) {
+        if self.on {
+            *self.counts.entry(token).or_insert(0) += 1;
+        }
+    }
+
+    /// Each distinct token of the history with its count in the output, in token order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.counts.iter().map(|(&t, &c)| (t, c))
+    }
+}
+
 /// One logits row to sample from.
 #[derive(Debug, Clone, Copy)]
 pub struct SampleRow<'a> {
     pub params: &'a SamplingParams,
     /// This step's uniform draw (see [`uniform`]).
     pub uniform: f32,
-    pub prompt: &'a [u32],
-    pub output: &'a [u32],
+    /// The sequence's history as the penalties need it.
+    pub penalties: &'a Penalties,
 }
 
 /// The chosen token, its log-probability under the raw model distribution, and the top
@@ -200,29 +260,21 @@ fn apply_bias_and_penalties(x: &mut [f32], row: &SampleRow<'_>) {
     if !p.has_penalties() {
         return;
     }
-    if p.repetition_penalty != 1.0 {
-        let mut seen = std::collections::HashSet::new();
-        for &t in row.prompt.iter().chain(row.output) {
-            if seen.insert(t)
-                && let Some(v) = x.get_mut(t as usize)
-            {
-                *v = if *v > 0.0 {
-                    *v / p.repetition_penalty
-                } else {
-                    *v * p.repetition_penalty
-                };
-            }
+    // Per token: repetition (prompt and output), then presence/frequency (output only), as
+    // vLLM composes them; each token's value depends on no other token.
+    let (rep, sub_on) = (
+        p.repetition_penalty,
+        p.presence_penalty != 0.0 || p.frequency_penalty != 0.0,
+    );
+    for (t, count) in row.penalties.iter() {
+        let Some(v) = x.get_mut(t as usize) else {
+            continue;
+        };
+        if rep != 1.0 {
+            *v = if *v > 0.0 { *v / rep } else { *v * rep };
         }
-    }
-    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-        let mut counts = std::collections::HashMap::<u32, u32>::new();
-        for &t in row.output {
-            *counts.entry(t).or_default() += 1;
-        }
-        for (t, c) in counts {
-            if let Some(v) = x.get_mut(t as usize) {
-                *v -= p.presence_penalty + p.frequency_penalty * c as f32;
-            }
+        if sub_on && count > 0 {
+            *v -= p.presence_penalty + p.frequency_penalty * count as f32;
         }
     }
 }
@@ -244,12 +296,13 @@ pub fn top_n(x: &[f32], n: usize) -> Vec<(u32, f32)> {
 mod tests {
     use super::*;
 
-    fn row<'a>(p: &'a SamplingParams, u: f32, out: &'a [u32]) -> SampleRow<'a> {
+    fn row<'a>(p: &'a SamplingParams, u: f32, out: &[u32]) -> SampleRow<'a> {
+        // Leaked: a few bytes per test row, so rows can borrow it like a sequence's state.
+        let pen = Box::leak(Box::new(Penalties::from_history(p, &[], out)));
         SampleRow {
             params: p,
             uniform: u,
-            prompt: &[],
-            output: out,
+            penalties: pen,
         }
     }
 
@@ -332,6 +385,32 @@ mod tests {
             ..SamplingParams::greedy()
         };
         assert_eq!(s.sample(&logits, &row(&p, 0.0, &[])).token, 0);
+    }
+
+    #[test]
+    fn penalties_kept_per_token_equal_those_from_the_history() {
+        let p = SamplingParams {
+            repetition_penalty: 1.3,
+            frequency_penalty: 0.2,
+            ..SamplingParams::greedy()
+        };
+        let (prompt, out) = ([5u32, 7, 5], [7u32, 9, 7]);
+        let mut kept = Penalties::new(&p, &prompt);
+        for &t in &out {
+            kept.push(t);
+        }
+        assert_eq!(kept, Penalties::from_history(&p, &prompt, &out));
+        assert_eq!(
+            kept.iter().collect::<Vec<_>>(),
+            vec![(5, 0), (7, 2), (9, 1)]
+        );
+        let mut off = Penalties::new(&SamplingParams::greedy(), &prompt);
+        off.push(3);
+        assert_eq!(
+            off.iter().count(),
+            0,
+            "nothing tracked when no penalty is on"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use kiln::backend::{Backend, BatchPlan, KvShape, SeqSlice};
 use kiln::model::llama::Llama;
 use kiln::model::spec::Llama3Scaling;
 use kiln::model::{ModelError, ModelFiles, ModelSpec, RopeLayout, RopeSpec, TensorSource};
-use kiln::sampling::{SampleRow, SamplingParams};
+use kiln::sampling::{Penalties, SampleRow, SamplingParams};
 use rayon::prelude::*;
 
 /// Random weights, generated in parallel (speed does not depend on the values).
@@ -155,8 +155,7 @@ impl Rig {
             .map(|_| SampleRow {
                 params: &greedy,
                 uniform: 0.5,
-                prompt: &[],
-                output: &[],
+                penalties: Penalties::none(),
             })
             .collect();
         let t = Instant::now();

@@ -144,7 +144,7 @@ mod transfers {
     use kiln::model::ModelFiles;
     use kiln::model::llama::Llama;
     use kiln::model::source::DummySource;
-    use kiln::sampling::{SampleRow, SamplingParams};
+    use kiln::sampling::{Penalties, SampleRow, SamplingParams};
 
     use super::stories;
 
@@ -212,8 +212,7 @@ mod transfers {
         let row = |params| SampleRow {
             params,
             uniform: 0.5,
-            prompt: &[],
-            output: &[],
+            penalties: Penalties::none(),
         };
         let logits = model.forward(&mut b, &mut kv, &p).unwrap();
         let mut tokens: Vec<u32> = b

@@ -3,7 +3,7 @@
 
 use kiln::backend::Backend;
 use kiln::backend::cpu::CpuBackend;
-use kiln::sampling::{SampleRow, SamplingParams};
+use kiln::sampling::{Penalties, SampleRow, SamplingParams};
 use rand::RngExt;
 
 use crate::harness::*;
@@ -81,12 +81,14 @@ fn samples<B: TestBackend>(b: &mut B) {
                 .map(|_| (0..40).map(|_| rng.random_range(0..vocab as u32)).collect())
                 .collect();
             let uniforms: Vec<f32> = (0..s).map(|_| rng.random::<f32>()).collect();
+            let penalties: Vec<Penalties> = (0..s)
+                .map(|i| Penalties::from_history(&ps[i], &history[i][..25], &history[i][25..]))
+                .collect();
             let rows: Vec<SampleRow<'_>> = (0..s)
                 .map(|i| SampleRow {
                     params: &ps[i],
                     uniform: uniforms[i],
-                    prompt: &history[i][..25],
-                    output: &history[i][25..],
+                    penalties: &penalties[i],
                 })
                 .collect();
             let bl = tensor(b, s, vocab, &logits);

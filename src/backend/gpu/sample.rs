@@ -91,6 +91,7 @@ pub fn pack(
 
 /// Appends one entry per distinct token that bias or penalties touch, composed in the CPU
 /// sampler's order: bias, then repetition (prompt and output), then presence/frequency.
+/// The penalty counts are the sequence's own, kept per token; only the bias is merged here.
 fn entries(row: u32, r: &SampleRow<'_>, vocab: usize, out: &mut Vec<u32>) {
     let p = r.params;
     let rep_on = p.repetition_penalty != 1.0;
@@ -98,36 +99,32 @@ fn entries(row: u32, r: &SampleRow<'_>, vocab: usize, out: &mut Vec<u32>) {
     if p.logit_bias.is_empty() && !rep_on && !sub_on {
         return;
     }
-    // token -> (bias, in history for repetition, count in output)
-    let mut map: std::collections::BTreeMap<u32, (f32, bool, u32)> =
-        std::collections::BTreeMap::new();
+    // token -> summed bias (a handful of entries: the request's `logit_bias`)
+    let mut bias: std::collections::BTreeMap<u32, f32> = std::collections::BTreeMap::new();
     for &(id, b) in &p.logit_bias {
         if (id as usize) < vocab {
-            map.entry(id).or_default().0 += b;
+            *bias.entry(id).or_default() += b;
         }
     }
-    if rep_on {
-        for &t in r.prompt.iter().chain(r.output) {
-            if (t as usize) < vocab {
-                map.entry(t).or_default().1 = true;
-            }
-        }
-    }
-    if sub_on {
-        for &t in r.output {
-            if (t as usize) < vocab {
-                map.entry(t).or_default().2 += 1;
-            }
-        }
-    }
-    for (t, (bias, rep, count)) in map {
-        let rep = if rep { p.repetition_penalty } else { 1.0 };
-        let sub = if count > 0 {
-            p.presence_penalty + p.frequency_penalty * count as f32
-        } else {
-            0.0
-        };
+    let mut push = |t: u32, bias: f32, rep: f32, sub: f32| {
         out.extend_from_slice(&[row, t, bias.to_bits(), rep.to_bits(), sub.to_bits()]);
+    };
+    if rep_on || sub_on {
+        for (t, count) in r.penalties.iter() {
+            if (t as usize) >= vocab || (!rep_on && count == 0 && !bias.contains_key(&t)) {
+                continue;
+            }
+            let rep = if rep_on { p.repetition_penalty } else { 1.0 };
+            let sub = if sub_on && count > 0 {
+                p.presence_penalty + p.frequency_penalty * count as f32
+            } else {
+                0.0
+            };
+            push(t, bias.remove(&t).unwrap_or(0.0), rep, sub);
+        }
+    }
+    for (t, b) in bias {
+        push(t, b, 1.0, 0.0);
     }
 }
 

@@ -1,0 +1,120 @@
+//! A request as a lane holds it: what its choices share (sampling, limits, the stream their
+//! events go to) and the events a lane sends to that stream.
+
+use std::cell::Cell;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use super::{EngineError, FinishReason, TokenInfo};
+use crate::sampling::SamplingParams;
+
+/// Events from a lane to one request's output processor.
+#[derive(Debug)]
+pub(crate) enum LaneEvent {
+    /// The request got its first step.
+    Scheduled {
+        at: Instant,
+    },
+    Token {
+        choice: usize,
+        info: TokenInfo,
+        finish: Option<FinishReason>,
+    },
+    Failed(EngineError),
+}
+
+/// Most events one step sends to a request of `n` choices: a token per choice, the
+/// `Scheduled` event and a final error. A request runs only while this much room is free in
+/// its stream buffer, so no event is ever dropped for want of room.
+pub(crate) fn step_events(n: usize) -> usize {
+    n + 2
+}
+
+/// Limits that token ids decide, owned by each sequence of a request.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// Tokens to generate per choice at most.
+    pub max_tokens: usize,
+    /// Prompt plus output may not exceed this.
+    pub max_len: usize,
+    /// Token ids that end a choice (EOS unless ignored, plus the request's stop ids).
+    pub stop_ids: Vec<u32>,
+}
+
+/// What the `n` choices of one request share inside a lane. Lives on the lane thread only.
+#[derive(Debug)]
+pub(crate) struct LaneRequest {
+    pub params: SamplingParams,
+    pub seed: u64,
+    pub limits: Limits,
+    pub n: usize,
+    events: mpsc::Sender<LaneEvent>,
+    scheduled: Cell<bool>,
+    failed: Cell<bool>,
+    /// Since when the stream buffer has been too full for another step.
+    paused_since: Cell<Option<Instant>>,
+}
+
+impl LaneRequest {
+    pub fn new(
+        params: SamplingParams,
+        seed: u64,
+        limits: Limits,
+        n: usize,
+        events: mpsc::Sender<LaneEvent>,
+    ) -> Self {
+        Self {
+            params,
+            seed,
+            limits,
+            n,
+            events,
+            scheduled: Cell::new(false),
+            failed: Cell::new(false),
+            paused_since: Cell::new(None),
+        }
+    }
+
+    /// Room in the stream buffer for one more step.
+    pub fn has_room(&self) -> bool {
+        self.events.capacity() >= step_events(self.n)
+    }
+
+    /// The client dropped its stream.
+    pub fn is_abandoned(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    /// How long the buffer has been full (`None`: it has room); starts the clock if needed.
+    pub fn paused_for(&self, now: Instant) -> Option<std::time::Duration> {
+        if self.has_room() {
+            self.paused_since.set(None);
+            return None;
+        }
+        let since = self.paused_since.get().unwrap_or(now);
+        self.paused_since.set(Some(since));
+        Some(now.duration_since(since))
+    }
+
+    /// Sends `Scheduled` the first time the request takes part in a step.
+    pub fn mark_scheduled(&self, at: Instant) {
+        if !self.scheduled.replace(true) {
+            self.emit(LaneEvent::Scheduled { at });
+        }
+    }
+
+    /// Ends the request with an error (once, whatever the number of its choices).
+    pub fn fail(&self, e: EngineError) {
+        if !self.failed.replace(true) {
+            self.emit(LaneEvent::Failed(e));
+        }
+    }
+
+    /// Sends an event. `has_room` gates scheduling, so the buffer cannot be full here.
+    pub fn emit(&self, ev: LaneEvent) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.events.try_send(ev) {
+            tracing::error!("stream buffer full: an event was lost");
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Hostile and careless clients (issue 14): client counts that would wrap, outputs larger than
+//! a stream's buffer, and clients that never read their stream.
+
+mod api_support;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use api_support::*;
+use serde_json::{Value, json};
+
+const C: &str = "/v1/completions";
+const CHAT: &str = "/v1/chat/completions";
+const HUGE: [u64; 2] = [u64::MAX, u64::MAX - 1];
+
+fn chat_body(field: &str, v: u64) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": "Hi"}]});
+    body[field] = json!(v);
+    body
+}
+
+/// Every lane idle with its whole KV pool free.
+async fn wait_idle(s: &TestServer, timeout: Duration) -> bool {
+    let client = s.engine.client();
+    let start = std::time::Instant::now();
+    while start.elapsed() < timeout {
+        let st = client.stats();
+        if st.running() == 0
+            && st.waiting() == 0
+            && st
+                .lanes
+                .iter()
+                .all(|l| l.kv_free_blocks == l.kv_total_blocks)
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn max_tokens_near_u64_max_is_refused_on_completions_and_chat() {
+    let s = shared();
+    for v in HUGE {
+        let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": v})).await;
+        assert_error(
+            status,
+            &body,
+            400,
+            "invalid_request_error",
+            Some("max_tokens"),
+        );
+        for field in ["max_tokens", "max_completion_tokens"] {
+            let (status, _, body) = post(&s.base, CHAT, &chat_body(field, v)).await;
+            assert_eq!(status, 400, "{field} = {v}: {body}");
+            assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+        }
+    }
+    let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": 3})).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test]
+async fn a_pool_smaller_than_the_context_refuses_what_cannot_fit_and_keeps_serving() {
+    let mut cfg = test_config();
+    cfg.engine.kv_blocks = Some(64); // 1,024 tokens; the context holds 2,048
+    let s = start(cfg);
+    for v in HUGE {
+        let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": v})).await;
+        assert_error(
+            status,
+            &body,
+            400,
+            "invalid_request_error",
+            Some("max_tokens"),
+        );
+        let (status, _, body) = post(&s.base, CHAT, &chat_body("max_tokens", v)).await;
+        assert_eq!(status, 400, "{body}");
+    }
+    let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": 1500})).await;
+    assert_error(
+        status,
+        &body,
+        400,
+        "invalid_request_error",
+        Some("max_tokens"),
+    );
+    let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": 8})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(get(&s.base, "/health").await.0, 200);
+    assert!(
+        wait_idle(&s, Duration::from_secs(10)).await,
+        "nothing left waiting"
+    );
+}
+
+/// Per-choice texts and the completion token count of a non-streamed response.
+fn texts_of(body: &Value) -> (Vec<String>, u64) {
+    let texts = body["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap().to_string())
+        .collect();
+    (texts, body["usage"]["completion_tokens"].as_u64().unwrap())
+}
+
+#[tokio::test]
+async fn outputs_larger_than_the_stream_buffer_lose_no_tokens() {
+    let mut cfg = test_config();
+    cfg.engine.stream_buffer_events = 4;
+    let s = start(cfg);
+    let (status, _, body) = post(
+        &s.base,
+        C,
+        &json!({"prompt": "Once", "n": 16, "logprobs": 20, "max_tokens": u64::MAX}),
+    )
+    .await;
+    assert_error(
+        status,
+        &body,
+        400,
+        "invalid_request_error",
+        Some("max_tokens"),
+    );
+    let (n, m) = (16, 120);
+    let req = json!({"prompt": "Once", "n": n, "logprobs": 20, "max_tokens": m,
+                     "temperature": 1.0, "seed": 5, "ignore_eos": true});
+    let (status, _, body) = post(&s.base, C, &req).await;
+    assert_eq!(status, 200, "{body}");
+    let (want, count) = texts_of(&body);
+    assert_eq!(count, (n * m) as u64);
+    let mut streamed = req.clone();
+    streamed["stream"] = json!(true);
+    let sse = stream(&s.base, C, &streamed).await;
+    assert_eq!(sse.status, 200);
+    let mut got = vec![String::new(); n];
+    let mut tokens = vec![0usize; n];
+    for c in sse.chunks() {
+        assert!(c.get("error").is_none(), "{c}");
+        for ch in c["choices"].as_array().unwrap() {
+            let i = ch["index"].as_u64().unwrap() as usize;
+            got[i].push_str(ch["text"].as_str().unwrap());
+            tokens[i] += ch["logprobs"]["tokens"].as_array().map_or(0, Vec::len);
+        }
+    }
+    assert_eq!(tokens, vec![m; n], "every choice streamed all its tokens");
+    assert_eq!(got, want, "same seed, same text streamed or not");
+}
+
+/// Sends a streaming request on a raw socket and never reads the answer.
+fn non_reading_stream(base: &str, body: &Value) -> TcpStream {
+    let addr = base.trim_start_matches("http://");
+    let mut sock = TcpStream::connect(addr).unwrap();
+    let body = body.to_string();
+    write!(
+        sock,
+        "POST {C} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    sock.flush().unwrap();
+    sock
+}
+
+#[tokio::test]
+async fn streams_whose_clients_never_read_are_aborted() {
+    let mut cfg = test_config();
+    cfg.engine.stream_buffer_events = 8;
+    cfg.engine.stream_stall_timeout_s = 0.5;
+    let s = start(cfg);
+    let holder = json!({"prompt": "Once", "n": 16, "logprobs": 20, "max_tokens": 2000,
+                        "ignore_eos": true, "stream": true});
+    let socks: Vec<TcpStream> = (0..3)
+        .map(|_| non_reading_stream(&s.base, &holder))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(s.engine.client().stats().running() > 0, "the holders run");
+    let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": 8})).await;
+    assert_eq!(status, 200, "a reading client is served meanwhile: {body}");
+    assert!(
+        wait_idle(&s, Duration::from_secs(20)).await,
+        "stalled streams are aborted and their blocks freed: {:?}",
+        s.engine.client().stats()
+    );
+    drop(socks);
+    let text = wait_metrics(&s.base, Duration::from_secs(10), |t| {
+        metric(t, "kiln_http_requests_client_disconnected_total").unwrap_or(0.0) >= 3.0
+    })
+    .await;
+    assert_eq!(
+        metric(&text, "kiln_http_requests_client_disconnected_total"),
+        Some(3.0),
+        "{text}"
+    );
+}
