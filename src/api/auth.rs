@@ -3,9 +3,9 @@
 
 use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::{StatusCode, Version};
 use actix_web::http::ConnectionType;
 use actix_web::http::header::{AUTHORIZATION, HOST};
+use actix_web::http::{StatusCode, Version};
 use actix_web::middleware::Next;
 use actix_web::web::Data;
 use actix_web::{Error, ResponseError};
@@ -88,7 +88,10 @@ pub async fn guard<B: MessageBody + 'static>(
     next: Next<B>,
 ) -> Result<ServiceResponse<BoxBody>, Error> {
     let Some(state) = req.app_data::<Data<AppState>>().cloned() else {
-        return next.call(req).await.map(ServiceResponse::map_into_boxed_body);
+        return next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_boxed_body);
     };
     if let Some(e) = reject(&req, &state) {
         state.metrics.observe_error(e.error_type());
@@ -202,7 +205,13 @@ mod tests {
             assert!(only.allows(Some(ok)), "{ok}");
         }
         assert!(only.allows(None));
-        for bad in ["evil.example", "evil.example:8000", "127.0.0.1.nip.io", "", "[::2]:80"] {
+        for bad in [
+            "evil.example",
+            "evil.example:8000",
+            "127.0.0.1.nip.io",
+            "",
+            "[::2]:80",
+        ] {
             assert!(!only.allows(Some(bad)), "{bad}");
         }
         let some = LoopbackHosts::new(&["Kiln.Internal".into()]);

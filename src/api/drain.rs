@@ -78,7 +78,9 @@ async fn wait_for_stop(requests: &mut mpsc::Receiver<()>) -> bool {
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) else {
-        tracing::warn!("cannot install signal handlers; only an explicit shutdown stops the server");
+        tracing::warn!(
+            "cannot install signal handlers; only an explicit shutdown stops the server"
+        );
         let _ = requests.recv().await;
         return true;
     };

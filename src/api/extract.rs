@@ -34,12 +34,12 @@ impl<T: DeserializeOwned + CheckRequest + 'static> FromRequest for ApiJson<T> {
     type Future = LocalBoxFuture<'static, Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let (limit, timeout_s) = req
-            .app_data::<Data<AppState>>()
-            .map_or((DEFAULT_LIMIT, DEFAULT_TIMEOUT_S), |s| {
-                let server = &s.config.server;
-                (server.max_body_bytes, server.body_timeout_s)
-            });
+        let (limit, timeout_s) =
+            req.app_data::<Data<AppState>>()
+                .map_or((DEFAULT_LIMIT, DEFAULT_TIMEOUT_S), |s| {
+                    let server = &s.config.server;
+                    (server.max_body_bytes, server.body_timeout_s)
+                });
         let declared = req
             .headers()
             .get(CONTENT_LENGTH)
@@ -88,7 +88,9 @@ fn check_media(headers: &HeaderMap) -> Result<(), ApiError> {
     if !essence.is_some_and(|e| e.eq_ignore_ascii_case("application/json")) {
         let got = ctype.map_or("none".to_string(), |c| format!("{c:?}"));
         return media(
-            format!("the request body must be sent as `Content-Type: application/json` (got {got})"),
+            format!(
+                "the request body must be sent as `Content-Type: application/json` (got {got})"
+            ),
             "unsupported_media_type",
         );
     }
@@ -256,13 +258,24 @@ mod tests {
             check_media(&h).err().map(|e| e.body().error.code)
         };
         assert_eq!(code(&[("content-type", "application/json")]), None);
-        assert_eq!(code(&[("content-type", "Application/JSON; charset=utf-8")]), None);
+        assert_eq!(
+            code(&[("content-type", "Application/JSON; charset=utf-8")]),
+            None
+        );
         let ct = Some("unsupported_media_type".to_string());
         assert_eq!(code(&[]), ct);
         assert_eq!(code(&[("content-type", "text/plain")]), ct);
-        assert_eq!(code(&[("content-type", "application/x-www-form-urlencoded")]), ct);
+        assert_eq!(
+            code(&[("content-type", "application/x-www-form-urlencoded")]),
+            ct
+        );
         assert_eq!(code(&[("content-type", "application/jsonx")]), ct);
-        let enc = |e| code(&[("content-type", "application/json"), ("content-encoding", e)]);
+        let enc = |e| {
+            code(&[
+                ("content-type", "application/json"),
+                ("content-encoding", e),
+            ])
+        };
         assert_eq!(enc("identity"), None);
         assert_eq!(enc("gzip"), Some("unsupported_content_encoding".into()));
         assert_eq!(enc("br"), Some("unsupported_content_encoding".into()));

@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use crate::model::gguf::GgufFile;
 
+pub use bound::BPE_CACHE_ENTRIES;
 pub use builder::{LLAMA3_PATTERN, PreTokenizer, QWEN2_PATTERN};
 pub use gguf_vocab::{GgufVocab, TokenType, VocabModel, vocab_from_gguf};
-pub use bound::BPE_CACHE_ENTRIES;
 pub use incremental::IncrementalDecoder;
 
 /// Texts of special tokens that end generation besides the declared EOS (llama.cpp's list).
@@ -70,9 +70,7 @@ pub enum TokenizerError {
     Decode(String),
     #[error("token id {id} is outside the vocabulary (size {vocab_size})")]
     UnknownId { id: u32, vocab_size: usize },
-    #[error(
-        "the text is {bytes} bytes; at most {max_bytes} bytes can fit in {max_tokens} tokens"
-    )]
+    #[error("the text is {bytes} bytes; at most {max_bytes} bytes can fit in {max_tokens} tokens")]
     TooLong {
         bytes: usize,
         max_bytes: usize,
