@@ -5,12 +5,48 @@
 
 mod api_support;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use api_support::{assert_error, client, post, shared, start, test_config};
 use serde_json::{Value, json};
+
+/// Counts the bytes each thread holds, to see what a thread-local cache keeps.
+struct Counting;
+
+thread_local! {
+    static HELD: Cell<isize> = const { Cell::new(0) };
+}
+
+fn held(delta: isize) {
+    let _ = HELD.try_with(|h| h.set(h.get() + delta));
+}
+
+// SAFETY: every call forwards to `System` unchanged; the counter is a const-initialized
+// thread-local `Cell` (no allocation, no destructor), updated with `try_with`.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        held(layout.size() as isize);
+        // SAFETY: the caller's layout is passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        held(-(layout.size() as isize));
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        held(new_size as isize - layout.size() as isize);
+        // SAFETY: `ptr` came from `System` with `layout`; the caller guarantees `new_size`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 /// A raw HTTP exchange: writes `request`, reads until the server closes (or `timeout`).
 fn raw(base: &str, request: &[u8], timeout: Duration) -> String {
@@ -351,4 +387,41 @@ fn route_errors_carry_openai_bodies_and_head_health_works() {
             "{len}: {shown}"
         );
     }
+}
+
+#[test]
+fn tokenizer_cache_per_thread_levels_off() {
+    let tok = api_support::model_files().tokenizer.expect("tokenizer");
+    let words = [
+        "amber", "brook", "cedar", "dune", "ember", "fjord", "glade", "heath",
+    ];
+    let retained = std::thread::spawn(move || {
+        let held_now = || HELD.with(Cell::get);
+        let start = held_now();
+        let mut after = Vec::new();
+        for i in 0..20_000usize {
+            let text = format!("{} {} {i}", words[i % 8], words[(i / 8) % 8]);
+            let ids = tok.encode(&text, true).expect("encode");
+            drop(ids);
+            if i + 1 == 6_000 || i + 1 == 20_000 {
+                after.push(held_now() - start);
+            }
+        }
+        after
+    })
+    .join()
+    .unwrap();
+    let (at_6k, at_20k) = (retained[0], retained[1]);
+    eprintln!(
+        "bytes kept by one thread after 6,000 / 20,000 distinct prompts: {at_6k} / {at_20k} \
+         (cap {} words)",
+        kiln::tokenizer::BPE_CACHE_ENTRIES
+    );
+    // The cache is full after BPE_CACHE_ENTRIES prompts: nothing more is kept (with the
+    // crate's default of 10,000 it would still grow by ~4,000 words here).
+    assert!(at_20k - at_6k < at_6k / 10 + 4096, "{at_6k} -> {at_20k}");
+    assert!(
+        at_20k < (kiln::tokenizer::BPE_CACHE_ENTRIES * 1024) as isize,
+        "{at_20k}"
+    );
 }

@@ -5,8 +5,9 @@ use serde_json::Value;
 use tokenizers::models::ModelWrapper;
 
 /// Words each thread's BPE cache keeps (the `tokenizers` crate keeps one cache per thread and
-/// per model; its default is 10,000). A cached word costs about 200 bytes, so a thread's cache
-/// stays under ~1 MB and the server's under that times its blocking threads.
+/// per model; its default is 10,000). A SentencePiece vocabulary caches a short prompt whole
+/// (~850 bytes each), so a thread's cache stays under ~3.5 MB, and the server's under that
+/// times `server.blocking_threads`.
 pub const BPE_CACHE_ENTRIES: usize = 4096;
 
 /// Normalizers that never make text shorter in bytes (a prefix is added; `Replace` is checked
