@@ -5,6 +5,7 @@
 pub const RESERVED_FDS: u64 = 256;
 
 /// The soft and hard `RLIMIT_NOFILE`, or `None` where it cannot be read.
+#[allow(clippy::unnecessary_cast)] // `rlim_t` is not `u64` on every target.
 pub fn nofile() -> Option<(u64, u64)> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -15,14 +16,17 @@ pub fn nofile() -> Option<(u64, u64)> {
     (rc == 0).then_some((lim.rlim_cur as u64, lim.rlim_max as u64))
 }
 
-/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the limits before and after.
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (at most 2^20); returns the limits before and after.
+#[allow(clippy::unnecessary_cast)] // `rlim_t` is not `u64` on every target.
 pub fn raise_nofile() -> std::io::Result<(u64, u64)> {
     let (soft, hard) = nofile().ok_or_else(std::io::Error::last_os_error)?;
-    if soft >= hard {
+    // An unlimited hard limit cannot be the soft one (the kernel caps it at `nr_open`).
+    let target = hard.min(1 << 20);
+    if soft >= target {
         return Ok((soft, soft));
     }
     let lim = libc::rlimit {
-        rlim_cur: hard as libc::rlim_t,
+        rlim_cur: target as libc::rlim_t,
         rlim_max: hard as libc::rlim_t,
     };
     // SAFETY: `setrlimit` reads one valid `rlimit`; raising the soft limit up to the hard
@@ -30,7 +34,7 @@ pub fn raise_nofile() -> std::io::Result<(u64, u64)> {
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok((soft, hard))
+    Ok((soft, target))
 }
 
 /// `wanted` connections, lowered so that they and [`RESERVED_FDS`] fit the soft limit.
