@@ -77,6 +77,17 @@ pub struct ServerConfig {
     pub sse_keep_alive_s: f64,
     /// Origins allowed by CORS (`*` for any); empty turns CORS off.
     pub cors_allowed_origins: Vec<String>,
+    /// `Host` names served besides loopback ones while bound to a loopback address (`*` for
+    /// any); other hosts get 403 (DNS rebinding). Not checked when bound to another address.
+    pub allowed_hosts: Vec<String>,
+    /// Seconds a request body may take to arrive in full (408 past it).
+    pub body_timeout_s: f64,
+    /// Open connections served at once (all workers together); more wait in the listen
+    /// backlog. Lowered at start to fit the process's file-descriptor limit.
+    pub max_connections: usize,
+    /// Threads that tokenize and render templates (all workers together); 0 means one per
+    /// CPU core. Each keeps its own tokenizer cache, so this also bounds their memory.
+    pub blocking_threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -91,6 +102,10 @@ impl Default for ServerConfig {
             shutdown_timeout_s: 30,
             sse_keep_alive_s: 10.0,
             cors_allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
+            body_timeout_s: 30.0,
+            max_connections: 8192,
+            blocking_threads: 0,
         }
     }
 }
@@ -318,6 +333,16 @@ impl Config {
                 "server.sse_keep_alive_s",
                 "must be between 0.01 and 3600 seconds",
             );
+        }
+        let bt = self.server.body_timeout_s;
+        if !(bt.is_finite() && (0.01..=3600.0).contains(&bt)) {
+            return invalid(
+                "server.body_timeout_s",
+                "must be between 0.01 and 3600 seconds",
+            );
+        }
+        if self.server.max_connections == 0 {
+            return invalid("server.max_connections", "must be positive");
         }
         let l = &self.limits;
         if l.max_n == 0 || l.max_prompts == 0 || l.max_messages == 0 {

@@ -1,15 +1,17 @@
-//! The edge guard: header size limit, API keys (constant-time), OpenAI bodies for 405, and
-//! the errors metric (one place sees every error response).
+//! The edge guard: header size limit, `Host` names (DNS rebinding), API keys (constant-time),
+//! OpenAI bodies for 405, and the errors metric (one place sees every error response).
 
-use actix_web::body::{EitherBody, MessageBody};
+use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::StatusCode;
-use actix_web::http::header::AUTHORIZATION;
+use actix_web::http::ConnectionType;
+use actix_web::http::header::{AUTHORIZATION, HOST};
+use actix_web::http::{StatusCode, Version};
 use actix_web::middleware::Next;
 use actix_web::web::Data;
 use actix_web::{Error, ResponseError};
 use subtle::{Choice, ConstantTimeEq};
 
+use super::drain::Drain;
 use super::errors::{ApiError, ErrorType};
 use super::state::AppState;
 
@@ -34,51 +36,142 @@ fn bearer(h: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// Checks a request before any handler runs; counts error responses after.
+/// The `Host` policy of a server bound to a loopback address: loopback names, plus the
+/// configured `allowed_hosts` (`*` for any). Servers bound elsewhere install none.
+#[derive(Debug, Clone)]
+pub struct LoopbackHosts {
+    allowed: Vec<String>,
+}
+
+impl LoopbackHosts {
+    /// Loopback names plus `allowed` (compared without port, ignoring case).
+    pub fn new(allowed: &[String]) -> Self {
+        Self {
+            allowed: allowed.iter().map(|h| h.to_ascii_lowercase()).collect(),
+        }
+    }
+
+    /// Whether a request with this `Host` header value may be served. A request without a
+    /// `Host` (HTTP/1.0) comes from no browser and is served.
+    pub fn allows(&self, host: Option<&str>) -> bool {
+        let Some(host) = host else {
+            return true;
+        };
+        let name = host_name(host).to_ascii_lowercase();
+        let name = name.strip_suffix('.').unwrap_or(&name);
+        if name == "localhost" || self.allowed.iter().any(|a| a == "*" || a == name) {
+            return true;
+        }
+        let ip = name.trim_start_matches('[').trim_end_matches(']');
+        ip.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+    }
+}
+
+/// `example.com:8000` -> `example.com`, `[::1]:8000` -> `[::1]`.
+fn host_name(host: &str) -> &str {
+    let host = host.trim();
+    if host.starts_with('[') {
+        return host.find(']').map_or(host, |i| &host[..=i]);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// Checks a request before any handler runs; after it, gives every error an OpenAI body and
+/// counts it, sends streams to HTTP/1.0 clients close-delimited (they cannot read chunked
+/// encoding), and lets the drain cut streams at shutdown.
 pub async fn guard<B: MessageBody + 'static>(
     req: ServiceRequest,
     next: Next<B>,
-) -> Result<ServiceResponse<EitherBody<B>>, Error> {
+) -> Result<ServiceResponse<BoxBody>, Error> {
     let Some(state) = req.app_data::<Data<AppState>>().cloned() else {
         return next
             .call(req)
             .await
-            .map(ServiceResponse::map_into_left_body);
+            .map(ServiceResponse::map_into_boxed_body);
     };
+    if let Some(e) = reject(&req, &state) {
+        state.metrics.observe_error(e.error_type());
+        return Ok(req.into_response(e.error_response()));
+    }
+    let (method, path) = (req.method().to_string(), req.path().to_string());
+    let http10 = req.version() == Version::HTTP_10;
+    let drain = req.app_data::<Drain>().cloned();
+    let res = next.call(req).await?.map_into_boxed_body();
+    if let Some(t) = res.response().extensions().get::<ErrorType>() {
+        state.metrics.observe_error(t.0);
+    } else if res.status().is_client_error() || res.status().is_server_error() {
+        let e = route_error(res.status(), method, path);
+        state.metrics.observe_error(e.error_type());
+        let (req, _) = res.into_parts();
+        return Ok(ServiceResponse::new(req, e.error_response()));
+    }
+    if res.response().body().size() != BodySize::Stream {
+        return Ok(res);
+    }
+    Ok(res.map_body(|head, body| {
+        if http10 {
+            head.no_chunking(true);
+            head.set_connection_type(ConnectionType::Close);
+        }
+        match &drain {
+            Some(d) => d.wrap(body),
+            None => body,
+        }
+    }))
+}
+
+/// A request refused before it reaches a handler: headers too large, a `Host` a loopback
+/// server does not answer for, or a missing or wrong API key.
+fn reject(req: &ServiceRequest, state: &AppState) -> Option<ApiError> {
     let server = &state.config.server;
     let header_bytes: usize = req
         .headers()
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len())
         .sum();
-    let rejection = if header_bytes > server.max_header_bytes {
-        Some(ApiError::HeadersTooLarge {
+    if header_bytes > server.max_header_bytes {
+        return Some(ApiError::HeadersTooLarge {
             limit: server.max_header_bytes,
-        })
-    } else if !server.api_keys.is_empty() && !OPEN_PATHS.contains(&req.path()) {
+        });
+    }
+    if let Some(hosts) = req.app_data::<LoopbackHosts>() {
+        let host = req.headers().get(HOST).map(|h| h.to_str().unwrap_or("?"));
+        if !hosts.allows(host) {
+            return Some(ApiError::HostNotAllowed {
+                host: host.unwrap_or_default().to_string(),
+            });
+        }
+    }
+    if !server.api_keys.is_empty() && !OPEN_PATHS.contains(&req.path()) {
         let header = req
             .headers()
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        (!authorized(header, &server.api_keys)).then_some(ApiError::Unauthorized)
-    } else {
-        None
-    };
-    if let Some(e) = rejection {
-        state.metrics.observe_error(e.error_type());
-        return Ok(req.into_response(e.error_response()).map_into_right_body());
+        return (!authorized(header, &server.api_keys)).then_some(ApiError::Unauthorized);
     }
-    let (method, path) = (req.method().to_string(), req.path().to_string());
-    let res = next.call(req).await?;
-    if let Some(t) = res.response().extensions().get::<ErrorType>() {
-        state.metrics.observe_error(t.0);
-    } else if res.status() == StatusCode::METHOD_NOT_ALLOWED {
-        let e = ApiError::MethodNotAllowed { method, path };
-        state.metrics.observe_error(e.error_type());
-        let (req, _) = res.into_parts();
-        return Ok(ServiceResponse::new(req, e.error_response()).map_into_right_body());
+    None
+}
+
+/// The OpenAI error for a failure actix or a library answered without one (an unknown
+/// method on a route, a static file that is not there, a malformed path).
+fn route_error(status: StatusCode, method: String, path: String) -> ApiError {
+    match status {
+        StatusCode::NOT_FOUND => ApiError::RouteNotFound { method, path },
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed { method, path },
+        s if s.is_server_error() => ApiError::Internal(format!("{method} {path} failed ({s})")),
+        s => ApiError::InvalidRequest {
+            param: None,
+            message: format!(
+                "{method} {path}: {}",
+                s.canonical_reason().unwrap_or("invalid request")
+            ),
+            code: "invalid_request",
+        },
     }
-    Ok(res.map_into_left_body())
 }
 
 #[cfg(test)]
@@ -95,5 +188,35 @@ mod tests {
         assert!(!authorized(Some("sk-one"), &keys));
         assert!(!authorized(None, &keys));
         assert!(!authorized(Some("Bearer "), &keys));
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        let only = LoopbackHosts::new(&[]);
+        for ok in [
+            "localhost",
+            "LOCALHOST:8000",
+            "localhost.",
+            "127.0.0.1",
+            "127.0.0.1:1234",
+            "[::1]",
+            "[::1]:8000",
+        ] {
+            assert!(only.allows(Some(ok)), "{ok}");
+        }
+        assert!(only.allows(None));
+        for bad in [
+            "evil.example",
+            "evil.example:8000",
+            "127.0.0.1.nip.io",
+            "",
+            "[::2]:80",
+        ] {
+            assert!(!only.allows(Some(bad)), "{bad}");
+        }
+        let some = LoopbackHosts::new(&["Kiln.Internal".into()]);
+        assert!(some.allows(Some("kiln.internal:8000")));
+        assert!(!some.allows(Some("other.internal")));
+        assert!(LoopbackHosts::new(&["*".into()]).allows(Some("anything")));
     }
 }

@@ -107,9 +107,10 @@ pub async fn prompt_ids(
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
     let (template, tok) = (ready.template.clone(), ready.tokenizer.clone());
+    let context = ready.client.max_model_len();
     blocking(move || {
         let text = template.render(&msgs, add_generation_prompt)?;
-        tok.encode(&text, false)
+        tok.encode_within(&text, false, context)
             .map_err(|e| ApiError::from_tokenizer("messages", e))
     })
     .await

@@ -70,13 +70,14 @@ fn encode(
     tok: &Tokenizer,
     sources: Vec<PromptSource>,
     echo: bool,
+    context: usize,
 ) -> Result<Vec<Prompt>, ApiError> {
     sources
         .into_iter()
         .map(|s| match s {
             PromptSource::Text(t) => {
                 let ids = tok
-                    .encode(&t, tok.add_bos_default())
+                    .encode_within(&t, tok.add_bos_default(), context)
                     .map_err(|e| ApiError::from_tokenizer("prompt", e))?;
                 Ok(Prompt {
                     ids,
@@ -125,7 +126,8 @@ pub async fn completions(
     let plan = Plan::new(&req, ready, &state.config.limits)?;
     let srcs = sources(req.prompt, &state.config.limits)?;
     let (tok, echo) = (ready.tokenizer.clone(), plan.echo);
-    let prompts = blocking(move || encode(&tok, srcs, echo)).await?;
+    let context = ready.client.max_model_len();
+    let prompts = blocking(move || encode(&tok, srcs, echo, context)).await?;
     let n = plan.v.n;
     // Every prompt is checked before any is queued.
     let mut valid = Vec::with_capacity(prompts.len());

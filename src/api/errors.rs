@@ -31,6 +31,17 @@ pub enum ApiError {
     /// 405: the route exists with another method.
     #[error("method {method} is not allowed for {path}")]
     MethodNotAllowed { method: String, path: String },
+    /// 403: the `Host` header names a host this server does not answer for.
+    #[error(
+        "the Host {host:?} is not allowed; a server bound to a loopback address answers only loopback names unless `server.allowed_hosts` lists others"
+    )]
+    HostNotAllowed { host: String },
+    /// 408: the request body did not arrive in time.
+    #[error("the request body did not arrive within {timeout_s} s")]
+    BodyTimeout { timeout_s: f64 },
+    /// 415: the body is not plain JSON (wrong `Content-Type` or a `Content-Encoding`).
+    #[error("{message}")]
+    UnsupportedMediaType { message: String, code: &'static str },
     /// 413: the body is larger than the limit.
     #[error("request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
@@ -85,7 +96,10 @@ impl ApiError {
             ApiError::InvalidRequest { .. }
             | ApiError::MethodNotAllowed { .. }
             | ApiError::PayloadTooLarge { .. }
-            | ApiError::HeadersTooLarge { .. } => "invalid_request_error",
+            | ApiError::HeadersTooLarge { .. }
+            | ApiError::HostNotAllowed { .. }
+            | ApiError::BodyTimeout { .. }
+            | ApiError::UnsupportedMediaType { .. } => "invalid_request_error",
             ApiError::Unauthorized => "authentication_error",
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => "not_found_error",
             ApiError::Overloaded { .. } => "rate_limit_error",
@@ -96,7 +110,11 @@ impl ApiError {
 
     fn code(&self) -> &'static str {
         match self {
-            ApiError::InvalidRequest { code, .. } | ApiError::Unavailable { code, .. } => code,
+            ApiError::InvalidRequest { code, .. }
+            | ApiError::Unavailable { code, .. }
+            | ApiError::UnsupportedMediaType { code, .. } => code,
+            ApiError::HostNotAllowed { .. } => "host_not_allowed",
+            ApiError::BodyTimeout { .. } => "request_timeout",
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::RouteNotFound { .. } => "not_found",
@@ -140,6 +158,9 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::HostNotAllowed { .. } => StatusCode::FORBIDDEN,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -213,6 +234,11 @@ impl ApiError {
             TokenizerError::UnknownId { .. } | TokenizerError::Encode(_) => {
                 ApiError::invalid(param, e.to_string())
             }
+            TokenizerError::TooLong { .. } => ApiError::invalid_with_code(
+                Some(param.to_string()),
+                format!("{e}, the model's context"),
+                "context_length_exceeded",
+            ),
             other => ApiError::Internal(other.to_string()),
         }
     }

@@ -1,7 +1,10 @@
-//! The JSON body extractor: size-limited, and every type error names the field at fault.
+//! The JSON body extractor: `application/json` only, size- and time-limited, and every type
+//! error names the field at fault.
+
+use std::time::Duration;
 
 use actix_web::dev::Payload;
-use actix_web::http::header::CONTENT_LENGTH;
+use actix_web::http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap};
 use actix_web::web::{BytesMut, Data};
 use actix_web::{FromRequest, HttpRequest};
 use futures_util::StreamExt;
@@ -11,50 +14,96 @@ use serde_json::error::Category;
 
 use super::errors::ApiError;
 use super::state::AppState;
+use super::types::CheckRequest;
 
 /// Body limit when no state is configured.
 const DEFAULT_LIMIT: usize = 4 << 20;
+/// Body timeout (seconds) when no state is configured.
+const DEFAULT_TIMEOUT_S: f64 = 30.0;
 
-/// A JSON request body of type `T`. Malformed JSON, a non-object body, a missing field or a
-/// field of the wrong type is a 400 whose `param` names the field (`messages[0].content`).
+/// A JSON request body of type `T`. A `Content-Type` other than `application/json` or any
+/// `Content-Encoding` is a 415; a body slower than `server.body_timeout_s` a 408. Malformed
+/// JSON, a non-object body, a missing field or a field of the wrong type is a 400 whose
+/// `param` names the field (`messages[0].content`); so is a combination of fields that
+/// [`CheckRequest`] refuses.
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned + 'static> FromRequest for ApiJson<T> {
+impl<T: DeserializeOwned + CheckRequest + 'static> FromRequest for ApiJson<T> {
     type Error = ApiError;
     type Future = LocalBoxFuture<'static, Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let limit = req
-            .app_data::<Data<AppState>>()
-            .map_or(DEFAULT_LIMIT, |s| s.config.server.max_body_bytes);
+        let (limit, timeout_s) =
+            req.app_data::<Data<AppState>>()
+                .map_or((DEFAULT_LIMIT, DEFAULT_TIMEOUT_S), |s| {
+                    let server = &s.config.server;
+                    (server.max_body_bytes, server.body_timeout_s)
+                });
         let declared = req
             .headers()
             .get(CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
+        let media = check_media(req.headers());
         let mut payload = payload.take();
         Box::pin(async move {
+            media?;
             if declared.is_some_and(|n| n > limit) {
                 return Err(ApiError::PayloadTooLarge { limit });
             }
-            let mut body = BytesMut::new();
-            while let Some(chunk) = payload.next().await {
-                let chunk = chunk.map_err(|e| {
-                    ApiError::invalid_with_code(
-                        None,
-                        format!("cannot read the request body: {e}"),
-                        "invalid_body",
-                    )
-                })?;
-                if body.len() + chunk.len() > limit {
-                    return Err(ApiError::PayloadTooLarge { limit });
+            let read = async {
+                let mut body = BytesMut::new();
+                while let Some(chunk) = payload.next().await {
+                    let chunk = chunk.map_err(|e| {
+                        ApiError::invalid_with_code(
+                            None,
+                            format!("cannot read the request body: {e}"),
+                            "invalid_body",
+                        )
+                    })?;
+                    if body.len() + chunk.len() > limit {
+                        return Err(ApiError::PayloadTooLarge { limit });
+                    }
+                    body.extend_from_slice(&chunk);
                 }
-                body.extend_from_slice(&chunk);
-            }
-            parse_json(&body).map(ApiJson)
+                Ok(body)
+            };
+            let body = tokio::time::timeout(Duration::from_secs_f64(timeout_s), read)
+                .await
+                .map_err(|_| ApiError::BodyTimeout { timeout_s })??;
+            let value: T = parse_json(&body)?;
+            value.check()?;
+            Ok(ApiJson(value))
         })
     }
+}
+
+/// 415 unless the body is declared as plain JSON: `Content-Type: application/json` (any
+/// parameters, e.g. `; charset=utf-8`) and no `Content-Encoding` (Kiln decodes none).
+fn check_media(headers: &HeaderMap) -> Result<(), ApiError> {
+    let media = |message: String, code| Err(ApiError::UnsupportedMediaType { message, code });
+    let ctype = headers.get(CONTENT_TYPE).map(|v| v.to_str().unwrap_or("?"));
+    let essence = ctype.map(|c| c.split(';').next().unwrap_or_default().trim());
+    if !essence.is_some_and(|e| e.eq_ignore_ascii_case("application/json")) {
+        let got = ctype.map_or("none".to_string(), |c| format!("{c:?}"));
+        return media(
+            format!(
+                "the request body must be sent as `Content-Type: application/json` (got {got})"
+            ),
+            "unsupported_media_type",
+        );
+    }
+    if let Some(enc) = headers.get(CONTENT_ENCODING) {
+        let enc = enc.to_str().unwrap_or("?").trim();
+        if !enc.is_empty() && !enc.eq_ignore_ascii_case("identity") {
+            return media(
+                format!("`Content-Encoding: {enc}` is not supported; send the body uncompressed"),
+                "unsupported_content_encoding",
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Deserializes `body`, turning serde's error into a 400 naming the field.
@@ -194,5 +243,41 @@ mod tests {
         assert_eq!(param(r#"{"prompt": "x"} trailing"#).1, "invalid_json");
         assert_eq!(param("").1, "invalid_json");
         assert!(parse_json::<Req>(br#"{"prompt": "x", "unknown": 1}"#).is_ok());
+    }
+
+    #[test]
+    fn only_plain_json_is_accepted() {
+        let code = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(
+                    k.parse().unwrap(),
+                    actix_web::http::header::HeaderValue::from_static(v),
+                );
+            }
+            check_media(&h).err().map(|e| e.body().error.code)
+        };
+        assert_eq!(code(&[("content-type", "application/json")]), None);
+        assert_eq!(
+            code(&[("content-type", "Application/JSON; charset=utf-8")]),
+            None
+        );
+        let ct = Some("unsupported_media_type".to_string());
+        assert_eq!(code(&[]), ct);
+        assert_eq!(code(&[("content-type", "text/plain")]), ct);
+        assert_eq!(
+            code(&[("content-type", "application/x-www-form-urlencoded")]),
+            ct
+        );
+        assert_eq!(code(&[("content-type", "application/jsonx")]), ct);
+        let enc = |e| {
+            code(&[
+                ("content-type", "application/json"),
+                ("content-encoding", e),
+            ])
+        };
+        assert_eq!(enc("identity"), None);
+        assert_eq!(enc("gzip"), Some("unsupported_content_encoding".into()));
+        assert_eq!(enc("br"), Some("unsupported_content_encoding".into()));
     }
 }

@@ -1,13 +1,14 @@
 //! `GET /health` (no key needed) and `GET /metrics` (Prometheus text).
 
 use actix_web::web::Data;
-use actix_web::{HttpResponse, get};
+use actix_web::{HttpResponse, get, route};
 
 use super::errors::ApiError;
 use super::state::AppState;
 use super::types::{ErrorResponse, HealthResponse};
 
 /// 200 once the model is loaded and every lane is healthy; 503 before and after a lane failure.
+/// `HEAD /health` answers the same status (load balancers probe with either).
 #[utoipa::path(
     get,
     path = "/health",
@@ -17,7 +18,7 @@ use super::types::{ErrorResponse, HealthResponse};
         (status = 503, description = "Loading, or a lane failed", body = ErrorResponse),
     )
 )]
-#[get("/health")]
+#[route("/health", method = "GET", method = "HEAD")]
 pub async fn health(state: Data<AppState>) -> Result<HttpResponse, ApiError> {
     let ready = state.ready()?;
     if !ready.client.is_healthy() {

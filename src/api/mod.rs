@@ -3,8 +3,10 @@
 pub mod auth;
 pub mod chat;
 pub mod completions;
+mod drain;
 pub mod errors;
 pub mod extract;
+pub mod fdlimit;
 pub mod generation;
 pub mod health;
 pub mod logprobs;
@@ -19,6 +21,7 @@ pub mod validate;
 
 use std::net::{SocketAddr, TcpListener};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use actix_cors::Cors;
 use actix_web::dev::ServerHandle;
@@ -28,6 +31,7 @@ use actix_web::{App, HttpRequest, HttpServer};
 use utoipa::OpenApi;
 use utoipa_swagger_ui::SwaggerUi;
 
+pub use drain::Drain;
 pub use errors::ApiError;
 pub use openapi::{ApiDoc, openapi_json};
 pub use state::AppState;
@@ -113,15 +117,61 @@ fn cors(server: &ServerConfig) -> Cors {
 pub struct Server {
     addr: SocketAddr,
     handle: ServerHandle,
+    stop: tokio::sync::mpsc::Sender<()>,
     thread: JoinHandle<std::io::Result<()>>,
+}
+
+/// Sizes derived from the config once, for all workers.
+struct Sizing {
+    workers: usize,
+    /// Connections per worker (actix counts them per worker).
+    connections: usize,
+    /// Blocking threads per worker.
+    blocking: usize,
+}
+
+impl Sizing {
+    fn new(server: &ServerConfig) -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let workers = if server.workers == 0 {
+            cores
+        } else {
+            server.workers
+        };
+        let total_connections = fdlimit::connection_bound(server.max_connections);
+        if total_connections < server.max_connections {
+            tracing::warn!(
+                max_connections = total_connections,
+                configured = server.max_connections,
+                "server.max_connections lowered to fit the open-file limit"
+            );
+        }
+        let blocking = if server.blocking_threads == 0 {
+            cores
+        } else {
+            server.blocking_threads
+        };
+        Self {
+            workers,
+            connections: total_connections.div_ceil(workers).max(1),
+            blocking: blocking.div_ceil(workers).max(1),
+        }
+    }
 }
 
 impl Server {
     /// Serves `state` on `listener` (bind `127.0.0.1:0` for an ephemeral port). The state is
-    /// built once by the caller; the per-worker factory only clones its `Arc`.
+    /// built once by the caller; the per-worker factory only clones its `Arc`. Bound to a
+    /// loopback address, only loopback `Host` names (and `server.allowed_hosts`) are served.
     pub fn start(state: Data<AppState>, listener: TcpListener) -> std::io::Result<Server> {
         let addr = listener.local_addr()?;
         let server_cfg = state.config.server.clone();
+        let sizing = Sizing::new(&server_cfg);
+        let hosts = addr
+            .ip()
+            .is_loopback()
+            .then(|| auth::LoopbackHosts::new(&server_cfg.allowed_hosts));
+        let (drain, stopper, stop) = drain::channel();
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("kiln-http".into())
@@ -130,18 +180,19 @@ impl Server {
                     let cors_on = !server_cfg.cors_allowed_origins.is_empty();
                     let factory_cfg = server_cfg.clone();
                     let built = HttpServer::new(move || {
-                        App::new()
-                            .app_data(state.clone())
-                            .wrap(from_fn(auth::guard))
+                        let mut app = App::new().app_data(state.clone()).app_data(drain.clone());
+                        if let Some(h) = &hosts {
+                            app = app.app_data(h.clone());
+                        }
+                        app.wrap(from_fn(auth::guard))
                             .wrap(Condition::new(cors_on, cors(&factory_cfg)))
                             .configure(routes)
                             .default_service(web::to(not_found))
                     })
-                    .workers(if server_cfg.workers == 0 {
-                        std::thread::available_parallelism().map_or(2, |n| n.get())
-                    } else {
-                        server_cfg.workers
-                    })
+                    .workers(sizing.workers)
+                    .max_connections(sizing.connections)
+                    .worker_max_blocking_threads(sizing.blocking)
+                    .disable_signals()
                     .shutdown_timeout(server_cfg.shutdown_timeout_s)
                     .h1_allow_half_closed(false)
                     // Stream tokens as they come: without TCP_NODELAY a small SSE frame on a
@@ -159,6 +210,8 @@ impl Server {
                             return Ok(());
                         }
                     };
+                    let drain_limit = Duration::from_secs(server_cfg.shutdown_timeout_s);
+                    actix_web::rt::spawn(stopper.run(server.handle(), drain_limit));
                     let _ = tx.send(Ok(server.handle()));
                     server.await
                 })
@@ -169,8 +222,16 @@ impl Server {
         Ok(Server {
             addr,
             handle,
+            stop,
             thread,
         })
+    }
+
+    /// Stops the server as SIGTERM does: no new connections, in-flight requests finish, and
+    /// streams still open after `server.shutdown_timeout_s` end with an error frame and
+    /// `[DONE]`. Returns at once; [`Server::join`] waits for the end.
+    pub fn shutdown(&self) {
+        let _ = self.stop.try_send(());
     }
 
     /// The bound address.
@@ -178,8 +239,8 @@ impl Server {
         self.addr
     }
 
-    /// A handle to stop the server (graceful: in-flight requests finish first, bounded by
-    /// the shutdown timeout).
+    /// A handle to stop the server at once (`stop(true)` waits for in-flight requests up to
+    /// the shutdown timeout but does not end open streams cleanly; see [`Server::shutdown`]).
     pub fn handle(&self) -> ServerHandle {
         self.handle.clone()
     }

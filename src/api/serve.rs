@@ -16,6 +16,14 @@ use crate::model::ModelFiles;
 /// `server.shutdown_timeout_s`) before the engine stops.
 pub fn run(args: &ServeArgs) -> Result<()> {
     let config = Config::load(args)?;
+    match super::fdlimit::raise_nofile() {
+        Ok((before, after)) => tracing::info!(
+            before,
+            after,
+            "open-file limit (RLIMIT_NOFILE soft) raised to the hard limit"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     let devices = config.model.parsed_devices()?;
     let path = config.model_path(&HubSettings::from_env())?;
     tracing::info!(

@@ -35,11 +35,12 @@ pub async fn tokenize(
     let tokens = match (req.prompt, req.messages) {
         (Some(prompt), None) => {
             let tok = ready.tokenizer.clone();
+            let context = ready.client.max_model_len();
             let bos = req
                 .add_special_tokens
                 .unwrap_or_else(|| tok.add_bos_default());
             blocking(move || {
-                tok.encode(&prompt, bos)
+                tok.encode_within(&prompt, bos, context)
                     .map_err(|e| ApiError::from_tokenizer("prompt", e))
             })
             .await?

@@ -1,5 +1,6 @@
 //! Tokenizer: the `tokenizers` crate, loaded from `tokenizer.json` or built from GGUF metadata.
 
+mod bound;
 mod builder;
 pub mod chat;
 mod decode;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 
 use crate::model::gguf::GgufFile;
 
+pub use bound::BPE_CACHE_ENTRIES;
 pub use builder::{LLAMA3_PATTERN, PreTokenizer, QWEN2_PATTERN};
 pub use gguf_vocab::{GgufVocab, TokenType, VocabModel, vocab_from_gguf};
 pub use incremental::IncrementalDecoder;
@@ -68,6 +70,12 @@ pub enum TokenizerError {
     Decode(String),
     #[error("token id {id} is outside the vocabulary (size {vocab_size})")]
     UnknownId { id: u32, vocab_size: usize },
+    #[error("the text is {bytes} bytes; at most {max_bytes} bytes can fit in {max_tokens} tokens")]
+    TooLong {
+        bytes: usize,
+        max_bytes: usize,
+        max_tokens: usize,
+    },
 }
 
 /// A loaded tokenizer. Cheap to clone (shared), `Send + Sync`.
@@ -88,6 +96,8 @@ struct Inner {
     /// The decoder turns `<0xXX>` pieces into bytes (see `decode::decode`).
     byte_fallback: bool,
     vocab_size: usize,
+    /// Most input bytes one token can stand for; `None` when no bound holds (see `bound`).
+    bytes_per_token: Option<usize>,
 }
 
 /// What a loader knows beyond the `tokenizers` pipeline.
@@ -197,7 +207,9 @@ impl Tokenizer {
         Ok(Self::assemble(hf, meta, None))
     }
 
-    fn assemble(hf: tokenizers::Tokenizer, mut meta: Meta, vocab_size: Option<usize>) -> Self {
+    fn assemble(mut hf: tokenizers::Tokenizer, mut meta: Meta, vocab_size: Option<usize>) -> Self {
+        bound::cap_bpe_cache(&mut hf);
+        let bytes_per_token = bound::bytes_per_token(&hf);
         let added = hf.get_added_tokens_decoder();
         let special: HashSet<u32> = added
             .iter()
@@ -238,6 +250,7 @@ impl Tokenizer {
                 chat_template: meta.chat_template,
                 special,
                 vocab_size,
+                bytes_per_token,
             }),
         }
     }
@@ -256,6 +269,35 @@ impl Tokenizer {
         }
         ids.extend_from_slice(encoding.get_ids());
         Ok(ids)
+    }
+
+    /// Like [`Tokenizer::encode`], but text longer than `max_tokens` tokens could ever hold
+    /// (see [`Tokenizer::max_text_bytes`]) is refused with [`TokenizerError::TooLong`] before
+    /// any tokenizing, so a huge prompt costs no more than its length check.
+    pub fn encode_within(
+        &self,
+        text: &str,
+        add_bos: bool,
+        max_tokens: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let max_bytes = self.max_text_bytes(max_tokens);
+        if text.len() > max_bytes {
+            return Err(TokenizerError::TooLong {
+                bytes: text.len(),
+                max_bytes,
+                max_tokens,
+            });
+        }
+        self.encode(text, add_bos)
+    }
+
+    /// The longest text (in bytes) that can encode to at most `max_tokens` tokens: `max_tokens`
+    /// times the most input bytes any one token stands for (`usize::MAX` when the vocabulary
+    /// gives no such bound, e.g. unknown runs fused into one token).
+    pub fn max_text_bytes(&self, max_tokens: usize) -> usize {
+        self.inner
+            .bytes_per_token
+            .map_or(usize::MAX, |b| b.saturating_mul(max_tokens))
     }
 
     /// The text of `ids`; special tokens are left out when `skip_special` is set. Invalid UTF-8

@@ -94,6 +94,10 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<serde_json::Value>>,
+    /// Only allowed with `tools` (which are not supported).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<serde_json::Value>,
     /// Only `{"type": "text"}` is supported.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]

@@ -74,6 +74,9 @@ pub struct CompletionRequest {
     /// Not supported; must be absent or null.
     #[serde(default)]
     pub suffix: Option<String>,
+    /// Candidates to rank per choice: only absent, 1 or `n` (no ranking) is accepted.
+    #[serde(default)]
+    pub best_of: Option<u32>,
 }
 
 impl CompletionRequest {

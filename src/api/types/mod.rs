@@ -2,6 +2,7 @@
 //! openai-python's `types/completion*.py` and `types/chat/chat_completion*.py` read them.
 
 mod chat;
+mod check;
 mod completion;
 
 use std::collections::HashMap;
@@ -10,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 pub use chat::*;
+pub use check::CheckRequest;
 pub use completion::*;
 
 /// `{"error": {...}}`: every error response and mid-stream error frame.
