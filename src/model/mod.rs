@@ -96,6 +96,12 @@ impl ModelFiles {
             LoadFormat::Gguf => {
                 let g = gguf::GgufFile::open(path)?;
                 let spec = ModelSpec::from_gguf(&g)?;
+                for name in g.nonfinite_tensors() {
+                    tracing::warn!(
+                        "{}: tensor '{name}' holds NaN or infinite values",
+                        path.display()
+                    );
+                }
                 let tokenizer =
                     Tokenizer::from_gguf(&g).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
                 Ok(Self {

@@ -91,6 +91,109 @@ pub struct ModelSpec {
     pub qkv_bias: bool,
 }
 
+/// Upper bounds on what a model file may declare. Every size derived from metadata is
+/// checked against them before anything is allocated, so products of a few of them (weight
+/// element counts, KV widths) cannot overflow or ask for absurd allocations.
+pub mod limits {
+    /// Decoder layers.
+    pub const LAYERS: usize = 1024;
+    /// Residual stream width.
+    pub const HIDDEN: usize = 1 << 20;
+    /// FFN width.
+    pub const INTERMEDIATE: usize = 1 << 22;
+    /// Vocabulary size.
+    pub const VOCAB: usize = 1 << 24;
+    /// Query heads.
+    pub const HEADS: usize = 1024;
+    /// Width of one head.
+    pub const HEAD_DIM: usize = 1024;
+    /// Query heads per KV head (the CPU attention's per-group scratch).
+    pub const GQA_GROUP: usize = 64;
+    /// Context length in tokens.
+    pub const CONTEXT: usize = 1 << 24;
+}
+
+/// A field of [`ModelSpec`], for naming it in an error by the key its file uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecField {
+    Hidden,
+    Intermediate,
+    Layers,
+    Heads,
+    KvHeads,
+    HeadDim,
+    Vocab,
+    Context,
+    RopeDim,
+    RopeTheta,
+    RopeScaling,
+    RopeFreqs,
+    RmsEps,
+}
+
+impl SpecField {
+    /// The field's name in [`ModelSpec`].
+    pub fn rust_name(self) -> String {
+        use SpecField as F;
+        match self {
+            F::Hidden => "hidden",
+            F::Intermediate => "intermediate",
+            F::Layers => "n_layers",
+            F::Heads => "n_heads",
+            F::KvHeads => "n_kv_heads",
+            F::HeadDim => "head_dim",
+            F::Vocab => "vocab_size",
+            F::Context => "max_position",
+            F::RopeDim => "rope.dim",
+            F::RopeTheta => "rope.theta",
+            F::RopeScaling => "rope.llama3",
+            F::RopeFreqs => "rope.freq_factors",
+            F::RmsEps => "rms_eps",
+        }
+        .to_string()
+    }
+
+    /// The GGUF metadata key (or tensor) that sets the field, for architecture `arch`.
+    pub fn gguf_key(self, arch: &str) -> String {
+        use SpecField as F;
+        let leaf = match self {
+            F::Hidden => "embedding_length",
+            F::Intermediate => "feed_forward_length",
+            F::Layers => "block_count",
+            F::Heads => "attention.head_count",
+            F::KvHeads => "attention.head_count_kv",
+            F::HeadDim => "attention.key_length",
+            F::Vocab => "vocab_size",
+            F::Context => "context_length",
+            F::RopeDim => "rope.dimension_count",
+            F::RopeTheta => "rope.freq_base",
+            F::RopeScaling => "rope.scaling",
+            F::RopeFreqs => return "tensor rope_freqs.weight".to_string(),
+            F::RmsEps => "attention.layer_norm_rms_epsilon",
+        };
+        format!("{arch}.{leaf}")
+    }
+
+    /// The `config.json` key that sets the field.
+    pub fn hf_key(self) -> String {
+        use SpecField as F;
+        match self {
+            F::Hidden => "hidden_size",
+            F::Intermediate => "intermediate_size",
+            F::Layers => "num_hidden_layers",
+            F::Heads => "num_attention_heads",
+            F::KvHeads => "num_key_value_heads",
+            F::HeadDim | F::RopeDim => "head_dim",
+            F::Vocab => "vocab_size",
+            F::Context => "max_position_embeddings",
+            F::RopeTheta => "rope_theta",
+            F::RopeScaling | F::RopeFreqs => "rope_scaling",
+            F::RmsEps => "rms_norm_eps",
+        }
+        .to_string()
+    }
+}
+
 impl ModelSpec {
     /// Width of the query projection (`n_heads * head_dim`).
     pub fn q_dim(&self) -> usize {
@@ -105,26 +208,111 @@ impl ModelSpec {
         self.q_dim() + 2 * self.kv_dim()
     }
 
-    /// Checks the shapes are internally consistent.
+    /// Checks the shapes are internally consistent and within [`limits`]; errors name the
+    /// field as Rust spells it (`n_layers`, ...).
     pub fn validate(&self) -> Result<(), ModelError> {
-        let bad = |m: String| Err(ModelError::Spec(m));
-        if self.hidden == 0 || self.n_layers == 0 || self.n_heads == 0 || self.vocab_size == 0 {
-            return bad(format!("zero-sized model dimension in {self:?}"));
-        }
-        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return bad(format!(
-                "n_heads {} is not a multiple of n_kv_heads {}",
-                self.n_heads, self.n_kv_heads
+        self.validate_as(SpecField::rust_name)
+    }
+
+    /// [`ModelSpec::validate`] with errors naming each field by `name` (a file's key).
+    pub fn validate_as(&self, name: impl Fn(SpecField) -> String) -> Result<(), ModelError> {
+        self.check()
+            .map_err(|(field, why)| ModelError::Spec(format!("{}: {why}", name(field))))
+    }
+
+    /// Every bound, in the order a reader would check them; the first failure wins.
+    fn check(&self) -> Result<(), (SpecField, String)> {
+        use SpecField as F;
+        let range = |field: F, v: usize, lo: usize, hi: usize| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err((
+                    field,
+                    format!("{v} is outside the supported range {lo}..={hi}"),
+                ))
+            }
+        };
+        range(F::Layers, self.n_layers, 1, limits::LAYERS)?;
+        range(F::Hidden, self.hidden, 1, limits::HIDDEN)?;
+        range(F::Intermediate, self.intermediate, 1, limits::INTERMEDIATE)?;
+        range(F::Vocab, self.vocab_size, 1, limits::VOCAB)?;
+        range(F::Heads, self.n_heads, 1, limits::HEADS)?;
+        range(F::KvHeads, self.n_kv_heads, 1, self.n_heads)?;
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return Err((
+                F::KvHeads,
+                format!(
+                    "n_heads {} is not a multiple of n_kv_heads {}",
+                    self.n_heads, self.n_kv_heads
+                ),
             ));
         }
-        if self.head_dim == 0 || self.rope.dim > self.head_dim || !self.rope.dim.is_multiple_of(2) {
-            return bad(format!(
-                "rope dim {} invalid for head_dim {}",
-                self.rope.dim, self.head_dim
+        let group = self.n_heads / self.n_kv_heads;
+        if group > limits::GQA_GROUP {
+            return Err((
+                F::KvHeads,
+                format!(
+                    "{} query heads per KV head exceeds the supported {}",
+                    group,
+                    limits::GQA_GROUP
+                ),
             ));
         }
-        if self.hidden > 1 << 20 || self.intermediate > 1 << 22 || self.vocab_size > 1 << 24 {
-            return bad("model dimensions out of the supported range".into());
+        range(F::HeadDim, self.head_dim, 2, limits::HEAD_DIM)?;
+        if !self.head_dim.is_multiple_of(2) {
+            return Err((F::HeadDim, format!("{} is odd", self.head_dim)));
+        }
+        range(F::Context, self.max_position, 2, limits::CONTEXT)?;
+        let rope_dim = self.rope.dim;
+        if rope_dim == 0 || rope_dim > self.head_dim || !rope_dim.is_multiple_of(2) {
+            return Err((
+                F::RopeDim,
+                format!(
+                    "rope dim {rope_dim} invalid for head_dim {} (must be even, 2..=head_dim)",
+                    self.head_dim
+                ),
+            ));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return Err((
+                F::RmsEps,
+                format!("{} must be a finite number > 0", self.rms_eps),
+            ));
+        }
+        if !(self.rope.theta.is_finite() && self.rope.theta > 0.0) {
+            return Err((
+                F::RopeTheta,
+                format!("{} must be a finite number > 0", self.rope.theta),
+            ));
+        }
+        if let Some(s) = self.rope.llama3 {
+            let positive = [
+                s.factor,
+                s.low_freq_factor,
+                s.high_freq_factor,
+                s.original_max_position,
+            ]
+            .iter()
+            .all(|v| v.is_finite() && *v > 0.0);
+            if !positive || s.low_freq_factor == s.high_freq_factor {
+                return Err((
+                    F::RopeScaling,
+                    format!("{s:?}: factors must be finite and > 0, low and high factors distinct"),
+                ));
+            }
+        }
+        if let Some(f) = &self.rope.freq_factors
+            && (f.len() != rope_dim / 2 || f.iter().any(|v| !(v.is_finite() && *v > 0.0)))
+        {
+            return Err((
+                F::RopeFreqs,
+                format!(
+                    "{} factors (need {}, each finite and > 0)",
+                    f.len(),
+                    rope_dim / 2
+                ),
+            ));
         }
         Ok(())
     }
@@ -169,7 +357,11 @@ impl ModelSpec {
             None => g
                 .meta_str_array("tokenizer.ggml.tokens")
                 .map(|t| t.len())
-                .or_else(|| g.tensor("token_embd.weight").map(|t| t.dims[1] as usize))
+                .or_else(|| {
+                    g.tensor("token_embd.weight")
+                        .and_then(|t| t.dims.get(1))
+                        .map(|&d| d as usize)
+                })
                 .ok_or_else(|| ModelError::Spec("cannot determine vocab size".into()))?,
         };
         let llama3 = match g.meta_str(&key("rope.scaling.type")) {
@@ -216,7 +408,7 @@ impl ModelSpec {
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
             arch,
         };
-        spec.validate()?;
+        spec.validate_as(|f| f.gguf_key(&spec.arch))?;
         Ok(spec)
     }
 
@@ -310,7 +502,7 @@ impl ModelSpec {
             },
             tied_embeddings: c.tie_word_embeddings.unwrap_or(false),
         };
-        spec.validate()?;
+        spec.validate_as(|f| format!("config.json {}", f.hf_key()))?;
         Ok(spec)
     }
 }
