@@ -3,15 +3,19 @@
 
 use libfuzzer_sys::fuzz_target;
 
-// The reader's sources, reachable as `crate::model::{gguf, quant}` as in the main crate.
+// The reader's sources, reachable as `crate::model::gguf` and `crate::backend::quant` as
+// in the main crate.
 #[allow(dead_code)]
 #[path = "../../src/model/gguf.rs"]
 pub mod gguf;
 #[allow(dead_code)]
-#[path = "../../src/model/quant.rs"]
+#[path = "../../src/backend/quant.rs"]
 pub mod quant;
 mod model {
-    pub use super::{gguf, quant};
+    pub use super::gguf;
+}
+mod backend {
+    pub use super::quant;
 }
 
 use model::gguf::{GgufFile, MetaValue};

@@ -14,7 +14,7 @@ use super::stats::LaneStats;
 use super::{EngineConfig, EngineError, FinishReason, GenerateRequest, TokenInfo};
 use crate::backend::{Backend, BackendError, KvShape};
 use crate::model::ModelFiles;
-use crate::model::llama::Llama;
+use crate::runner::{Llama, LoadError};
 use crate::sampling::{SampleRow, SamplingParams, uniform};
 
 /// Messages into a lane.
@@ -127,7 +127,7 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
         stats,
         ready,
     } = ctx;
-    let built = (|| -> Result<Lane<B>, BackendError> {
+    let built = (|| -> Result<Lane<B>, LoadError> {
         let mut backend = make()?;
         let model = Llama::load(
             &mut backend,

@@ -105,14 +105,9 @@ pub struct EngineConfig {
     pub gpu_dtype: GpuDtype,
 }
 
-/// Precision of GPU weights and activations (accumulation is always f32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum GpuDtype {
-    #[default]
-    Bf16,
-    F32,
-}
+/// Precision of GPU weights and activations (accumulation is always f32): the backend's
+/// storage type itself.
+pub use crate::backend::DType as GpuDtype;
 
 impl Default for EngineConfig {
     fn default() -> Self {

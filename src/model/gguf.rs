@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 
-use crate::model::quant;
-pub use crate::model::quant::GgmlType;
+use crate::backend::quant;
+pub use crate::backend::quant::GgmlType;
 
 /// Most dims a tensor may have (ggml's `GGML_MAX_DIMS`).
 pub const MAX_DIMS: u32 = 4;

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use kiln::backend::cuda::{CudaBackend, CudaOptions, DType};
 use kiln::backend::{Backend, BatchPlan, KvShape, SeqSlice};
-use kiln::model::llama::Llama;
 use kiln::model::spec::Llama3Scaling;
 use kiln::model::{ModelError, ModelFiles, ModelSpec, RopeLayout, RopeSpec, TensorSource};
+use kiln::runner::Llama;
 use kiln::sampling::{SampleRow, SamplingParams};
 use rayon::prelude::*;
 

@@ -1,9 +1,9 @@
 //! What the parity tests need beyond the op contract: writing host data into a backend's
 //! tensors, a per-dtype tolerance, and running one test body on every compiled backend.
 
+use kiln::backend::HostTensor;
 use kiln::backend::cpu::CpuBackend;
 use kiln::backend::{Backend, BatchPlan, SeqSlice};
-use kiln::model::HostTensor;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -6,10 +6,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::DType;
-use super::device::{Device, dev_err};
-use super::runtime::{DeviceInfo, Runtime};
-use crate::backend::BackendError;
+use super::device::Device;
+use super::runtime::{DeviceInfo, Runtime, dev_err};
+use crate::backend::{BackendError, DType};
 
 const PRELUDE: &str = include_str!("../../../kernels/prelude.cuh");
 
