@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod dtype;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod gpu;
+mod open;
 pub mod quant;
 #[cfg(feature = "rocm")]
 pub mod rocm;
@@ -17,6 +18,7 @@ pub mod tensor;
 
 pub use batch::{BatchPlan, KvShape, SeqSlice};
 pub use dtype::DType;
+pub use open::{DeviceId, GpuOptions, WithBackend, open};
 pub use shape::{AttnShape, Llama3Scaling, RopeLayout, RopeSpec};
 pub use tensor::{HostData, HostTensor};
 

@@ -103,6 +103,22 @@ pub struct EngineConfig {
     pub kernel_timing_period: u64,
     /// GPU activation/weight precision: `bf16` (default) or `f32` (exact parity with the CPU).
     pub gpu_dtype: GpuDtype,
+    /// GPU streaming matmul kernels for small batches (`KILN_GEMV=0` turns them off).
+    pub gpu_gemv: bool,
+    /// GPU decode attention variant (`KILN_ATTN_DECODE=0` turns it off).
+    pub gpu_attn_decode: bool,
+    /// Where GPU lanes cache compiled kernels (default `$XDG_CACHE_HOME/kiln/kernels`, else
+    /// `~/.cache/kiln/kernels`; unset when neither is known: compile at every start).
+    pub kernel_cache_dir: Option<std::path::PathBuf>,
+}
+
+/// The default on-disk kernel cache: `$XDG_CACHE_HOME/kiln/kernels`, else
+/// `~/.cache/kiln/kernels` (read once, when the config is built).
+pub fn default_kernel_cache_dir() -> Option<std::path::PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?;
+    Some(base.join("kiln").join("kernels"))
 }
 
 /// Precision of GPU weights and activations (accumulation is always f32): the backend's
@@ -123,6 +139,9 @@ impl Default for EngineConfig {
             max_model_len: None,
             kernel_timing_period: 64,
             gpu_dtype: GpuDtype::Bf16,
+            gpu_gemv: true,
+            gpu_attn_decode: true,
+            kernel_cache_dir: default_kernel_cache_dir(),
         }
     }
 }

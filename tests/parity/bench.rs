@@ -122,6 +122,7 @@ impl Rig {
             0,
             CudaOptions {
                 dtype: DType::Bf16,
+                kernel_cache: kiln::engine::default_kernel_cache_dir(),
                 ..CudaOptions::default()
             },
         )

@@ -48,7 +48,7 @@ impl<R: Runtime> GpuBackend<R> {
         let kernel = if head.has_decode()
             && vectors <= dec[dec.len() - 1] as usize
             && l.n_items <= 65535
-            && decode_enabled()
+            && self.attn_decode
         {
             let qv = dec
                 .iter()
@@ -120,10 +120,4 @@ impl<R: Runtime> GpuBackend<R> {
         }
         Ok(())
     }
-}
-
-/// The decode variant is on unless `KILN_ATTN_DECODE=0` (A/B measurements).
-fn decode_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_ATTN_DECODE").map_or(true, |v| v != "0"))
 }

@@ -482,11 +482,3 @@ fn store(path: &Path, key: &str, image: &[u8]) {
         let _ = std::fs::remove_file(&tmp);
     }
 }
-
-/// The default on-disk kernel cache: `$XDG_CACHE_HOME/kiln/kernels`, else `~/.cache/kiln/kernels`.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("kiln").join("kernels"))
-}

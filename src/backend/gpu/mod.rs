@@ -27,11 +27,12 @@ pub use device::TransferStats;
 use device::{Arg, DevBuf, Device};
 use std::collections::{HashMap, HashSet};
 
+pub use super::open::GpuOptions;
 use kernels::{GEMV_MAX_ROWS, Kernel, Kernels};
 use meta::GraphKey;
 use runtime::{Grid, Runtime};
 pub use timing::KernelTiming;
-pub use types::{GpuBatch, GpuKv, GpuOptions, GpuTensor, GpuWeight};
+pub use types::{GpuBatch, GpuKv, GpuTensor, GpuWeight};
 
 pub use super::DType;
 use super::{
@@ -46,6 +47,10 @@ pub struct GpuBackend<R: Runtime> {
     blas: R::Blas,
     dev: Device<R>,
     dt: DType,
+    /// Small-batch matmuls may use the streaming kernels ([`GpuOptions::gemv`]).
+    gemv: bool,
+    /// Decode steps may use the decode attention variant ([`GpuOptions::attn_decode`]).
+    attn_decode: bool,
     /// Attention may use the bf16 tensor-core kernels (`mma.sync`: NVIDIA sm_80 or newer,
     /// bf16 storage; f32 storage keeps the CUDA-core kernels, the parity reference).
     mma: bool,
@@ -116,12 +121,6 @@ fn gemv_rows_per_warp(n: usize) -> usize {
     if n == 1 { 1 } else { 2 }
 }
 
-/// The streaming matmul kernels are on unless `KILN_GEMV=0` (A/B measurements).
-fn gemv_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_GEMV").map_or(true, |v| v != "0"))
-}
-
 /// `90` for `sm_90`, `90` for `sm_90a`; 0 for anything else (AMD targets).
 fn sm_version(arch: &str) -> u32 {
     arch.strip_prefix("sm_")
@@ -185,6 +184,8 @@ impl<R: Runtime> GpuBackend<R> {
             sample_pack: sample::SamplePack::default(),
             largest_alloc: 0,
             use_graphs: opts.graphs,
+            gemv: opts.gemv,
+            attn_decode: opts.attn_decode,
             graphs: HashMap::new(),
             graph_seen: HashSet::new(),
             graph_failed: HashMap::new(),
@@ -266,7 +267,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// (faster than the BLAS for one or two rows): whole 16-byte chunks, aligned buffers.
     fn gemv_fits(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> bool {
         (1..=GEMV_MAX_ROWS).contains(&n)
-            && gemv_enabled()
+            && self.gemv
             && x.cols == w.cols
             && w.cols <= i32::MAX as usize
             && w.rows <= i32::MAX as usize

@@ -1,38 +1,8 @@
-//! The GPU backend's value types: options and device-resident tensors.
-
-use std::path::PathBuf;
+//! The GPU backend's device-resident value types.
 
 use super::device::DevBuf;
-use super::kernels;
 use super::meta;
-use crate::backend::{DType, KvShape};
-
-/// How to build a [`super::GpuBackend`].
-#[derive(Debug, Clone)]
-pub struct GpuOptions {
-    pub dtype: DType,
-    /// Where compiled kernels are cached; `None` compiles every time.
-    pub kernel_cache: Option<PathBuf>,
-    /// Synchronize after every launch so errors name the op that caused them (slow).
-    pub sync_check: bool,
-    /// Time every launch of every `n`-th step with device events (see
-    /// [`super::GpuBackend::take_kernel_timings`]); `None`: never.
-    pub timing_period: Option<u64>,
-    /// Record decode steps into graphs at bucketed batch sizes and replay them.
-    pub graphs: bool,
-}
-
-impl Default for GpuOptions {
-    fn default() -> Self {
-        Self {
-            dtype: DType::Bf16,
-            kernel_cache: kernels::default_cache_dir(),
-            sync_check: false,
-            timing_period: None,
-            graphs: true,
-        }
-    }
-}
+use crate::backend::KvShape;
 
 /// A `[rows, cols]` activation buffer on the device.
 #[derive(Debug)]
