@@ -96,6 +96,39 @@ def synthetic(rng: random.Random) -> dict[str, bytes]:
     return seeds
 
 
+def spec_seeds() -> dict[str, bytes]:
+    """Headers that parse but whose llama spec Kiln must refuse (issue 14 item 9), and a file
+    with NaN/Inf weights at the ends of its tensors."""
+    base = [("embedding_length", U32, 64), ("attention.head_count", U32, 4),
+            ("attention.head_count_kv", U32, 2), ("feed_forward_length", U32, 128),
+            ("block_count", U32, 2), ("vocab_size", U32, 100), ("context_length", U32, 256)]
+
+    def llama(**over) -> bytes:
+        keys = dict((k, (t, v)) for k, t, v in base)
+        keys.update({k.replace("__", "."): tv for k, tv in over.items()})
+        kvs = [("general.architecture", STRING, gstr(b"llama"))]
+        kvs += [(f"llama.{k}", t, scalar(t, v)) for k, (t, v) in keys.items()]
+        return gguf(kvs, [])
+
+    nan_last = struct.pack("<f", 1.0) * 255 + struct.pack("<f", float("nan"))
+    inf_first = struct.pack("<e", float("inf")) + struct.pack("<e", 0.5) * 63
+    return {
+        "spec-block-count-u32-max": llama(block_count=(U32, 2**32 - 1)),
+        "spec-block-count-u64-huge": llama(block_count=(U64, 2**62)),
+        "spec-context-0": llama(context_length=(U32, 0)),
+        "spec-context-1": llama(context_length=(U32, 1)),
+        "spec-rope-dim-0": llama(rope__dimension_count=(U32, 0)),
+        "spec-rope-dim-wider-than-head": llama(rope__dimension_count=(U32, 18)),
+        "spec-rms-eps-nan": llama(attention__layer_norm_rms_epsilon=(F32, float("nan"))),
+        "spec-rms-eps-negative": llama(attention__layer_norm_rms_epsilon=(F32, -1e-5)),
+        "spec-gqa-not-a-divisor": llama(attention__head_count_kv=(U32, 3)),
+        "spec-gqa-group-128": llama(embedding_length=(U32, 2048), attention__head_count=(U32, 128),
+                                    attention__head_count_kv=(U32, 1)),
+        "weights-nonfinite-ends": gguf([], [("nan_last", [256], 0, nan_last),
+                                            ("inf_first", [64], 1, inf_first)]),
+    }
+
+
 def corrupt(rng: random.Random, data: bytes, limit: int, flips: int) -> bytes:
     out = bytearray(data)
     for _ in range(flips):
@@ -124,6 +157,7 @@ def main() -> None:
         seeds[f"{stem}-prefix{cut}"] = data[:cut]
         seeds[f"{stem}-prefix{cut}-corrupt"] = corrupt(rng, data[:cut], cut, 4)
     seeds["stories260K-prefix100"] = (args.models / "stories260K.gguf").read_bytes()[:100]
+    seeds.update(spec_seeds())
     total = 0
     for name, data in sorted(seeds.items()):
         (OUT / f"seed-{name}").write_bytes(data)

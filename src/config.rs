@@ -232,6 +232,12 @@ pub struct ServeArgs {
     /// Context limit (defaults to the model's).
     #[arg(long, env = "KILN_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
+    /// GPU streaming matmul kernels for small batches (`KILN_GEMV=0`: off, for A/B runs).
+    #[arg(long, env = "KILN_GEMV", value_parser = clap::builder::BoolishValueParser::new())]
+    pub gpu_gemv: Option<bool>,
+    /// GPU decode attention variant (`KILN_ATTN_DECODE=0`: off, for A/B runs).
+    #[arg(long, env = "KILN_ATTN_DECODE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub gpu_attn_decode: Option<bool>,
     /// HTTP worker threads (0: one per core).
     #[arg(long, env = "KILN_WORKERS")]
     pub workers: Option<usize>,
@@ -307,6 +313,8 @@ impl Config {
         set_opt(&mut e.kv_blocks, &args.kv_blocks);
         set(&mut e.max_waiting, &args.max_waiting);
         set_opt(&mut e.max_model_len, &args.max_model_len);
+        set(&mut e.gpu_gemv, &args.gpu_gemv);
+        set(&mut e.gpu_attn_decode, &args.gpu_attn_decode);
     }
 
     /// Rejects settings that cannot work (bad devices, empty keys, zero limits).

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, BackendError, BatchPlan, KvShape, SeqSlice};
 use crate::model::ModelFiles;
-use crate::model::llama::Llama;
+use crate::runner::{Llama, LoadError};
 use crate::sampling::{Penalties, SampleRow, Sampled, SamplingParams, uniform};
 
 /// What one generation produced, with in-process timings.
@@ -50,7 +50,7 @@ impl<B: Backend> SingleGenerator<B> {
         max_context: usize,
         chunk: usize,
         block_size: usize,
-    ) -> Result<Self, BackendError> {
+    ) -> Result<Self, LoadError> {
         let model = Llama::load(&mut backend, files, chunk, 1)?;
         let s = &files.spec;
         let kv_shape = KvShape {

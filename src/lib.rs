@@ -8,5 +8,6 @@ pub mod engine;
 pub mod generate;
 pub mod metrics;
 pub mod model;
+pub mod runner;
 pub mod sampling;
 pub mod tokenizer;

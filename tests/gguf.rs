@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use kiln::model::gguf::{GgmlType, GgufError, GgufFile, MetaValue, TensorInfo};
 use kiln::model::quant::{self, QuantError};
+use kiln::model::{ModelError, ModelSpec};
 
 // ---------------------------------------------------------------------------------------
 // helpers
@@ -1092,4 +1093,224 @@ fn foreign_tensor_info_gives_empty_bytes() {
     assert!(f.tensor_bytes(&info).is_empty());
     assert_eq!(info.n_elements(), u64::MAX);
     assert!(f.dequantize(&info).is_err());
+}
+
+// ---------------------------------------------------------------------------------------
+// model spec from crafted metadata: every size is bounded, bad constants name their key
+
+const T_F32: u32 = 6;
+const T_U64: u32 = 10;
+const F16: u32 = 1;
+
+/// A llama header (64 wide, 4 heads of 16, 2 KV heads, 2 layers) with `over` replacing or
+/// adding `llama.*` keys; a value of `None` drops the key.
+/// An encoded metadata value (type id, payload); `None` leaves the key out.
+type Value = Option<(u32, Vec<u8>)>;
+
+fn spec_with(over: &[(&str, Value)]) -> Result<ModelSpec, ModelError> {
+    let mut keys: Vec<(&str, Value)> = [
+        ("embedding_length", 64u32),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 2),
+        ("feed_forward_length", 128),
+        ("block_count", 2),
+        ("vocab_size", 100),
+        ("context_length", 256),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, Some((T_U32, v.to_le_bytes().to_vec()))))
+    .collect();
+    for (k, v) in over {
+        match keys.iter_mut().find(|(key, _)| key == k) {
+            Some(slot) => slot.1 = v.clone(),
+            None => keys.push((k, v.clone())),
+        }
+    }
+    let mut b = Builder::new().kv("general.architecture", T_STRING, &gstr(b"llama"));
+    for (k, v) in keys {
+        if let Some((ty, payload)) = v {
+            b = b.kv(&format!("llama.{k}"), ty, &payload);
+        }
+    }
+    ModelSpec::from_gguf(&GgufFile::parse(&b.build()).expect("crafted header parses"))
+}
+
+fn u32v(v: u32) -> Value {
+    Some((T_U32, v.to_le_bytes().to_vec()))
+}
+
+fn f32v(v: f32) -> Value {
+    Some((T_F32, v.to_le_bytes().to_vec()))
+}
+
+/// Expects `spec_with(over)` to fail with a message naming `key` (the full GGUF key).
+fn spec_err(over: &[(&str, Value)], key: &str) {
+    match spec_with(over) {
+        Ok(s) => panic!("{over:?}: expected an error naming {key}, got {s:?}"),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(key),
+                "{over:?}: error {msg:?} does not name {key}"
+            );
+        }
+    }
+}
+
+#[test]
+fn crafted_base_spec_loads() {
+    let s = spec_with(&[]).unwrap();
+    assert_eq!(
+        (s.hidden, s.n_heads, s.n_kv_heads, s.head_dim, s.n_layers),
+        (64, 4, 2, 16, 2)
+    );
+    assert_eq!((s.max_position, s.rope.dim), (256, 16));
+}
+
+#[test]
+fn huge_block_count_is_refused_before_allocating() {
+    // 2^32-1 layers used to abort the process in `Vec::with_capacity` while loading.
+    spec_err(&[("block_count", u32v(u32::MAX))], "llama.block_count");
+    let huge = Some((T_U64, (1u64 << 62).to_le_bytes().to_vec()));
+    spec_err(&[("block_count", huge)], "llama.block_count");
+    spec_err(&[("block_count", u32v(0))], "llama.block_count");
+}
+
+#[test]
+fn huge_dims_heads_vocab_and_context_are_refused() {
+    spec_err(
+        &[("embedding_length", u32v(u32::MAX))],
+        "llama.embedding_length",
+    );
+    spec_err(
+        &[("feed_forward_length", u32v(u32::MAX))],
+        "llama.feed_forward_length",
+    );
+    spec_err(&[("vocab_size", u32v(u32::MAX))], "llama.vocab_size");
+    spec_err(
+        &[
+            ("attention.head_count", u32v(1 << 20)),
+            ("attention.head_count_kv", u32v(1 << 20)),
+        ],
+        "llama.attention.head_count",
+    );
+    spec_err(
+        &[("context_length", u32v(u32::MAX))],
+        "llama.context_length",
+    );
+    spec_err(
+        &[("attention.key_length", u32v(1 << 20))],
+        "llama.attention.key_length",
+    );
+    spec_err(
+        &[("attention.key_length", u32v(0))],
+        "llama.attention.key_length",
+    );
+}
+
+#[test]
+fn context_length_zero_or_one_is_refused() {
+    spec_err(&[("context_length", u32v(0))], "llama.context_length");
+    spec_err(&[("context_length", u32v(1))], "llama.context_length");
+    assert_eq!(
+        spec_with(&[("context_length", u32v(2))])
+            .unwrap()
+            .max_position,
+        2
+    );
+}
+
+#[test]
+fn rope_dimension_zero_or_wider_than_the_head_is_refused() {
+    spec_err(
+        &[("rope.dimension_count", u32v(0))],
+        "llama.rope.dimension_count",
+    );
+    spec_err(
+        &[("rope.dimension_count", u32v(18))],
+        "llama.rope.dimension_count",
+    );
+    spec_err(
+        &[("rope.dimension_count", u32v(7))],
+        "llama.rope.dimension_count",
+    );
+    let s = spec_with(&[("rope.dimension_count", u32v(8))]).unwrap();
+    assert_eq!(s.rope.inv_freqs().len(), 4);
+}
+
+#[test]
+fn nan_or_non_positive_rms_eps_is_refused() {
+    let key = "llama.attention.layer_norm_rms_epsilon";
+    for bad in [f32::NAN, 0.0, -1e-5, f32::INFINITY] {
+        spec_err(&[("attention.layer_norm_rms_epsilon", f32v(bad))], key);
+    }
+    let s = spec_with(&[("attention.layer_norm_rms_epsilon", f32v(1e-6))]).unwrap();
+    assert_eq!(s.rms_eps, 1e-6);
+    spec_err(
+        &[("rope.freq_base", f32v(f32::NAN))],
+        "llama.rope.freq_base",
+    );
+}
+
+#[test]
+fn gqa_group_is_bounded_before_attention_sees_it() {
+    let kv = "llama.attention.head_count_kv";
+    spec_err(&[("attention.head_count_kv", u32v(3))], kv);
+    spec_err(&[("attention.head_count_kv", u32v(0))], kv);
+    spec_err(&[("attention.head_count_kv", u32v(8))], kv);
+    // 128 query heads on one KV head: a group past what the CPU attention holds.
+    spec_err(
+        &[
+            ("embedding_length", u32v(128 * 16)),
+            ("attention.head_count", u32v(128)),
+            ("attention.head_count_kv", u32v(1)),
+        ],
+        kv,
+    );
+    let s = spec_with(&[
+        ("embedding_length", u32v(64 * 16)),
+        ("attention.head_count", u32v(64)),
+        ("attention.head_count_kv", u32v(1)),
+    ])
+    .unwrap();
+    assert_eq!(s.n_heads / s.n_kv_heads, 64);
+}
+
+#[test]
+fn one_dim_token_embedding_without_vocab_size_errors() {
+    let file = Builder::new()
+        .kv("general.architecture", T_STRING, &gstr(b"llama"))
+        .kv_u32("llama.embedding_length", 64)
+        .kv_u32("llama.attention.head_count", 4)
+        .kv_u32("llama.feed_forward_length", 128)
+        .kv_u32("llama.block_count", 1)
+        .tensor("token_embd.weight", &[4], F32, &f32_bytes(&[0.0; 4]))
+        .build();
+    let err = ModelSpec::from_gguf(&GgufFile::parse(&file).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("vocab"), "{err}");
+}
+
+#[test]
+fn nonfinite_weights_at_either_end_are_reported_by_name() {
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let mut long = vec![1.0f32; 1024];
+    long[1023] = f32::NAN;
+    let mut middle = vec![1.0f32; 1024];
+    middle[512] = f32::INFINITY; // only the ends are scanned
+    let mut f16_inf: Vec<u8> = (0..64).flat_map(|_| f16(0.5)).collect();
+    f16_inf[..2].copy_from_slice(&f16(f32::INFINITY));
+    let mut q8 = vec![0u8; 34 * 2];
+    q8[34..36].copy_from_slice(&f16(f32::NAN)); // the second (last) block's scale
+    let file = Builder::new()
+        .tensor("clean", &[8], F32, &f32_bytes(&[1.0; 8]))
+        .tensor("nan_last", &[1024], F32, &f32_bytes(&long))
+        .tensor("inf_middle", &[1024], F32, &f32_bytes(&middle))
+        .tensor("inf_first", &[64], F16, &f16_inf)
+        .tensor("q8_nan_scale", &[64], Q8_0, &q8)
+        .build();
+    let g = GgufFile::parse(&file).unwrap();
+    assert_eq!(
+        g.nonfinite_tensors(),
+        vec!["nan_last", "inf_first", "q8_nan_scale"]
+    );
 }

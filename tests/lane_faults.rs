@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kiln::backend::cpu::{CpuBackend, CpuBatch, CpuKv, CpuTensor};
-use kiln::backend::{Backend, BackendError, BatchPlan, KvShape};
+use kiln::backend::{AttnShape, Backend, BackendError, BatchPlan, HostTensor, KvShape, RopeSpec};
 use kiln::engine::{Engine, EngineConfig, EngineError, GenerateRequest, StreamEvent};
-use kiln::model::{HostTensor, LoadFormat, ModelFiles, ModelSpec};
+use kiln::model::{LoadFormat, ModelFiles};
 use kiln::sampling::{SampleRow, Sampled};
 
 /// The CPU backend with an attention op that fails while `fail` is set and panics while
@@ -82,9 +82,10 @@ impl Backend for Faulty {
         &mut self,
         qkv: &mut CpuTensor,
         b: &CpuBatch,
-        s: &ModelSpec,
+        s: &AttnShape,
+        r: &RopeSpec,
     ) -> Result<(), BackendError> {
-        self.inner.rope(qkv, b, s)
+        self.inner.rope(qkv, b, s, r)
     }
     fn write_kv(
         &mut self,
@@ -92,7 +93,7 @@ impl Backend for Faulty {
         l: usize,
         qkv: &CpuTensor,
         b: &CpuBatch,
-        s: &ModelSpec,
+        s: &AttnShape,
     ) -> Result<(), BackendError> {
         self.inner.write_kv(kv, l, qkv, b, s)
     }
@@ -102,7 +103,7 @@ impl Backend for Faulty {
         kv: &CpuKv,
         l: usize,
         b: &CpuBatch,
-        s: &ModelSpec,
+        s: &AttnShape,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
         if self.panic.load(Ordering::SeqCst) {

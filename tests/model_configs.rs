@@ -75,3 +75,23 @@ fn dummy_weights_load_at_config_shapes_and_run() {
     assert!(a.step_logits[0].iter().all(|x| x.is_finite()));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn bad_hf_constants_are_refused_naming_the_key() {
+    let base = serde_json::json!({"hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100});
+    assert!(ModelSpec::from_hf_config(&base.to_string()).is_ok());
+    for (key, value) in [
+        ("max_position_embeddings", serde_json::json!(1)),
+        ("rms_norm_eps", serde_json::json!(-1e-5)),
+        ("num_key_value_heads", serde_json::json!(3)),
+        ("num_hidden_layers", serde_json::json!(4294967295u64)),
+    ] {
+        let mut cfg = base.clone();
+        cfg[key] = value;
+        let err = ModelSpec::from_hf_config(&cfg.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}

@@ -253,8 +253,8 @@ fn ropes<B: TestBackend>(b: &mut B) {
         let x = random(&mut rng, 9 * s.qkv_dim(), 1.0);
         let mut bx = tensor(b, 9, s.qkv_dim(), &x);
         let mut cx = tensor(&mut cpu, 9, s.qkv_dim(), &b.quantize(&x));
-        b.rope(&mut bx, &bb, &s).unwrap();
-        cpu.rope(&mut cx, &cb, &s).unwrap();
+        b.rope(&mut bx, &bb, &s.attn_shape(), &s.rope).unwrap();
+        cpu.rope(&mut cx, &cb, &s.attn_shape(), &s.rope).unwrap();
         let what = format!(
             "{} rope hd={} dim={} {:?}",
             b.label(),
@@ -308,9 +308,11 @@ fn rope_kv<B: TestBackend>(b: &mut B) {
         let x = b.quantize(&random(&mut rng, t * s.qkv_dim(), 1.0));
         let mut bx = tensor(b, t, s.qkv_dim(), &x);
         let mut cx = tensor(&mut cpu, t, s.qkv_dim(), &x);
-        b.rope_write_kv(&mut bx, &mut bkv, 1, &bb, &s).unwrap();
-        cpu.rope(&mut cx, &cb, &s).unwrap();
-        cpu.write_kv(&mut ckv, 1, &cx, &cb, &s).unwrap();
+        b.rope_write_kv(&mut bx, &mut bkv, 1, &bb, &s.attn_shape(), &s.rope)
+            .unwrap();
+        cpu.rope(&mut cx, &cb, &s.attn_shape(), &s.rope).unwrap();
+        cpu.write_kv(&mut ckv, 1, &cx, &cb, &s.attn_shape())
+            .unwrap();
         let what = format!(
             "{} rope_write_kv hd={} {:?}",
             b.label(),
@@ -325,8 +327,10 @@ fn rope_kv<B: TestBackend>(b: &mut B) {
         );
         let mut out = poisoned(b, t, s.q_dim());
         let mut cout = cpu.alloc(t, s.q_dim()).unwrap();
-        b.attention(&bx, &bkv, 1, &bb, &s, &mut out).unwrap();
-        cpu.attention(&cx, &ckv, 1, &cb, &s, &mut cout).unwrap();
+        b.attention(&bx, &bkv, 1, &bb, &s.attn_shape(), &mut out)
+            .unwrap();
+        cpu.attention(&cx, &ckv, 1, &cb, &s.attn_shape(), &mut cout)
+            .unwrap();
         assert_close(
             &format!("{what}: attention over the written cache"),
             &b.to_host(&out, t).unwrap(),
@@ -431,8 +435,9 @@ fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha
     let (bb, cb) = (b.prepare(&fp).unwrap(), cpu.prepare(&fp).unwrap());
     let bq = tensor(b, rows, s.qkv_dim(), &kvdata);
     let cq = tensor(&mut cpu, rows, s.qkv_dim(), &kvdata);
-    b.write_kv(&mut bkv, 1, &bq, &bb, &s).unwrap();
-    cpu.write_kv(&mut ckv, 1, &cq, &cb, &s).unwrap();
+    b.write_kv(&mut bkv, 1, &bq, &bb, &s.attn_shape()).unwrap();
+    cpu.write_kv(&mut ckv, 1, &cq, &cb, &s.attn_shape())
+        .unwrap();
     drop((bq, cq));
     // The step: prefill chunks and decode tokens over those contexts.
     let step: Vec<_> = c
@@ -449,8 +454,10 @@ fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha
     let cq = tensor(&mut cpu, t, s.qkv_dim(), &q);
     let mut out = poisoned(b, t, s.q_dim());
     let mut cout = cpu.alloc(t, s.q_dim()).unwrap();
-    b.attention(&bq, &bkv, 1, &bb, &s, &mut out).unwrap();
-    cpu.attention(&cq, &ckv, 1, &cb, &s, &mut cout).unwrap();
+    b.attention(&bq, &bkv, 1, &bb, &s.attn_shape(), &mut out)
+        .unwrap();
+    cpu.attention(&cq, &ckv, 1, &cb, &s.attn_shape(), &mut cout)
+        .unwrap();
     let what = format!(
         "{} attention heads {:?} hd {} bs {} seqs {:?}",
         b.label(),

@@ -3,15 +3,19 @@
 
 use libfuzzer_sys::fuzz_target;
 
-// The reader's sources, reachable as `crate::model::{gguf, quant}` as in the main crate.
+// The reader's sources, reachable as `crate::model::gguf` and `crate::backend::quant` as
+// in the main crate.
 #[allow(dead_code)]
 #[path = "../../src/model/gguf.rs"]
 pub mod gguf;
 #[allow(dead_code)]
-#[path = "../../src/model/quant.rs"]
+#[path = "../../src/backend/quant.rs"]
 pub mod quant;
 mod model {
-    pub use super::{gguf, quant};
+    pub use super::gguf;
+}
+mod backend {
+    pub use super::quant;
 }
 
 use model::gguf::{GgufFile, MetaValue};
@@ -32,6 +36,8 @@ fuzz_target!(|data: &[u8]| {
             let _ = file.meta_i64_array(key);
         }
     }
+    // The loader's NaN/Inf scan reads the ends of every tensor: it must never panic.
+    let _ = file.nonfinite_tensors();
     for info in file.tensors() {
         // Invariants of a parsed file: data inside the file, sizes consistent.
         let bytes = file.tensor_bytes(info);

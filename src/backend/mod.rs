@@ -1,17 +1,27 @@
-//! Compute backends behind one op contract; the llama forward is written once against it.
+//! Compute backends behind one op contract; the llama forward (`runner`) is written once
+//! against it. The backend knows nothing of model files: its ops take their own shapes
+//! ([`AttnShape`], [`RopeSpec`]) and weights arrive as [`HostTensor`]s.
 
 pub mod batch;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod dtype;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod gpu;
+mod open;
+pub mod quant;
 #[cfg(feature = "rocm")]
 pub mod rocm;
+pub mod shape;
+pub mod tensor;
 
 pub use batch::{BatchPlan, KvShape, SeqSlice};
+pub use dtype::DType;
+pub use open::{DeviceId, GpuOptions, WithBackend, open};
+pub use shape::{AttnShape, Llama3Scaling, RopeLayout, RopeSpec};
+pub use tensor::{HostData, HostTensor};
 
-use crate::model::{HostTensor, ModelSpec};
 use crate::sampling::{SampleRow, Sampled};
 
 /// Errors from a backend. A device error fails the lane's in-flight requests, not the process.
@@ -31,8 +41,8 @@ pub enum BackendError {
     Device { op: &'static str, message: String },
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
-    #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
+    #[error("weight: {0}")]
+    Weight(#[from] quant::QuantError),
 }
 
 /// The op contract. Activations are `[rows, cols]` tensors allocated once with a row
@@ -130,7 +140,8 @@ pub trait Backend {
         &mut self,
         qkv: &mut Self::Tensor,
         b: &Self::Batch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
+        rope: &RopeSpec,
     ) -> Result<(), BackendError>;
     /// Writes the k and v parts of `qkv` into `layer`'s cache at each token's slot.
     fn write_kv(
@@ -139,7 +150,7 @@ pub trait Backend {
         layer: usize,
         qkv: &Self::Tensor,
         b: &Self::Batch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
     ) -> Result<(), BackendError>;
     /// [`Backend::rope`] then [`Backend::write_kv`]; a backend may do both in one pass.
     fn rope_write_kv(
@@ -148,10 +159,11 @@ pub trait Backend {
         kv: &mut Self::Kv,
         layer: usize,
         b: &Self::Batch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
+        rope: &RopeSpec,
     ) -> Result<(), BackendError> {
-        self.rope(qkv, b, spec)?;
-        self.write_kv(kv, layer, qkv, b, spec)
+        self.rope(qkv, b, shape, rope)?;
+        self.write_kv(kv, layer, qkv, b, shape)
     }
     /// Causal attention of every token's query (q part of `qkv`) over its sequence's paged
     /// context, prefill chunks and decode tokens in one call. `out` is `[n, q_dim]`.
@@ -161,7 +173,7 @@ pub trait Backend {
         kv: &Self::Kv,
         layer: usize,
         b: &Self::Batch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
     /// `out[n, f] = silu(gu[:, :f]) * gu[:, f:]` for a fused gate/up tensor of width `2f`.

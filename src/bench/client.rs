@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 
-use super::BenchError;
+use super::error::BenchError;
 use super::record::{Failure, RequestRecord, SampleInfo, Timer};
 
 /// Largest SSE line or error body read; past it the response counts as bad.

@@ -9,7 +9,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-use super::BenchError;
+use super::error::BenchError;
 use crate::tokenizer::Tokenizer;
 
 /// Token counting requests in flight while a workload is built against a server.

@@ -11,19 +11,20 @@ pub mod args;
 pub mod arrival;
 pub mod client;
 pub mod dataset;
+mod error;
 pub mod offline;
 pub mod plot;
 pub mod record;
 pub mod report;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use args::{BenchArgs, Plan, TargetSpec};
+pub use error::BenchError;
 pub use record::{Failure, RequestRecord};
 pub use report::{Report, RunInfo, Stats, Summary};
 
@@ -31,23 +32,6 @@ use client::HttpTarget;
 use dataset::{DatasetSpec, Sample, TokenCounter};
 use offline::OfflineTarget;
 use record::SampleInfo;
-
-/// Errors that stop a run before or after its requests (a failed request is a record).
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    #[error("invalid {flag}: {message}")]
-    Invalid { flag: &'static str, message: String },
-    #[error("dataset {path}: {message}")]
-    Dataset { path: PathBuf, message: String },
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
-    #[error("{url}: {message}")]
-    Server { url: String, message: String },
-    #[error("model: {0}")]
-    Model(String),
-    #[error(transparent)]
-    Engine(#[from] crate::engine::EngineError),
-}
 
 /// Runs `kiln bench`: prints the table to stdout and writes `--json` and `--plot`.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use super::BenchError;
+use super::error::BenchError;
 use super::record::{Failure, RequestRecord, SampleInfo, Timer};
 use crate::engine::{
     Device, Engine, EngineClient, EngineConfig, EngineError, GenerateRequest, StopCriteria,

@@ -18,8 +18,7 @@ use super::validate::{self, Bounds, MAX_CHOICES, ValidRequest};
 use super::{
     Device, EngineConfig, EngineError, EngineStats, GenerateRequest, LaneStats, StreamEvent,
 };
-use crate::backend::BackendError;
-use crate::backend::cpu::CpuBackend;
+use crate::backend::{BackendError, DeviceId, GpuOptions};
 use crate::model::{ModelFiles, ModelSpec};
 use crate::tokenizer::Tokenizer;
 
@@ -60,40 +59,36 @@ pub struct EngineClient {
 /// The body of a lane thread: builds its backend and runs the lane.
 type LaneBody = Box<dyn FnOnce(lane::LaneCtx) + Send>;
 
-/// The lane body for a device of this build (a clear error for backends not compiled in).
+/// The lane body for `device`: the backend comes from `backend::open` (a clear error for
+/// backends not compiled in), with GPU options from the engine config.
 fn device_body(device: Device) -> LaneBody {
-    match device {
-        Device::Cpu => Box::new(|ctx| lane::run(|| Ok(CpuBackend::new()), ctx)),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(i) => gpu_body::<crate::backend::cuda::Cuda>(i),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => {
-            Box::new(|ctx| lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("cuda")), ctx))
-        }
-        #[cfg(feature = "rocm")]
-        Device::Rocm(i) => gpu_body::<crate::backend::rocm::Hip>(i),
-        #[cfg(not(feature = "rocm"))]
-        Device::Rocm(_) => {
-            Box::new(|ctx| lane::run::<CpuBackend>(|| Err(BackendError::NotCompiled("rocm")), ctx))
+    /// Runs a lane on the opened backend.
+    struct RunLane(lane::LaneCtx);
+    impl crate::backend::WithBackend for RunLane {
+        type Output = ();
+        fn run<B: crate::backend::Backend + 'static>(
+            self,
+            make: impl FnOnce() -> Result<B, BackendError> + Send + 'static,
+        ) {
+            lane::run(make, self.0)
         }
     }
-}
-
-/// A lane on GPU `ordinal` of vendor runtime `R`.
-#[cfg(any(feature = "cuda", feature = "rocm"))]
-fn gpu_body<R: crate::backend::gpu::runtime::Runtime>(ordinal: usize) -> LaneBody {
-    use crate::backend::gpu::{DType, GpuBackend, GpuOptions};
+    let id = match device {
+        Device::Cpu => DeviceId::Cpu,
+        Device::Cuda(i) => DeviceId::Cuda(i),
+        Device::Rocm(i) => DeviceId::Rocm(i),
+    };
     Box::new(move |ctx| {
+        let c = &ctx.cfg;
         let opts = GpuOptions {
-            dtype: match ctx.cfg.gpu_dtype {
-                super::GpuDtype::Bf16 => DType::Bf16,
-                super::GpuDtype::F32 => DType::F32,
-            },
-            timing_period: (ctx.cfg.kernel_timing_period > 0)
-                .then_some(ctx.cfg.kernel_timing_period),
+            dtype: c.gpu_dtype,
+            kernel_cache: c.kernel_cache_dir.clone(),
+            timing_period: (c.kernel_timing_period > 0).then_some(c.kernel_timing_period),
+            gemv: c.gpu_gemv,
+            attn_decode: c.gpu_attn_decode,
             ..GpuOptions::default()
         };
-        lane::run(move || GpuBackend::<R>::new(ordinal, opts), ctx)
+        crate::backend::open(id, opts, RunLane(ctx))
     })
 }
 

@@ -17,7 +17,7 @@ use super::validate::ValidRequest;
 use super::{EngineConfig, EngineError, TokenInfo};
 use crate::backend::{Backend, BackendError, KvShape};
 use crate::model::ModelFiles;
-use crate::model::llama::Llama;
+use crate::runner::{Llama, LoadError};
 
 /// Messages into a lane.
 pub(crate) enum LaneMsg {
@@ -106,7 +106,7 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
         load,
         ready,
     } = ctx;
-    let built = (|| -> Result<Lane<B>, BackendError> {
+    let built = (|| -> Result<Lane<B>, LoadError> {
         let mut backend = make()?;
         let model = Llama::load(
             &mut backend,

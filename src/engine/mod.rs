@@ -115,16 +115,27 @@ pub struct EngineConfig {
     /// A paused request whose client has read nothing for this long is aborted: its blocks
     /// are freed and it counts as a disconnect.
     pub stream_stall_timeout_s: f64,
+    /// GPU streaming matmul kernels for small batches (`KILN_GEMV=0` turns them off).
+    pub gpu_gemv: bool,
+    /// GPU decode attention variant (`KILN_ATTN_DECODE=0` turns it off).
+    pub gpu_attn_decode: bool,
+    /// Where GPU lanes cache compiled kernels (default `$XDG_CACHE_HOME/kiln/kernels`, else
+    /// `~/.cache/kiln/kernels`; unset when neither is known: compile at every start).
+    pub kernel_cache_dir: Option<std::path::PathBuf>,
 }
 
-/// Precision of GPU weights and activations (accumulation is always f32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum GpuDtype {
-    #[default]
-    Bf16,
-    F32,
+/// The default on-disk kernel cache: `$XDG_CACHE_HOME/kiln/kernels`, else
+/// `~/.cache/kiln/kernels` (read once, when the config is built).
+pub fn default_kernel_cache_dir() -> Option<std::path::PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?;
+    Some(base.join("kiln").join("kernels"))
 }
+
+/// Precision of GPU weights and activations (accumulation is always f32): the backend's
+/// storage type itself.
+pub use crate::backend::DType as GpuDtype;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -142,6 +153,9 @@ impl Default for EngineConfig {
             gpu_dtype: GpuDtype::Bf16,
             stream_buffer_events: 256,
             stream_stall_timeout_s: 30.0,
+            gpu_gemv: true,
+            gpu_attn_decode: true,
+            kernel_cache_dir: default_kernel_cache_dir(),
         }
     }
 }

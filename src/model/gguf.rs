@@ -22,7 +22,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 
-use crate::model::quant;
+use crate::backend::quant;
+pub use crate::backend::quant::GgmlType;
 
 /// Most dims a tensor may have (ggml's `GGML_MAX_DIMS`).
 pub const MAX_DIMS: u32 = 4;
@@ -31,6 +32,9 @@ pub const MAX_ARRAY_DEPTH: usize = 4;
 /// Most metadata array elements in one file (4M; real vocabularies hold about 1M in all);
 /// bounds the memory the metadata can take whatever the file claims.
 pub const MAX_META_VALUES: u64 = 1 << 22;
+/// Elements read at each end of a tensor (rounded up to whole blocks) by
+/// [`GgufFile::nonfinite_tensors`].
+pub const SCAN_ELEMENTS: u64 = 256;
 /// Alignment of the data section when `general.alignment` is absent.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 
@@ -141,21 +145,6 @@ pub enum GgufError {
     Malformed(String),
     #[error("unsupported GGUF: {0}")]
     Unsupported(String),
-}
-
-/// GGML tensor element types. The named variants are the ones Kiln dequantizes; any other
-/// ggml type id parses as `Other(id)` (see `quant` for names and layouts of all ids).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GgmlType {
-    F32,
-    F16,
-    BF16,
-    Q8_0,
-    Q4_0,
-    Q4K,
-    Q6K,
-    /// A ggml type id Kiln cannot dequantize (e.g. 13 = Q5_K) or does not know at all.
-    Other(u32),
 }
 
 /// One tensor's description: dims in GGUF order (ne0 = innermost / fastest).
@@ -367,6 +356,38 @@ impl GgufFile {
         }
         quant::dequantize_to_vec(info.ggml_type, self.tensor_bytes(info), info.n_elements())
             .map_err(|e| GgufError::Malformed(format!("tensor '{name}': {e}")))
+    }
+}
+
+impl GgufFile {
+    /// Names of the tensors whose first or last [`SCAN_ELEMENTS`] values (whole blocks)
+    /// hold a NaN or an infinity: a cheap sign of a broken conversion, reported as a warning
+    /// by the loader. Types Kiln cannot dequantize are not scanned.
+    pub fn nonfinite_tensors(&self) -> Vec<&str> {
+        self.tensors
+            .iter()
+            .filter(|t| self.ends_nonfinite(t))
+            .map(|t| t.name.as_str())
+            .collect()
+    }
+
+    fn ends_nonfinite(&self, t: &TensorInfo) -> bool {
+        let ty = t.ggml_type;
+        let (Some(block), Some(block_bytes)) = (ty.block_size(), ty.block_bytes()) else {
+            return false;
+        };
+        if !ty.is_supported() || t.n_bytes == 0 {
+            return false;
+        }
+        let blocks = SCAN_ELEMENTS.div_ceil(block).min(t.n_bytes / block_bytes);
+        let (len, n_out) = ((blocks * block_bytes) as usize, (blocks * block) as usize);
+        let bytes = self.tensor_bytes(t);
+        let mut out = vec![0f32; n_out];
+        [&bytes[..len], &bytes[bytes.len() - len..]]
+            .iter()
+            .any(|part| {
+                quant::dequantize(ty, part, &mut out).is_ok() && out.iter().any(|v| !v.is_finite())
+            })
     }
 }
 

@@ -1,20 +1,17 @@
-//! Model files (GGUF, Hugging Face directories, dummy weights), the model spec and the llama forward.
+//! Model files (GGUF, Hugging Face directories, dummy weights) and the model spec read from
+//! them. Loading the weights onto a backend and running them is `runner`'s job.
 
 pub mod gguf;
-pub mod llama;
-pub mod quant;
 pub mod source;
 pub mod spec;
-pub mod weights;
 
 use std::path::{Path, PathBuf};
 
-use indicatif::{ProgressBar, ProgressStyle};
-
+/// GGML element types and dequantizers (they live with the backend's host tensors).
+pub use crate::backend::quant;
 use crate::tokenizer::Tokenizer;
 pub use source::{DummySource, SafetensorsSource, TensorSource};
-pub use spec::{ModelSpec, RopeLayout, RopeSpec};
-pub use weights::{HostTensor, LayerWeights, ModelWeights};
+pub use spec::{ModelSpec, RopeLayout, RopeSpec, SpecField};
 
 /// Errors from finding, parsing and loading a model.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +25,8 @@ pub enum ModelError {
     Gguf(#[from] gguf::GgufError),
     #[error("model format: {0}")]
     Format(String),
+    #[error("weight: {0}")]
+    Quant(#[from] quant::QuantError),
     #[error("model spec: {0}")]
     Spec(String),
     #[error("weight shape: {0}")]
@@ -85,7 +84,7 @@ fn file_name(path: &Path) -> String {
 }
 
 impl ModelFiles {
-    /// Opens a model: parses headers, config and tokenizer; tensors are read later by `load_weights`.
+    /// Opens a model: parses headers, config and tokenizer; tensors are read later by `runner::load_weights`.
     pub fn open(path: &Path, format: LoadFormat) -> Result<Self, ModelError> {
         let format = match format {
             LoadFormat::Auto if path.is_dir() => LoadFormat::Hf,
@@ -96,6 +95,12 @@ impl ModelFiles {
             LoadFormat::Gguf => {
                 let g = gguf::GgufFile::open(path)?;
                 let spec = ModelSpec::from_gguf(&g)?;
+                for name in g.nonfinite_tensors() {
+                    tracing::warn!(
+                        "{}: tensor '{name}' holds NaN or infinite values",
+                        path.display()
+                    );
+                }
                 let tokenizer =
                     Tokenizer::from_gguf(&g).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
                 Ok(Self {
@@ -134,80 +139,6 @@ impl ModelFiles {
             }
             LoadFormat::Auto => unreachable!("resolved above"),
         }
-    }
-
-    /// Reads every tensor in forward order, handing each to `upload` (which may move it to a
-    /// device and drop the host copy). Shows a progress bar on a terminal.
-    pub fn load_weights<W, E>(
-        &self,
-        mut upload: impl FnMut(HostTensor) -> Result<W, E>,
-    ) -> Result<ModelWeights<W>, E>
-    where
-        E: From<ModelError>,
-    {
-        let s = &self.spec;
-        let bar = ProgressBar::new(s.n_layers as u64 + 2);
-        bar.set_style(
-            ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers {elapsed}")
-                .expect("static template")
-                .progress_chars("=> "),
-        );
-        bar.set_message(self.name.clone());
-        let src = &*self.source;
-        let get = |name: &str, shape: Vec<usize>| -> Result<HostTensor, ModelError> {
-            let data = src
-                .fetch(name, &shape)?
-                .ok_or_else(|| ModelError::Missing(name.to_string()))?;
-            Ok(HostTensor::new(shape, data))
-        };
-        let (h, q, kv, ff) = (s.hidden, s.q_dim(), s.kv_dim(), s.intermediate);
-        let embed = upload(get("token_embd.weight", vec![s.vocab_size, h])?)?;
-        bar.inc(1);
-        let mut layers = Vec::with_capacity(s.n_layers);
-        for i in 0..s.n_layers {
-            let n = |leaf: &str| format!("blk.{i}.{leaf}");
-            let wqkv = HostTensor::concat_rows(&[
-                get(&n("attn_q.weight"), vec![q, h])?,
-                get(&n("attn_k.weight"), vec![kv, h])?,
-                get(&n("attn_v.weight"), vec![kv, h])?,
-            ]);
-            let bqkv = if s.qkv_bias {
-                let mut b = get(&n("attn_q.bias"), vec![q])?.data;
-                b.extend(get(&n("attn_k.bias"), vec![kv])?.data);
-                b.extend(get(&n("attn_v.bias"), vec![kv])?.data);
-                Some(upload(HostTensor::new(vec![b.len()], b))?)
-            } else {
-                None
-            };
-            let w_gate_up = HostTensor::concat_rows(&[
-                get(&n("ffn_gate.weight"), vec![ff, h])?,
-                get(&n("ffn_up.weight"), vec![ff, h])?,
-            ]);
-            layers.push(LayerWeights {
-                attn_norm: upload(get(&n("attn_norm.weight"), vec![h])?)?,
-                wqkv: upload(wqkv)?,
-                bqkv,
-                wo: upload(get(&n("attn_output.weight"), vec![h, q])?)?,
-                ffn_norm: upload(get(&n("ffn_norm.weight"), vec![h])?)?,
-                w_gate_up: upload(w_gate_up)?,
-                w_down: upload(get(&n("ffn_down.weight"), vec![h, ff])?)?,
-            });
-            bar.inc(1);
-        }
-        let norm = upload(get("output_norm.weight", vec![h])?)?;
-        let output = if s.tied_embeddings {
-            None
-        } else {
-            Some(upload(get("output.weight", vec![s.vocab_size, h])?)?)
-        };
-        bar.inc(1);
-        bar.finish_and_clear();
-        Ok(ModelWeights {
-            embed,
-            layers,
-            norm,
-            output,
-        })
     }
 }
 

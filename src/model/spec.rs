@@ -4,71 +4,8 @@ use serde::Deserialize;
 
 use super::ModelError;
 use super::gguf::GgufFile;
-
-/// Which elements RoPE rotates together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeLayout {
-    /// Adjacent pairs `(x[2i], x[2i+1])`: llama.cpp's "normal" rope, used by GGUF llama files.
-    Interleaved,
-    /// Half split `(x[i], x[i + d/2])`: NeoX / Hugging Face layout.
-    Half,
-}
-
-/// Llama-3 style frequency scaling (`rope_scaling.rope_type = "llama3"`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Llama3Scaling {
-    pub factor: f32,
-    pub low_freq_factor: f32,
-    pub high_freq_factor: f32,
-    pub original_max_position: f32,
-}
-
-/// RoPE parameters.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RopeSpec {
-    pub theta: f32,
-    /// Number of leading dims of each head that are rotated (usually `head_dim`).
-    pub dim: usize,
-    pub layout: RopeLayout,
-    pub llama3: Option<Llama3Scaling>,
-    /// Per-frequency divisors (GGUF `rope_freqs.weight`, how llama.cpp stores Llama-3.1 scaling).
-    pub freq_factors: Option<Vec<f32>>,
-}
-
-impl RopeSpec {
-    /// Inverse frequencies, one per rotated pair, with Llama-3 scaling applied. Length `dim / 2`.
-    pub fn inv_freqs(&self) -> Vec<f32> {
-        let half = self.dim / 2;
-        (0..half)
-            .map(|i| {
-                let mut f = (self.theta as f64).powf(-(2.0 * i as f64) / self.dim as f64);
-                if let Some(s) = self.llama3 {
-                    f = llama3_scale(f, s);
-                }
-                if let Some(div) = self.freq_factors.as_ref().and_then(|d| d.get(i)) {
-                    f /= *div as f64;
-                }
-                f as f32
-            })
-            .collect()
-    }
-}
-
-fn llama3_scale(freq: f64, s: Llama3Scaling) -> f64 {
-    let two_pi = 2.0 * std::f64::consts::PI;
-    let wavelen = two_pi / freq;
-    let low_wavelen = s.original_max_position as f64 / s.low_freq_factor as f64;
-    let high_wavelen = s.original_max_position as f64 / s.high_freq_factor as f64;
-    if wavelen < high_wavelen {
-        freq
-    } else if wavelen > low_wavelen {
-        freq / s.factor as f64
-    } else {
-        let smooth = (s.original_max_position as f64 / wavelen - s.low_freq_factor as f64)
-            / (s.high_freq_factor as f64 - s.low_freq_factor as f64);
-        (1.0 - smooth) * freq / s.factor as f64 + smooth * freq
-    }
-}
+use crate::backend::AttnShape;
+pub use crate::backend::{Llama3Scaling, RopeLayout, RopeSpec};
 
 /// Shapes and constants of a Llama-family decoder.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +28,109 @@ pub struct ModelSpec {
     pub qkv_bias: bool,
 }
 
+/// Upper bounds on what a model file may declare. Every size derived from metadata is
+/// checked against them before anything is allocated, so products of a few of them (weight
+/// element counts, KV widths) cannot overflow or ask for absurd allocations.
+pub mod limits {
+    /// Decoder layers.
+    pub const LAYERS: usize = 1024;
+    /// Residual stream width.
+    pub const HIDDEN: usize = 1 << 20;
+    /// FFN width.
+    pub const INTERMEDIATE: usize = 1 << 22;
+    /// Vocabulary size.
+    pub const VOCAB: usize = 1 << 24;
+    /// Query heads.
+    pub const HEADS: usize = 1024;
+    /// Width of one head.
+    pub const HEAD_DIM: usize = 1024;
+    /// Query heads per KV head (the CPU attention's per-group scratch).
+    pub const GQA_GROUP: usize = 64;
+    /// Context length in tokens.
+    pub const CONTEXT: usize = 1 << 24;
+}
+
+/// A field of [`ModelSpec`], for naming it in an error by the key its file uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecField {
+    Hidden,
+    Intermediate,
+    Layers,
+    Heads,
+    KvHeads,
+    HeadDim,
+    Vocab,
+    Context,
+    RopeDim,
+    RopeTheta,
+    RopeScaling,
+    RopeFreqs,
+    RmsEps,
+}
+
+impl SpecField {
+    /// The field's name in [`ModelSpec`].
+    pub fn rust_name(self) -> String {
+        use SpecField as F;
+        match self {
+            F::Hidden => "hidden",
+            F::Intermediate => "intermediate",
+            F::Layers => "n_layers",
+            F::Heads => "n_heads",
+            F::KvHeads => "n_kv_heads",
+            F::HeadDim => "head_dim",
+            F::Vocab => "vocab_size",
+            F::Context => "max_position",
+            F::RopeDim => "rope.dim",
+            F::RopeTheta => "rope.theta",
+            F::RopeScaling => "rope.llama3",
+            F::RopeFreqs => "rope.freq_factors",
+            F::RmsEps => "rms_eps",
+        }
+        .to_string()
+    }
+
+    /// The GGUF metadata key (or tensor) that sets the field, for architecture `arch`.
+    pub fn gguf_key(self, arch: &str) -> String {
+        use SpecField as F;
+        let leaf = match self {
+            F::Hidden => "embedding_length",
+            F::Intermediate => "feed_forward_length",
+            F::Layers => "block_count",
+            F::Heads => "attention.head_count",
+            F::KvHeads => "attention.head_count_kv",
+            F::HeadDim => "attention.key_length",
+            F::Vocab => "vocab_size",
+            F::Context => "context_length",
+            F::RopeDim => "rope.dimension_count",
+            F::RopeTheta => "rope.freq_base",
+            F::RopeScaling => "rope.scaling",
+            F::RopeFreqs => return "tensor rope_freqs.weight".to_string(),
+            F::RmsEps => "attention.layer_norm_rms_epsilon",
+        };
+        format!("{arch}.{leaf}")
+    }
+
+    /// The `config.json` key that sets the field.
+    pub fn hf_key(self) -> String {
+        use SpecField as F;
+        match self {
+            F::Hidden => "hidden_size",
+            F::Intermediate => "intermediate_size",
+            F::Layers => "num_hidden_layers",
+            F::Heads => "num_attention_heads",
+            F::KvHeads => "num_key_value_heads",
+            F::HeadDim | F::RopeDim => "head_dim",
+            F::Vocab => "vocab_size",
+            F::Context => "max_position_embeddings",
+            F::RopeTheta => "rope_theta",
+            F::RopeScaling | F::RopeFreqs => "rope_scaling",
+            F::RmsEps => "rms_norm_eps",
+        }
+        .to_string()
+    }
+}
+
 impl ModelSpec {
     /// Width of the query projection (`n_heads * head_dim`).
     pub fn q_dim(&self) -> usize {
@@ -104,27 +144,120 @@ impl ModelSpec {
     pub fn qkv_dim(&self) -> usize {
         self.q_dim() + 2 * self.kv_dim()
     }
+    /// The head geometry the backend's attention ops take.
+    pub fn attn_shape(&self) -> AttnShape {
+        AttnShape {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
 
-    /// Checks the shapes are internally consistent.
+    /// Checks the shapes are internally consistent and within [`limits`]; errors name the
+    /// field as Rust spells it (`n_layers`, ...).
     pub fn validate(&self) -> Result<(), ModelError> {
-        let bad = |m: String| Err(ModelError::Spec(m));
-        if self.hidden == 0 || self.n_layers == 0 || self.n_heads == 0 || self.vocab_size == 0 {
-            return bad(format!("zero-sized model dimension in {self:?}"));
-        }
-        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return bad(format!(
-                "n_heads {} is not a multiple of n_kv_heads {}",
-                self.n_heads, self.n_kv_heads
+        self.validate_as(SpecField::rust_name)
+    }
+
+    /// [`ModelSpec::validate`] with errors naming each field by `name` (a file's key).
+    pub fn validate_as(&self, name: impl Fn(SpecField) -> String) -> Result<(), ModelError> {
+        self.check()
+            .map_err(|(field, why)| ModelError::Spec(format!("{}: {why}", name(field))))
+    }
+
+    /// Every bound, in the order a reader would check them; the first failure wins.
+    fn check(&self) -> Result<(), (SpecField, String)> {
+        use SpecField as F;
+        let range = |field: F, v: usize, lo: usize, hi: usize| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err((
+                    field,
+                    format!("{v} is outside the supported range {lo}..={hi}"),
+                ))
+            }
+        };
+        range(F::Layers, self.n_layers, 1, limits::LAYERS)?;
+        range(F::Hidden, self.hidden, 1, limits::HIDDEN)?;
+        range(F::Intermediate, self.intermediate, 1, limits::INTERMEDIATE)?;
+        range(F::Vocab, self.vocab_size, 1, limits::VOCAB)?;
+        range(F::Heads, self.n_heads, 1, limits::HEADS)?;
+        range(F::KvHeads, self.n_kv_heads, 1, self.n_heads)?;
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return Err((
+                F::KvHeads,
+                format!(
+                    "n_heads {} is not a multiple of n_kv_heads {}",
+                    self.n_heads, self.n_kv_heads
+                ),
             ));
         }
-        if self.head_dim == 0 || self.rope.dim > self.head_dim || !self.rope.dim.is_multiple_of(2) {
-            return bad(format!(
-                "rope dim {} invalid for head_dim {}",
-                self.rope.dim, self.head_dim
+        let group = self.n_heads / self.n_kv_heads;
+        if group > limits::GQA_GROUP {
+            return Err((
+                F::KvHeads,
+                format!(
+                    "{} query heads per KV head exceeds the supported {}",
+                    group,
+                    limits::GQA_GROUP
+                ),
             ));
         }
-        if self.hidden > 1 << 20 || self.intermediate > 1 << 22 || self.vocab_size > 1 << 24 {
-            return bad("model dimensions out of the supported range".into());
+        range(F::HeadDim, self.head_dim, 2, limits::HEAD_DIM)?;
+        if !self.head_dim.is_multiple_of(2) {
+            return Err((F::HeadDim, format!("{} is odd", self.head_dim)));
+        }
+        range(F::Context, self.max_position, 2, limits::CONTEXT)?;
+        let rope_dim = self.rope.dim;
+        if rope_dim == 0 || rope_dim > self.head_dim || !rope_dim.is_multiple_of(2) {
+            return Err((
+                F::RopeDim,
+                format!(
+                    "rope dim {rope_dim} invalid for head_dim {} (must be even, 2..=head_dim)",
+                    self.head_dim
+                ),
+            ));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return Err((
+                F::RmsEps,
+                format!("{} must be a finite number > 0", self.rms_eps),
+            ));
+        }
+        if !(self.rope.theta.is_finite() && self.rope.theta > 0.0) {
+            return Err((
+                F::RopeTheta,
+                format!("{} must be a finite number > 0", self.rope.theta),
+            ));
+        }
+        if let Some(s) = self.rope.llama3 {
+            let positive = [
+                s.factor,
+                s.low_freq_factor,
+                s.high_freq_factor,
+                s.original_max_position,
+            ]
+            .iter()
+            .all(|v| v.is_finite() && *v > 0.0);
+            if !positive || s.low_freq_factor == s.high_freq_factor {
+                return Err((
+                    F::RopeScaling,
+                    format!("{s:?}: factors must be finite and > 0, low and high factors distinct"),
+                ));
+            }
+        }
+        if let Some(f) = &self.rope.freq_factors
+            && (f.len() != rope_dim / 2 || f.iter().any(|v| !(v.is_finite() && *v > 0.0)))
+        {
+            return Err((
+                F::RopeFreqs,
+                format!(
+                    "{} factors (need {}, each finite and > 0)",
+                    f.len(),
+                    rope_dim / 2
+                ),
+            ));
         }
         Ok(())
     }
@@ -169,7 +302,11 @@ impl ModelSpec {
             None => g
                 .meta_str_array("tokenizer.ggml.tokens")
                 .map(|t| t.len())
-                .or_else(|| g.tensor("token_embd.weight").map(|t| t.dims[1] as usize))
+                .or_else(|| {
+                    g.tensor("token_embd.weight")
+                        .and_then(|t| t.dims.get(1))
+                        .map(|&d| d as usize)
+                })
                 .ok_or_else(|| ModelError::Spec("cannot determine vocab size".into()))?,
         };
         let llama3 = match g.meta_str(&key("rope.scaling.type")) {
@@ -216,7 +353,7 @@ impl ModelSpec {
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
             arch,
         };
-        spec.validate()?;
+        spec.validate_as(|f| f.gguf_key(&spec.arch))?;
         Ok(spec)
     }
 
@@ -310,7 +447,7 @@ impl ModelSpec {
             },
             tied_embeddings: c.tie_word_embeddings.unwrap_or(false),
         };
-        spec.validate()?;
+        spec.validate_as(|f| format!("config.json {}", f.hf_key()))?;
         Ok(spec)
     }
 }
@@ -374,38 +511,5 @@ mod tests {
         assert_eq!(s.rope.llama3.map(|l| l.factor), Some(32.0));
         let v4 = format!(r#"{{{base}, "rope_theta": 1000000.0}}"#);
         assert_eq!(ModelSpec::from_hf_config(&v4).unwrap().rope.theta, 1e6);
-    }
-
-    #[test]
-    fn llama3_scaling_keeps_high_freqs_and_divides_low_ones() {
-        let s = Llama3Scaling {
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position: 8192.0,
-        };
-        let rope = RopeSpec {
-            theta: 500000.0,
-            dim: 128,
-            layout: RopeLayout::Half,
-            llama3: Some(s),
-            freq_factors: None,
-        };
-        let plain = RopeSpec {
-            llama3: None,
-            ..rope.clone()
-        };
-        let (a, b) = (rope.inv_freqs(), plain.inv_freqs());
-        assert_eq!(a[0], b[0]);
-        assert!((a[63] - b[63] / 8.0).abs() < 1e-12);
-        // Pair 40: wavelength ~22.9k > 8192 / 1: fully divided by the factor.
-        assert!((a[40] - b[40] / 8.0).abs() <= 1e-6 * b[40]);
-        // Pair 30: wavelength ~4.2k, between 8192 / 4 and 8192 / 1: smoothly interpolated.
-        assert!(
-            a[30] < b[30] && a[30] > b[30] / 8.0,
-            "{} vs {}",
-            a[30],
-            b[30]
-        );
     }
 }

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use kiln::backend::cuda::{CudaBackend, CudaOptions, DType};
 use kiln::backend::{Backend, BatchPlan, KvShape, SeqSlice};
-use kiln::model::llama::Llama;
 use kiln::model::spec::Llama3Scaling;
 use kiln::model::{ModelError, ModelFiles, ModelSpec, RopeLayout, RopeSpec, TensorSource};
+use kiln::runner::Llama;
 use kiln::sampling::{Penalties, SampleRow, SamplingParams};
 use rayon::prelude::*;
 
@@ -122,6 +122,7 @@ impl Rig {
             0,
             CudaOptions {
                 dtype: DType::Bf16,
+                kernel_cache: kiln::engine::default_kernel_cache_dir(),
                 ..CudaOptions::default()
             },
         )

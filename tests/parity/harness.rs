@@ -1,9 +1,9 @@
 //! What the parity tests need beyond the op contract: writing host data into a backend's
 //! tensors, a per-dtype tolerance, and running one test body on every compiled backend.
 
+use kiln::backend::HostTensor;
 use kiln::backend::cpu::CpuBackend;
 use kiln::backend::{Backend, BatchPlan, SeqSlice};
-use kiln::model::HostTensor;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -34,15 +34,15 @@ impl TestBackend for CpuBackend {
     }
 }
 
-#[cfg(feature = "cuda")]
-impl TestBackend for kiln::backend::cuda::CudaBackend {
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+impl<R: kiln::backend::gpu::runtime::Runtime> TestBackend for kiln::backend::gpu::GpuBackend<R> {
     fn label(&self) -> String {
         format!("{} {:?}", self.name(), self.dtype())
     }
     fn tol(&self) -> f64 {
         match self.dtype() {
-            kiln::backend::cuda::DType::F32 => 2e-5,
-            kiln::backend::cuda::DType::Bf16 => 2e-2,
+            kiln::backend::DType::F32 => 2e-5,
+            kiln::backend::DType::Bf16 => 2e-2,
         }
     }
     fn write(&mut self, t: &mut Self::Tensor, data: &[f32]) {
@@ -50,8 +50,8 @@ impl TestBackend for kiln::backend::cuda::CudaBackend {
     }
     fn quantize(&self, data: &[f32]) -> Vec<f32> {
         match self.dtype() {
-            kiln::backend::cuda::DType::F32 => data.to_vec(),
-            kiln::backend::cuda::DType::Bf16 => data
+            kiln::backend::DType::F32 => data.to_vec(),
+            kiln::backend::DType::Bf16 => data
                 .iter()
                 .map(|&v| half::bf16::from_f32(v).to_f32())
                 .collect(),
@@ -80,13 +80,31 @@ pub fn cuda_with(
         dtype,
         sync_check: true,
         graphs,
+        kernel_cache: kiln::engine::default_kernel_cache_dir(),
         ..CudaOptions::default()
     };
     Some(CudaBackend::new(0, opts).expect("a CUDA device is present, so the backend must start"))
 }
 
+/// A ROCm backend of `dtype` on device 0, or `None` (with a notice) where no GPU is usable.
+#[cfg(feature = "rocm")]
+pub fn rocm(dtype: kiln::backend::DType) -> Option<kiln::backend::rocm::RocmBackend> {
+    use kiln::backend::rocm::{RocmBackend, RocmOptions, device_available};
+    if !device_available() {
+        eprintln!("notice: no ROCm device or runtime here; ROCm parity skipped");
+        return None;
+    }
+    let opts = RocmOptions {
+        dtype,
+        sync_check: true,
+        kernel_cache: kiln::engine::default_kernel_cache_dir(),
+        ..RocmOptions::default()
+    };
+    Some(RocmBackend::new(0, opts).expect("a ROCm device is present, so the backend must start"))
+}
+
 /// Defines `#[test] fn $name` running `$body::<B>(&mut backend)` on the CPU and, when
-/// compiled with CUDA and a GPU is present, on CUDA in f32 and in bf16.
+/// compiled with CUDA or ROCm and a GPU is present, on that GPU in f32 and in bf16.
 #[macro_export]
 macro_rules! parity_test {
     ($name:ident, $body:ident) => {
@@ -94,11 +112,14 @@ macro_rules! parity_test {
         fn $name() {
             $body(&mut kiln::backend::cpu::CpuBackend::new());
             #[cfg(feature = "cuda")]
-            for dt in [
-                kiln::backend::cuda::DType::F32,
-                kiln::backend::cuda::DType::Bf16,
-            ] {
+            for dt in [kiln::backend::DType::F32, kiln::backend::DType::Bf16] {
                 if let Some(mut b) = $crate::harness::cuda(dt) {
+                    $body(&mut b);
+                }
+            }
+            #[cfg(feature = "rocm")]
+            for dt in [kiln::backend::DType::F32, kiln::backend::DType::Bf16] {
+                if let Some(mut b) = $crate::harness::rocm(dt) {
                     $body(&mut b);
                 }
             }

@@ -142,8 +142,8 @@ mod transfers {
     use kiln::backend::cuda::DType;
     use kiln::backend::{Backend, BatchPlan, KvShape, SeqSlice};
     use kiln::model::ModelFiles;
-    use kiln::model::llama::Llama;
     use kiln::model::source::DummySource;
+    use kiln::runner::Llama;
     use kiln::sampling::{Penalties, SampleRow, SamplingParams};
 
     use super::stories;

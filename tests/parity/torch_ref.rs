@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use kiln::backend::cpu::CpuBackend;
 use kiln::backend::{Backend, BatchPlan, KvShape, SeqSlice};
-use kiln::model::llama::Llama;
 use kiln::model::{LoadFormat, ModelFiles};
+use kiln::runner::Llama;
 use safetensors::{Dtype, SafeTensors};
 
 /// f32 against transformers f32, both on the same (bf16-valued) weights. Measured on the CPU

@@ -6,8 +6,9 @@ pub mod ops;
 
 use attention::AttnGeom;
 
-use super::{Backend, BackendError, BatchPlan, KvShape};
-use crate::model::{HostTensor, ModelSpec, RopeLayout};
+use super::{
+    AttnShape, Backend, BackendError, BatchPlan, HostTensor, KvShape, RopeLayout, RopeSpec,
+};
 use crate::sampling::{CpuSampler, SampleRow, Sampled};
 
 /// A `[rows, cols]` activation buffer.
@@ -48,6 +49,15 @@ impl CpuBackend {
     }
 }
 
+/// The values of an uploaded weight (always f32: see `upload_weight`).
+fn values(w: &HostTensor) -> Result<&[f32], BackendError> {
+    w.values().ok_or(BackendError::Unsupported {
+        backend: "cpu",
+        op: "weight not uploaded",
+        dtype: w.weight_type().to_string(),
+    })
+}
+
 fn check_cols(what: &'static str, got: usize, want: usize) -> Result<(), BackendError> {
     if got != want {
         return Err(BackendError::InvalidBatch(format!(
@@ -67,8 +77,9 @@ impl Backend for CpuBackend {
         "cpu".into()
     }
 
+    /// Keeps the tensor on the host as f32 (raw file data is dequantized here).
     fn upload_weight(&mut self, w: HostTensor) -> Result<HostTensor, BackendError> {
-        Ok(w)
+        Ok(w.into_f32()?)
     }
 
     fn alloc(&mut self, rows: usize, cols: usize) -> Result<CpuTensor, BackendError> {
@@ -113,6 +124,7 @@ impl Backend for CpuBackend {
     ) -> Result<(), BackendError> {
         let h = table.cols();
         check_cols("embed", out.cols, h)?;
+        let table_data = values(table)?;
         for (t, &id) in b.plan.token_ids.iter().enumerate() {
             let id = id as usize;
             if id >= table.rows() {
@@ -121,7 +133,7 @@ impl Backend for CpuBackend {
                     table.rows()
                 )));
             }
-            out.data[t * h..(t + 1) * h].copy_from_slice(&table.data[id * h..(id + 1) * h]);
+            out.data[t * h..(t + 1) * h].copy_from_slice(&table_data[id * h..(id + 1) * h]);
         }
         Ok(())
     }
@@ -134,12 +146,12 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        let h = x.cols;
+        let (h, w) = (x.cols, values(w)?);
         for (xr, or) in x.data[..n * h]
             .chunks_exact(h)
             .zip(out.data.chunks_exact_mut(h))
         {
-            ops::rms_norm_row(xr, &w.data, eps, or);
+            ops::rms_norm_row(xr, w, eps, or);
         }
         Ok(())
     }
@@ -153,13 +165,13 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        let h = x.cols;
+        let (h, w) = (x.cols, values(w)?);
         let rows = x.data[..n * h]
             .chunks_exact(h)
             .zip(residual.data.chunks_exact_mut(h));
         for ((xr, rr), or) in rows.zip(out.data.chunks_exact_mut(h)) {
             rr.iter_mut().zip(xr).for_each(|(r, v)| *r += v);
-            ops::rms_norm_row(rr, &w.data, eps, or);
+            ops::rms_norm_row(rr, w, eps, or);
         }
         Ok(())
     }
@@ -177,8 +189,8 @@ impl Backend for CpuBackend {
         check_cols("matmul output", out.cols, m)?;
         ops::matmul(
             &x.data,
-            &w.data,
-            bias.map(|b| &b.data[..]),
+            values(w)?,
+            bias.map(values).transpose()?,
             n,
             k,
             m,
@@ -191,15 +203,16 @@ impl Backend for CpuBackend {
         &mut self,
         qkv: &mut CpuTensor,
         b: &CpuBatch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
+        rope: &RopeSpec,
     ) -> Result<(), BackendError> {
-        check_cols("rope", qkv.cols, spec.qkv_dim())?;
-        if self.inv_freqs.len() != spec.rope.dim / 2 {
-            self.inv_freqs = spec.rope.inv_freqs();
+        check_cols("rope", qkv.cols, shape.qkv_dim())?;
+        if self.inv_freqs.len() != rope.dim / 2 {
+            self.inv_freqs = rope.inv_freqs();
         }
-        let hd = spec.head_dim;
-        let heads = spec.n_heads + spec.n_kv_heads;
-        let interleaved = spec.rope.layout == RopeLayout::Interleaved;
+        let hd = shape.head_dim;
+        let heads = shape.n_heads + shape.n_kv_heads;
+        let interleaved = rope.layout == RopeLayout::Interleaved;
         for (t, &pos) in b.plan.positions.iter().enumerate() {
             self.cos_sin.clear();
             self.cos_sin.extend(self.inv_freqs.iter().map(|&f| {
@@ -208,7 +221,7 @@ impl Backend for CpuBackend {
             }));
             let row = &mut qkv.data[t * qkv.cols..t * qkv.cols + heads * hd];
             for head in row.chunks_exact_mut(hd) {
-                ops::rope_head(&mut head[..spec.rope.dim], &self.cos_sin, interleaved);
+                ops::rope_head(&mut head[..rope.dim], &self.cos_sin, interleaved);
             }
         }
         Ok(())
@@ -220,9 +233,9 @@ impl Backend for CpuBackend {
         layer: usize,
         qkv: &CpuTensor,
         b: &CpuBatch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
     ) -> Result<(), BackendError> {
-        let (q, w) = (spec.q_dim(), spec.kv_dim());
+        let (q, w) = (shape.q_dim(), shape.kv_dim());
         check_cols("write_kv", w, kv.shape.slot_width())?;
         for (t, &slot) in b.plan.slot_mapping.iter().enumerate() {
             let row = &qkv.data[t * qkv.cols..(t + 1) * qkv.cols];
@@ -239,14 +252,14 @@ impl Backend for CpuBackend {
         kv: &CpuKv,
         layer: usize,
         b: &CpuBatch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        check_cols("attention output", out.cols, spec.q_dim())?;
+        check_cols("attention output", out.cols, shape.q_dim())?;
         let g = AttnGeom {
-            n_heads: spec.n_heads,
-            n_kv_heads: spec.n_kv_heads,
-            head_dim: spec.head_dim,
+            n_heads: shape.n_heads,
+            n_kv_heads: shape.n_kv_heads,
+            head_dim: shape.head_dim,
             qkv_stride: qkv.cols,
             kv: kv.shape,
         };

@@ -6,8 +6,7 @@ use super::device::Arg;
 use super::kernels::{AttnHead, Kernel};
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
-use crate::backend::BackendError;
-use crate::model::ModelSpec;
+use crate::backend::{AttnShape, BackendError};
 
 /// Warps per attention block (`ATTN_WARPS` in `kernels/attention.cu`).
 const ATTN_WARPS: usize = 4;
@@ -19,17 +18,17 @@ impl<R: Runtime> GpuBackend<R> {
         kv: &GpuKv,
         layer: usize,
         b: &super::GpuBatch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
-        let (hd, n_heads, n_kv) = (spec.head_dim, spec.n_heads, spec.n_kv_heads);
-        check_cols("attention output", out.cols, spec.q_dim())?;
-        check_cols("attention input", qkv.cols, spec.qkv_dim())?;
+        let (hd, n_heads, n_kv) = (shape.head_dim, shape.n_heads, shape.n_kv_heads);
+        check_cols("attention output", out.cols, shape.q_dim())?;
+        check_cols("attention input", qkv.cols, shape.qkv_dim())?;
         check_rows("attention", l.n_tokens, qkv.rows.min(out.rows))?;
         if kv.shape.head_dim != hd || kv.shape.n_kv_heads != n_kv || layer >= kv.shape.num_layers {
             return Err(invalid(format!(
-                "attention: cache {:?} does not fit layer {layer} of {spec:?}",
+                "attention: cache {:?} does not fit layer {layer} of {shape:?}",
                 kv.shape
             )));
         }
@@ -49,7 +48,7 @@ impl<R: Runtime> GpuBackend<R> {
         let kernel = if head.has_decode()
             && vectors <= dec[dec.len() - 1] as usize
             && l.n_items <= 65535
-            && decode_enabled()
+            && self.attn_decode
         {
             let qv = dec
                 .iter()
@@ -121,10 +120,4 @@ impl<R: Runtime> GpuBackend<R> {
         }
         Ok(())
     }
-}
-
-/// The decode variant is on unless `KILN_ATTN_DECODE=0` (A/B measurements).
-fn decode_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_ATTN_DECODE").map_or(true, |v| v != "0"))
 }

@@ -13,7 +13,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 use super::runtime::{DeviceInfo, Grid, RtError, RtResult, Runtime};
-use super::types::DType;
+use crate::backend::DType;
 
 /// One CUDA device: its primary context and a non-blocking stream of this lane's own.
 pub struct Cuda {

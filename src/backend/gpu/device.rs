@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::ffi::c_void;
 
-use super::runtime::{DeviceInfo, Grid, RtError, Runtime};
+use super::runtime::{DeviceInfo, Grid, RtError, Runtime, dev_err};
 use super::timing::Timer;
 use crate::backend::BackendError;
 
@@ -26,14 +26,6 @@ impl TransferStats {
             d2h_calls: self.d2h_calls - earlier.d2h_calls,
             d2h_bytes: self.d2h_bytes - earlier.d2h_bytes,
         }
-    }
-}
-
-/// Maps a runtime error of `op` into the backend's error.
-pub(crate) fn dev_err(op: &'static str) -> impl Fn(RtError) -> BackendError {
-    move |e| BackendError::Device {
-        op,
-        message: e.to_string(),
     }
 }
 

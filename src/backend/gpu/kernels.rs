@@ -6,10 +6,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::DType;
-use super::device::{Device, dev_err};
-use super::runtime::{DeviceInfo, Runtime};
-use crate::backend::BackendError;
+use super::device::Device;
+use super::runtime::{DeviceInfo, Runtime, dev_err};
+use crate::backend::{BackendError, DType};
 
 const PRELUDE: &str = include_str!("../../../kernels/prelude.cuh");
 
@@ -482,12 +481,4 @@ fn store(path: &Path, key: &str, image: &[u8]) {
     if std::fs::write(&tmp, body).is_ok() && std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-}
-
-/// The default on-disk kernel cache: `$XDG_CACHE_HOME/kiln/kernels`, else `~/.cache/kiln/kernels`.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("kiln").join("kernels"))
 }

@@ -27,14 +27,17 @@ pub use device::TransferStats;
 use device::{Arg, DevBuf, Device};
 use std::collections::{HashMap, HashSet};
 
+pub use super::open::GpuOptions;
 use kernels::{GEMV_MAX_ROWS, Kernel, Kernels};
 use meta::GraphKey;
 use runtime::{Grid, Runtime};
 pub use timing::KernelTiming;
-pub use types::{DType, GpuBatch, GpuKv, GpuOptions, GpuTensor, GpuWeight};
+pub use types::{GpuBatch, GpuKv, GpuTensor, GpuWeight};
 
-use super::{Backend, BackendError, BatchPlan, KvShape};
-use crate::model::{HostTensor, ModelSpec, RopeLayout, RopeSpec};
+pub use super::DType;
+use super::{
+    AttnShape, Backend, BackendError, BatchPlan, HostTensor, KvShape, RopeLayout, RopeSpec,
+};
 use crate::sampling::{SampleRow, Sampled};
 
 /// The GPU backend of one lane, over vendor runtime `R`.
@@ -44,6 +47,10 @@ pub struct GpuBackend<R: Runtime> {
     blas: R::Blas,
     dev: Device<R>,
     dt: DType,
+    /// Small-batch matmuls may use the streaming kernels ([`GpuOptions::gemv`]).
+    gemv: bool,
+    /// Decode steps may use the decode attention variant ([`GpuOptions::attn_decode`]).
+    attn_decode: bool,
     /// Attention may use the bf16 tensor-core kernels (`mma.sync`: NVIDIA sm_80 or newer,
     /// bf16 storage; f32 storage keeps the CUDA-core kernels, the parity reference).
     mma: bool,
@@ -114,12 +121,6 @@ fn gemv_rows_per_warp(n: usize) -> usize {
     if n == 1 { 1 } else { 2 }
 }
 
-/// The streaming matmul kernels are on unless `KILN_GEMV=0` (A/B measurements).
-fn gemv_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_GEMV").map_or(true, |v| v != "0"))
-}
-
 /// `90` for `sm_90`, `90` for `sm_90a`; 0 for anything else (AMD targets).
 fn sm_version(arch: &str) -> u32 {
     arch.strip_prefix("sm_")
@@ -161,7 +162,7 @@ impl<R: Runtime> GpuBackend<R> {
     pub fn new(ordinal: usize, opts: GpuOptions) -> Result<GpuBackend<R>, BackendError> {
         let dev = Device::<R>::open(ordinal, opts.sync_check, opts.timing_period)?;
         let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref())?;
-        let blas = dev.rt.blas().map_err(device::dev_err("blas"))?;
+        let blas = dev.rt.blas().map_err(runtime::dev_err("blas"))?;
         let i = &dev.info;
         let mma = R::NAME == "cuda" && opts.dtype == DType::Bf16 && sm_version(&i.arch) >= 80;
         tracing::info!(backend = R::NAME, device = %i.name, ordinal, arch = %i.arch, sms = i.sm_count, warp = i.warp_size, dtype = ?opts.dtype, "gpu backend ready");
@@ -183,6 +184,8 @@ impl<R: Runtime> GpuBackend<R> {
             sample_pack: sample::SamplePack::default(),
             largest_alloc: 0,
             use_graphs: opts.graphs,
+            gemv: opts.gemv,
+            attn_decode: opts.attn_decode,
             graphs: HashMap::new(),
             graph_seen: HashSet::new(),
             graph_failed: HashMap::new(),
@@ -264,7 +267,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// (faster than the BLAS for one or two rows): whole 16-byte chunks, aligned buffers.
     fn gemv_fits(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> bool {
         (1..=GEMV_MAX_ROWS).contains(&n)
-            && gemv_enabled()
+            && self.gemv
             && x.cols == w.cols
             && w.cols <= i32::MAX as usize
             && w.rows <= i32::MAX as usize
@@ -282,13 +285,14 @@ impl<R: Runtime> GpuBackend<R> {
         &mut self,
         qkv: &GpuTensor,
         b: &GpuBatch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
+        rope: &RopeSpec,
     ) -> Result<(Grid, [Arg; 7]), BackendError> {
         let l = self.layout(b)?;
-        check_cols("rope", qkv.cols, spec.qkv_dim())?;
+        check_cols("rope", qkv.cols, shape.qkv_dim())?;
         check_rows("rope", l.n_tokens, qkv.rows)?;
-        let freqs = self.inv_freqs(&spec.rope)?;
-        let groups = (spec.n_heads + spec.n_kv_heads).div_ceil(ROPE_HEADS) as u32;
+        let freqs = self.inv_freqs(rope)?;
+        let groups = (shape.n_heads + shape.n_kv_heads).div_ceil(ROPE_HEADS) as u32;
         let grid = Grid {
             blocks: (l.n_tokens as u32, groups, 1),
             threads: 64,
@@ -298,21 +302,21 @@ impl<R: Runtime> GpuBackend<R> {
             Arg::I32(qkv.cols as i32),
             Arg::Ptr(self.meta_ptr(l.positions)),
             Arg::Ptr(freqs),
-            Arg::I32(spec.head_dim as i32),
-            Arg::I32(spec.rope.dim as i32),
-            Arg::I32((spec.rope.layout == RopeLayout::Interleaved) as i32),
+            Arg::I32(shape.head_dim as i32),
+            Arg::I32(rope.dim as i32),
+            Arg::I32((rope.layout == RopeLayout::Interleaved) as i32),
         ];
         Ok((grid, args))
     }
 
-    /// Device addresses of `layer`'s K and V in the paged cache, checked against `spec`.
+    /// Device addresses of `layer`'s K and V in the paged cache, checked against `shape`.
     fn kv_layer(
         &self,
         kv: &GpuKv,
         layer: usize,
-        spec: &ModelSpec,
+        shape: &AttnShape,
     ) -> Result<(u64, u64), BackendError> {
-        let w = spec.kv_dim();
+        let w = shape.kv_dim();
         check_cols("write_kv", w, kv.shape.slot_width())?;
         if layer >= kv.shape.num_layers {
             return Err(invalid(format!("layer {layer} of {}", kv.shape.num_layers)));
@@ -455,7 +459,8 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         // New buffers (a new model, new scratch) retire recorded graphs.
         self.generation += 1;
         let buf = self.dev.alloc(rows * cols * self.dt.size(), "weight")?;
-        let bytes = self.dt.encode(&w.data);
+        let w = w.into_f32()?;
+        let bytes = self.dt.encode(w.values().unwrap_or_default());
         drop(w);
         self.dev.upload(&buf, 0, &bytes)?;
         Ok(GpuWeight { buf, rows, cols })
@@ -525,7 +530,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         if let Some(g) = self.graphs.get(&key) {
             let dev = &mut self.dev;
             dev.timed("decode_graph", |rt| {
-                rt.replay(g).map_err(device::dev_err("decode_graph"))
+                rt.replay(g).map_err(runtime::dev_err("decode_graph"))
             })?;
             self.graph_stats.replays += 1;
             return Ok(());
@@ -539,7 +544,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.dev
             .rt
             .begin_capture()
-            .map_err(device::dev_err("graph capture"))?;
+            .map_err(runtime::dev_err("graph capture"))?;
         self.dev.capturing = true;
         let recorded = ops(self);
         self.dev.capturing = false;
@@ -547,7 +552,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         match (recorded, graph) {
             (Ok(()), Ok(g)) if generation == self.generation => {
                 self.dev.timed("decode_graph", |rt| {
-                    rt.replay(&g).map_err(device::dev_err("decode_graph"))
+                    rt.replay(&g).map_err(runtime::dev_err("decode_graph"))
                 })?;
                 self.graphs.insert(key, g);
                 self.graph_stats.captures += 1;
@@ -669,7 +674,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             // all three buffers are live.
             self.dev.timed("matmul", |rt| unsafe {
                 rt.gemm(blas, dt, x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), n, k, m)
-                    .map_err(device::dev_err("matmul"))
+                    .map_err(runtime::dev_err("matmul"))
             })?;
         }
         if let Some(b) = bias {
@@ -694,11 +699,12 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         &mut self,
         qkv: &mut GpuTensor,
         b: &GpuBatch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
+        rope: &RopeSpec,
     ) -> Result<(), BackendError> {
-        let (grid, rope) = self.rope_args(qkv, b, spec)?;
+        let (grid, rope) = self.rope_args(qkv, b, shape, rope)?;
         let mut args = rope.to_vec();
-        args.push(Arg::I32((spec.n_heads + spec.n_kv_heads) as i32));
+        args.push(Arg::I32((shape.n_heads + shape.n_kv_heads) as i32));
         self.launch(Kernel::Rope, grid, &args)
     }
 
@@ -708,12 +714,12 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         layer: usize,
         qkv: &GpuTensor,
         b: &GpuBatch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
     ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
-        check_cols("write_kv input", qkv.cols, spec.qkv_dim())?;
+        check_cols("write_kv input", qkv.cols, shape.qkv_dim())?;
         check_rows("write_kv", l.n_tokens, qkv.rows)?;
-        let (k, v) = self.kv_layer(kv, layer, spec)?;
+        let (k, v) = self.kv_layer(kv, layer, shape)?;
         let grid = Grid {
             blocks: (l.n_tokens as u32, 1, 1),
             threads: 128,
@@ -721,8 +727,8 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         let args = [
             Arg::Ptr(qkv.buf.ptr()),
             Arg::I32(qkv.cols as i32),
-            Arg::I32(spec.q_dim() as i32),
-            Arg::I32(spec.kv_dim() as i32),
+            Arg::I32(shape.q_dim() as i32),
+            Arg::I32(shape.kv_dim() as i32),
             Arg::Ptr(self.meta_ptr(l.slots)),
             Arg::Ptr(k),
             Arg::Ptr(v),
@@ -736,15 +742,16 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         kv: &mut GpuKv,
         layer: usize,
         b: &GpuBatch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
+        rope: &RopeSpec,
     ) -> Result<(), BackendError> {
-        let (grid, rope) = self.rope_args(qkv, b, spec)?;
-        let (k, v) = self.kv_layer(kv, layer, spec)?;
+        let (grid, rope) = self.rope_args(qkv, b, shape, rope)?;
+        let (k, v) = self.kv_layer(kv, layer, shape)?;
         let l = self.layout(b)?;
         let mut args = rope.to_vec();
         args.extend([
-            Arg::I32(spec.n_heads as i32),
-            Arg::I32(spec.n_kv_heads as i32),
+            Arg::I32(shape.n_heads as i32),
+            Arg::I32(shape.n_kv_heads as i32),
             Arg::Ptr(self.meta_ptr(l.slots)),
             Arg::Ptr(k),
             Arg::Ptr(v),
@@ -758,10 +765,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         kv: &GpuKv,
         layer: usize,
         b: &GpuBatch,
-        spec: &ModelSpec,
+        shape: &AttnShape,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
-        self.launch_attention(qkv, kv, layer, b, spec, out)
+        self.launch_attention(qkv, kv, layer, b, shape, out)
     }
 
     fn silu_mul(

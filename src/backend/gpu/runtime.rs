@@ -9,7 +9,7 @@
 
 use std::ffi::c_void;
 
-use super::types::DType;
+use crate::backend::{BackendError, DType};
 
 /// Launch geometry: a 3-D grid of 1-D blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -159,4 +159,12 @@ pub trait Runtime: Sized + 'static {
     fn end_capture(&self) -> RtResult<Self::Graph>;
     /// Queues a replay of `g` on the stream.
     fn replay(&self, g: &Self::Graph) -> RtResult<()>;
+}
+
+/// Maps a runtime error of `op` into the backend's error.
+pub(crate) fn dev_err(op: &'static str) -> impl Fn(RtError) -> BackendError {
+    move |e| BackendError::Device {
+        op,
+        message: e.to_string(),
+    }
 }

@@ -2,8 +2,7 @@
 //! `kiln_kernel_duration_seconds{device,kernel}`. Every `period`-th step, each launch (and
 //! each cuBLAS call) is bracketed by two events; [`Timer::take`] reads them out.
 
-use super::device::dev_err;
-use super::runtime::Runtime;
+use super::runtime::{Runtime, dev_err};
 use crate::backend::BackendError;
 
 /// Most launches recorded between two reads; later ones in the same window go untimed.

@@ -13,7 +13,7 @@ mod rtc;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 
 use super::runtime::{DeviceInfo, Grid, RtError, RtResult, Runtime};
-use super::types::DType;
+use crate::backend::DType;
 
 /// Maps a HIP status of `call` into an [`RtError`] naming the call and HIP's description.
 /// The first of `candidates` that loads and whose symbols `resolve` finds; otherwise what

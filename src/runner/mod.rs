@@ -1,7 +1,23 @@
-//! The llama forward pass, written once against the backend op contract.
+//! Runs a model spec on a backend: uploads the weights of a model's files and runs the llama
+//! forward pass, written once against the backend op contract. It sits above both `model`
+//! (files and specs) and `backend` (ops), which know nothing of each other's insides.
 
-use super::{ModelFiles, ModelSpec, ModelWeights};
-use crate::backend::{Backend, BackendError, BatchPlan};
+pub mod weights;
+
+use crate::backend::{AttnShape, Backend, BackendError, BatchPlan};
+use crate::model::{ModelError, ModelFiles, ModelSpec};
+pub use weights::{LayerWeights, ModelWeights, load_weights};
+
+/// Why a model could not be loaded onto a backend.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Reading or checking the model's tensors.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// Uploading or allocating on the backend.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
 
 /// Activation buffers, allocated once for the largest step.
 struct Scratch<T> {
@@ -28,6 +44,8 @@ struct Scratch<T> {
 /// A Llama-family model resident on a backend.
 pub struct Llama<B: Backend> {
     pub spec: ModelSpec,
+    /// `spec`'s head geometry, as the attention ops take it.
+    shape: AttnShape,
     pub weights: ModelWeights<B::Weight>,
     scratch: Scratch<B::Tensor>,
     max_tokens: usize,
@@ -42,8 +60,10 @@ impl<B: Backend> Llama<B> {
         files: &ModelFiles,
         max_tokens: usize,
         max_seqs: usize,
-    ) -> Result<Self, BackendError> {
-        let weights = files.load_weights(|t| backend.upload_weight(t))?;
+    ) -> Result<Self, LoadError> {
+        let weights = load_weights(files, |t| {
+            backend.upload_weight(t).map_err(LoadError::Backend)
+        })?;
         let s = &files.spec;
         let (t, sq) = (max_tokens, max_seqs);
         let scratch = Scratch {
@@ -59,16 +79,12 @@ impl<B: Backend> Llama<B> {
         };
         Ok(Self {
             spec: s.clone(),
+            shape: s.attn_shape(),
             weights,
             scratch,
             max_tokens,
             max_seqs,
         })
-    }
-
-    /// Largest step this model's scratch holds: (tokens, sequences).
-    pub fn capacity(&self) -> (usize, usize) {
-        (self.max_tokens, self.max_seqs)
     }
 
     /// The logits buffer written by the last [`Llama::forward`].
@@ -99,8 +115,9 @@ impl<B: Backend> Llama<B> {
         let (n, n_logits) = backend
             .padded_rows(&b)
             .map_or((n, n_logits), |rows| (rows, rows));
-        let (spec, w, s) = (&self.spec, &self.weights, &mut self.scratch);
-        let eps = spec.rms_eps;
+        let (shape, rope) = (&self.shape, &self.spec.rope);
+        let (w, s) = (&self.weights, &mut self.scratch);
+        let eps = self.spec.rms_eps;
         backend.run_step(&b, |backend| {
             backend.embed(&w.embed, &b, &mut s.x)?;
             for (l, lw) in w.layers.iter().enumerate() {
@@ -110,8 +127,8 @@ impl<B: Backend> Llama<B> {
                     backend.add_rms_norm(&s.delta, &mut s.x, &lw.attn_norm, eps, n, &mut s.h)?;
                 }
                 backend.matmul(&s.h, &lw.wqkv, lw.bqkv.as_ref(), n, &mut s.qkv)?;
-                backend.rope_write_kv(&mut s.qkv, kv, l, &b, spec)?;
-                backend.attention(&s.qkv, kv, l, &b, spec, &mut s.attn)?;
+                backend.rope_write_kv(&mut s.qkv, kv, l, &b, shape, rope)?;
+                backend.attention(&s.qkv, kv, l, &b, shape, &mut s.attn)?;
                 backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
                 backend.add_rms_norm(&s.delta, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
                 backend.matmul_silu_mul(&s.h, &lw.w_gate_up, n, &mut s.gate_up, &mut s.act)?;

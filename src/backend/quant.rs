@@ -26,7 +26,20 @@ use std::fmt;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::model::gguf::GgmlType;
+/// GGML tensor element types. The named variants are the ones Kiln dequantizes; any other
+/// ggml type id parses as `Other(id)` (`LAYOUTS` below names every known id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GgmlType {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q4_0,
+    Q4K,
+    Q6K,
+    /// A ggml type id Kiln cannot dequantize (e.g. 13 = Q5_K) or does not know at all.
+    Other(u32),
+}
 
 /// Elements per Q8_0 / Q4_0 block.
 pub const QK32: usize = 32;

@@ -1,0 +1,150 @@
+//! The weights in the layout the forward pass expects, generic over where they live, and
+//! their loading from a model's tensor source in forward order.
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::backend::HostTensor;
+use crate::model::{ModelError, ModelFiles};
+
+/// One decoder layer's weights. Matrices are `[out, in]`.
+#[derive(Debug, Clone)]
+pub struct LayerWeights<W> {
+    /// `[hidden]`
+    pub attn_norm: W,
+    /// `[q_dim + 2 * kv_dim, hidden]`: q, k, v projections stacked.
+    pub wqkv: W,
+    /// `[q_dim + 2 * kv_dim]`, Qwen2 only.
+    pub bqkv: Option<W>,
+    /// `[hidden, q_dim]`
+    pub wo: W,
+    /// `[hidden]`
+    pub ffn_norm: W,
+    /// `[2 * intermediate, hidden]`: gate then up.
+    pub w_gate_up: W,
+    /// `[hidden, intermediate]`
+    pub w_down: W,
+}
+
+/// All weights of a Llama-family model.
+#[derive(Debug, Clone)]
+pub struct ModelWeights<W> {
+    /// `[vocab, hidden]`
+    pub embed: W,
+    pub layers: Vec<LayerWeights<W>>,
+    /// `[hidden]`
+    pub norm: W,
+    /// `[vocab, hidden]`; `None` when tied to `embed`.
+    pub output: Option<W>,
+}
+
+impl<W> ModelWeights<W> {
+    /// Converts every tensor with `f`, in a fixed order (embed, layers, norm, output).
+    pub fn try_map<U, E>(
+        &self,
+        mut f: impl FnMut(&W) -> Result<U, E>,
+    ) -> Result<ModelWeights<U>, E> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            layers.push(LayerWeights {
+                attn_norm: f(&l.attn_norm)?,
+                wqkv: f(&l.wqkv)?,
+                bqkv: l.bqkv.as_ref().map(&mut f).transpose()?,
+                wo: f(&l.wo)?,
+                ffn_norm: f(&l.ffn_norm)?,
+                w_gate_up: f(&l.w_gate_up)?,
+                w_down: f(&l.w_down)?,
+            });
+        }
+        Ok(ModelWeights {
+            embed: f(&self.embed)?,
+            layers,
+            norm: f(&self.norm)?,
+            output: self.output.as_ref().map(&mut f).transpose()?,
+        })
+    }
+
+    /// The output projection (the embedding when tied).
+    pub fn output(&self) -> &W {
+        self.output.as_ref().unwrap_or(&self.embed)
+    }
+}
+
+/// Reads every tensor in forward order, handing each to `upload` (which may move it to a
+/// device and drop the host copy). Shows a progress bar on a terminal.
+pub fn load_weights<W, E>(
+    files: &ModelFiles,
+    mut upload: impl FnMut(HostTensor) -> Result<W, E>,
+) -> Result<ModelWeights<W>, E>
+where
+    E: From<ModelError>,
+{
+    let s = &files.spec;
+    let bar = ProgressBar::new(s.n_layers as u64 + 2);
+    bar.set_style(
+        ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers {elapsed}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(files.name.clone());
+    let src = &*files.source;
+    let get = |name: &str, shape: Vec<usize>| -> Result<HostTensor, ModelError> {
+        let data = src
+            .fetch(name, &shape)?
+            .ok_or_else(|| ModelError::Missing(name.to_string()))?;
+        Ok(HostTensor::new(shape, data))
+    };
+    let (h, q, kv, ff) = (s.hidden, s.q_dim(), s.kv_dim(), s.intermediate);
+    let embed = upload(get("token_embd.weight", vec![s.vocab_size, h])?)?;
+    bar.inc(1);
+    let mut layers = Vec::with_capacity(s.n_layers);
+    for i in 0..s.n_layers {
+        let n = |leaf: &str| format!("blk.{i}.{leaf}");
+        let wqkv = HostTensor::concat_rows(vec![
+            get(&n("attn_q.weight"), vec![q, h])?,
+            get(&n("attn_k.weight"), vec![kv, h])?,
+            get(&n("attn_v.weight"), vec![kv, h])?,
+        ])
+        .map_err(ModelError::from)?;
+        let bqkv = if s.qkv_bias {
+            let mut b = Vec::with_capacity(q + 2 * kv);
+            for (leaf, len) in [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)] {
+                let part = get(&n(leaf), vec![len])?
+                    .into_f32()
+                    .map_err(ModelError::from)?;
+                b.extend_from_slice(part.values().unwrap_or_default());
+            }
+            Some(upload(HostTensor::new(vec![b.len()], b))?)
+        } else {
+            None
+        };
+        let w_gate_up = HostTensor::concat_rows(vec![
+            get(&n("ffn_gate.weight"), vec![ff, h])?,
+            get(&n("ffn_up.weight"), vec![ff, h])?,
+        ])
+        .map_err(ModelError::from)?;
+        layers.push(LayerWeights {
+            attn_norm: upload(get(&n("attn_norm.weight"), vec![h])?)?,
+            wqkv: upload(wqkv)?,
+            bqkv,
+            wo: upload(get(&n("attn_output.weight"), vec![h, q])?)?,
+            ffn_norm: upload(get(&n("ffn_norm.weight"), vec![h])?)?,
+            w_gate_up: upload(w_gate_up)?,
+            w_down: upload(get(&n("ffn_down.weight"), vec![h, ff])?)?,
+        });
+        bar.inc(1);
+    }
+    let norm = upload(get("output_norm.weight", vec![h])?)?;
+    let output = if s.tied_embeddings {
+        None
+    } else {
+        Some(upload(get("output.weight", vec![s.vocab_size, h])?)?)
+    };
+    bar.inc(1);
+    bar.finish_and_clear();
+    Ok(ModelWeights {
+        embed,
+        layers,
+        norm,
+        output,
+    })
+}
