@@ -16,6 +16,20 @@ pub struct StopCriteria {
     pub ignore_eos: bool,
 }
 
+/// A constraint on what a choice may generate (compiled by llguidance).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON that fits this JSON Schema (the schema's JSON text).
+    JsonSchema(String),
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A Lark grammar (llguidance's dialect).
+    Lark(String),
+}
+
 /// A generation request as a caller builds it: prompt tokens plus everything that shapes the
 /// output. The engine checks it once ([`super::EngineClient::validate`]) before queueing it.
 #[derive(Debug, Clone)]
@@ -31,6 +45,7 @@ pub struct GenerateRequest {
     pub n: usize,
     /// Lower runs first among waiting requests; FCFS within a priority.
     pub priority: i32,
+    pub constraint: Option<Constraint>,
 }
 
 impl GenerateRequest {
@@ -44,6 +59,7 @@ impl GenerateRequest {
             stop: StopCriteria::default(),
             n: 1,
             priority: 0,
+            constraint: None,
         }
     }
 }
