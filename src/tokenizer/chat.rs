@@ -14,7 +14,7 @@ use super::Tokenizer;
 pub const DEFAULT_CHAT_TEMPLATE: &str = "{{ bos_token }}\
 {% if tools %}You can call these functions. To call one, answer with \
 <tool_call>{\"name\": <function name>, \"arguments\": <arguments as a JSON object>}</tool_call>.\n\
-{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}\n{% endif %}\
+{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}{{ '\n' }}{% endif %}\
 {% for message in messages %}\
 {% if message['role'] == 'system' %}{{ message['content'] }}\n\n\
 {% elif message['role'] == 'user' %}User: {{ message['content'] }}\n\
@@ -498,6 +498,135 @@ mod tests {
             ChatTemplate::new("{% for %}", "", ""),
             Err(ChatTemplateError::Syntax(_))
         ));
+    }
+
+    fn weather_tool() -> TemplateTool {
+        TemplateTool {
+            name: "get_weather".into(),
+            description: Some("Weather now".into()),
+            parameters: serde_json::json!({"type": "object",
+                "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        }
+    }
+
+    /// A system prompt, a question, the assistant's call and the tool's answer.
+    fn tool_conv(id: &str) -> Vec<ChatMessage> {
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = vec![TemplateToolCall {
+            id: id.into(),
+            name: "get_weather".into(),
+            arguments: serde_json::json!({"city": "Paris"}),
+        }];
+        let mut result = ChatMessage::new("tool", "18 C");
+        result.tool_call_id = Some(id.into());
+        vec![
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "Weather in Paris?"),
+            call,
+            result,
+        ]
+    }
+
+    fn render_file(file: &str, id: &str) -> String {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
+        let src = std::fs::read_to_string(dir.join(file)).unwrap();
+        let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
+        t.render_with_tools(&tool_conv(id), &[weather_tool()], true)
+            .unwrap()
+    }
+
+    #[test]
+    fn default_template_renders_tools_and_tool_turns() {
+        let t = ChatTemplate::default_for("<s>", "</s>").unwrap();
+        let s = t
+            .render_with_tools(&tool_conv("call_1"), &[weather_tool()], true)
+            .unwrap();
+        assert_eq!(
+            s,
+            "<s>You can call these functions. To call one, answer with <tool_call>{\"name\": \
+             <function name>, \"arguments\": <arguments as a JSON object>}</tool_call>.\n\
+             {\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \
+             \"Weather now\", \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \
+             \"required\": [\"city\"], \"type\": \"object\"}}}\n\nBe brief.\n\nUser: Weather in Paris?\n\
+             Assistant: <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\
+             </tool_call></s>\nTool (call_1): 18 C\nAssistant:"
+        );
+        assert_eq!(
+            t.render_with_tools(&conv(), &[], true).unwrap(),
+            t.render(&conv(), true).unwrap(),
+            "no tools: the plain rendering"
+        );
+    }
+
+    #[test]
+    fn llama31_template_with_tools() {
+        let s = render_file("llama31.jinja", "call_1");
+        let tool_json = "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n        \"description\": \"Weather now\",\n        \"parameters\": {\n            \"properties\": {\n                \"city\": {\n                    \"type\": \"string\"\n                }\n            },\n            \"required\": [\n                \"city\"\n            ],\n            \"type\": \"object\"\n        }\n    }\n}";
+        assert!(
+            s.starts_with("<s><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nBe brief.<|eot_id|>"),
+            "{s}"
+        );
+        assert!(s.contains(&format!("Do not use variables.\n\n{tool_json}\n\nWeather in Paris?<|eot_id|>")), "{s}");
+        assert!(
+            s.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>\
+                         <|start_header_id|>ipython<|end_header_id|>\n\n\"18 C\"<|eot_id|>\
+                         <|start_header_id|>assistant<|end_header_id|>\n\n"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn qwen25_template_with_tools() {
+        let s = render_file("qwen25.jinja", "call_1");
+        assert_eq!(
+            s,
+            "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+             You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n\
+             {\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather now\", \
+             \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"], \"type\": \"object\"}}}\n\
+             </tools>\n\nFor each function call, return a json object with function name and arguments within \
+             <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n\
+             </tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n\
+             <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n\
+             <|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn mistral_template_with_tools() {
+        let s = render_file("mistral_v3.jinja", "abcDEF123");
+        assert_eq!(
+            s,
+            "<s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \
+             \"description\": \"Weather now\", \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \
+             \"required\": [\"city\"], \"type\": \"object\"}}}][/AVAILABLE_TOOLS][INST] Weather in Paris?[/INST]\
+             [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"abcDEF123\"}]</s>\
+             [TOOL_RESULTS] {\"content\": 18 C, \"call_id\": \"abcDEF123\"}[/TOOL_RESULTS]"
+        );
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
+        let src = std::fs::read_to_string(dir.join("mistral_v3.jinja")).unwrap();
+        let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
+        let err = t
+            .render_with_tools(&tool_conv("call_123456789"), &[], true)
+            .unwrap_err();
+        assert!(err.to_string().contains("length 9"), "{err}");
+    }
+
+    #[test]
+    fn tojson_matches_python() {
+        let env_src = "{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ [] | tojson(indent=2) }}|{{ 'é\"<' | tojson }}";
+        let t = ChatTemplate::new(env_src, "", "").unwrap();
+        let env = &t.env;
+        let out = env
+            .render_str(
+                env_src,
+                minijinja::context! { x => json_value(&serde_json::json!({"b": [1, 2.5, true, null], "a": {}})) },
+            )
+            .unwrap();
+        assert_eq!(
+            out,
+            "{\"a\": {}, \"b\": [1, 2.5, true, null]}|{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.5,\n    true,\n    null\n  ]\n}|[]|\"é\\\"<\""
+        );
     }
 
     #[test]
