@@ -528,7 +528,8 @@ mod tests {
     }
 
     fn render_file(file: &str, id: &str) -> String {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
         let src = std::fs::read_to_string(dir.join(file)).unwrap();
         let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
         t.render_with_tools(&tool_conv(id), &[weather_tool()], true)
@@ -566,7 +567,12 @@ mod tests {
             s.starts_with("<s><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nBe brief.<|eot_id|>"),
             "{s}"
         );
-        assert!(s.contains(&format!("Do not use variables.\n\n{tool_json}\n\nWeather in Paris?<|eot_id|>")), "{s}");
+        assert!(
+            s.contains(&format!(
+                "Do not use variables.\n\n{tool_json}\n\nWeather in Paris?<|eot_id|>"
+            )),
+            "{s}"
+        );
         assert!(
             s.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>\
                          <|start_header_id|>ipython<|end_header_id|>\n\n\"18 C\"<|eot_id|>\
@@ -603,7 +609,8 @@ mod tests {
              [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"abcDEF123\"}]</s>\
              [TOOL_RESULTS] {\"content\": 18 C, \"call_id\": \"abcDEF123\"}[/TOOL_RESULTS]"
         );
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
         let src = std::fs::read_to_string(dir.join("mistral_v3.jinja")).unwrap();
         let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
         let err = t
