@@ -16,20 +16,6 @@ pub struct StopCriteria {
     pub ignore_eos: bool,
 }
 
-/// A constraint on what a choice may generate (compiled by llguidance).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Constraint {
-    /// Any JSON object.
-    JsonObject,
-    /// JSON that fits this JSON Schema (the schema's JSON text).
-    JsonSchema(String),
-    Regex(String),
-    /// Exactly one of these strings.
-    Choice(Vec<String>),
-    /// A Lark grammar (llguidance's dialect).
-    Lark(String),
-}
-
 /// A generation request as a caller builds it: prompt tokens plus everything that shapes the
 /// output. The engine checks it once ([`super::EngineClient::validate`]) before queueing it.
 #[derive(Debug, Clone)]
@@ -45,7 +31,22 @@ pub struct GenerateRequest {
     pub n: usize,
     /// Lower runs first among waiting requests; FCFS within a priority.
     pub priority: i32,
+    /// What every choice's output must fit; `None`: free text.
     pub constraint: Option<Constraint>,
+}
+
+/// A constraint on what a choice may generate (compiled by llguidance).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON that fits this JSON Schema (the schema's JSON text).
+    JsonSchema(String),
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A Lark grammar (llguidance's dialect).
+    Lark(String),
 }
 
 impl GenerateRequest {
