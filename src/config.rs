@@ -121,6 +121,31 @@ pub struct ModelConfig {
     pub served_model_name: Option<String>,
     /// One lane per device: `cpu`, `cuda:N`, `rocm:N`.
     pub devices: Vec<String>,
+    /// How the model writes tool calls; by default picked from its chat template.
+    pub tool_call_parser: Option<ToolCallParser>,
+    /// Split the model's reasoning into `reasoning_content`; off by default.
+    pub reasoning_parser: Option<ReasoningParser>,
+}
+
+/// Tool-call formats (`--tool-call-parser`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCallParser {
+    /// Llama 3.1/3.2: `{"name": ..., "parameters": {...}}`.
+    #[value(name = "llama3_json")]
+    Llama3Json,
+    /// Hermes, Qwen2.5, Qwen3: `<tool_call>{...}</tool_call>`.
+    Hermes,
+    /// Mistral: `[TOOL_CALLS][{...}]`.
+    Mistral,
+}
+
+/// Reasoning formats (`--reasoning-parser`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningParser {
+    /// `<think>...</think>` (Qwen3, DeepSeek-R1).
+    Think,
 }
 
 impl Default for ModelConfig {
@@ -130,6 +155,8 @@ impl Default for ModelConfig {
             load_format: LoadFormat::Auto,
             served_model_name: None,
             devices: vec!["cpu".into()],
+            tool_call_parser: None,
+            reasoning_parser: None,
         }
     }
 }
@@ -241,6 +268,12 @@ pub struct ServeArgs {
     /// HTTP worker threads (0: one per core).
     #[arg(long, env = "KILN_WORKERS")]
     pub workers: Option<usize>,
+    /// Tool-call format: llama3_json, hermes or mistral [default: from the chat template].
+    #[arg(long, value_enum, env = "KILN_TOOL_CALL_PARSER")]
+    pub tool_call_parser: Option<ToolCallParser>,
+    /// Reasoning format whose thinking goes to `reasoning_content` (think).
+    #[arg(long, value_enum, env = "KILN_REASONING_PARSER")]
+    pub reasoning_parser: Option<ReasoningParser>,
     /// Allowed CORS origin; repeat for several.
     #[arg(
         long = "cors-allowed-origin",
@@ -302,6 +335,8 @@ impl Config {
         set(&mut m.load_format, &args.load_format);
         set_opt(&mut m.served_model_name, &args.served_model_name);
         set_list(&mut m.devices, &args.devices);
+        set_opt(&mut m.tool_call_parser, &args.tool_call_parser);
+        set_opt(&mut m.reasoning_parser, &args.reasoning_parser);
         set(&mut s.host, &args.host);
         set(&mut s.port, &args.port);
         set(&mut s.workers, &args.workers);
@@ -403,6 +438,13 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_devices_are_errors() {
         assert!(Config::from_toml("[server]\nprot = 1\n", Path::new("x")).is_err());
+        let text = "[model]\ntool_call_parser = \"llama3_json\"\nreasoning_parser = \"think\"\n";
+        let cfg = Config::from_toml(text, Path::new("x")).unwrap();
+        assert_eq!(cfg.model.tool_call_parser, Some(ToolCallParser::Llama3Json));
+        assert_eq!(cfg.model.reasoning_parser, Some(ReasoningParser::Think));
+        assert!(
+            Config::from_toml("[model]\ntool_call_parser = \"xml\"\n", Path::new("x")).is_err()
+        );
         let mut cfg = Config::default();
         cfg.model.devices = vec!["tpu:0".into()];
         assert!(cfg.validate().is_err());

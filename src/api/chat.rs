@@ -12,15 +12,16 @@ use super::generation::{self, ChoiceOutput, MergedStream};
 use super::logprobs::TokenTexts;
 use super::sse::{self, ChunkWriter, data_frame};
 use super::state::{AppState, Ready};
+use super::tools::{ChoiceParser, ParseOptions, ParsedReply, ToolFormat, ToolRequest, output};
 use super::types::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatMessageIn, ChatMessageOut, ContentPart,
-    ErrorResponse, MessageContent, UsageInfo,
+    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatMessageIn, ContentPart, ErrorResponse,
+    MessageContent, ToolCall, UsageInfo,
 };
 use super::{ResponseMeta, blocking, validate};
 use crate::config::LimitsConfig;
 use crate::engine::{FinishReason, GenerateRequest, TokenInfo, Usage};
-use crate::tokenizer::chat::ChatMessage;
+use crate::tokenizer::chat::{ChatMessage, TemplateTool, TemplateToolCall};
 
 /// Messages as the template sees them: known roles, content flattened to text.
 pub fn messages(
@@ -56,13 +57,15 @@ fn message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError> {
         "system" | "developer" => "system",
         "user" => "user",
         "assistant" => "assistant",
+        "tool" => "tool",
         other => {
             return Err(ApiError::invalid(
                 format!("messages[{i}].role"),
-                format!("unsupported role {other:?} (expected system, user or assistant)"),
+                format!("unsupported role {other:?} (expected system, user, assistant or tool)"),
             ));
         }
     };
+    let has_calls = m.tool_calls.as_ref().is_some_and(|c| !c.is_empty());
     let content = match &m.content {
         Some(MessageContent::Text(t)) => t.clone(),
         Some(MessageContent::Parts(parts)) => parts_text(i, parts)?,
@@ -74,7 +77,59 @@ fn message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError> {
             ));
         }
     };
-    Ok(ChatMessage::new(role, content))
+    let mut out = ChatMessage::new(role, content);
+    out.name = m.name.clone();
+    if has_calls && role != "assistant" {
+        return Err(ApiError::invalid(
+            format!("messages[{i}].tool_calls"),
+            "only assistant messages have `tool_calls`",
+        ));
+    }
+    if let Some(calls) = &m.tool_calls {
+        out.tool_calls = calls
+            .iter()
+            .enumerate()
+            .map(|(j, c)| tool_call(i, j, c))
+            .collect::<Result<_, _>>()?;
+    }
+    if role == "tool" {
+        match &m.tool_call_id {
+            Some(id) if !id.is_empty() => out.tool_call_id = Some(id.clone()),
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].tool_call_id"),
+                    "a tool message needs `tool_call_id`",
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Call `j` of message `i` as the template sees it (arguments parsed when they are JSON).
+fn tool_call(i: usize, j: usize, c: &ToolCall) -> Result<TemplateToolCall, ApiError> {
+    if c.kind != "function" {
+        return Err(ApiError::invalid(
+            format!("messages[{i}].tool_calls[{j}].type"),
+            format!(
+                "unsupported tool call type {:?} (only \"function\")",
+                c.kind
+            ),
+        ));
+    }
+    if c.function.name.is_empty() {
+        return Err(ApiError::invalid(
+            format!("messages[{i}].tool_calls[{j}].function.name"),
+            "a tool call needs a function name",
+        ));
+    }
+    let arguments = serde_json::from_str(&c.function.arguments)
+        .unwrap_or_else(|_| serde_json::Value::String(c.function.arguments.clone()));
+    Ok(TemplateToolCall {
+        id: c.id.clone(),
+        name: c.function.name.clone(),
+        arguments,
+    })
 }
 
 /// Text parts joined by newlines; any other part type is a 400 naming it.
@@ -106,20 +161,35 @@ pub async fn prompt_ids(
     msgs: Vec<ChatMessage>,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
+    Ok(
+        render_prompt(ready, msgs, Vec::new(), add_generation_prompt)
+            .await?
+            .0,
+    )
+}
+
+/// Renders the conversation with `tools` and tokenizes it on the blocking pool; also says
+/// whether the prompt ends inside an opened `<think>` (the reply starts with reasoning).
+pub async fn render_prompt(
+    ready: &Ready,
+    msgs: Vec<ChatMessage>,
+    tools: Vec<TemplateTool>,
+    add_generation_prompt: bool,
+) -> Result<(Vec<u32>, bool), ApiError> {
     let (template, tok) = (ready.template.clone(), ready.tokenizer.clone());
     let context = ready.client.max_model_len();
     blocking(move || {
-        let text = template.render(&msgs, add_generation_prompt)?;
-        tok.encode_within(&text, false, context)
-            .map_err(|e| ApiError::from_tokenizer("messages", e))
+        let text = template.render_with_tools(&msgs, &tools, add_generation_prompt)?;
+        let thinking = text.trim_end().ends_with("<think>");
+        let ids = tok
+            .encode_within(&text, false, context)
+            .map_err(|e| ApiError::from_tokenizer("messages", e))?;
+        Ok((ids, thinking))
     })
     .await
 }
 
 fn check_unsupported(req: &ChatCompletionRequest) -> Result<(), ApiError> {
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid("tools", "tool calling is not supported"));
-    }
     if let Some(f) = &req.response_format
         && !f.is_null()
         && f.get("type").and_then(|t| t.as_str()) != Some("text")
@@ -185,8 +255,12 @@ pub async fn chat_completions(
         logprobs,
     )?;
     let max_tokens = max_reply_tokens(&req)?;
+    let tools = ToolRequest::from_request(&req)?;
     let msgs = messages(&req.messages, limits)?;
-    let ids = prompt_ids(ready, msgs, req.add_generation_prompt.unwrap_or(true)).await?;
+    let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
+    let template_tools = tools.template_tools().to_vec();
+    let (ids, thinking) = render_prompt(ready, msgs, template_tools, add_generation_prompt).await?;
+    let (parse, constraint) = reply_parsing(&state, ready, &tools, thinking);
     let stream = ready.client.submit(GenerateRequest {
         prompt_ids: ids,
         prompt_param: "messages",
@@ -195,6 +269,7 @@ pub async fn chat_completions(
         stop: v.stop,
         n: v.n,
         priority: 0,
+        constraint,
     })?;
     let generated = MergedStream::new(vec![stream], v.n, state.clone());
     let meta = ResponseMeta::new("chatcmpl", &ready.model_name);
@@ -211,12 +286,38 @@ pub async fn chat_completions(
             n: v.n,
             logprobs: logprobs.is_some(),
             include_usage,
+            parsers: (0..v.n).map(|_| ChoiceParser::new(parse)).collect(),
         };
         return Ok(sse::response(generated, writer, state.keep_alive()));
     }
     let (outputs, usage) = generation::collect(generated).await?;
     let texts = logprobs.map(|_| &*texts);
-    Ok(HttpResponse::Ok().json(reply(meta, outputs, usage, texts)))
+    Ok(HttpResponse::Ok().json(reply(meta, outputs, usage, texts, parse)))
+}
+
+/// How replies are parsed (tool calls, reasoning) and the constraint that forces a call.
+fn reply_parsing(
+    state: &AppState,
+    ready: &Ready,
+    tools: &ToolRequest,
+    starts_thinking: bool,
+) -> (ParseOptions, Option<crate::engine::Constraint>) {
+    let model = &state.config.model;
+    let format = ToolFormat::pick(model.tool_call_parser, ready.template.source());
+    let parse = ParseOptions {
+        tools: tools.parses_calls().then_some(format),
+        reasoning: model.reasoning_parser.is_some(),
+        starts_thinking,
+    };
+    (parse, tools.constraint(format))
+}
+
+/// The OpenAI finish reason: `tool_calls` when a reply that stopped on its own made calls.
+fn finish_reason(reason: FinishReason, calls: usize) -> String {
+    match reason {
+        FinishReason::Stop if calls > 0 => "tool_calls".into(),
+        r => r.as_str().to_string(),
+    }
 }
 
 /// `max_completion_tokens` (or `max_tokens`), at least 1; absent means the rest of the room
@@ -235,20 +336,22 @@ fn reply(
     outputs: Vec<ChoiceOutput>,
     usage: Usage,
     texts: Option<&TokenTexts>,
+    parse: ParseOptions,
 ) -> ChatCompletionResponse {
     let choices = outputs
         .into_iter()
         .enumerate()
-        .map(|(index, out)| ChatChoice {
-            index,
-            logprobs: texts.map(|t| ChatLogprobs {
-                content: Some(t.chat(&out.tokens)),
-            }),
-            message: ChatMessageOut {
-                role: "assistant".into(),
-                content: Some(out.text),
-            },
-            finish_reason: out.finish.map(|r| r.as_str().to_string()),
+        .map(|(index, out)| {
+            let parsed = ParsedReply::parse(parse, &out.text);
+            let calls = parsed.calls.len();
+            ChatChoice {
+                index,
+                logprobs: texts.map(|t| ChatLogprobs {
+                    content: Some(t.chat(&out.tokens)),
+                }),
+                message: output::message(parsed),
+                finish_reason: out.finish.map(|r| finish_reason(r, calls)),
+            }
         })
         .collect();
     ChatCompletionResponse {
@@ -268,6 +371,8 @@ struct ChatWriter {
     n: usize,
     logprobs: bool,
     include_usage: bool,
+    /// One per choice: tool calls and reasoning split from the text.
+    parsers: Vec<ChoiceParser>,
 }
 
 impl ChatWriter {
@@ -291,15 +396,36 @@ impl ChatWriter {
         index: usize,
         delta: ChatDelta,
         logprobs: Option<ChatLogprobs>,
-        finish: Option<FinishReason>,
+        finish: Option<String>,
     ) -> Bytes {
         let choice = ChatChunkChoice {
             index,
             delta,
             logprobs,
-            finish_reason: finish.map(|r| r.as_str().to_string()),
+            finish_reason: finish,
         };
         self.chunk(vec![choice], None)
+    }
+
+    /// One chunk per delta (logprobs ride on the first), concatenated into one body piece.
+    fn frames(
+        &self,
+        index: usize,
+        deltas: Vec<ChatDelta>,
+        mut logprobs: Option<ChatLogprobs>,
+    ) -> Option<Bytes> {
+        let mut out = Vec::new();
+        for delta in deltas {
+            out.extend_from_slice(&self.one(index, delta, logprobs.take(), None));
+        }
+        if let Some(lp) = logprobs {
+            let delta = ChatDelta {
+                content: Some(String::new()),
+                ..ChatDelta::default()
+            };
+            out.extend_from_slice(&self.one(index, delta, Some(lp), None));
+        }
+        (!out.is_empty()).then(|| Bytes::from(out))
     }
 }
 
@@ -310,6 +436,7 @@ impl ChunkWriter for ChatWriter {
                 let delta = ChatDelta {
                     role: Some("assistant".into()),
                     content: Some(String::new()),
+                    ..ChatDelta::default()
                 };
                 self.one(i, delta, None, None)
             })
@@ -320,22 +447,28 @@ impl ChunkWriter for ChatWriter {
         let logprobs = (self.logprobs && !tokens.is_empty()).then(|| ChatLogprobs {
             content: Some(self.texts.chat(&tokens)),
         });
-        if text.is_empty() && logprobs.is_none() {
-            return None;
-        }
-        Some(self.one(
-            index,
-            ChatDelta {
-                role: None,
-                content: Some(text),
-            },
-            logprobs,
-            None,
-        ))
+        let pieces = match self.parsers.get_mut(index) {
+            Some(p) => p.push(&text),
+            None => Vec::new(),
+        };
+        self.frames(index, output::deltas(pieces), logprobs)
     }
 
     fn finish(&mut self, index: usize, reason: FinishReason) -> Bytes {
-        self.one(index, ChatDelta::default(), None, Some(reason))
+        let (pieces, calls) = match self.parsers.get_mut(index) {
+            Some(p) => (p.finish(), p.calls()),
+            None => (Vec::new(), 0),
+        };
+        let last = self.one(
+            index,
+            ChatDelta::default(),
+            None,
+            Some(finish_reason(reason, calls)),
+        );
+        match self.frames(index, output::deltas(pieces), None) {
+            Some(rest) => Bytes::from([&rest[..], &last[..]].concat()),
+            None => last,
+        }
     }
 
     fn usage(&mut self, usage: Usage) -> Option<Bytes> {

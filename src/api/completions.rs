@@ -142,6 +142,7 @@ pub async fn completions(
             stop: plan.v.stop.clone(),
             n,
             priority: 0,
+            constraint: None,
         })?);
     }
     let streams = valid

@@ -16,6 +16,7 @@ pub mod serve;
 pub mod sse;
 pub mod state;
 pub mod tokenize;
+pub mod tools;
 pub mod types;
 pub mod validate;
 

@@ -1,17 +1,28 @@
 //! Chat templates: the model's Jinja `chat_template` (or a plain default) rendered with minijinja.
 
-use minijinja::value::Value;
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 
 use super::Tokenizer;
 
 /// Used when a model ships no template: plain `Role: text` turns, BOS first, EOS after each
-/// assistant turn, and `Assistant:` as the generation prompt.
+/// assistant turn, and `Assistant:` as the generation prompt. With `tools` it lists them and
+/// asks for Hermes-style `<tool_call>{"name": ..., "arguments": ...}</tool_call>` calls,
+/// renders an assistant's calls the same way and tool results as `Tool (id): text` turns.
 pub const DEFAULT_CHAT_TEMPLATE: &str = "{{ bos_token }}\
+{% if tools %}You can call these functions. To call one, answer with \
+<tool_call>{\"name\": <function name>, \"arguments\": <arguments as a JSON object>}</tool_call>.\n\
+{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}{{ '\n' }}{% endif %}\
 {% for message in messages %}\
 {% if message['role'] == 'system' %}{{ message['content'] }}\n\n\
 {% elif message['role'] == 'user' %}User: {{ message['content'] }}\n\
-{% elif message['role'] == 'assistant' %}Assistant: {{ message['content'] }}{{ eos_token }}\n\
+{% elif message['role'] == 'assistant' %}Assistant: {{ message['content'] }}\
+{% if message.tool_calls %}{% for call in message.tool_calls %}\
+<tool_call>{\"name\": {{ call.function.name | tojson }}, \"arguments\": {{ call.function.arguments | tojson }}}</tool_call>\
+{% endfor %}{% endif %}{{ eos_token }}\n\
+{% elif message['role'] == 'tool' %}Tool ({{ message.tool_call_id }}): {{ message['content'] }}\n\
 {% else %}{{ raise_exception('unsupported role: ' ~ message['role']) }}\
 {% endif %}\
 {% endfor %}\
@@ -32,10 +43,15 @@ pub enum ChatTemplateError {
 }
 
 /// One chat turn, its content already flattened to text.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant turn's tool calls (the template sees them only when there are some).
+    pub tool_calls: Vec<TemplateToolCall>,
+    /// A `tool` turn's answer to this call id.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -44,14 +60,37 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
     }
+}
+
+/// A tool call as templates see it: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}` with the arguments as a JSON value (a JSON text that does not parse stays a
+/// string), as Hugging Face templates expect.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+/// A function offered to the model: `{"type": "function", "function": {"name",
+/// "description", "parameters"}}` in the template's `tools`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateTool {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: serde_json::Value,
 }
 
 /// A compiled chat template with the tokenizer's BOS and EOS texts. `Send + Sync`; render it
 /// on a blocking pool, it is CPU work proportional to the conversation.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
     is_default: bool,
@@ -81,10 +120,12 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source.to_string())
             .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
         Ok(Self {
             env,
+            source: source.to_string(),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
             is_default: false,
@@ -118,6 +159,11 @@ impl ChatTemplate {
         self.is_default
     }
 
+    /// The template's Jinja source (tool-call formats are recognised by the markers in it).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// The prompt text for `messages`; with `add_generation_prompt` it ends where the
     /// assistant's reply begins. Encode it without adding BOS: templates write `bos_token`.
     pub fn render(
@@ -125,17 +171,26 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from_pairs([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ])
-            })
-            .collect();
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with `tools` offered to the model (`tools` is none in the
+    /// template when the list is empty).
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[TemplateTool],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        let messages: Vec<Value> = messages.iter().map(message_value).collect();
+        let tools = if tools.is_empty() {
+            Value::from(())
+        } else {
+            Value::from(tools.iter().map(tool_value).collect::<Vec<_>>())
+        };
         let ctx = Value::from_pairs([
             ("messages", Value::from(messages)),
+            ("tools", tools),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
             ("bos_token", Value::from(self.bos_token.as_str())),
             ("eos_token", Value::from(self.eos_token.as_str())),
@@ -148,6 +203,186 @@ impl ChatTemplate {
             .render(ctx)
             .map_err(|e| ChatTemplateError::Render(describe(&e)))
     }
+}
+
+/// A map that keeps its keys in insertion order (minijinja's own maps sort them), so that
+/// templates iterate and `tojson` messages and tools in the order Python would.
+#[derive(Debug)]
+struct OrderedMap(Vec<(String, Value)>);
+
+impl Object for OrderedMap {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let key = key.as_str()?;
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(
+            self.0
+                .iter()
+                .map(|(k, _)| Value::from(k.as_str()))
+                .collect(),
+        )
+    }
+}
+
+fn ordered(pairs: Vec<(&str, Value)>) -> Value {
+    Value::from_object(OrderedMap(
+        pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+    ))
+}
+
+/// A message as HF templates expect it: `tool_calls`, `tool_call_id` and `name` only when set
+/// (templates test `'tool_calls' in message`).
+fn message_value(m: &ChatMessage) -> Value {
+    let mut pairs = vec![
+        ("role", Value::from(m.role.as_str())),
+        ("content", Value::from(m.content.as_str())),
+    ];
+    if !m.tool_calls.is_empty() {
+        let calls = m.tool_calls.iter().map(|c| {
+            let function = ordered(vec![
+                ("name", Value::from(c.name.as_str())),
+                ("arguments", json_value(&c.arguments)),
+            ]);
+            ordered(vec![
+                ("id", Value::from(c.id.as_str())),
+                ("type", Value::from("function")),
+                ("function", function),
+            ])
+        });
+        pairs.push(("tool_calls", Value::from(calls.collect::<Vec<_>>())));
+    }
+    if let Some(id) = &m.tool_call_id {
+        pairs.push(("tool_call_id", Value::from(id.as_str())));
+    }
+    if let Some(name) = &m.name {
+        pairs.push(("name", Value::from(name.as_str())));
+    }
+    ordered(pairs)
+}
+
+fn tool_value(t: &TemplateTool) -> Value {
+    let mut function = vec![("name", Value::from(t.name.as_str()))];
+    if let Some(d) = &t.description {
+        function.push(("description", Value::from(d.as_str())));
+    }
+    function.push(("parameters", json_value(&t.parameters)));
+    ordered(vec![
+        ("type", Value::from("function")),
+        ("function", ordered(function)),
+    ])
+}
+
+/// A JSON value as a template value (objects as [`OrderedMap`]s).
+fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(0.0)),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(items) => Value::from(items.iter().map(json_value).collect::<Vec<_>>()),
+        J::Object(map) => Value::from_object(OrderedMap(
+            map.iter()
+                .map(|(k, v)| (k.clone(), json_value(v)))
+                .collect(),
+        )),
+    }
+}
+
+/// `tojson`, as Hugging Face defines it for chat templates: Python's `json.dumps` with
+/// `ensure_ascii=False` (`", "` and `": "` separators; with `indent`, newlines and `","`),
+/// keys in the map's own order, nothing HTML-escaped.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    // Accepted for compatibility; the output is always `ensure_ascii=False` and unsorted.
+    let _: Option<Value> = kwargs.get("ensure_ascii")?;
+    let _: Option<Value> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    write_json(&mut out, value, indent, 0)?;
+    Ok(Value::from(out))
+}
+
+fn write_json(
+    out: &mut String,
+    v: &Value,
+    indent: Option<usize>,
+    depth: usize,
+) -> Result<(), Error> {
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let sep = if indent.is_some() { "," } else { ", " };
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => match v.as_i64() {
+            Some(i) if v.is_integer() => out.push_str(&i.to_string()),
+            _ => {
+                let f = f64::try_from(v.clone()).unwrap_or(f64::NAN);
+                let n = serde_json::Number::from_f64(f);
+                out.push_str(&n.map_or_else(|| "NaN".into(), |n| n.to_string()));
+            }
+        },
+        ValueKind::String => {
+            out.push_str(&serde_json::to_string(v.as_str().unwrap_or_default()).unwrap_or_default())
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                newline(out, depth + 1);
+                write_json(out, item, indent, depth + 1)?;
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let keys: Vec<Value> = v.try_iter()?.collect();
+            if keys.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            out.push('{');
+            for (i, key) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                newline(out, depth + 1);
+                let name = key.as_str().map_or_else(|| key.to_string(), str::to_string);
+                out.push_str(&serde_json::to_string(&name).unwrap_or_default());
+                out.push_str(": ");
+                write_json(out, &v.get_item(key)?, indent, depth + 1)?;
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        _ => out.push_str(&serde_json::to_string(&v.to_string()).unwrap_or_default()),
+    }
+    Ok(())
 }
 
 /// `raise_exception(msg)`: the template rejects the conversation with `msg`.
@@ -252,7 +487,7 @@ mod tests {
         assert!(
             ChatTemplate::default_for("", "")
                 .unwrap()
-                .render(&[ChatMessage::new("tool", "x")], true)
+                .render(&[ChatMessage::new("narrator", "x")], true)
                 .is_err()
         );
     }
@@ -263,6 +498,142 @@ mod tests {
             ChatTemplate::new("{% for %}", "", ""),
             Err(ChatTemplateError::Syntax(_))
         ));
+    }
+
+    fn weather_tool() -> TemplateTool {
+        TemplateTool {
+            name: "get_weather".into(),
+            description: Some("Weather now".into()),
+            parameters: serde_json::json!({"type": "object",
+                "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        }
+    }
+
+    /// A system prompt, a question, the assistant's call and the tool's answer.
+    fn tool_conv(id: &str) -> Vec<ChatMessage> {
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = vec![TemplateToolCall {
+            id: id.into(),
+            name: "get_weather".into(),
+            arguments: serde_json::json!({"city": "Paris"}),
+        }];
+        let mut result = ChatMessage::new("tool", "18 C");
+        result.tool_call_id = Some(id.into());
+        vec![
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "Weather in Paris?"),
+            call,
+            result,
+        ]
+    }
+
+    fn render_file(file: &str, id: &str) -> String {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
+        let src = std::fs::read_to_string(dir.join(file)).unwrap();
+        let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
+        t.render_with_tools(&tool_conv(id), &[weather_tool()], true)
+            .unwrap()
+    }
+
+    #[test]
+    fn default_template_renders_tools_and_tool_turns() {
+        let t = ChatTemplate::default_for("<s>", "</s>").unwrap();
+        let s = t
+            .render_with_tools(&tool_conv("call_1"), &[weather_tool()], true)
+            .unwrap();
+        assert_eq!(
+            s,
+            "<s>You can call these functions. To call one, answer with <tool_call>{\"name\": \
+             <function name>, \"arguments\": <arguments as a JSON object>}</tool_call>.\n\
+             {\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \
+             \"Weather now\", \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \
+             \"required\": [\"city\"], \"type\": \"object\"}}}\n\nBe brief.\n\nUser: Weather in Paris?\n\
+             Assistant: <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\
+             </tool_call></s>\nTool (call_1): 18 C\nAssistant:"
+        );
+        assert_eq!(
+            t.render_with_tools(&conv(), &[], true).unwrap(),
+            t.render(&conv(), true).unwrap(),
+            "no tools: the plain rendering"
+        );
+    }
+
+    #[test]
+    fn llama31_template_with_tools() {
+        let s = render_file("llama31.jinja", "call_1");
+        let tool_json = "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n        \"description\": \"Weather now\",\n        \"parameters\": {\n            \"properties\": {\n                \"city\": {\n                    \"type\": \"string\"\n                }\n            },\n            \"required\": [\n                \"city\"\n            ],\n            \"type\": \"object\"\n        }\n    }\n}";
+        assert!(
+            s.starts_with("<s><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nBe brief.<|eot_id|>"),
+            "{s}"
+        );
+        assert!(
+            s.contains(&format!(
+                "Do not use variables.\n\n{tool_json}\n\nWeather in Paris?<|eot_id|>"
+            )),
+            "{s}"
+        );
+        assert!(
+            s.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>\
+                         <|start_header_id|>ipython<|end_header_id|>\n\n\"18 C\"<|eot_id|>\
+                         <|start_header_id|>assistant<|end_header_id|>\n\n"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn qwen25_template_with_tools() {
+        let s = render_file("qwen25.jinja", "call_1");
+        assert_eq!(
+            s,
+            "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+             You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n\
+             {\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather now\", \
+             \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"], \"type\": \"object\"}}}\n\
+             </tools>\n\nFor each function call, return a json object with function name and arguments within \
+             <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n\
+             </tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n\
+             <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n\
+             <|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn mistral_template_with_tools() {
+        let s = render_file("mistral_v3.jinja", "abcDEF123");
+        assert_eq!(
+            s,
+            "<s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \
+             \"description\": \"Weather now\", \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \
+             \"required\": [\"city\"], \"type\": \"object\"}}}][/AVAILABLE_TOOLS][INST] Weather in Paris?[/INST]\
+             [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"abcDEF123\"}]</s>\
+             [TOOL_RESULTS] {\"content\": 18 C, \"call_id\": \"abcDEF123\"}[/TOOL_RESULTS]"
+        );
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
+        let src = std::fs::read_to_string(dir.join("mistral_v3.jinja")).unwrap();
+        let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
+        let err = t
+            .render_with_tools(&tool_conv("call_123456789"), &[], true)
+            .unwrap_err();
+        assert!(err.to_string().contains("length 9"), "{err}");
+    }
+
+    #[test]
+    fn tojson_matches_python() {
+        let env_src = "{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ [] | tojson(indent=2) }}|{{ 'é\"<' | tojson }}";
+        let t = ChatTemplate::new(env_src, "", "").unwrap();
+        let env = &t.env;
+        let out = env
+            .render_str(
+                env_src,
+                minijinja::context! { x => json_value(&serde_json::json!({"b": [1, 2.5, true, null], "a": {}})) },
+            )
+            .unwrap();
+        assert_eq!(
+            out,
+            "{\"a\": {}, \"b\": [1, 2.5, true, null]}|{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.5,\n    true,\n    null\n  ]\n}|[]|\"é\\\"<\""
+        );
     }
 
     #[test]

@@ -28,12 +28,105 @@ pub enum MessageContent {
 /// One message of the conversation.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct ChatMessageIn {
-    /// `system`, `developer` (as system), `user` or `assistant`.
+    /// `system`, `developer` (as system), `user`, `assistant` or `tool`.
     pub role: String,
+    /// Text; may be null in an assistant message that has `tool_calls`.
     #[serde(default)]
     pub content: Option<MessageContent>,
     #[serde(default)]
     pub name: Option<String>,
+    /// The calls an assistant message made.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// In a `tool` message: the id of the call this answers (required there).
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FunctionDefinition {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// A JSON Schema of type `object` for the arguments (default: any object).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub parameters: Option<serde_json::Value>,
+    /// Accepted; with `tool_choice` `required` or a named function the arguments always fit.
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+/// An entry of `tools`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ToolDefinition {
+    /// Only `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDefinition,
+}
+
+/// `{"name": ...}` of a named tool choice.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FunctionName {
+    pub name: String,
+}
+
+/// `{"type": "function", "function": {"name": ...}}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NamedToolChoice {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionName,
+}
+
+/// `tool_choice`: `none`, `auto`, `required`, or a named function.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(String),
+    Named(NamedToolChoice),
+}
+
+/// The function a tool call invokes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FunctionCall {
+    pub name: String,
+    /// The arguments as a JSON text.
+    pub arguments: String,
+}
+
+/// A tool call of an assistant message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCall {
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+/// A piece of a function call in a stream chunk.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FunctionCallDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+/// A piece of a tool call in a stream chunk: `index`, `id`, `type` and the name first, then
+/// pieces of `function.arguments` to append.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<FunctionCallDelta>,
 }
 
 /// A chat completions request. Unknown fields are ignored; known fields of the wrong type
@@ -90,14 +183,15 @@ pub struct ChatCompletionRequest {
     /// End the prompt with the assistant's turn header (default true).
     #[serde(default)]
     pub add_generation_prompt: Option<bool>,
-    /// Not supported; must be absent, null or empty.
+    /// Functions the model may call.
     #[serde(default)]
-    #[schema(value_type = Option<Vec<Object>>)]
-    pub tools: Option<Vec<serde_json::Value>>,
-    /// Only allowed with `tools` (which are not supported).
+    pub tools: Option<Vec<ToolDefinition>>,
+    /// `none`, `auto` (the default with tools), `required`, or a named function.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub tool_choice: Option<serde_json::Value>,
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether the model may make several calls in one reply (default true).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     /// Only `{"type": "text"}` is supported.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -154,7 +248,14 @@ pub struct ChatLogprobs {
 pub struct ChatMessageOut {
     /// Always `assistant`.
     pub role: String,
+    /// The text; null when the reply is only tool calls.
     pub content: Option<String>,
+    /// The thinking of a reasoning model (with a reasoning parser configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The tool calls the model made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// One chat choice.
@@ -185,6 +286,10 @@ pub struct ChatDelta {
     pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice in a stream chunk.

@@ -47,7 +47,7 @@ impl CheckRequest for ChatCompletionRequest {
     fn check(&self) -> Result<(), ApiError> {
         stream_options_need_stream(self.stream, self.stream_options.is_some())?;
         let has_tools = self.tools.as_ref().is_some_and(|t| !t.is_empty());
-        if self.tool_choice.as_ref().is_some_and(|c| !c.is_null()) && !has_tools {
+        if self.tool_choice.is_some() && !has_tools {
             return Err(ApiError::invalid(
                 "tool_choice",
                 "`tool_choice` is only allowed when `tools` are given",

@@ -1,0 +1,93 @@
+//! The Lark grammar (llguidance's dialect) that makes a reply exactly a tool call in the
+//! model's format, each call's arguments fitting its function's `parameters` schema.
+
+use super::ToolFormat;
+use crate::tokenizer::chat::TemplateTool;
+
+/// A JSON Schema for one call object: `name` (that function's, first) and the arguments
+/// member (`parameters` for Llama 3, else `arguments`) with the function's schema. Written as
+/// text so that `name` comes first whatever the JSON map order.
+fn call_schema(format: ToolFormat, tool: &TemplateTool) -> String {
+    let key = match format {
+        ToolFormat::Llama3Json => "parameters",
+        ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
+    };
+    let name = serde_json::Value::from(tool.name.as_str());
+    format!(
+        "{{\"type\": \"object\", \"properties\": {{\"name\": {{\"const\": {name}}}, \"{key}\": {params}}}, \"required\": [\"name\", \"{key}\"], \"additionalProperties\": false}}",
+        params = tool.parameters,
+    )
+}
+
+/// The grammar: one call of any of `tools` (or, with `parallel`, one or more).
+///
+/// - Hermes: `<tool_call>\n{call}\n</tool_call>`, calls separated by `\n`.
+/// - Llama 3: `{call}`, calls separated by `; `.
+/// - Mistral: `[TOOL_CALLS][{call}, {call}]`.
+pub(super) fn tool_calls(format: ToolFormat, tools: &[&TemplateTool], parallel: bool) -> String {
+    let (start, call) = match (format, parallel) {
+        (ToolFormat::Hermes, false) => ("call", "\"<tool_call>\\n\" fn \"\\n</tool_call>\""),
+        (ToolFormat::Hermes, true) => (
+            "call (\"\\n\" call)*",
+            "\"<tool_call>\\n\" fn \"\\n</tool_call>\"",
+        ),
+        (ToolFormat::Llama3Json, false) => ("call", "fn"),
+        (ToolFormat::Llama3Json, true) => ("call (\"; \" call)*", "fn"),
+        (ToolFormat::Mistral, false) => ("\"[TOOL_CALLS][\" call \"]\"", "fn"),
+        (ToolFormat::Mistral, true) => ("\"[TOOL_CALLS][\" call (\", \" call)* \"]\"", "fn"),
+    };
+    let mut g = format!("start: {start}\ncall: {call}\nfn: ");
+    let names: Vec<String> = (0..tools.len()).map(|i| format!("fn_{i}")).collect();
+    g.push_str(&names.join(" | "));
+    g.push('\n');
+    for (name, tool) in names.iter().zip(tools) {
+        g.push_str(&format!("{name}: %json {}\n", call_schema(format, tool)));
+    }
+    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> TemplateTool {
+        TemplateTool {
+            name: "get_weather".into(),
+            description: None,
+            parameters: serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        }
+    }
+
+    #[test]
+    fn hermes_grammar() {
+        let w = weather();
+        let g = tool_calls(ToolFormat::Hermes, &[&w], false);
+        assert_eq!(
+            g,
+            "start: call\ncall: \"<tool_call>\\n\" fn \"\\n</tool_call>\"\nfn: fn_0\n\
+             fn_0: %json {\"type\": \"object\", \"properties\": {\"name\": {\"const\": \"get_weather\"}, \
+             \"arguments\": {\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],\"type\":\"object\"}}, \
+             \"required\": [\"name\", \"arguments\"], \"additionalProperties\": false}\n"
+        );
+        let schema = g.lines().last().unwrap().trim_start_matches("fn_0: %json ");
+        let schema: serde_json::Value = serde_json::from_str(schema).unwrap();
+        assert_eq!(schema["properties"]["arguments"]["required"][0], "city");
+    }
+
+    #[test]
+    fn parallel_and_formats() {
+        let (w, mut v) = (weather(), weather());
+        v.name = "v".into();
+        let g = tool_calls(ToolFormat::Llama3Json, &[&w, &v], true);
+        assert!(
+            g.starts_with("start: call (\"; \" call)*\ncall: fn\nfn: fn_0 | fn_1\n"),
+            "{g}"
+        );
+        assert!(g.contains("\"parameters\": {\"properties\""), "{g}");
+        let g = tool_calls(ToolFormat::Mistral, &[&w], false);
+        assert!(
+            g.starts_with("start: \"[TOOL_CALLS][\" call \"]\"\n"),
+            "{g}"
+        );
+    }
+}

@@ -1,0 +1,346 @@
+//! Tool calling and reasoning output: the request's `tools` checked, the constraint that
+//! forces a call, and the parsers that turn a reply's tool markup into `tool_calls` and its
+//! `<think>` text into `reasoning_content`, whole or as it streams.
+//!
+//! Formats, one file each: [`llama3_json`] (`{"name": ..., "parameters": ...}`),
+//! [`hermes`] (`<tool_call>{...}</tool_call>`, Qwen2.5/Qwen3) and [`mistral`]
+//! (`[TOOL_CALLS][{...}]`).
+
+mod grammar;
+pub mod hermes;
+pub mod llama3_json;
+pub mod mistral;
+pub mod output;
+mod parser;
+mod reasoning;
+mod request;
+mod scan;
+
+pub use parser::ToolParser;
+pub use reasoning::ReasoningParser;
+pub use request::{ToolChoiceMode, ToolRequest};
+
+use crate::config::ToolCallParser;
+use parser::Syntax;
+
+/// A tool-call format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    Llama3Json,
+    Hermes,
+    Mistral,
+}
+
+impl ToolFormat {
+    /// The configured parser, or the one the chat template's markers point to (Hermes when
+    /// the template names none: Kiln's default template asks for it).
+    pub fn pick(configured: Option<ToolCallParser>, template: &str) -> Self {
+        match configured {
+            Some(ToolCallParser::Llama3Json) => ToolFormat::Llama3Json,
+            Some(ToolCallParser::Hermes) => ToolFormat::Hermes,
+            Some(ToolCallParser::Mistral) => ToolFormat::Mistral,
+            None if template.contains("[TOOL_CALLS]") => ToolFormat::Mistral,
+            None if template.contains("<tool_call>") => ToolFormat::Hermes,
+            None if template.contains("<|python_tag|>") || template.contains("ipython") => {
+                ToolFormat::Llama3Json
+            }
+            None => ToolFormat::Hermes,
+        }
+    }
+
+    fn syntax(self) -> &'static Syntax {
+        match self {
+            ToolFormat::Llama3Json => &llama3_json::SYNTAX,
+            ToolFormat::Hermes => &hermes::SYNTAX,
+            ToolFormat::Mistral => &mistral::SYNTAX,
+        }
+    }
+
+    /// A fresh call id: `call_` and 24 letters or digits; Mistral's templates insist on
+    /// 9 letters or digits.
+    pub fn new_id(self) -> String {
+        match self {
+            ToolFormat::Mistral => random_alnum(9),
+            _ => format!("call_{}", random_alnum(24)),
+        }
+    }
+}
+
+fn random_alnum(n: usize) -> String {
+    const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    (0..n)
+        .map(|_| CHARS[rand::random::<u32>() as usize % CHARS.len()] as char)
+        .collect()
+}
+
+/// A piece of a parsed reply, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Content(String),
+    Reasoning(String),
+    /// A call begins: its index among the choice's calls, id and function name.
+    CallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// More of call `index`'s arguments (JSON text, to append).
+    Args {
+        index: usize,
+        text: String,
+    },
+}
+
+/// What to look for in replies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParseOptions {
+    /// Parse tool calls in this format.
+    pub tools: Option<ToolFormat>,
+    /// Split off `<think>` reasoning.
+    pub reasoning: bool,
+    /// The prompt ends inside the thinking (its template opened `<think>`).
+    pub starts_thinking: bool,
+}
+
+/// One choice's reply parser: reasoning first, then tool calls in the answer. With nothing
+/// to look for, text passes through untouched.
+#[derive(Debug)]
+pub struct ChoiceParser {
+    reasoning: Option<ReasoningParser>,
+    tools: Option<ToolParser>,
+}
+
+impl ChoiceParser {
+    /// A parser for `opts`.
+    pub fn new(opts: ParseOptions) -> Self {
+        Self {
+            reasoning: opts
+                .reasoning
+                .then(|| ReasoningParser::new(opts.starts_thinking)),
+            tools: opts.tools.map(ToolParser::new),
+        }
+    }
+
+    /// Calls started so far.
+    pub fn calls(&self) -> usize {
+        self.tools.as_ref().map_or(0, ToolParser::calls)
+    }
+
+    /// Feeds reply text; returns what can be told apart so far.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        self.run(text, false)
+    }
+
+    /// The reply ended: the rest.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        self.run("", true)
+    }
+
+    fn run(&mut self, text: &str, last: bool) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let answer = match &mut self.reasoning {
+            Some(r) => {
+                let (mut thought, mut answer) = (String::new(), String::new());
+                r.push(text, &mut thought, &mut answer);
+                if last {
+                    r.finish(&mut thought, &mut answer);
+                }
+                if !thought.is_empty() {
+                    out.push(Piece::Reasoning(thought));
+                }
+                answer
+            }
+            None => text.to_string(),
+        };
+        match &mut self.tools {
+            Some(t) => {
+                t.push(&answer, &mut out);
+                if last {
+                    t.finish(&mut out);
+                }
+            }
+            None if !answer.is_empty() => out.push(Piece::Content(answer)),
+            None => {}
+        }
+        out
+    }
+}
+
+/// A whole reply parsed: content, reasoning and calls (`(id, name, arguments)`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParsedReply {
+    pub content: String,
+    pub reasoning: String,
+    pub calls: Vec<(String, String, String)>,
+}
+
+impl ParsedReply {
+    /// Adds pieces (streamed deltas accumulate the same way).
+    pub fn extend(&mut self, pieces: Vec<Piece>) {
+        for p in pieces {
+            match p {
+                Piece::Content(t) => self.content.push_str(&t),
+                Piece::Reasoning(t) => self.reasoning.push_str(&t),
+                Piece::CallStart { id, name, .. } => self.calls.push((id, name, String::new())),
+                Piece::Args { index, text } => {
+                    if let Some(c) = self.calls.get_mut(index) {
+                        c.2.push_str(&text);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `text` parsed in one go.
+    pub fn parse(opts: ParseOptions, text: &str) -> Self {
+        let mut p = ChoiceParser::new(opts);
+        let mut reply = Self::default();
+        reply.extend(p.push(text));
+        reply.extend(p.finish());
+        reply
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::*;
+
+    /// `text` parsed whole, then streamed split at every byte boundary (and one piece per
+    /// character): every way must give the same reply, ids aside.
+    pub fn parse_every_split(opts: ParseOptions, text: &str) -> ParsedReply {
+        let strip = |mut r: ParsedReply| {
+            r.calls.iter_mut().for_each(|c| c.0.clear());
+            r
+        };
+        let whole = ParsedReply::parse(opts, text);
+        for (i, _) in text.char_indices().skip(1) {
+            let mut p = ChoiceParser::new(opts);
+            let mut r = ParsedReply::default();
+            r.extend(p.push(&text[..i]));
+            r.extend(p.push(&text[i..]));
+            r.extend(p.finish());
+            assert_eq!(strip(r), strip(whole.clone()), "split at {i} of {text:?}");
+        }
+        let mut p = ChoiceParser::new(opts);
+        let mut r = ParsedReply::default();
+        let mut names_first = true;
+        for c in text.chars() {
+            for piece in p.push(c.encode_utf8(&mut [0; 4])) {
+                if let Piece::Args { index, .. } = &piece {
+                    names_first &= r.calls.len() > *index;
+                }
+                r.extend(vec![piece]);
+            }
+        }
+        r.extend(p.finish());
+        assert!(names_first, "a call's name comes before its arguments");
+        assert_eq!(strip(r), strip(whole.clone()), "char by char: {text:?}");
+        whole
+    }
+
+    /// The calls as `(name, arguments)`, arguments parsed as JSON.
+    pub fn calls(r: &ParsedReply) -> Vec<(String, serde_json::Value)> {
+        r.calls
+            .iter()
+            .map(|(id, name, args)| {
+                assert!(!id.is_empty());
+                let args = serde_json::from_str(args)
+                    .unwrap_or_else(|e| panic!("arguments {args:?} are not JSON: {e}"));
+                (name.clone(), args)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+
+    fn think() -> ParseOptions {
+        ParseOptions {
+            reasoning: true,
+            ..ParseOptions::default()
+        }
+    }
+
+    #[test]
+    fn reasoning_is_split_off() {
+        let r = parse_every_split(think(), "<think>\nLet me see: 2+2.\n</think>\n\nIt is 4.");
+        assert_eq!(r.reasoning, "Let me see: 2+2.");
+        assert_eq!(r.content, "It is 4.");
+        let r = parse_every_split(think(), "Just an answer <think> here");
+        assert_eq!(
+            (r.reasoning.as_str(), r.content.as_str()),
+            ("", "Just an answer <think> here")
+        );
+        let r = parse_every_split(think(), "<think>cut off mid tho");
+        assert_eq!(
+            (r.reasoning.as_str(), r.content.as_str()),
+            ("cut off mid tho", "")
+        );
+    }
+
+    #[test]
+    fn prompt_opened_thinking() {
+        let opts = ParseOptions {
+            starts_thinking: true,
+            ..think()
+        };
+        let r = parse_every_split(opts, "Hmm, hello.\n</think>\n\nHello!");
+        assert_eq!(
+            (r.reasoning.as_str(), r.content.as_str()),
+            ("Hmm, hello.", "Hello!")
+        );
+    }
+
+    #[test]
+    fn reasoning_then_a_tool_call() {
+        let opts = ParseOptions {
+            tools: Some(ToolFormat::Hermes),
+            ..think()
+        };
+        let text = "<think>\nNeed the weather.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let r = parse_every_split(opts, text);
+        assert_eq!(r.reasoning, "Need the weather.");
+        assert_eq!(r.content, "");
+        assert_eq!(
+            calls(&r),
+            [(
+                "get_weather".to_string(),
+                serde_json::json!({"city": "Paris"})
+            )]
+        );
+    }
+
+    #[test]
+    fn nothing_to_parse_passes_text_through() {
+        let mut p = ChoiceParser::new(ParseOptions::default());
+        assert_eq!(
+            p.push("  a <tool_call> "),
+            [Piece::Content("  a <tool_call> ".into())]
+        );
+        assert!(p.finish().is_empty());
+    }
+
+    #[test]
+    fn format_from_template_or_config() {
+        assert_eq!(
+            ToolFormat::pick(None, "x [TOOL_CALLS] y"),
+            ToolFormat::Mistral
+        );
+        assert_eq!(ToolFormat::pick(None, "<tool_call>"), ToolFormat::Hermes);
+        assert_eq!(
+            ToolFormat::pick(None, "<|python_tag|>"),
+            ToolFormat::Llama3Json
+        );
+        assert_eq!(ToolFormat::pick(None, "plain"), ToolFormat::Hermes);
+        assert_eq!(
+            ToolFormat::pick(Some(ToolCallParser::Mistral), "<tool_call>"),
+            ToolFormat::Mistral
+        );
+        let id = ToolFormat::Hermes.new_id();
+        assert!(id.starts_with("call_") && id.len() == 29, "{id}");
+        assert_eq!(ToolFormat::Mistral.new_id().len(), 9);
+    }
+}
