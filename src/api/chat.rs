@@ -194,6 +194,7 @@ pub async fn chat_completions(
         stop: v.stop,
         n: v.n,
         priority: 0,
+        constraint: None,
     })?;
     let generated = MergedStream::new(vec![stream], v.n, state.clone());
     let meta = ResponseMeta::new("chatcmpl", &ready.model_name);

@@ -140,6 +140,7 @@ pub async fn completions(
             stop: plan.v.stop.clone(),
             n,
             priority: 0,
+            constraint: None,
         })?);
     }
     let streams = valid

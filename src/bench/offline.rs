@@ -81,6 +81,7 @@ impl OfflineTarget {
             },
             n: 1,
             priority: 0,
+            constraint: None,
         };
         let mut timer = Timer::start(run_start);
         let mut stream = match self.client.submit(req) {

@@ -31,6 +31,22 @@ pub struct GenerateRequest {
     pub n: usize,
     /// Lower runs first among waiting requests; FCFS within a priority.
     pub priority: i32,
+    /// What every choice's output must fit; `None`: free text.
+    pub constraint: Option<Constraint>,
+}
+
+/// A constraint on what a choice may generate (compiled by llguidance).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON that fits this JSON Schema (the schema's JSON text).
+    JsonSchema(String),
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A Lark grammar (llguidance's dialect).
+    Lark(String),
 }
 
 impl GenerateRequest {
@@ -44,6 +60,7 @@ impl GenerateRequest {
             stop: StopCriteria::default(),
             n: 1,
             priority: 0,
+            constraint: None,
         }
     }
 }
