@@ -7,10 +7,10 @@ mod api_support;
 
 use std::sync::OnceLock;
 
+use api_support::{TestServer, assert_error, post, start_with, stream, test_config};
 use futures_util::future::join_all;
 use kiln::engine::{
-    Constraint, Device, Engine, EngineClient, EngineError, FinishReason, GenerateRequest,
-    StreamEvent,
+    Constraint, EngineClient, EngineError, FinishReason, GenerateRequest, StreamEvent,
 };
 use kiln::model::{LoadFormat, ModelFiles};
 use serde_json::{Value, json};
@@ -22,13 +22,14 @@ fn files() -> ModelFiles {
     ModelFiles::open(&path, LoadFormat::Gguf).expect("fixture")
 }
 
-/// One engine on the fixture, shared by the engine-level tests of this binary.
-fn engine() -> &'static Engine {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE.get_or_init(|| {
-        let cfg = api_support::test_config().engine;
-        Engine::start(files(), &[Device::Cpu], cfg).expect("engine")
-    })
+/// One server on the fixture, shared by the tests of this binary.
+fn server() -> &'static TestServer {
+    static SERVER: OnceLock<TestServer> = OnceLock::new();
+    SERVER.get_or_init(|| start_with(files(), test_config()))
+}
+
+fn engine() -> EngineClient {
+    server().engine.client()
 }
 
 fn prompt(client: &EngineClient, text: &str) -> Vec<u32> {
@@ -113,7 +114,7 @@ fn check_person(v: &Value) {
 
 #[tokio::test]
 async fn engine_json_schema_output_fits() {
-    let client = engine().client();
+    let client = engine();
     let c = Constraint::JsonSchema(person_schema().to_string());
     let mut req = constrained(&client, "Describe a person:", c, 200);
     req.n = 3;
@@ -127,7 +128,7 @@ async fn engine_json_schema_output_fits() {
 
 #[tokio::test]
 async fn engine_regex_and_choice_hold() {
-    let client = engine().client();
+    let client = engine();
     let rx = constrained(
         &client,
         "A date:",
@@ -159,7 +160,7 @@ async fn engine_regex_and_choice_hold() {
 
 #[tokio::test]
 async fn engine_free_neighbours_are_unchanged() {
-    let client = engine().client();
+    let client = engine();
     let free: Vec<GenerateRequest> = ["Once upon a time", "The weather today", "fn main() {"]
         .iter()
         .map(|t| {
@@ -204,7 +205,7 @@ async fn engine_free_neighbours_are_unchanged() {
 
 #[tokio::test]
 async fn engine_bad_constraint_is_invalid_before_queueing() {
-    let client = engine().client();
+    let client = engine();
     let req = constrained(&client, "x", Constraint::Regex("(unclosed".into()), 4);
     match client.submit(req) {
         Err(EngineError::InvalidRequest { param, message }) => {
@@ -223,4 +224,243 @@ async fn engine_bad_constraint_is_invalid_before_queueing() {
             ..
         }
     ));
+}
+
+fn base() -> &'static str {
+    &server().base
+}
+
+const USER: &str = "Tell me about someone.";
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": USER}],
+        "max_tokens": 200,
+        "temperature": 0,
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+fn completion(extra: Value) -> Value {
+    let mut body = json!({"prompt": "Answer:", "max_tokens": 60, "temperature": 0.8, "seed": 3});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+#[tokio::test]
+async fn chat_json_schema_response_format() {
+    let rf = json!({"type": "json_schema", "json_schema": {
+        "name": "person", "schema": person_schema(), "strict": true
+    }});
+    let (status, _, body) = post(
+        base(),
+        "/v1/chat/completions",
+        &chat(json!({"response_format": rf, "n": 2, "temperature": 1.0, "seed": 7})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for c in body["choices"].as_array().unwrap() {
+        assert_eq!(c["finish_reason"], "stop", "{body}");
+        let text = c["message"]["content"].as_str().unwrap();
+        check_person(&serde_json::from_str(text).expect("JSON content"));
+    }
+    // Streamed: the deltas put together are the same JSON as the non-streamed reply.
+    let once = post(
+        base(),
+        "/v1/chat/completions",
+        &chat(json!({"response_format": rf})),
+    )
+    .await
+    .2;
+    let sse = stream(
+        base(),
+        "/v1/chat/completions",
+        &chat(json!({"response_format": rf, "stream": true})),
+    )
+    .await;
+    let text: String = sse
+        .chunks()
+        .iter()
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(
+        text,
+        once["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    check_person(&serde_json::from_str(&text).expect("streamed JSON"));
+}
+
+/// A `logit_bias` toward the pieces that close JSON strings and objects: an unconstrained
+/// JSON object (free keys and strings) from random weights would rarely end, and the
+/// bias alone never makes gibberish valid JSON.
+fn closing_bias() -> Value {
+    let tok = engine().tokenizer().unwrap();
+    let mut bias = serde_json::Map::new();
+    for (piece, b) in [("\"", 8.0), ("}", 10.0), ("1", 9.0)] {
+        let id = tok.token_to_id(piece).expect("piece in the vocabulary");
+        bias.insert(id.to_string(), json!(b));
+    }
+    Value::Object(bias)
+}
+
+#[tokio::test]
+async fn json_object_on_chat_and_completions() {
+    let rf = json!({"type": "json_object"});
+    let bias = closing_bias();
+    let (s, _, body) = post(
+        base(),
+        "/v1/chat/completions",
+        &chat(json!({"response_format": rf, "logit_bias": bias})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let c = &body["choices"][0];
+    assert_eq!(c["finish_reason"], "stop", "{body}");
+    let v: Value = serde_json::from_str(c["message"]["content"].as_str().unwrap()).unwrap();
+    assert!(v.is_object(), "{v}");
+    let (s, _, body) = post(
+        base(),
+        "/v1/completions",
+        &completion(json!({"response_format": rf, "logit_bias": bias, "max_tokens": 200, "n": 4})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    for c in body["choices"].as_array().unwrap() {
+        assert_eq!(c["finish_reason"], "stop", "{body}");
+        let text = c["text"].as_str().unwrap();
+        assert!(
+            serde_json::from_str::<Value>(text).unwrap().is_object(),
+            "{text}"
+        );
+    }
+    // Without the bias the output is still the start of an object (it runs to the limit).
+    let (_, _, body) = post(
+        base(),
+        "/v1/completions",
+        &completion(json!({"response_format": rf, "max_tokens": 8})),
+    )
+    .await;
+    assert!(
+        body["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with('{'),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn vllm_guided_fields_on_completions() {
+    let options = json!(["north", "south east", "west"]);
+    for extra in [
+        json!({"guided_choice": options}),
+        json!({"structured_outputs": {"choice": options}}),
+    ] {
+        let (s, _, body) = post(base(), "/v1/completions", &completion(extra.clone())).await;
+        assert_eq!(s, 200, "{body}");
+        let text = body["choices"][0]["text"].as_str().unwrap();
+        assert!(
+            options.as_array().unwrap().contains(&json!(text)),
+            "{extra}: {text:?}"
+        );
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    }
+    for extra in [
+        json!({"guided_regex": "[A-Z][a-z]{2,5} [0-9]{3}"}),
+        json!({"structured_outputs": {"regex": "[A-Z][a-z]{2,5} [0-9]{3}"}}),
+    ] {
+        let (s, _, body) = post(base(), "/v1/completions", &completion(extra.clone())).await;
+        assert_eq!(s, 200, "{body}");
+        let text = body["choices"][0]["text"].as_str().unwrap();
+        let (word, num) = text.split_once(' ').expect("a space");
+        assert!(
+            word.len() >= 3
+                && word.len() <= 6
+                && word.chars().next().unwrap().is_ascii_uppercase()
+                && word.chars().skip(1).all(|c| c.is_ascii_lowercase())
+                && num.len() == 3
+                && num.bytes().all(|b| b.is_ascii_digit()),
+            "{extra}: {text:?}"
+        );
+    }
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"], "additionalProperties": false});
+    for extra in [
+        json!({"guided_json": schema}),
+        json!({"guided_json": schema.to_string()}),
+        json!({"structured_outputs": {"json": schema}}),
+    ] {
+        let (s, _, body) = post(base(), "/v1/completions", &completion(extra.clone())).await;
+        assert_eq!(s, 200, "{body}");
+        let v: Value = serde_json::from_str(body["choices"][0]["text"].as_str().unwrap()).unwrap();
+        assert!(
+            v["ok"].is_boolean() && v.as_object().unwrap().len() == 1,
+            "{extra}: {v}"
+        );
+    }
+    let grammar = "start: \"x=\" NUM\nNUM: /[0-9]{1,3}/";
+    let (s, _, body) = post(
+        base(),
+        "/v1/completions",
+        &completion(json!({"guided_grammar": grammar})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let text = body["choices"][0]["text"].as_str().unwrap();
+    let num = text.strip_prefix("x=").expect("x=");
+    assert!(
+        (1..=3).contains(&num.len()) && num.bytes().all(|b| b.is_ascii_digit()),
+        "{text:?}"
+    );
+}
+
+#[tokio::test]
+async fn bad_constraints_are_400_naming_the_field() {
+    let cases = [
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "yaml"}}),
+            "response_format",
+        ),
+        (json!({"guided_json": "{not json"}), "guided_json"),
+        (json!({"guided_json": [1, 2]}), "guided_json"),
+        (json!({"guided_regex": "(unclosed"}), "guided_regex"),
+        (json!({"guided_choice": []}), "guided_choice"),
+        (json!({"guided_grammar": "start: ???"}), "guided_grammar"),
+        (
+            json!({"structured_outputs": {"regex": "a{2,1}"}}),
+            "structured_outputs.regex",
+        ),
+        (
+            json!({"response_format": {"type": "json_object"}, "guided_regex": "a"}),
+            "guided_regex",
+        ),
+        (
+            json!({"structured_outputs": {"regex": "a", "choice": ["b"]}}),
+            "structured_outputs.choice",
+        ),
+    ];
+    for (extra, param) in cases {
+        for (path, body) in [
+            ("/v1/chat/completions", chat(extra.clone())),
+            ("/v1/completions", completion(extra.clone())),
+        ] {
+            let (s, _, resp) = post(base(), path, &body).await;
+            assert_error(s, &resp, 400, "invalid_request_error", Some(param));
+        }
+    }
+    let (s, _, body) = post(base(), "/v1/completions", &completion(json!({}))).await;
+    assert_eq!(s, 200, "still serving: {body}");
 }

@@ -17,7 +17,7 @@ use super::types::{
     ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatMessageIn, ChatMessageOut, ContentPart,
     ErrorResponse, MessageContent, UsageInfo,
 };
-use super::{ResponseMeta, blocking, validate};
+use super::{ResponseMeta, blocking, structured, validate};
 use crate::config::LimitsConfig;
 use crate::engine::{FinishReason, GenerateRequest, TokenInfo, Usage};
 use crate::tokenizer::chat::ChatMessage;
@@ -119,15 +119,6 @@ fn check_unsupported(req: &ChatCompletionRequest) -> Result<(), ApiError> {
     if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::invalid("tools", "tool calling is not supported"));
     }
-    if let Some(f) = &req.response_format
-        && !f.is_null()
-        && f.get("type").and_then(|t| t.as_str()) != Some("text")
-    {
-        return Err(ApiError::invalid(
-            "response_format",
-            "only {\"type\": \"text\"} is supported",
-        ));
-    }
     Ok(())
 }
 
@@ -184,6 +175,7 @@ pub async fn chat_completions(
         logprobs,
     )?;
     let max_tokens = max_reply_tokens(&req)?;
+    let constraint = structured::constraint(&ready.client, req.structured()).await?;
     let msgs = messages(&req.messages, limits)?;
     let ids = prompt_ids(ready, msgs, req.add_generation_prompt.unwrap_or(true)).await?;
     let stream = ready.client.submit(GenerateRequest {
@@ -194,7 +186,7 @@ pub async fn chat_completions(
         stop: v.stop,
         n: v.n,
         priority: 0,
-        constraint: None,
+        constraint,
     })?;
     let generated = MergedStream::new(vec![stream], v.n, state.clone());
     let meta = ResponseMeta::new("chatcmpl", &ready.model_name);

@@ -13,6 +13,7 @@ pub mod openapi;
 pub mod serve;
 pub mod sse;
 pub mod state;
+pub mod structured;
 pub mod tokenize;
 pub mod types;
 pub mod validate;
