@@ -244,10 +244,18 @@ impl Engine {
                 shared: Arc::new(shared),
             },
         };
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(engine),
+        if let Some(e) = failure {
+            return Err(e);
         }
+        let warm = engine.client.clone();
+        let _ = std::thread::Builder::new()
+            .name("kiln-grammars".into())
+            .spawn(move || {
+                if let Err(e) = warm.grammars() {
+                    tracing::info!("constrained decoding unavailable: {e}");
+                }
+            });
+        Ok(engine)
     }
 
     pub fn client(&self) -> EngineClient {
@@ -333,13 +341,18 @@ impl EngineClient {
         self.compile(c, param).map(drop)
     }
 
-    fn compile(&self, c: &Constraint, param: &'static str) -> Result<Grammar, EngineError> {
+    /// The token trie and grammar cache, built on first use (a second or so for a 128k
+    /// vocabulary; [`Engine::start`] starts building it in the background).
+    fn grammars(&self) -> &Result<Grammars, String> {
         let sh = &self.shared;
-        let grammars = sh.grammars.get_or_init(|| {
+        sh.grammars.get_or_init(|| {
             let tok = sh.tokenizer.as_ref().ok_or("the model has no tokenizer")?;
             Grammars::new(tok, sh.bounds.vocab_size, &sh.bounds.eos_ids)
-        });
-        match grammars {
+        })
+    }
+
+    fn compile(&self, c: &Constraint, param: &'static str) -> Result<Grammar, EngineError> {
+        match self.grammars() {
             Ok(g) => g.compile(c, param),
             Err(e) => Err(EngineError::InvalidRequest {
                 param: Some(param),

@@ -361,4 +361,55 @@ mod tests {
             }
         }
     }
+
+    /// CPU cost of one mask (ms per row) along a JSON document, for the 32k Llama-2 and the
+    /// 128k Llama-3 vocabularies: `cargo test --release --lib mask_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn mask_cost() {
+        use crate::config::resolve_path;
+        use std::path::Path;
+        let (l2, _) = tiny();
+        let dir = resolve_path(Path::new("../shared/models/tokenizers/llama3.2"));
+        let l3 = Tokenizer::from_gpt2_files(
+            &dir.join("encoder.json"),
+            &dir.join("vocab.bpe"),
+            crate::tokenizer::PreTokenizer::Llama3,
+        )
+        .expect("llama3 files");
+        let schema = r#"{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"}},"address":{"type":"object","properties":{"street":{"type":"string"},"zip":{"type":"string","pattern":"^[0-9]{5}$"}},"required":["street","zip"]}},"required":["name","age","tags","address"]}"#;
+        let doc = r#"{"name":"Ada Lovelace","age":36,"tags":["math","engines","poetry"],"address":{"street":"12 St James's Square","zip":"10001"}}"#;
+        for (label, tok, eos) in [("llama-2 32k", &l2, 2u32), ("llama-3 128k", &l3, 127999)] {
+            let t0 = std::time::Instant::now();
+            let gs = Grammars::new(tok, tok.vocab_size(), &[eos]).unwrap();
+            let trie_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let t0 = std::time::Instant::now();
+            let c = Constraint::JsonSchema(schema.into());
+            let mut g = gs.compile(&c, "x").unwrap();
+            let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let t0 = std::time::Instant::now();
+            gs.compile(&c, "x").unwrap();
+            let cached_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let toks = gs
+                .factory
+                .tok_env()
+                .tok_trie()
+                .greedy_tokenize(doc.as_bytes());
+            let (mut total, mut worst) = (0.0f64, 0.0f64);
+            for &t in &toks {
+                let t0 = std::time::Instant::now();
+                g.compute_mask();
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                total += ms;
+                worst = worst.max(ms);
+                assert!(allowed(&g, t));
+                g.consume(t).unwrap();
+            }
+            println!(
+                "{label}: trie {trie_ms:.0} ms, compile {compile_ms:.1} ms (cached {cached_ms:.2} ms), mask {:.3} ms/row mean, {worst:.3} ms worst over {} tokens",
+                total / toks.len() as f64,
+                toks.len()
+            );
+        }
+    }
 }
