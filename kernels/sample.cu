@@ -4,6 +4,7 @@
 //   sample_prep:    work = float(logits); lse = log-sum-exp of the raw row
 //   sample_topn:    the n largest raw logits (ties: lower id first) minus lse, in order
 //   sample_penalty: per (row, token) entry: v += bias; repetition; v -= presence + frequency*count
+//   sample_mask:    constrained rows: tokens their bitmask does not allow become -inf
 //   sample_pick:    greedy argmax (ties: lower id), or temperature -> top-k -> min-p -> top-p -> draw
 //   sample_greedy:  prep + pick in one pass, for steps whose rows are all plain greedy
 //
@@ -153,6 +154,15 @@ extern "C" __global__ void sample_penalty(const u32* entries, int n, float* work
     float v = *x + __uint_as_float(en[2]);
     if (rep != 1.f) v = v > 0.f ? v / rep : v * rep;
     *x = v - __uint_as_float(en[4]);
+}
+
+// One block per constrained row: rows[m] is its logits row, masks + m*W its bitmask (bit
+// t%32 of word t/32 set: token t allowed). Runs after the penalties, before the pick.
+extern "C" __global__ void sample_mask(const u32* rows, const u32* masks, int W, float* work, int V) {
+    const u32* m = masks + (size_t)blockIdx.x * W;
+    float* w = work + (size_t)rows[blockIdx.x] * V;
+    for (int i = threadIdx.x; i < V; i += blockDim.x)
+        if (((m[i >> 5] >> (i & 31)) & 1u) == 0u) w[i] = -KILN_INF;
 }
 
 // Block reduction of each thread's (best value, first index): the first index of the

@@ -140,6 +140,7 @@ impl<B: Backend> SingleGenerator<B> {
                 params: &opts.params,
                 uniform: uniform(seed, i as u64),
                 penalties: &penalties,
+                mask: None,
             };
             let s = self.sample_last(row)?;
             on_token(s.token);

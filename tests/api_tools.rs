@@ -51,7 +51,8 @@ fn weather_tool() -> Value {
 
 fn time_tool() -> Value {
     json!({"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
-        "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}}})
+        "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"],
+        "additionalProperties": false}}})
 }
 
 /// A question, the assistant's call (content null) and the tool's answer.
@@ -270,7 +271,7 @@ async fn constrained(tool_choice: Value) -> Value {
     let s = server();
     let req = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
                      "tools": [weather_tool(), time_tool()], "tool_choice": tool_choice,
-                     "max_tokens": 200, "temperature": 0});
+                     "parallel_tool_calls": false, "max_tokens": 200, "temperature": 0});
     let (status, _, body) = post(&s.base, "/v1/chat/completions", &req).await;
     assert_eq!(status, 200, "{body}");
     let choice = &body["choices"][0];
@@ -315,13 +316,11 @@ async fn constrained(tool_choice: Value) -> Value {
 }
 
 #[tokio::test]
-#[ignore = "needs constrained decoding (structured branch)"]
 async fn required_tool_choice_gives_valid_calls() {
     constrained(json!("required")).await;
 }
 
 #[tokio::test]
-#[ignore = "needs constrained decoding (structured branch)"]
 async fn named_tool_choice_calls_that_function() {
     let body = constrained(json!({"type": "function", "function": {"name": "get_time"}})).await;
     let calls = body["choices"][0]["message"]["tool_calls"]

@@ -1,17 +1,23 @@
 """Kiln against the real `openai` Python SDK.
 
-Usage: python3 tests/openai_sdk.py BASE_URL API_KEY MODEL
-(run by tests/api_openai_sdk.rs against an in-process server). Prints one line per check and
-'N passed, N failed'; exits non-zero on any failure.
+Usage: python3 tests/openai_sdk.py BASE_URL API_KEY MODEL [SUITE]
+(run by tests/api_openai_sdk.rs against an in-process server). SUITE `structured` runs the
+structured-output checks (`structured_*`, on a model with a real vocabulary), else the
+`test_*` checks run. Prints one line per check and 'N passed, N failed'; exits non-zero on
+any failure.
 """
 
+import json
 import sys
 import traceback
+from typing import List, Literal
 
 import openai
 from openai import OpenAI
+from pydantic import BaseModel, Field
 
 BASE, KEY, MODEL = sys.argv[1], sys.argv[2], sys.argv[3]
+SUITE = sys.argv[4] if len(sys.argv) > 4 else "test"
 client = OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=60)
 PROMPT = "Once upon a time"
 MESSAGES = [
@@ -110,7 +116,7 @@ def test_errors():
 
 # --- tools (issue 16) ---------------------------------------------------------------------
 # Set to True once constrained decoding is merged: `tool_choice="required"` then must hold.
-CONSTRAINED_TOOLS = False
+CONSTRAINED_TOOLS = True
 TOOLS = [{
     "type": "function",
     "function": {
@@ -179,8 +185,8 @@ def test_tool_choice_required():
     if not CONSTRAINED_TOOLS:
         print("     (skipped until constrained decoding is merged)")
         return
-    kw = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required",
-              max_tokens=100, temperature=0)
+    kw = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+              max_tokens=300, temperature=0)
     res = client.chat.completions.create(**kw)
     choice = res.choices[0]
     assert choice.finish_reason == "tool_calls", choice
@@ -194,8 +200,72 @@ def test_tool_choice_required():
     assert calls == [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
 
 
+class Address(BaseModel):
+    zip: str = Field(pattern=r"^[0-9]{5}$")
+    city: Literal["Oslo", "Lima"]
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=8)
+    age: int = Field(ge=0, le=120)
+    role: Literal["admin", "user", "guest"]
+    tags: List[bool] = Field(max_length=3)
+    address: Address
+
+
+def structured_parse_returns_a_pydantic_object():
+    res = client.chat.completions.parse(
+        model=MODEL, messages=MESSAGES, response_format=Person, max_tokens=200, temperature=0
+    )
+    choice = res.choices[0]
+    assert choice.finish_reason == "stop", res
+    assert isinstance(choice.message.parsed, Person), choice.message
+    assert choice.message.parsed == Person.model_validate_json(choice.message.content)
+
+
+def structured_stream_matches():
+    with client.chat.completions.stream(
+        model=MODEL, messages=MESSAGES, response_format=Person, max_tokens=200, temperature=0
+    ) as stream:
+        final = stream.get_final_completion()
+    assert isinstance(final.choices[0].message.parsed, Person), final
+    once = client.chat.completions.parse(
+        model=MODEL, messages=MESSAGES, response_format=Person, max_tokens=200, temperature=0
+    )
+    assert final.choices[0].message.content == once.choices[0].message.content
+
+
+def structured_vllm_fields_through_extra_body():
+    res = client.completions.create(
+        model=MODEL, prompt="Pick one:", max_tokens=10, temperature=1.0, seed=1,
+        extra_body={"guided_choice": ["alpha", "beta gamma"]},
+    )
+    assert res.choices[0].text in ("alpha", "beta gamma"), res
+    res = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0,
+        extra_body={"structured_outputs": {"regex": "[0-9]{4}"}},
+    )
+    text = res.choices[0].message.content
+    assert len(text) == 4 and text.isdigit(), text
+
+
+def structured_bad_schema_is_400():
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}
+    e = expect(
+        openai.BadRequestError,
+        lambda: client.chat.completions.create(model=MODEL, messages=MESSAGES, response_format=bad),
+    )
+    assert e.status_code == 400 and e.body["param"] == "response_format", e.body
+    res = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=4, response_format={"type": "json_object"}
+    )
+    assert res.choices[0].message.content.startswith("{"), res
+    json.dumps(res.model_dump())
+
+
 def main():
-    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
+    prefix = "structured_" if SUITE == "structured" else "test_"
+    tests = [(n, f) for n, f in globals().items() if n.startswith(prefix) and callable(f)]
     passed = failed = 0
     for name, fn in tests:
         try:

@@ -18,7 +18,7 @@ use super::types::{
     ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatMessageIn, ContentPart, ErrorResponse,
     MessageContent, ToolCall, UsageInfo,
 };
-use super::{ResponseMeta, blocking, validate};
+use super::{ResponseMeta, blocking, structured, validate};
 use crate::config::LimitsConfig;
 use crate::engine::{FinishReason, GenerateRequest, TokenInfo, Usage};
 use crate::tokenizer::chat::{ChatMessage, TemplateTool, TemplateToolCall};
@@ -189,19 +189,6 @@ pub async fn render_prompt(
     .await
 }
 
-fn check_unsupported(req: &ChatCompletionRequest) -> Result<(), ApiError> {
-    if let Some(f) = &req.response_format
-        && !f.is_null()
-        && f.get("type").and_then(|t| t.as_str()) != Some("text")
-    {
-        return Err(ApiError::invalid(
-            "response_format",
-            "only {\"type\": \"text\"} is supported",
-        ));
-    }
-    Ok(())
-}
-
 /// The `top_logprobs` to ask the engine for, if `logprobs` is on.
 fn chat_logprobs(
     req: &ChatCompletionRequest,
@@ -246,7 +233,6 @@ pub async fn chat_completions(
     let ready = state.ready()?;
     ready.check_model(req.model.as_deref())?;
     let limits = &state.config.limits;
-    check_unsupported(&req)?;
     let logprobs = chat_logprobs(&req, limits)?;
     let v = validate::sampling(
         &req.sampling(),
@@ -256,11 +242,13 @@ pub async fn chat_completions(
     )?;
     let max_tokens = max_reply_tokens(&req)?;
     let tools = ToolRequest::from_request(&req)?;
+    let format = structured::constraint(&ready.client, req.structured()).await?;
     let msgs = messages(&req.messages, limits)?;
     let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
     let template_tools = tools.template_tools().to_vec();
     let (ids, thinking) = render_prompt(ready, msgs, template_tools, add_generation_prompt).await?;
-    let (parse, constraint) = reply_parsing(&state, ready, &tools, thinking);
+    let (parse, tool_constraint) = reply_parsing(&state, ready, &tools, thinking);
+    let constraint = one_constraint(&ready.client, format, tool_constraint).await?;
     let stream = ready.client.submit(GenerateRequest {
         prompt_ids: ids,
         prompt_param: "messages",
@@ -310,6 +298,32 @@ fn reply_parsing(
         starts_thinking,
     };
     (parse, tools.constraint(format))
+}
+
+/// The request's one constraint: its `response_format` (or vLLM field), or the tool-call
+/// grammar of `tool_choice` "required" / a named function, compiled before anything is
+/// queued (a 400 naming `tools` when the functions' schemas do not compile). Both at once
+/// is a 400: the reply cannot be a tool call and free JSON at the same time.
+async fn one_constraint(
+    client: &crate::engine::EngineClient,
+    format: Option<crate::engine::Constraint>,
+    tools: Option<crate::engine::Constraint>,
+) -> Result<Option<crate::engine::Constraint>, ApiError> {
+    match (format, tools) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "response_format",
+            "`response_format` cannot be combined with `tool_choice` \"required\" or a named function",
+        )),
+        (None, Some(c)) => {
+            let client = client.clone();
+            blocking(move || {
+                client.check_constraint(&c, "tools")?;
+                Ok(Some(c))
+            })
+            .await
+        }
+        (format, None) => Ok(format),
+    }
 }
 
 /// The OpenAI finish reason: `tool_calls` when a reply that stopped on its own made calls.

@@ -15,7 +15,7 @@ use super::types::{
     CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest, CompletionResponse,
     ErrorResponse, PromptInput, UsageInfo,
 };
-use super::{ResponseMeta, blocking, validate};
+use super::{ResponseMeta, blocking, structured, validate};
 use crate::config::LimitsConfig;
 use crate::engine::{FinishReason, GenerateRequest, TokenInfo, Usage};
 use crate::tokenizer::Tokenizer;
@@ -124,6 +124,7 @@ pub async fn completions(
     let ready = state.ready()?;
     ready.check_model(req.model.as_deref())?;
     let plan = Plan::new(&req, ready, &state.config.limits)?;
+    let constraint = structured::constraint(&ready.client, req.structured()).await?;
     let srcs = sources(req.prompt, &state.config.limits)?;
     let (tok, echo) = (ready.tokenizer.clone(), plan.echo);
     let context = ready.client.max_model_len();
@@ -142,7 +143,7 @@ pub async fn completions(
             stop: plan.v.stop.clone(),
             n,
             priority: 0,
-            constraint: None,
+            constraint: constraint.clone(),
         })?);
     }
     let streams = valid

@@ -15,6 +15,7 @@ pub mod openapi;
 pub mod serve;
 pub mod sse;
 pub mod state;
+pub mod structured;
 pub mod tokenize;
 pub mod tools;
 pub mod types;

@@ -3,20 +3,22 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 
 use futures_util::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
+use super::constraint::{Grammar, Grammars};
 use super::lane::{self, LaneLoad, LaneMsg, NewRequest};
 use super::output::OutputProcessor;
 use super::request::{LaneEvent, step_events};
 use super::scheduler::SeqId;
 use super::validate::{self, Bounds, MAX_CHOICES, ValidRequest};
 use super::{
-    Device, EngineConfig, EngineError, EngineStats, GenerateRequest, LaneStats, StreamEvent,
+    Constraint, Device, EngineConfig, EngineError, EngineStats, GenerateRequest, LaneStats,
+    StreamEvent,
 };
 use crate::backend::{BackendError, DeviceId, GpuOptions};
 use crate::model::{ModelFiles, ModelSpec};
@@ -43,6 +45,8 @@ struct Shared {
     admission: Arc<Semaphore>,
     permits: usize,
     next_id: AtomicU64,
+    /// The token trie and compiled grammars, built at the first constrained request.
+    grammars: OnceLock<Result<Grammars, String>>,
 }
 
 /// A running engine; dropping it stops the lanes.
@@ -228,16 +232,25 @@ impl Engine {
             admission: Arc::new(Semaphore::new(permits)),
             permits,
             next_id: AtomicU64::new(1),
+            grammars: OnceLock::new(),
         };
         let engine = Engine {
             client: EngineClient {
                 shared: Arc::new(shared),
             },
         };
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(engine),
+        if let Some(e) = failure {
+            return Err(e);
         }
+        let warm = engine.client.clone();
+        let _ = std::thread::Builder::new()
+            .name("kiln-grammars".into())
+            .spawn(move || {
+                if let Err(e) = warm.grammars() {
+                    tracing::info!("constrained decoding unavailable: {e}");
+                }
+            });
+        Ok(engine)
     }
 
     pub fn client(&self) -> EngineClient {
@@ -305,9 +318,42 @@ impl EngineClient {
         })
     }
 
-    /// Checks every limit of `req` (the one place they are checked).
-    pub fn validate(&self, req: GenerateRequest) -> Result<ValidRequest, EngineError> {
-        validate::validate(req, &self.shared.bounds)
+    /// Checks every limit of `req` (the one place they are checked) and compiles its
+    /// constraint (a compile error names `response_format`; see [`Self::check_constraint`]).
+    pub fn validate(&self, mut req: GenerateRequest) -> Result<ValidRequest, EngineError> {
+        let grammar = match req.constraint.take() {
+            Some(c) => Some(self.compile(&c, "response_format")?),
+            None => None,
+        };
+        validate::validate(req, &self.shared.bounds, grammar)
+    }
+
+    /// Compiles `c` (and caches it for the request that follows); a constraint that does not
+    /// compile is `InvalidRequest` naming `param`. Takes milliseconds for a large schema the
+    /// first time (more for the first constraint of all: it builds the token trie), so call
+    /// it off the async workers.
+    pub fn check_constraint(&self, c: &Constraint, param: &'static str) -> Result<(), EngineError> {
+        self.compile(c, param).map(drop)
+    }
+
+    /// The token trie and grammar cache, built on first use (a second or so for a 128k
+    /// vocabulary; [`Engine::start`] starts building it in the background).
+    fn grammars(&self) -> &Result<Grammars, String> {
+        let sh = &self.shared;
+        sh.grammars.get_or_init(|| {
+            let tok = sh.tokenizer.as_ref().ok_or("the model has no tokenizer")?;
+            Grammars::new(tok, sh.bounds.vocab_size, &sh.bounds.eos_ids)
+        })
+    }
+
+    fn compile(&self, c: &Constraint, param: &'static str) -> Result<Grammar, EngineError> {
+        match self.grammars() {
+            Ok(g) => g.compile(c, param),
+            Err(e) => Err(EngineError::InvalidRequest {
+                param: Some(param),
+                message: format!("constrained decoding is not available for this model: {e}"),
+            }),
+        }
     }
 
     /// Validates and queues a request. Fails fast with `Overloaded` when too many wait.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::blocks::BlockPool;
+use super::constraint::Grammar;
 use super::request::LaneEvent;
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence, Step};
 use super::stats::LaneStats;
@@ -330,21 +331,39 @@ impl<B: Backend> Lane<B> {
         for s in self.sched.running() {
             s.request.mark_scheduled(now);
         }
-        let logits = self
-            .model
-            .forward(&mut self.backend, &mut self.kv, &step.plan)?;
+        // The token masks of constrained rows are computed on other threads while the
+        // device runs the forward; the sampler needs them only afterwards.
+        let grammars = self.sched.grammars_to_mask(step);
+        let (model, backend, kv) = (&mut self.model, &mut self.backend, &mut self.kv);
+        let logits = std::thread::scope(|scope| {
+            let masks = (!grammars.is_empty()).then(|| scope.spawn(|| compute_masks(grammars)));
+            let logits = model.forward(backend, kv, &step.plan);
+            if let Some(h) = masks
+                && let Err(panic) = h.join()
+            {
+                std::panic::resume_unwind(panic);
+            }
+            logits
+        })?;
         let sampled = self.backend.sample(logits, &self.sched.sample_rows(step))?;
         for out in self.sched.update(step, sampled) {
             let s = out.sampled;
-            out.request.emit(LaneEvent::Token {
-                choice: out.choice,
-                info: TokenInfo {
-                    id: s.token,
-                    logprob: s.logprob,
-                    top: s.top,
-                },
-                finish: out.finish,
-            });
+            match out.finish {
+                Ok(finish) => out.request.emit(LaneEvent::Token {
+                    choice: out.choice,
+                    info: TokenInfo {
+                        id: s.token,
+                        logprob: s.logprob,
+                        top: s.top,
+                    },
+                    finish,
+                    stop_token: out.stop_token,
+                }),
+                Err(message) => out.request.fail(EngineError::InvalidRequest {
+                    param: None,
+                    message: format!("the output constraint failed: {message}"),
+                }),
+            }
         }
         Ok(())
     }
@@ -408,5 +427,15 @@ impl<B: Backend> Lane<B> {
         st.prefix_cache_queries = self.sched.counters.prefix_queries;
         st.prefix_cache_hits = self.sched.counters.prefix_hits;
         st.preemptions = self.sched.counters.preemptions;
+    }
+}
+
+/// Each grammar's mask for its next token, on the rayon pool when there are several.
+fn compute_masks(mut grammars: Vec<&mut Grammar>) {
+    use rayon::prelude::*;
+    if grammars.len() == 1 {
+        grammars[0].compute_mask();
+    } else {
+        grammars.par_iter_mut().for_each(|g| g.compute_mask());
     }
 }

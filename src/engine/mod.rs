@@ -3,6 +3,7 @@
 
 pub mod blocks;
 mod client;
+mod constraint;
 mod lane;
 mod output;
 mod request;

@@ -101,7 +101,8 @@ impl OutputProcessor {
                 choice,
                 info,
                 finish,
-            } => self.token(choice, info, finish),
+                stop_token,
+            } => self.token(choice, info, finish, stop_token),
         }
     }
 
@@ -110,6 +111,7 @@ impl OutputProcessor {
         idx: usize,
         info: TokenInfo,
         finish: Option<FinishReason>,
+        stop_token: bool,
     ) -> Option<usize> {
         let now = Instant::now();
         let stops = &self.stop_strings;
@@ -124,7 +126,7 @@ impl OutputProcessor {
             None => {}
         }
         c.last_token = Some(now);
-        let is_stop_token = finish == Some(FinishReason::Stop);
+        let is_stop_token = stop_token && finish == Some(FinishReason::Stop);
         if !is_stop_token && let Some(d) = c.decoder.as_mut() {
             c.held.push_str(&d.push(info.id).unwrap_or_default());
         }

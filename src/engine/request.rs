@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
+use super::constraint::Grammar;
 use super::{EngineError, FinishReason, TokenInfo};
 use crate::sampling::SamplingParams;
 
@@ -20,6 +21,9 @@ pub(crate) enum LaneEvent {
         choice: usize,
         info: TokenInfo,
         finish: Option<FinishReason>,
+        /// The token is one of the stop ids: it ends the choice and is not shown as text
+        /// (a token that completes a grammar is shown).
+        stop_token: bool,
     },
     Failed(EngineError),
 }
@@ -49,6 +53,8 @@ pub(crate) struct LaneRequest {
     pub seed: u64,
     pub limits: Limits,
     pub n: usize,
+    /// The constraint's matcher in its start state; each choice runs a fork of it.
+    pub grammar: Option<Grammar>,
     events: mpsc::Sender<LaneEvent>,
     scheduled: Cell<bool>,
     failed: Cell<bool>,
@@ -69,11 +75,18 @@ impl LaneRequest {
             seed,
             limits,
             n,
+            grammar: None,
             events,
             scheduled: Cell::new(false),
             failed: Cell::new(false),
             paused_since: Cell::new(None),
         }
+    }
+
+    /// The request with its choices constrained by `grammar`.
+    pub fn with_grammar(mut self, grammar: Option<Grammar>) -> Self {
+        self.grammar = grammar;
+        self
     }
 
     /// Room in the stream buffer for one more step.

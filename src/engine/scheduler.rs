@@ -7,6 +7,7 @@ use std::rc::Rc;
 
 use super::FinishReason;
 use super::blocks::{BlockId, BlockPool};
+use super::constraint::Grammar;
 use super::request::LaneRequest;
 use crate::backend::{BatchPlan, SeqSlice};
 use crate::sampling::{Penalties, SampleRow, Sampled, uniform};
@@ -39,6 +40,8 @@ pub struct Sequence {
     pub(crate) request: Rc<LaneRequest>,
     /// Repetition/presence/frequency state, updated per token.
     penalties: Penalties,
+    /// The matcher of a constrained choice, advanced per token.
+    grammar: Option<Grammar>,
 }
 
 impl Sequence {
@@ -54,6 +57,7 @@ impl Sequence {
             id,
             prompt_len: prompt.len(),
             penalties: Penalties::new(&request.params, &prompt),
+            grammar: request.grammar.clone(),
             tokens: prompt,
             num_computed: 0,
             blocks: Vec::new(),
@@ -77,22 +81,27 @@ impl Sequence {
             params: &r.params,
             uniform: uniform(r.seed ^ self.choice as u64, self.output().len() as u64),
             penalties: &self.penalties,
+            mask: self.grammar.as_ref().and_then(|g| g.mask()),
         }
     }
 
-    /// Appends a sampled token and decides whether the choice ends: a stop id, its
-    /// `max_tokens`, or the context length.
-    fn push(&mut self, token: u32) -> Option<FinishReason> {
+    /// Appends a sampled token and decides whether the choice ends: a stop id, a completed
+    /// grammar, its `max_tokens`, or the context length. `Err`: the grammar failed.
+    fn push(&mut self, token: u32) -> Result<Option<FinishReason>, String> {
         self.tokens.push(token);
         self.penalties.push(token);
         let l = &self.request.limits;
-        if l.stop_ids.contains(&token) {
+        let grammar_done = match &mut self.grammar {
+            Some(g) => g.consume(token)?,
+            None => false,
+        };
+        Ok(if grammar_done || l.stop_ids.contains(&token) {
             Some(FinishReason::Stop)
         } else if self.output().len() >= l.max_tokens || self.tokens.len() >= l.max_len {
             Some(FinishReason::Length)
         } else {
             None
-        }
+        })
     }
 }
 
@@ -103,7 +112,10 @@ pub(crate) struct SeqOutput {
     pub choice: usize,
     pub request: Rc<LaneRequest>,
     pub sampled: Sampled,
-    pub finish: Option<FinishReason>,
+    /// `Err`: the choice's grammar failed (the sequence is gone); the token is not output.
+    pub finish: Result<Option<FinishReason>, String>,
+    /// The token is a stop id (not shown as text).
+    pub stop_token: bool,
 }
 
 /// Limits of one lane's scheduler.
@@ -373,6 +385,22 @@ impl Scheduler {
             .expect("a scheduled sequence runs until the step is updated")
     }
 
+    /// The grammars of the step's constrained sequences that sample a token, whose masks
+    /// the step needs.
+    pub(crate) fn grammars_to_mask(&mut self, step: &Step) -> Vec<&mut Grammar> {
+        let sampling: Vec<SeqId> = step
+            .seqs
+            .iter()
+            .filter(|p| p.wants_logits)
+            .map(|p| p.id)
+            .collect();
+        self.running
+            .iter_mut()
+            .filter(|s| sampling.contains(&s.id))
+            .filter_map(|s| s.grammar.as_mut())
+            .collect()
+    }
+
     /// The sampler rows of a step: one per sequence that wants logits, in step order.
     pub fn sample_rows(&self, step: &Step) -> Vec<SampleRow<'_>> {
         step.seqs
@@ -395,13 +423,16 @@ impl Scheduler {
                 continue;
             };
             let finish = seq.push(sampled.token);
+            let ends = !matches!(finish, Ok(None));
+            let stop_token = seq.request.limits.stop_ids.contains(&sampled.token);
             outputs.push(SeqOutput {
                 choice: seq.choice,
                 request: seq.request.clone(),
                 sampled,
                 finish,
+                stop_token,
             });
-            if finish.is_some() {
+            if ends {
                 self.remove(id);
             }
         }
@@ -467,7 +498,11 @@ mod tests {
                 top: vec![],
             })
             .collect();
-        assert!(s.update(&step, sampled).iter().all(|o| o.finish.is_none()));
+        assert!(
+            s.update(&step, sampled)
+                .iter()
+                .all(|o| matches!(o.finish, Ok(None)))
+        );
         step
     }
 

@@ -4,6 +4,7 @@
 
 use tokio::sync::mpsc;
 
+use super::constraint::Grammar;
 use super::request::{LaneEvent, LaneRequest, Limits};
 use super::{EngineError, GenerateRequest};
 use crate::sampling::SamplingParams;
@@ -33,6 +34,7 @@ pub struct ValidRequest {
     stop_strings: Vec<String>,
     n: usize,
     priority: i32,
+    grammar: Option<Grammar>,
 }
 
 impl ValidRequest {
@@ -54,7 +56,8 @@ impl ValidRequest {
     }
     /// The lane's view: the prompt, what the choices share, and the priority.
     pub(crate) fn into_lane(self, events: mpsc::Sender<LaneEvent>) -> (Vec<u32>, LaneRequest, i32) {
-        let request = LaneRequest::new(self.params, self.seed, self.limits, self.n, events);
+        let request = LaneRequest::new(self.params, self.seed, self.limits, self.n, events)
+            .with_grammar(self.grammar);
         (self.prompt_ids, request, self.priority)
     }
 }
@@ -69,7 +72,12 @@ fn invalid(param: &'static str, message: String) -> EngineError {
 /// Checks `req` against `b`: a non-empty prompt of in-vocabulary ids that leaves room in the
 /// context, 1 to [`MAX_CHOICES`] choices, and a `max_tokens` whose sum with the prompt fits
 /// both the context and the KV pool. An absent `max_tokens` means the rest of that room.
-pub(crate) fn validate(req: GenerateRequest, b: &Bounds) -> Result<ValidRequest, EngineError> {
+/// `grammar` is `req.constraint` compiled (the caller compiles it, with the tokenizer's trie).
+pub(crate) fn validate(
+    req: GenerateRequest,
+    b: &Bounds,
+    grammar: Option<Grammar>,
+) -> Result<ValidRequest, EngineError> {
     let p = req.prompt_ids.len();
     if p == 0 {
         return Err(invalid("prompt", "the prompt is empty".into()));
@@ -134,6 +142,7 @@ pub(crate) fn validate(req: GenerateRequest, b: &Bounds) -> Result<ValidRequest,
         stop_strings: req.stop.strings,
         n: req.n,
         priority: req.priority,
+        grammar,
     })
 }
 
@@ -184,10 +193,19 @@ mod tests {
     #[test]
     fn client_counts_never_wrap() {
         for m in [usize::MAX, usize::MAX - 1, 1021, 2047] {
-            let r = validate(GenerateRequest::greedy(vec![1, 2, 3, 4], m), &bounds());
+            let r = validate(
+                GenerateRequest::greedy(vec![1, 2, 3, 4], m),
+                &bounds(),
+                None,
+            );
             assert_eq!(param(r), Some("max_tokens"), "{m}");
         }
-        let ok = validate(GenerateRequest::greedy(vec![1, 2, 3, 4], 1020), &bounds()).unwrap();
+        let ok = validate(
+            GenerateRequest::greedy(vec![1, 2, 3, 4], 1020),
+            &bounds(),
+            None,
+        )
+        .unwrap();
         assert_eq!(ok.max_tokens(), 1020);
     }
 
@@ -195,10 +213,10 @@ mod tests {
     fn absent_max_tokens_is_the_room_left() {
         let mut req = GenerateRequest::greedy(vec![1; 24], 1);
         req.max_tokens = None;
-        let v = validate(req.clone(), &bounds()).unwrap();
+        let v = validate(req.clone(), &bounds(), None).unwrap();
         assert_eq!(v.max_tokens(), 1000, "the pool is smaller than the context");
         req.prompt_ids = vec![1; 1024];
         req.prompt_param = "messages";
-        assert_eq!(param(validate(req, &bounds())), Some("messages"));
+        assert_eq!(param(validate(req, &bounds(), None)), Some("messages"));
     }
 }

@@ -139,6 +139,14 @@ pub struct SampleRow<'a> {
     pub uniform: f32,
     /// The sequence's history as the penalties need it.
     pub penalties: &'a Penalties,
+    /// Tokens allowed next (constrained decoding): bit `t % 32` of word `t / 32` is set
+    /// for an allowed token `t`; `None`: every token.
+    pub mask: Option<&'a [u32]>,
+}
+
+/// Whether `mask` allows token `t` (ids past the mask are not allowed).
+pub fn mask_allows(mask: &[u32], t: usize) -> bool {
+    mask.get(t / 32).is_some_and(|w| w >> (t % 32) & 1 == 1)
 }
 
 /// The chosen token, its log-probability under the raw model distribution, and the top
@@ -188,6 +196,13 @@ impl CpuSampler {
         self.work.clear();
         self.work.extend_from_slice(logits);
         apply_bias_and_penalties(&mut self.work, row);
+        if let Some(mask) = row.mask {
+            for (t, v) in self.work.iter_mut().enumerate() {
+                if !mask_allows(mask, t) {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+        }
         let token = if p.is_greedy() {
             argmax(&self.work)
         } else {
@@ -303,6 +318,7 @@ mod tests {
             params: p,
             uniform: u,
             penalties: pen,
+            mask: None,
         }
     }
 
@@ -411,6 +427,28 @@ mod tests {
             0,
             "nothing tracked when no penalty is on"
         );
+    }
+
+    #[test]
+    fn the_mask_limits_greedy_and_drawn_tokens() {
+        let mut s = CpuSampler::default();
+        let logits = [4.0, 1.0, 3.0, 2.0, 0.5];
+        let mask = [0b01010u32]; // tokens 1 and 3
+        for p in [SamplingParams::greedy(), SamplingParams::default()] {
+            for i in 0..200 {
+                let r = SampleRow {
+                    mask: Some(&mask),
+                    ..row(&p, uniform(9, i), &[])
+                };
+                let got = s.sample(&logits, &r);
+                assert!([1, 3].contains(&got.token), "{p:?}: {}", got.token);
+                if p.is_greedy() {
+                    assert_eq!(got.token, 3);
+                }
+                let lse = log_sum_exp(&logits);
+                assert_eq!(got.logprob, logits[got.token as usize] - lse, "raw logprob");
+            }
+        }
     }
 
     #[test]

@@ -366,6 +366,11 @@ impl Tokenizer {
         self.inner.hf.token_to_id(piece)
     }
 
+    /// The wrapped `tokenizers` pipeline (e.g. to read every token's bytes).
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner.hf
+    }
+
     /// Whether `id` is a special (control) token such as BOS, EOS or `<|eot_id|>`.
     pub fn is_special(&self, id: u32) -> bool {
         self.inner.special.contains(&id)

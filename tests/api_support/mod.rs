@@ -42,7 +42,12 @@ pub fn model_files() -> ModelFiles {
 
 /// Starts a server with `cfg` (host and port are ignored: 127.0.0.1:0).
 pub fn start(cfg: Config) -> TestServer {
-    let engine = Engine::start(model_files(), &[Device::Cpu], cfg.engine.clone()).expect("engine");
+    start_with(model_files(), cfg)
+}
+
+/// [`start`] serving `files`.
+pub fn start_with(files: ModelFiles, cfg: Config) -> TestServer {
+    let engine = Engine::start(files, &[Device::Cpu], cfg.engine.clone()).expect("engine");
     let state = Data::new(AppState::new(cfg));
     state.set_engine(engine.client()).expect("set engine");
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");

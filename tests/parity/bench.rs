@@ -157,6 +157,7 @@ impl Rig {
                 params: &greedy,
                 uniform: 0.5,
                 penalties: Penalties::none(),
+                mask: None,
             })
             .collect();
         let t = Instant::now();

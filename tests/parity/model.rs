@@ -213,6 +213,7 @@ mod transfers {
             params,
             uniform: 0.5,
             penalties: Penalties::none(),
+            mask: None,
         };
         let logits = model.forward(&mut b, &mut kv, &p).unwrap();
         let mut tokens: Vec<u32> = b

@@ -89,6 +89,7 @@ fn samples<B: TestBackend>(b: &mut B) {
                     params: &ps[i],
                     uniform: uniforms[i],
                     penalties: &penalties[i],
+                    mask: None,
                 })
                 .collect();
             let bl = tensor(b, s, vocab, &logits);
@@ -103,9 +104,50 @@ fn samples<B: TestBackend>(b: &mut B) {
                     ..*r
                 })
                 .collect();
-            for (kind, rows) in [("mixed", &rows), ("plain greedy", &plain)] {
+            // Constrained rows: a token mask on every row but the last (a free neighbour);
+            // row 0 allows one token, the tie row allows both tied ids.
+            let masks: Vec<Vec<u32>> = (0..s)
+                .map(|i| {
+                    let mut m: Vec<u32> = (0..vocab.div_ceil(32))
+                        .map(|_| rng.random::<u32>() & rng.random::<u32>() & rng.random::<u32>())
+                        .collect();
+                    let mut allow = |t: usize| m[t / 32] |= 1 << (t % 32);
+                    if i == 0 {
+                        m.iter_mut().for_each(|w| *w = 0);
+                        m[vocab / 64] = 1 << 5;
+                    } else if i == 9 {
+                        allow(lo);
+                        allow(hi);
+                    }
+                    m
+                })
+                .collect();
+            let masked: Vec<SampleRow<'_>> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, r)| SampleRow {
+                    mask: (i + 1 < s).then_some(&masks[i][..]),
+                    ..*r
+                })
+                .collect();
+            for (kind, rows) in [
+                ("mixed", &rows),
+                ("plain greedy", &plain),
+                ("masked", &masked),
+            ] {
                 let got = b.sample(&bl, rows).unwrap();
                 let want = cpu.sample(&cl, rows).unwrap();
+                if kind == "masked" {
+                    assert_eq!(got[0].token as usize, vocab / 64 * 32 + 5, "{}", b.label());
+                    for (i, g) in got.iter().enumerate().take(s - 1) {
+                        assert!(
+                            kiln::sampling::mask_allows(&masks[i], g.token as usize),
+                            "{} row {i}: token {} is masked",
+                            b.label(),
+                            g.token
+                        );
+                    }
+                }
                 assert_eq!(
                     got[9].token as usize,
                     lo,

@@ -6,7 +6,8 @@ use crate::tokenizer::chat::TemplateTool;
 
 /// A JSON Schema for one call object: `name` (that function's, first) and the arguments
 /// member (`parameters` for Llama 3, else `arguments`) with the function's schema. Written as
-/// text so that `name` comes first whatever the JSON map order.
+/// text so that `name` comes first whatever the JSON map order. Compact, like the
+/// structured-output JSON: free whitespace would let a weak model pad forever.
 fn call_schema(format: ToolFormat, tool: &TemplateTool) -> String {
     let key = match format {
         ToolFormat::Llama3Json => "parameters",
@@ -14,7 +15,7 @@ fn call_schema(format: ToolFormat, tool: &TemplateTool) -> String {
     };
     let name = serde_json::Value::from(tool.name.as_str());
     format!(
-        "{{\"type\": \"object\", \"properties\": {{\"name\": {{\"const\": {name}}}, \"{key}\": {params}}}, \"required\": [\"name\", \"{key}\"], \"additionalProperties\": false}}",
+        "{{\"type\": \"object\", \"properties\": {{\"name\": {{\"const\": {name}}}, \"{key}\": {params}}}, \"required\": [\"name\", \"{key}\"], \"additionalProperties\": false, \"x-guidance\": {{\"whitespace_flexible\": false}}}}",
         params = tool.parameters,
     )
 }
@@ -67,7 +68,7 @@ mod tests {
             "start: call\ncall: \"<tool_call>\\n\" fn \"\\n</tool_call>\"\nfn: fn_0\n\
              fn_0: %json {\"type\": \"object\", \"properties\": {\"name\": {\"const\": \"get_weather\"}, \
              \"arguments\": {\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],\"type\":\"object\"}}, \
-             \"required\": [\"name\", \"arguments\"], \"additionalProperties\": false}\n"
+             \"required\": [\"name\", \"arguments\"], \"additionalProperties\": false, \"x-guidance\": {\"whitespace_flexible\": false}}\n"
         );
         let schema = g.lines().last().unwrap().trim_start_matches("fn_0: %json ");
         let schema: serde_json::Value = serde_json::from_str(schema).unwrap();

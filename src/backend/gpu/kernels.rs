@@ -163,6 +163,8 @@ pub enum Kernel {
     SamplePrep,
     SampleTopN,
     SamplePenalty,
+    /// Constrained rows: tokens outside each row's bitmask become -inf.
+    SampleMask,
     SamplePick,
     /// Greedy pick and its logprob in one pass over the raw logits (no penalties, no top-n).
     SampleGreedy,
@@ -199,6 +201,7 @@ impl Kernel {
             Kernel::SamplePrep,
             Kernel::SampleTopN,
             Kernel::SamplePenalty,
+            Kernel::SampleMask,
             Kernel::SamplePick,
             Kernel::SampleGreedy,
         ];
@@ -252,6 +255,7 @@ impl Kernel {
             Kernel::SamplePrep => "sample_prep",
             Kernel::SampleTopN => "sample_topn",
             Kernel::SamplePenalty => "sample_penalty",
+            Kernel::SampleMask => "sample_mask",
             Kernel::SamplePick => "sample_pick",
             Kernel::SampleGreedy => "sample_greedy",
             Kernel::Gemv { .. } => "matmul",
@@ -275,6 +279,7 @@ impl Kernel {
             Kernel::SamplePrep
             | Kernel::SampleTopN
             | Kernel::SamplePenalty
+            | Kernel::SampleMask
             | Kernel::SamplePick
             | Kernel::SampleGreedy => Source::Sample,
             Kernel::Gemv { .. } | Kernel::GemvSiluMul { .. } => Source::Gemv,
@@ -293,7 +298,9 @@ impl Kernel {
             Kernel::SiluMulVec => format!("silu_mul_vec_{d}"),
             Kernel::RmsNormVec => format!("rms_norm_vec_{d}"),
             Kernel::AddRmsNormVec => format!("add_rms_norm_vec_{d}"),
-            Kernel::SampleTopN | Kernel::SamplePenalty => self.op().to_string(),
+            Kernel::SampleTopN | Kernel::SamplePenalty | Kernel::SampleMask => {
+                self.op().to_string()
+            }
             _ => format!("{}_{d}", self.op()),
         }
     }

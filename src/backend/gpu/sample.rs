@@ -1,5 +1,5 @@
-//! Host side of sampling on the device: packs each row's parameters and its penalty/bias
-//! entries into one upload, launches the sampling kernels, and downloads only the chosen
+//! Host side of sampling on the device: packs each row's parameters, its penalty/bias
+//! entries and the token masks of constrained rows into one upload, launches the sampling kernels, and downloads only the chosen
 //! ids, their logprobs and the requested top alternatives.
 
 use super::device::Arg;
@@ -19,10 +19,14 @@ pub const MAX_TOP: usize = 1024;
 /// The packed upload of one `sample` call.
 #[derive(Debug, Default)]
 pub struct SamplePack {
-    /// `[rows x PARAM_WORDS]` then `[entries x ENTRY_WORDS]`.
+    /// `[rows x PARAM_WORDS]`, `[entries x ENTRY_WORDS]`, the row of each masked row
+    /// `[masked]`, then their masks `[masked x mask_words]`.
     pub words: Vec<u32>,
     pub rows: usize,
     pub entries: usize,
+    /// Rows with a token mask, and the words of one mask (`ceil(vocab / 32)`).
+    pub masked: usize,
+    pub mask_words: usize,
     /// Total top alternatives over all rows.
     pub total_top: usize,
     pub any_top: bool,
@@ -85,8 +89,28 @@ pub fn pack(
         entries(i as u32, row, vocab, &mut pack.words);
     }
     pack.entries = (pack.words.len() - start) / ENTRY_WORDS;
-    pack.plain_greedy = all_greedy && !pack.any_top && pack.entries == 0;
+    pack_masks(rows, vocab, pack);
+    pack.plain_greedy = all_greedy && !pack.any_top && pack.entries == 0 && pack.masked == 0;
     Ok(())
+}
+
+/// Appends the masked rows' indices, then their masks, each `ceil(vocab / 32)` words (a
+/// shorter mask is padded with zeros: ids past it are not allowed).
+fn pack_masks(rows: &[SampleRow<'_>], vocab: usize, pack: &mut SamplePack) {
+    let w = vocab.div_ceil(32);
+    let masked: Vec<(usize, &[u32])> = rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.mask.map(|m| (i, m)))
+        .collect();
+    pack.masked = masked.len();
+    pack.mask_words = w;
+    pack.words.extend(masked.iter().map(|&(i, _)| i as u32));
+    for (_, m) in masked {
+        let n = m.len().min(w);
+        pack.words.extend_from_slice(&m[..n]);
+        pack.words.extend(std::iter::repeat_n(0, w - n));
+    }
 }
 
 /// Appends one entry per distinct token that bias or penalties touch, composed in the CPU
@@ -250,6 +274,21 @@ impl<R: Runtime> GpuBackend<R> {
                 vi,
             ];
             self.launch(Kernel::SamplePenalty, grid, &args)?;
+        }
+        if pk.masked > 0 {
+            let mask_rows = entries + (pk.entries * ENTRY_WORDS * 4) as u64;
+            let grid = Grid {
+                blocks: (pk.masked as u32, 1, 1),
+                threads: 256,
+            };
+            let args = [
+                Arg::Ptr(mask_rows),
+                Arg::Ptr(mask_rows + (pk.masked * 4) as u64),
+                Arg::I32(pk.mask_words as i32),
+                Arg::Ptr(work),
+                vi,
+            ];
+            self.launch(Kernel::SampleMask, grid, &args)?;
         }
         let args = [
             Arg::Ptr(logits.buf.ptr()),

@@ -1,0 +1,415 @@
+//! Constrained decoding through llguidance: the token trie built once per engine from Kiln's
+//! tokenizer, [`Constraint`]s compiled into matchers (cached by their text), and the
+//! per-sequence [`Grammar`] that yields a token mask each step and consumes sampled tokens.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
+
+use super::{Constraint, EngineError};
+use crate::tokenizer::Tokenizer;
+
+/// Compiled grammars kept for reuse, least recently used evicted first.
+const CACHE_ENTRIES: usize = 256;
+
+/// The tokenizer as llguidance sees it: every token's bytes in a trie. Text is split into
+/// tokens greedily over the trie, which llguidance only needs for grammars that force tokens.
+struct TrieEnv {
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for TrieEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        self.trie.greedy_tokenize(s)
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        false
+    }
+}
+
+/// The bytes of every id below `vocab_size` (special tokens behind llguidance's marker byte;
+/// ids the tokenizer lacks are empty and never allowed).
+fn token_bytes(tok: &Tokenizer, vocab_size: usize) -> Result<Vec<Vec<u8>>, String> {
+    let json = tok
+        .hf()
+        .to_string(false)
+        .map_err(|e| format!("cannot serialize the tokenizer: {e}"))?;
+    let json: Value =
+        serde_json::from_str(&json).map_err(|e| format!("cannot read the tokenizer: {e}"))?;
+    let mut bytes = catch_unwind(AssertUnwindSafe(|| {
+        llguidance::token_bytes_from_tokenizer_json(&json)
+    }))
+    .map_err(|_| "the tokenizer's vocabulary could not be read".to_string())?
+    .map_err(|e| format!("unsupported tokenizer: {e}"))?;
+    bytes.resize(vocab_size, Vec::new());
+    Ok(bytes)
+}
+
+/// Compiles [`Constraint`]s for one engine: the token trie, llguidance's parser factory and a
+/// bounded cache of compiled grammars keyed by their text.
+pub(crate) struct Grammars {
+    factory: ParserFactory,
+    cache: Mutex<Cache>,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars").finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Cache {
+    map: HashMap<String, (Matcher, u64)>,
+    clock: u64,
+}
+
+impl Grammars {
+    /// Builds the trie of `tok`'s vocabulary padded to `vocab_size` (the model's logits width);
+    /// `eos_ids` end a finished grammar.
+    pub fn new(tok: &Tokenizer, vocab_size: usize, eos_ids: &[u32]) -> Result<Self, String> {
+        let words = token_bytes(tok, vocab_size)?;
+        let eos = *eos_ids
+            .first()
+            .ok_or("the vocabulary has no end-of-sequence token")?;
+        let mut info = TokRxInfo::new(vocab_size as u32, eos);
+        info.tok_bos = tok.bos_id();
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(eos_ids);
+        let env: TokEnv = Arc::new(TrieEnv { trie });
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        factory.quiet();
+        Ok(Self {
+            factory,
+            cache: Mutex::new(Cache::default()),
+        })
+    }
+
+    /// A fresh matcher for `c`, from the cache when the same text was compiled before. A
+    /// grammar that does not compile is `InvalidRequest` naming `param`.
+    pub fn compile(&self, c: &Constraint, param: &'static str) -> Result<Grammar, EngineError> {
+        let key = format!("{c:?}");
+        {
+            let mut cache = self.cache.lock().expect("grammar cache lock");
+            cache.clock += 1;
+            let now = cache.clock;
+            if let Some((m, used)) = cache.map.get_mut(&key) {
+                *used = now;
+                return Ok(Grammar::new(m.deep_clone()));
+            }
+        }
+        let invalid = |message: String| EngineError::InvalidRequest {
+            param: Some(param),
+            message,
+        };
+        let grammar = top_level(c).map_err(invalid)?;
+        let parser = catch_unwind(AssertUnwindSafe(|| self.factory.create_parser(grammar)))
+            .map_err(|_| invalid("the constraint does not compile".into()))?
+            .map_err(|e| invalid(format!("the constraint does not compile: {e}")))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(invalid(format!("the constraint does not compile: {e}")));
+        }
+        let mut cache = self.cache.lock().expect("grammar cache lock");
+        if cache.map.len() >= CACHE_ENTRIES
+            && let Some(oldest) = cache
+                .map
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+        {
+            cache.map.remove(&oldest);
+        }
+        let now = cache.clock;
+        cache.map.insert(key, (matcher.deep_clone(), now));
+        Ok(Grammar::new(matcher))
+    }
+
+    /// Compiled grammars held.
+    #[cfg(test)]
+    fn cached(&self) -> usize {
+        self.cache.lock().expect("grammar cache lock").map.len()
+    }
+}
+
+/// llguidance's grammar for `c`. JSON is compact (no free whitespace between tokens) unless
+/// the schema sets its own `x-guidance` options.
+fn top_level(c: &Constraint) -> Result<TopLevelGrammar, String> {
+    Ok(match c {
+        Constraint::JsonObject => TopLevelGrammar::from_json_schema(compact(serde_json::json!({
+            "type": "object"
+        }))),
+        Constraint::JsonSchema(text) => {
+            let schema: Value = serde_json::from_str(text)
+                .map_err(|e| format!("the schema is not valid JSON: {e}"))?;
+            if !schema.is_object() && !schema.is_boolean() {
+                return Err("the schema must be a JSON object".into());
+            }
+            TopLevelGrammar::from_json_schema(compact(schema))
+        }
+        Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
+        Constraint::Choice(options) => {
+            if options.is_empty() {
+                return Err("the list of choices is empty".into());
+            }
+            let alts: Vec<String> = options
+                .iter()
+                .map(|o| serde_json::to_string(o).expect("a string serializes"))
+                .collect();
+            TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
+        }
+        Constraint::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+    })
+}
+
+fn compact(mut schema: Value) -> Value {
+    if let Some(obj) = schema.as_object_mut() {
+        obj.entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+    }
+    schema
+}
+
+/// One sequence's matcher and its mask for the next token.
+pub(crate) struct Grammar {
+    matcher: Matcher,
+    /// Bit `t % 32` of word `t / 32`: token `t` may come next. Valid after [`Grammar::compute_mask`].
+    mask: Vec<u32>,
+    /// Why the matcher failed, if it did.
+    error: Option<String>,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar")
+            .field("stopped", &self.matcher.is_stopped())
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Clone for Grammar {
+    fn clone(&self) -> Self {
+        self.fork()
+    }
+}
+
+impl Grammar {
+    fn new(matcher: Matcher) -> Self {
+        Self {
+            matcher,
+            mask: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// An independent copy in the same state (one per choice).
+    pub fn fork(&self) -> Self {
+        Self::new(self.matcher.deep_clone())
+    }
+
+    /// Computes the mask of tokens allowed next (only EOS once the grammar is complete).
+    /// Slow-ish (tens of µs to ms): run it while the device computes the forward.
+    pub fn compute_mask(&mut self) {
+        if self.error.is_some() {
+            return;
+        }
+        match self.matcher.compute_mask_or_eos() {
+            Ok(v) => {
+                let words = v.len().div_ceil(32);
+                self.mask.clear();
+                self.mask.extend_from_slice(&v.as_slice()[..words]);
+            }
+            Err(e) => self.error = Some(e.to_string()),
+        }
+    }
+
+    /// The mask of the last [`Grammar::compute_mask`], `None` once the matcher failed.
+    pub fn mask(&self) -> Option<&[u32]> {
+        (self.error.is_none() && !self.mask.is_empty()).then_some(&self.mask[..])
+    }
+
+    /// Advances over a sampled token. `Ok(true)`: the grammar is complete and the choice ends;
+    /// `Err`: the matcher failed (the token did not fit, or a grammar limit was hit).
+    pub fn consume(&mut self, token: u32) -> Result<bool, String> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        if self.matcher.is_stopped() {
+            return Ok(true);
+        }
+        match self.matcher.consume_token(token) {
+            Ok(()) => Ok(self.matcher.is_stopped()),
+            Err(e) => {
+                let e = e.to_string();
+                self.error = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::gguf::GgufFile;
+
+    /// The tokenizer and grammars of the Llama-2-vocabulary fixture.
+    fn tiny() -> (Tokenizer, Grammars) {
+        let path = crate::config::resolve_path(std::path::Path::new(
+            "../shared/models/llama-2-tiny-random.gguf",
+        ));
+        let file = GgufFile::open(&path).expect("fixture");
+        let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
+        let g = Grammars::new(&tok, tok.vocab_size(), tok.eos_ids()).expect("grammars");
+        (tok, g)
+    }
+
+    fn allowed(g: &Grammar, id: u32) -> bool {
+        g.mask().expect("mask")[id as usize / 32] >> (id % 32) & 1 == 1
+    }
+
+    /// Feeds `text` (split greedily over the trie) through `g`; whether the grammar ended.
+    fn feed(gs: &Grammars, g: &mut Grammar, text: &str) -> bool {
+        let toks = gs
+            .factory
+            .tok_env()
+            .tok_trie()
+            .greedy_tokenize(text.as_bytes());
+        let mut done = false;
+        for t in toks {
+            g.compute_mask();
+            assert!(allowed(g, t), "{text:?}: token {t} refused");
+            done = g.consume(t).expect("consume");
+        }
+        done
+    }
+
+    #[test]
+    fn choice_accepts_its_strings_only_and_is_cached() {
+        let (tok, gs) = tiny();
+        let c = Constraint::Choice(vec!["yes".into(), "no way".into()]);
+        let mut g = gs.compile(&c, "guided_choice").unwrap();
+        g.compute_mask();
+        let maybe = tok.token_to_id("maybe").expect("in the vocabulary");
+        assert!(!allowed(&g, maybe));
+        let mut other = g.fork();
+        assert!(
+            feed(&gs, &mut g, "no way"),
+            "the whole choice ends the grammar"
+        );
+        assert!(!feed(&gs, &mut other, "no"), "a prefix does not");
+        assert_eq!(gs.cached(), 1);
+        gs.compile(&c, "guided_choice").unwrap();
+        assert_eq!(gs.cached(), 1, "the second compile is a cache hit");
+    }
+
+    #[test]
+    fn json_schema_masks_until_only_eos_is_left() {
+        let (tok, gs) = tiny();
+        let schema = r#"{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false}"#;
+        let c = Constraint::JsonSchema(schema.into());
+        let mut g = gs.compile(&c, "response_format").unwrap();
+        g.compute_mask();
+        let space = tok.token_to_id("▁").expect("in the vocabulary");
+        assert!(!allowed(&g, space), "compact JSON: no leading whitespace");
+        let done = feed(&gs, &mut g, r#"{"a":12}"#);
+        g.compute_mask();
+        let eos = tok.eos_ids()[0];
+        assert!(done || allowed(&g, eos));
+        assert_eq!(
+            g.mask()
+                .unwrap()
+                .iter()
+                .map(|w| w.count_ones())
+                .sum::<u32>(),
+            1,
+            "only EOS"
+        );
+        assert_eq!(g.consume(eos), Ok(true));
+    }
+
+    #[test]
+    fn bad_constraints_name_the_param() {
+        let (_, gs) = tiny();
+        for (c, what) in [
+            (Constraint::JsonSchema("{not json".into()), "not valid JSON"),
+            (Constraint::JsonSchema("[1]".into()), "JSON object"),
+            (Constraint::Regex("a(b".into()), "compile"),
+            (Constraint::Choice(vec![]), "empty"),
+            (
+                Constraint::JsonSchema(r#"{"type":"nonsense"}"#.into()),
+                "compile",
+            ),
+            (Constraint::Lark("start: ???".into()), "compile"),
+        ] {
+            match gs.compile(&c, "x") {
+                Err(EngineError::InvalidRequest {
+                    param: Some("x"),
+                    message,
+                }) => assert!(message.contains(what), "{c:?}: {message}"),
+                other => panic!("{c:?}: {other:?}"),
+            }
+        }
+    }
+
+    /// CPU cost of one mask (ms per row) along a JSON document, for the 32k Llama-2 and the
+    /// 128k Llama-3 vocabularies: `cargo test --release --lib mask_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn mask_cost() {
+        use crate::config::resolve_path;
+        use std::path::Path;
+        let (l2, _) = tiny();
+        let dir = resolve_path(Path::new("../shared/models/tokenizers/llama3.2"));
+        let l3 = Tokenizer::from_gpt2_files(
+            &dir.join("encoder.json"),
+            &dir.join("vocab.bpe"),
+            crate::tokenizer::PreTokenizer::Llama3,
+        )
+        .expect("llama3 files");
+        let schema = r#"{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"}},"address":{"type":"object","properties":{"street":{"type":"string"},"zip":{"type":"string","pattern":"^[0-9]{5}$"}},"required":["street","zip"]}},"required":["name","age","tags","address"]}"#;
+        let doc = r#"{"name":"Ada Lovelace","age":36,"tags":["math","engines","poetry"],"address":{"street":"12 St James's Square","zip":"10001"}}"#;
+        for (label, tok, eos) in [("llama-2 32k", &l2, 2u32), ("llama-3 128k", &l3, 127999)] {
+            let t0 = std::time::Instant::now();
+            let gs = Grammars::new(tok, tok.vocab_size(), &[eos]).unwrap();
+            let trie_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let t0 = std::time::Instant::now();
+            let c = Constraint::JsonSchema(schema.into());
+            let mut g = gs.compile(&c, "x").unwrap();
+            let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let t0 = std::time::Instant::now();
+            gs.compile(&c, "x").unwrap();
+            let cached_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let toks = gs
+                .factory
+                .tok_env()
+                .tok_trie()
+                .greedy_tokenize(doc.as_bytes());
+            let (mut total, mut worst) = (0.0f64, 0.0f64);
+            for &t in &toks {
+                let t0 = std::time::Instant::now();
+                g.compute_mask();
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                total += ms;
+                worst = worst.max(ms);
+                assert!(allowed(&g, t));
+                g.consume(t).unwrap();
+            }
+            println!(
+                "{label}: trie {trie_ms:.0} ms, compile {compile_ms:.1} ms (cached {cached_ms:.2} ms), mask {:.3} ms/row mean, {worst:.3} ms worst over {} tokens",
+                total / toks.len() as f64,
+                toks.len()
+            );
+        }
+    }
+}
