@@ -43,6 +43,8 @@ impl BlockQ8K {
 
 /// A weight row (`w`, in its type's bytes) times an activation row of the matching kind.
 pub type DotFn<A> = fn(w: &[u8], a: &[A]) -> f32;
+/// A weight row times four activation rows (the weight row is decoded once).
+pub type Dot4Fn<A> = fn(w: &[u8], a: [&[A]; 4]) -> [f32; 4];
 
 /// One dot kernel per weight type, all for the same instruction set.
 #[derive(Debug, Clone, Copy)]
@@ -56,7 +58,30 @@ pub struct Kernels {
     pub q6_k: DotFn<BlockQ8K>,
     pub f16: DotFn<f32>,
     pub bf16: DotFn<f32>,
+    pub q8_0_x4: Dot4Fn<BlockQ8_0>,
+    pub q4_0_x4: Dot4Fn<BlockQ8_0>,
+    pub q4_k_x4: Dot4Fn<BlockQ8K>,
+    pub q5_k_x4: Dot4Fn<BlockQ8K>,
+    pub q6_k_x4: Dot4Fn<BlockQ8K>,
+    pub f16_x4: Dot4Fn<f32>,
+    pub bf16_x4: Dot4Fn<f32>,
 }
+
+/// The four-row form of a one-row kernel: four calls.
+macro_rules! four {
+    ($name:ident, $one:ident, $act:ty) => {
+        fn $name(w: &[u8], a: [&[$act]; 4]) -> [f32; 4] {
+            a.map(|a| $one(w, a))
+        }
+    };
+}
+four!(dot_q8_0_x4, dot_q8_0, BlockQ8_0);
+four!(dot_q4_0_x4, dot_q4_0, BlockQ8_0);
+four!(dot_q4_k_x4, dot_q4_k, BlockQ8K);
+four!(dot_q5_k_x4, dot_q5_k, BlockQ8K);
+four!(dot_q6_k_x4, dot_q6_k, BlockQ8K);
+four!(dot_f16_x4, dot_f16, f32);
+four!(dot_bf16_x4, dot_bf16, f32);
 
 impl Kernels {
     /// The plain-Rust kernels (any CPU).
@@ -69,6 +94,13 @@ impl Kernels {
         q6_k: dot_q6_k,
         f16: dot_f16,
         bf16: dot_bf16,
+        q8_0_x4: dot_q8_0_x4,
+        q4_0_x4: dot_q4_0_x4,
+        q4_k_x4: dot_q4_k_x4,
+        q5_k_x4: dot_q5_k_x4,
+        q6_k_x4: dot_q6_k_x4,
+        f16_x4: dot_f16_x4,
+        bf16_x4: dot_bf16_x4,
     };
 
     /// The fastest kernels this CPU runs, detected at run time.
