@@ -63,6 +63,7 @@ def random_blocks(qtype: T, rng: np.random.Generator) -> np.ndarray:
         T.Q8_0: ([0], 34),
         T.Q4_0: ([0], 18),
         T.Q4_K: ([0, 2], 144),
+        T.Q5_K: ([0, 2], 176),
         T.Q6_K: ([208], 210),
     }
     fields, size = layout[qtype]
@@ -73,7 +74,8 @@ def random_blocks(qtype: T, rng: np.random.Generator) -> np.ndarray:
 
 
 def write_blocks(rng: np.random.Generator) -> None:
-    for qtype in [T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K]:
+    # New types go last: the random draws of the earlier ones stay the same.
+    for qtype in [T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K, T.Q5_K]:
         blocks = random_blocks(qtype, rng)
         values = dequantize(blocks, qtype).astype("<f4").reshape(-1)
         assert np.all(np.isfinite(values)), qtype

@@ -514,9 +514,10 @@ fn ggml_type_ids_names_and_layouts() {
         (2, GgmlType::Q4_0, "Q4_0", 32, 18),
         (8, GgmlType::Q8_0, "Q8_0", 32, 34),
         (12, GgmlType::Q4K, "Q4_K", 256, 144),
+        (13, GgmlType::Q5K, "Q5_K", 256, 176),
         (14, GgmlType::Q6K, "Q6_K", 256, 210),
         (30, GgmlType::BF16, "BF16", 1, 2),
-        (13, GgmlType::Other(13), "Q5_K", 256, 176),
+        (11, GgmlType::Other(11), "Q3_K", 256, 110),
     ] {
         assert_eq!(GgmlType::from_id(id), ty);
         assert_eq!(ty.id(), id);
@@ -525,7 +526,7 @@ fn ggml_type_ids_names_and_layouts() {
             (ty.block_size(), ty.block_bytes()),
             (Some(block), Some(bytes))
         );
-        assert_eq!(ty.is_supported(), id != 13);
+        assert_eq!(ty.is_supported(), id != 11);
     }
     let unknown = GgmlType::from_id(4);
     assert_eq!((unknown.name(), unknown.block_size()), ("unknown", None));
@@ -614,22 +615,22 @@ fn custom_alignment_is_honoured() {
 #[test]
 fn unsupported_tensor_types_parse_but_do_not_dequantize() {
     let bytes = Builder::new()
-        .tensor("q5k", &[256], 13, &[0u8; 176])
+        .tensor("q3k", &[256], 11, &[0u8; 110])
         .info("future", &[7, 3], 99, 0)
         .tensor("ok", &[2], F32, &f32_bytes(&[4.0, 5.0]))
         .build();
     let f = GgufFile::parse(&bytes).unwrap();
-    let q5k = f.tensor("q5k").unwrap();
-    assert_eq!((q5k.ggml_type, q5k.n_bytes), (GgmlType::Other(13), 176));
+    let q3k = f.tensor("q3k").unwrap();
+    assert_eq!((q3k.ggml_type, q3k.n_bytes), (GgmlType::Other(11), 110));
     let future = f.tensor("future").unwrap();
     assert_eq!(
         (future.ggml_type, future.n_bytes, future.n_elements()),
         (GgmlType::Other(99), 0, 21)
     );
-    let msg = f.tensor_f32("q5k").unwrap_err().to_string();
+    let msg = f.tensor_f32("q3k").unwrap_err().to_string();
     assert_eq!(
         msg,
-        "unsupported GGUF: tensor 'q5k' has type Q5_K, which Kiln cannot dequantize"
+        "unsupported GGUF: tensor 'q3k' has type Q3_K, which Kiln cannot dequantize"
     );
     let msg = f.tensor_f32("future").unwrap_err().to_string();
     assert!(msg.contains("type unknown type 99"), "{msg}");

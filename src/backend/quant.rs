@@ -12,6 +12,9 @@
 //!   bytes 8..12 = low 4 bits sc4..7 | high 4 bits m4..7; the top 2 bits of bytes 0..4
 //!   (resp. 4..8) are the high bits of sc4..7 (resp. m4..7).
 //!   qs: four 32-byte groups; group g holds sub-block 2g in low nibbles, 2g+1 in high.
+//! Q5_K (256 elems, 176 B): d | dmin | scales[12] | qh[32] | qs[128]
+//!   as Q4_K (same scales, same nibble groups), plus a fifth bit: element l of sub-block j
+//!   adds 16 when bit j of qh[l] is set (l in 0..32).                y = d*sc * q - dmin*m
 //! Q6_K (256 elems, 210 B): ql[128] | qh[64] | scales[16] i8 | d
 //!   two halves of 128; in half h, for l in 0..32 (ql' = ql[64h..], qh' = qh[32h..]):
 //!     q(l)    = ql'[l]    & 15 | (qh'[l] >> 0 & 3) << 4       sub-block  l/16
@@ -36,19 +39,21 @@ pub enum GgmlType {
     Q8_0,
     Q4_0,
     Q4K,
+    Q5K,
     Q6K,
-    /// A ggml type id Kiln cannot dequantize (e.g. 13 = Q5_K) or does not know at all.
+    /// A ggml type id Kiln cannot dequantize (e.g. 11 = Q3_K) or does not know at all.
     Other(u32),
 }
 
 /// Elements per Q8_0 / Q4_0 block.
 pub const QK32: usize = 32;
-/// Elements per k-quant super-block (Q4_K, Q6_K).
+/// Elements per k-quant super-block (Q4_K, Q5_K, Q6_K).
 pub const QK_K: usize = 256;
 
 const Q8_0_BYTES: usize = 34;
 const Q4_0_BYTES: usize = 18;
 const Q4_K_BYTES: usize = 144;
+const Q5_K_BYTES: usize = 176;
 const Q6_K_BYTES: usize = 210;
 
 /// Tensors with at least this many elements are dequantized on the rayon pool.
@@ -128,6 +133,7 @@ impl GgmlType {
             2 => GgmlType::Q4_0,
             8 => GgmlType::Q8_0,
             12 => GgmlType::Q4K,
+            13 => GgmlType::Q5K,
             14 => GgmlType::Q6K,
             30 => GgmlType::BF16,
             other => GgmlType::Other(other),
@@ -142,6 +148,7 @@ impl GgmlType {
             GgmlType::Q4_0 => 2,
             GgmlType::Q8_0 => 8,
             GgmlType::Q4K => 12,
+            GgmlType::Q5K => 13,
             GgmlType::Q6K => 14,
             GgmlType::BF16 => 30,
             GgmlType::Other(id) => id,
@@ -219,6 +226,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
         GgmlType::Q8_0 => dequantize_q8_0(bytes, out),
         GgmlType::Q4_0 => dequantize_q4_0(bytes, out),
         GgmlType::Q4K => dequantize_q4_k(bytes, out),
+        GgmlType::Q5K => dequantize_q5_k(bytes, out),
         GgmlType::Q6K => dequantize_q6_k(bytes, out),
         GgmlType::Other(_) => Err(QuantError::Unsupported(ty)),
     }
@@ -325,8 +333,8 @@ pub fn dequantize_q4_0(bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> 
     })
 }
 
-/// The 6-bit (scale, min) of sub-block `j` (0..8) of a Q4_K block's packed `scales[12]`.
-fn q4_k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+/// The 6-bit (scale, min) of sub-block `j` (0..8) of a Q4_K or Q5_K block's packed `scales[12]`.
+pub fn q4_k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
@@ -353,6 +361,30 @@ pub fn dequantize_q4_k(bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> 
             for ((&q, lo), hi) in q.iter().zip(lo).zip(hi) {
                 *lo = d1 * f32::from(q & 0x0F) - min1;
                 *hi = d2 * f32::from(q >> 4) - min2;
+            }
+        }
+    })
+}
+
+/// Q5_K: super-blocks of 256 elements in 8 sub-blocks of 32, `d*sc * q - dmin*m` with 5-bit `q`.
+pub fn dequantize_q5_k(bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+    for_each_block::<Q5_K_BYTES, QK_K>(GgmlType::Q5K, bytes, out, |s, y| {
+        let d = f16_at(s, 0);
+        let dmin = f16_at(s, 2);
+        let scales = &s[4..16];
+        let qh = &s[16..48];
+        let qs = &s[48..];
+        for (g, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+            let (sc1, m1) = q4_k_scale_min(2 * g, scales);
+            let (sc2, m2) = q4_k_scale_min(2 * g + 1, scales);
+            let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
+            let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
+            let (lo, hi) = y.split_at_mut(32);
+            for (l, (lo, hi)) in lo.iter_mut().zip(hi).enumerate() {
+                let h1 = ((qh[l] >> (2 * g)) & 1) << 4;
+                let h2 = ((qh[l] >> (2 * g + 1)) & 1) << 4;
+                *lo = d1 * f32::from((q[l] & 0x0F) | h1) - min1;
+                *hi = d2 * f32::from((q[l] >> 4) | h2) - min2;
             }
         }
     })

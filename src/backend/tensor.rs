@@ -1,7 +1,54 @@
 //! Tensors on the host on their way to a backend, typed by weight type: plain f32 values or
 //! a file's own elements (f16, bf16, GGUF quantized blocks) as the file stores them.
 
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+
 use super::quant::{self, GgmlType, QuantError};
+
+/// Read-only bytes shared with their owner (a model file's mapping or an owned buffer):
+/// cloning and slicing copy nothing, so weights can stay in the mapped file.
+#[derive(Clone)]
+pub struct SharedBytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl SharedBytes {
+    /// `range` of `owner`'s bytes; `None` when the range is not inside them.
+    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Option<Self> {
+        let len = (*owner).as_ref().len();
+        (range.start <= range.end && range.end <= len).then_some(Self { owner, range })
+    }
+
+    /// Owns `bytes`.
+    pub fn from_vec(bytes: Vec<u8>) -> Self {
+        let range = 0..bytes.len();
+        Self {
+            owner: Arc::new(bytes),
+            range,
+        }
+    }
+}
+
+impl Deref for SharedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+}
+
+impl PartialEq for SharedBytes {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBytes({} bytes)", self.len())
+    }
+}
 
 /// What a [`HostTensor`] holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -9,8 +56,13 @@ pub enum HostData {
     /// Plain values.
     F32(Vec<f32>),
     /// Row-major little-endian elements or blocks of `ty` (never `F32`: that is `F32` above),
-    /// exactly as a model file stores them; rows hold whole blocks.
-    Raw { ty: GgmlType, bytes: Vec<u8> },
+    /// exactly as a model file stores them (often borrowed from its mapping); rows hold
+    /// whole blocks.
+    Raw { ty: GgmlType, bytes: SharedBytes },
+    /// Matrices with equal column counts stacked along rows (fused projections), each part
+    /// kept in its own type and storage: no copy, and mixed types (Q4_K over Q6_K) stay
+    /// quantized.
+    Stacked(Vec<HostTensor>),
 }
 
 /// A row-major tensor on the host.
@@ -34,9 +86,22 @@ impl HostTensor {
     /// A tensor of `ty`'s raw bytes; the byte count must match the shape and each row must
     /// hold whole blocks.
     pub fn raw(shape: Vec<usize>, ty: GgmlType, bytes: Vec<u8>) -> Result<Self, QuantError> {
+        Self::raw_shared(shape, ty, SharedBytes::from_vec(bytes))
+    }
+
+    /// [`HostTensor::raw`] on shared bytes (a model file's mapping): nothing is copied
+    /// unless `ty` is `F32`, whose values are read into a vector.
+    pub fn raw_shared(
+        shape: Vec<usize>,
+        ty: GgmlType,
+        bytes: SharedBytes,
+    ) -> Result<Self, QuantError> {
         let n = shape.iter().product::<usize>() as u64;
         let cols = *shape.last().unwrap_or(&1) as u64;
         let block = ty.block_size().ok_or(QuantError::Unsupported(ty))?;
+        if !ty.is_supported() {
+            return Err(QuantError::Unsupported(ty));
+        }
         if !cols.is_multiple_of(block) {
             return Err(QuantError::PartialBlock {
                 ty,
@@ -63,11 +128,33 @@ impl HostTensor {
         })
     }
 
-    /// The weight type of the elements.
+    /// The weight type of the elements (of the first part, for a stack).
     pub fn weight_type(&self) -> GgmlType {
         match &self.data {
             HostData::F32(_) => GgmlType::F32,
             HostData::Raw { ty, .. } => *ty,
+            HostData::Stacked(parts) => parts.first().map_or(GgmlType::F32, Self::weight_type),
+        }
+    }
+
+    /// A short description of the weight types: `Q4_K` or, for a mixed stack, `Q4_K+Q6_K`.
+    pub fn type_label(&self) -> String {
+        match &self.data {
+            HostData::Stacked(parts) => {
+                let mut names: Vec<&str> = parts.iter().map(|p| p.weight_type().name()).collect();
+                names.dedup();
+                names.join("+")
+            }
+            _ => self.weight_type().to_string(),
+        }
+    }
+
+    /// Bytes the data takes on the host (shared bytes counted at their size).
+    pub fn byte_len(&self) -> usize {
+        match &self.data {
+            HostData::F32(v) => v.len() * 4,
+            HostData::Raw { bytes, .. } => bytes.len(),
+            HostData::Stacked(parts) => parts.iter().map(Self::byte_len).sum(),
         }
     }
 
@@ -75,11 +162,11 @@ impl HostTensor {
     pub fn values(&self) -> Option<&[f32]> {
         match &self.data {
             HostData::F32(v) => Some(v),
-            HostData::Raw { .. } => None,
+            _ => None,
         }
     }
 
-    /// The tensor as plain f32 values (dequantizing raw data).
+    /// The tensor as plain f32 values (dequantizing raw data, concatenating stacks).
     pub fn into_f32(self) -> Result<HostTensor, QuantError> {
         match self.data {
             HostData::F32(_) => Ok(self),
@@ -87,6 +174,15 @@ impl HostTensor {
                 let n = self.shape.iter().product::<usize>() as u64;
                 let values = quant::dequantize_to_vec(ty, &bytes, n)?;
                 Ok(HostTensor::new(self.shape, values))
+            }
+            HostData::Stacked(parts) => {
+                let mut data = Vec::with_capacity(self.shape.iter().product());
+                for p in parts {
+                    if let HostData::F32(v) = p.into_f32()?.data {
+                        data.extend_from_slice(&v);
+                    }
+                }
+                Ok(HostTensor::new(self.shape, data))
             }
         }
     }
@@ -105,31 +201,30 @@ impl HostTensor {
         *self.shape.last().unwrap_or(&0)
     }
 
-    /// Stacks matrices with equal column counts along rows. Parts of one weight type stay of
-    /// that type (their rows hold whole blocks); mixed parts are stacked as f32.
+    /// Stacks matrices with equal column counts along rows. Plain f32 parts are
+    /// concatenated; otherwise the parts are kept as they are ([`HostData::Stacked`]).
     pub fn concat_rows(parts: Vec<HostTensor>) -> Result<HostTensor, QuantError> {
         let cols = parts.first().map_or(0, HostTensor::cols);
         let rows = parts.iter().map(HostTensor::rows).sum();
-        let ty = parts.first().map_or(GgmlType::F32, HostTensor::weight_type);
-        let same = parts.iter().all(|p| p.weight_type() == ty);
-        if same && ty != GgmlType::F32 {
-            let mut bytes = Vec::new();
-            for p in parts {
-                debug_assert_eq!(p.cols(), cols);
-                if let HostData::Raw { bytes: b, .. } = p.data {
-                    bytes.extend_from_slice(&b);
-                }
+        debug_assert!(parts.iter().all(|p| p.cols() == cols));
+        if parts.iter().all(|p| p.values().is_some()) {
+            let mut data = Vec::with_capacity(rows * cols);
+            for p in &parts {
+                data.extend_from_slice(p.values().unwrap_or_default());
             }
-            return HostTensor::raw(vec![rows, cols], ty, bytes);
+            return Ok(HostTensor::new(vec![rows, cols], data));
         }
-        let mut data = Vec::with_capacity(rows * cols);
+        let mut flat = Vec::with_capacity(parts.len());
         for p in parts {
-            debug_assert_eq!(p.cols(), cols);
-            if let HostData::F32(v) = p.into_f32()?.data {
-                data.extend_from_slice(&v);
+            match p.data {
+                HostData::Stacked(inner) => flat.extend(inner),
+                _ => flat.push(p),
             }
         }
-        Ok(HostTensor::new(vec![rows, cols], data))
+        Ok(HostTensor {
+            shape: vec![rows, cols],
+            data: HostData::Stacked(flat),
+        })
     }
 }
 
@@ -146,15 +241,26 @@ mod tests {
         assert!(HostTensor::raw(vec![1, 4], GgmlType::F16, vec![0; 6]).is_err());
         let ab = HostTensor::concat_rows(vec![a.clone(), b]).unwrap();
         assert_eq!(
-            (ab.weight_type(), ab.shape.clone()),
-            (GgmlType::F16, vec![2, 4])
+            (ab.weight_type(), ab.shape.clone(), ab.byte_len()),
+            (GgmlType::F16, vec![2, 4], 16)
         );
+        assert!(matches!(&ab.data, HostData::Stacked(p) if p.len() == 2));
         let f = ab.into_f32().unwrap();
         assert_eq!(
             f.values().unwrap(),
             &[1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]
         );
         let mixed = HostTensor::concat_rows(vec![a, HostTensor::new(vec![1, 4], vec![3.0; 4])]);
-        assert_eq!(mixed.unwrap().values().unwrap()[4..], [3.0; 4]);
+        let mixed = mixed.unwrap();
+        assert_eq!(mixed.type_label(), "F16+F32");
+        assert_eq!(mixed.into_f32().unwrap().values().unwrap()[4..], [3.0; 4]);
+        let plain = HostTensor::concat_rows(vec![
+            HostTensor::new(vec![1, 2], vec![1.0, 2.0]),
+            HostTensor::new(vec![1, 2], vec![3.0, 4.0]),
+        ]);
+        assert_eq!(plain.unwrap().values().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(vec![1u8, 2, 3]);
+        assert!(SharedBytes::new(owner.clone(), 1..4).is_none());
+        assert_eq!(&*SharedBytes::new(owner, 1..3).unwrap(), &[2, 3]);
     }
 }

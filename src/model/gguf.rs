@@ -21,9 +21,11 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::backend::quant;
 pub use crate::backend::quant::GgmlType;
+use crate::backend::tensor::SharedBytes;
 
 /// Most dims a tensor may have (ggml's `GGML_MAX_DIMS`).
 pub const MAX_DIMS: u32 = 4;
@@ -168,10 +170,11 @@ impl TensorInfo {
     }
 }
 
-/// The bytes a file was parsed from: a read-only mapping or an owned buffer.
+/// The bytes a file was parsed from: a read-only mapping or an owned buffer, shared with
+/// the tensors handed out by [`GgufFile::tensor_shared`].
 enum Storage {
-    Mmap(memmap2::Mmap),
-    Owned(Vec<u8>),
+    Mmap(Arc<memmap2::Mmap>),
+    Owned(Arc<Vec<u8>>),
 }
 
 impl Storage {
@@ -179,6 +182,13 @@ impl Storage {
         match self {
             Storage::Mmap(m) => m,
             Storage::Owned(v) => v,
+        }
+    }
+
+    fn shared(&self) -> Arc<dyn AsRef<[u8]> + Send + Sync> {
+        match self {
+            Storage::Mmap(m) => m.clone(),
+            Storage::Owned(v) => v.clone(),
         }
     }
 }
@@ -209,17 +219,17 @@ impl GgufFile {
         // the parser treats the bytes as untrusted and reads them only through bounds-checked
         // slices, so even a concurrent change cannot make it read outside the mapping.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
-        Self::from_storage(Storage::Mmap(map))
+        Self::from_storage(Storage::Mmap(Arc::new(map)))
     }
 
     /// Parses an in-memory GGUF image (copied; used by tests and fuzzing).
     pub fn parse(bytes: &[u8]) -> Result<Self, GgufError> {
-        Self::from_storage(Storage::Owned(bytes.to_vec()))
+        Self::from_storage(Storage::Owned(Arc::new(bytes.to_vec())))
     }
 
     /// Parses an owned in-memory GGUF image without copying it.
     pub fn from_vec(bytes: Vec<u8>) -> Result<Self, GgufError> {
-        Self::from_storage(Storage::Owned(bytes))
+        Self::from_storage(Storage::Owned(Arc::new(bytes)))
     }
 
     fn from_storage(storage: Storage) -> Result<Self, GgufError> {
@@ -335,6 +345,14 @@ impl GgufFile {
         range
             .and_then(|r| self.storage.bytes().get(r))
             .unwrap_or(&[])
+    }
+
+    /// Raw bytes of a tensor as a handle that shares the file's mapping (no copy), valid
+    /// after this `GgufFile` is dropped; `None` for an info whose range is not in the file.
+    pub fn tensor_shared(&self, info: &TensorInfo) -> Option<SharedBytes> {
+        let start = usize::try_from(info.offset).ok()?;
+        let end = start.checked_add(usize::try_from(info.n_bytes).ok()?)?;
+        SharedBytes::new(self.storage.shared(), start..end)
     }
 
     /// Tensor data dequantized to f32, GGUF order (ne0 fastest).

@@ -9,6 +9,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::ModelError;
 use super::gguf::GgufFile;
+use crate::backend::HostTensor;
 
 /// A source of named tensors. Names are GGUF-style (`blk.0.attn_q.weight`); shapes are
 /// row-major `[rows, cols]` (GGUF `[ne0, ne1]` reversed) or `[len]`.
@@ -16,6 +17,14 @@ pub trait TensorSource: Send + Sync {
     /// The tensor's values, or `None` when the file has no such tensor.
     /// Errors when it exists with a different shape or cannot be decoded.
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError>;
+
+    /// The tensor in the file's own type (quantized blocks, f16, bf16) where the source can
+    /// hand it over without converting; by default [`TensorSource::fetch`]'s f32 values.
+    fn fetch_host(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, ModelError> {
+        Ok(self
+            .fetch(name, shape)?
+            .map(|v| HostTensor::new(shape.to_vec(), v)))
+    }
 }
 
 fn shape_error(name: &str, want: &[usize], got: &[usize]) -> ModelError {
@@ -24,17 +33,48 @@ fn shape_error(name: &str, want: &[usize], got: &[usize]) -> ModelError {
     ))
 }
 
+/// The info of GGUF tensor `name`, checked against `shape` (dims of 1 ignored).
+fn gguf_info<'a>(
+    g: &'a GgufFile,
+    name: &str,
+    shape: &[usize],
+) -> Result<Option<&'a super::gguf::TensorInfo>, ModelError> {
+    let Some(info) = g.tensor(name) else {
+        return Ok(None);
+    };
+    let got: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+    let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+    if squeeze(&got) != squeeze(shape) {
+        return Err(shape_error(name, shape, &got));
+    }
+    Ok(Some(info))
+}
+
 impl TensorSource for GgufFile {
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
-        let Some(info) = self.tensor(name) else {
+        match gguf_info(self, name, shape)? {
+            Some(_) => Ok(Some(self.tensor_f32(name)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The tensor's bytes shared with the file's mapping (no copy); F32 as values.
+    fn fetch_host(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, ModelError> {
+        let Some(info) = gguf_info(self, name, shape)? else {
             return Ok(None);
         };
-        let got: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
-        let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
-        if squeeze(&got) != squeeze(shape) {
-            return Err(shape_error(name, shape, &got));
+        let ty = info.ggml_type;
+        if !ty.is_supported() {
+            return Err(ModelError::Format(format!(
+                "tensor '{name}' has type {ty}, which Kiln cannot compute"
+            )));
         }
-        Ok(Some(self.tensor_f32(name)?))
+        let bytes = self
+            .tensor_shared(info)
+            .ok_or_else(|| ModelError::Format(format!("tensor '{name}': data outside the file")))?;
+        HostTensor::raw_shared(shape.to_vec(), ty, bytes)
+            .map(Some)
+            .map_err(|e| ModelError::Format(format!("tensor '{name}': {e}")))
     }
 }
 

@@ -70,7 +70,9 @@ impl<W> ModelWeights<W> {
 }
 
 /// Reads every tensor in forward order, handing each to `upload` (which may move it to a
-/// device and drop the host copy). Shows a progress bar on a terminal.
+/// device and drop the host copy). Tensors arrive in the file's type (GGUF blocks borrowed
+/// from the mapping); fused q/k/v and gate/up matrices arrive as stacks of their parts
+/// unless all parts are f32. Shows a progress bar on a terminal.
 pub fn load_weights<W, E>(
     files: &ModelFiles,
     mut upload: impl FnMut(HostTensor) -> Result<W, E>,
@@ -87,11 +89,10 @@ where
     );
     bar.set_message(files.name.clone());
     let src = &*files.source;
+    // In the file's own type, straight from its mapping: the backend decides what to convert.
     let get = |name: &str, shape: Vec<usize>| -> Result<HostTensor, ModelError> {
-        let data = src
-            .fetch(name, &shape)?
-            .ok_or_else(|| ModelError::Missing(name.to_string()))?;
-        Ok(HostTensor::new(shape, data))
+        src.fetch_host(name, &shape)?
+            .ok_or_else(|| ModelError::Missing(name.to_string()))
     };
     let (h, q, kv, ff) = (s.hidden, s.q_dim(), s.kv_dim(), s.intermediate);
     let embed = upload(get("token_embd.weight", vec![s.vocab_size, h])?)?;

@@ -1,15 +1,25 @@
 //! The CPU reference backend: plain f32 loops (GEMMs through the `gemm` crate, rayon over
 //! both cores for large work). It is the oracle every GPU result is checked against.
+//! Weights keep their file's type: GGUF blocks are multiplied as they are (`qmatmul`), with
+//! activations quantized to 8 bits per block; f16/bf16 rows are widened on the fly.
 
 mod attention;
 pub mod ops;
+pub mod qdot;
+#[cfg(target_arch = "x86_64")]
+mod qdot_avx2;
+pub mod qmatmul;
 
 use attention::AttnGeom;
 
+use super::quant;
 use super::{
-    AttnShape, Backend, BackendError, BatchPlan, HostTensor, KvShape, RopeLayout, RopeSpec,
+    AttnShape, Backend, BackendError, BatchPlan, HostData, HostTensor, KvShape, RopeLayout,
+    RopeSpec,
 };
 use crate::sampling::{CpuSampler, SampleRow, Sampled};
+pub use qdot::Kernels;
+use qmatmul::QScratch;
 
 /// A `[rows, cols]` activation buffer.
 #[derive(Debug, Clone)]
@@ -35,21 +45,60 @@ pub struct CpuBatch {
 }
 
 /// The CPU backend. Holds only scratch; no global state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CpuBackend {
     kv_shape: Option<KvShape>,
     sampler: CpuSampler,
     inv_freqs: Vec<f32>,
     cos_sin: Vec<(f32, f32)>,
+    /// The dot kernels of the instruction set in use.
+    kernels: Kernels,
+    /// Dequantize every weight to f32 at upload (the exact f32 reference path).
+    f32_weights: bool,
+    qscratch: QScratch,
 }
 
-impl CpuBackend {
-    pub fn new() -> Self {
-        Self::default()
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::with_kernels(Kernels::detect())
     }
 }
 
-/// The values of an uploaded weight (always f32: see `upload_weight`).
+impl CpuBackend {
+    /// Weights in their file's type, with the fastest kernels this CPU runs.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Weights in their file's type, multiplied by `kernels` (tests pin the portable ones).
+    pub fn with_kernels(kernels: Kernels) -> Self {
+        Self {
+            kv_shape: None,
+            sampler: CpuSampler::default(),
+            inv_freqs: Vec::new(),
+            cos_sin: Vec::new(),
+            kernels,
+            f32_weights: false,
+            qscratch: QScratch::default(),
+        }
+    }
+
+    /// Every weight dequantized to f32 at upload: exact f32 matmuls of the dequantized
+    /// weights (the reference quantized results are checked against), at 4-8x the memory.
+    pub fn with_f32_weights() -> Self {
+        Self {
+            f32_weights: true,
+            ..Self::default()
+        }
+    }
+
+    /// The name of the kernels in use (`avx2`, `portable`).
+    pub fn kernels_name(&self) -> &'static str {
+        self.kernels.name
+    }
+}
+
+/// The values of an uploaded vector weight (always f32: see `upload_weight`).
 fn values(w: &HostTensor) -> Result<&[f32], BackendError> {
     w.values().ok_or(BackendError::Unsupported {
         backend: "cpu",
@@ -77,12 +126,30 @@ impl Backend for CpuBackend {
         "cpu".into()
     }
 
-    /// Keeps the tensor on the host as f32 (raw file data is dequantized here).
+    /// Keeps matrices in their file's type (GGUF blocks stay in the file's mapping); vectors
+    /// (norms, biases) become f32. With [`CpuBackend::with_f32_weights`], everything does.
     fn upload_weight(&mut self, w: HostTensor) -> Result<HostTensor, BackendError> {
-        Ok(w.into_f32()?)
+        if self.f32_weights || w.shape.len() < 2 {
+            return Ok(w.into_f32()?);
+        }
+        let parts = match &w.data {
+            HostData::Stacked(parts) => parts.as_slice(),
+            _ => std::slice::from_ref(&w),
+        };
+        for p in parts {
+            if qdot::ActKind::of(p.weight_type()).is_none() {
+                return Err(BackendError::Unsupported {
+                    backend: "cpu",
+                    op: "matmul",
+                    dtype: p.weight_type().to_string(),
+                });
+            }
+        }
+        Ok(w)
     }
 
     fn alloc(&mut self, rows: usize, cols: usize) -> Result<CpuTensor, BackendError> {
+        self.qscratch.reserve(rows * cols);
         Ok(CpuTensor {
             data: vec![0.0; rows * cols],
             cols,
@@ -124,7 +191,6 @@ impl Backend for CpuBackend {
     ) -> Result<(), BackendError> {
         let h = table.cols();
         check_cols("embed", out.cols, h)?;
-        let table_data = values(table)?;
         for (t, &id) in b.plan.token_ids.iter().enumerate() {
             let id = id as usize;
             if id >= table.rows() {
@@ -133,7 +199,22 @@ impl Backend for CpuBackend {
                     table.rows()
                 )));
             }
-            out.data[t * h..(t + 1) * h].copy_from_slice(&table_data[id * h..(id + 1) * h]);
+            let row = &mut out.data[t * h..(t + 1) * h];
+            match &table.data {
+                HostData::F32(v) => row.copy_from_slice(&v[id * h..(id + 1) * h]),
+                // Only the looked-up rows are dequantized.
+                HostData::Raw { ty, bytes } => {
+                    let rb = ty.byte_size(h as u64)? as usize;
+                    quant::dequantize(*ty, &bytes[id * rb..(id + 1) * rb], row)?;
+                }
+                HostData::Stacked(_) => {
+                    return Err(BackendError::Unsupported {
+                        backend: "cpu",
+                        op: "embed",
+                        dtype: table.type_label(),
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -187,15 +268,18 @@ impl Backend for CpuBackend {
         let (m, k) = (w.rows(), w.cols());
         check_cols("matmul input", x.cols, k)?;
         check_cols("matmul output", out.cols, m)?;
-        ops::matmul(
-            &x.data,
-            values(w)?,
-            bias.map(values).transpose()?,
-            n,
-            k,
-            m,
-            &mut out.data,
-        );
+        let bias = bias.map(values).transpose()?;
+        if let Some(v) = w.values() {
+            ops::matmul(&x.data, v, bias, n, k, m, &mut out.data);
+            return Ok(());
+        }
+        let kern = self.kernels;
+        qmatmul::matmul(&kern, &mut self.qscratch, &x.data, w, n, &mut out.data)?;
+        if let Some(b) = bias {
+            for row in out.data[..n * m].chunks_exact_mut(m) {
+                row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
+            }
+        }
         Ok(())
     }
 
