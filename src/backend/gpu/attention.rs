@@ -8,7 +8,7 @@ use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
 use crate::backend::{AttnShape, BackendError};
 
-/// Warps per attention block (`ATTN_WARPS` in `kernels/attention.cu`).
+/// Warps per attention block (`ATTN_WARPS` in `kernels/attention.cuh`).
 const ATTN_WARPS: usize = 4;
 
 impl<R: Runtime> GpuBackend<R> {
