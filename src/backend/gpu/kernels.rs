@@ -76,7 +76,7 @@ impl Source {
 
     /// The translation unit the runtime compiler sees: the prelude, then each header and the
     /// file, each after a `#line` marker (`scripts/compile_kernels_hip.sh` builds the same).
-    fn full_text(self) -> String {
+    pub(super) fn full_text(self) -> String {
         let mut text = PRELUDE.to_string();
         for (name, body) in self.headers().iter().chain([&(self.file(), self.text())]) {
             text.push_str(&format!("\n#line 1 \"{name}\"\n{body}"));
@@ -290,7 +290,7 @@ impl Kernel {
         }
     }
 
-    fn source(self) -> Source {
+    pub(super) fn source(self) -> Source {
         match self {
             Kernel::Embed | Kernel::GatherRows => Source::Embed,
             Kernel::RmsNorm | Kernel::AddRmsNorm | Kernel::RmsNormVec | Kernel::AddRmsNormVec => {
@@ -312,7 +312,7 @@ impl Kernel {
     }
 
     /// Entry point name for storage type `dt`.
-    fn entry(self, dt: DType) -> String {
+    pub(super) fn entry(self, dt: DType) -> String {
         let d = dt.suffix();
         match self {
             Kernel::Attention { head, qv } => format!("attn_{d}_d{}_q{qv}", head.tag()),
