@@ -20,18 +20,6 @@ pub enum ArgKind {
     F32,
 }
 
-impl Arg {
-    /// How this argument is passed.
-    pub fn kind(&self) -> ArgKind {
-        match self {
-            Arg::Ptr(_) => ArgKind::Ptr,
-            Arg::I32(_) => ArgKind::I32,
-            Arg::U64(_) => ArgKind::U64,
-            Arg::F32(_) => ArgKind::F32,
-        }
-    }
-}
-
 /// The arguments of one kernel signature.
 pub trait KernelArgs {
     /// Parameter names and kinds, in the kernel's order.
