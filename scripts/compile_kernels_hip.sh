@@ -3,15 +3,18 @@
 #
 # The kernel list is derived from kernels/*.cu (tests/kernels_hip.rs checks that every source
 # of the typed kernel enum is one of them). Each source is compiled exactly as the runtime
-# compiles it: prelude.cuh, a #line marker, then the untouched kernel text, with
-# -DKILN_WARP_SIZE set for the target and both storage types (f32, bf16) instantiated.
+# compiles it: prelude.cuh, then the source's shared headers (attention_*.cu: attention.cuh)
+# and the untouched kernel text, each after a #line marker, with -DKILN_WARP_SIZE set for
+# the target and both storage types (f32, bf16) instantiated.
 # `-include hip/hip_runtime.h` supplies what hipRTC pre-includes implicitly.
 #
 # Targets: gfx90a (CDNA2, MI200: wave64) and gfx1030 (RDNA2: wave32).
 # Warnings: -Wall minus -Wunused-const-variable (prelude constants such as MAX_WARPS are
 # unused by some kernels), all as errors; override with KILN_HIP_WARN="...".
-# Usage: scripts/compile_kernels_hip.sh [--list] [OUT_DIR]
-#   --list  print the kernel sources this script compiles, one per line, and exit.
+# Usage: scripts/compile_kernels_hip.sh [--list | --units DIR] [OUT_DIR]
+#   --list       print the kernel sources this script compiles, one per line, and exit.
+#   --units DIR  write each source's compile unit to DIR/<name>.hip and exit (no hipcc;
+#                tests/kernels_hip.rs compares them with what the backend compiles).
 # Exit status: 0 when every kernel compiled for every target, 1 otherwise, 2 without hipcc.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +25,37 @@ TARGETS=("gfx90a:64" "gfx1030:32")
 
 mapfile -t SOURCES < <(find "$KERNEL_DIR" -maxdepth 1 -name '*.cu' -printf '%f\n' | LC_ALL=C sort)
 
+# The shared headers prepended to a source (mirrors `Source::headers` in
+# src/backend/gpu/kernels.rs).
+headers_of() {
+    case "$1" in
+        attention_*.cu) echo attention.cuh ;;
+    esac
+}
+
+# Writes the compile unit of every source into directory $1.
+write_units() {
+    local src hdr
+    for src in "${SOURCES[@]}"; do
+        {
+            cat "$PRELUDE"
+            for hdr in $(headers_of "$src"); do
+                printf '\n#line 1 "%s"\n' "$hdr"
+                cat "$KERNEL_DIR/$hdr"
+            done
+            printf '\n#line 1 "%s"\n' "$src"
+            cat "$KERNEL_DIR/$src"
+        } >"$1/${src%.cu}.hip"
+    done
+}
+
 if [[ "${1:-}" == "--list" ]]; then
     printf '%s\n' "${SOURCES[@]}"
+    exit 0
+fi
+if [[ "${1:-}" == "--units" ]]; then
+    mkdir -p "${2:?--units needs a directory}"
+    write_units "$2"
     exit 0
 fi
 
@@ -61,11 +93,9 @@ compile_one() {
     fi
 }
 
-for src in "${SOURCES[@]}"; do
-    { cat "$PRELUDE"; printf '\n#line 1 "%s"\n' "$src"; cat "$KERNEL_DIR/$src"; } >"$OUT/${src%.cu}.hip"
-done
-# attention.cu dominates (minutes per target): start the largest sources first.
-mapfile -t ORDER < <(for src in "${SOURCES[@]}"; do echo "$(stat -c %s "$KERNEL_DIR/$src") $src"; done \
+write_units "$OUT"
+# The attention sources dominate (minutes per target): start the largest units first.
+mapfile -t ORDER < <(for src in "${SOURCES[@]}"; do echo "$(stat -c %s "$OUT/${src%.cu}.hip") $src"; done \
     | sort -rn | cut -d' ' -f2)
 for src in "${ORDER[@]}"; do
     for t in "${TARGETS[@]}"; do

@@ -68,3 +68,36 @@ fn every_enum_kernel_source_is_compiled_for_amd() {
         );
     }
 }
+
+/// The script compiles exactly the text the backend compiles: for every source, the same
+/// prelude, shared headers and kernel text, with the same `#line` markers.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+#[test]
+fn script_compile_units_are_the_backends() {
+    use kiln::backend::gpu::{DType, kernels};
+
+    let dir = std::env::temp_dir().join(format!("kiln-hip-units-{}", std::process::id()));
+    let out = Command::new("bash")
+        .arg(root().join("scripts/compile_kernels_hip.sh"))
+        .arg("--units")
+        .arg(&dir)
+        .output()
+        .expect("run scripts/compile_kernels_hip.sh --units");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sources = kernels::sources(DType::Bf16);
+    assert!(sources.len() >= 10, "{} sources", sources.len());
+    for (file, text, _) in &sources {
+        let unit = dir.join(file.replace(".cu", ".hip"));
+        let script =
+            std::fs::read_to_string(&unit).unwrap_or_else(|e| panic!("{}: {e}", unit.display()));
+        assert!(
+            script == *text,
+            "scripts/compile_kernels_hip.sh builds {file} differently from the backend"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -2,13 +2,13 @@
 //! step's largest item, launches it once over every item and KV head, then merges split-K
 //! partials when the step has any.
 
-use super::device::Arg;
+use super::args::{AttnArgs, AttnCombineArgs};
 use super::kernels::{AttnHead, Kernel};
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
 use crate::backend::{AttnShape, BackendError};
 
-/// Warps per attention block (`ATTN_WARPS` in `kernels/attention.cu`).
+/// Warps per attention block (`ATTN_WARPS` in `kernels/attention.cuh`).
 const ATTN_WARPS: usize = 4;
 
 impl<R: Runtime> GpuBackend<R> {
@@ -33,40 +33,14 @@ impl<R: Runtime> GpuBackend<R> {
             )));
         }
         let head = AttnHead::for_head_dim(hd);
-        let group = n_heads / n_kv;
-        let vectors = l.max_item_rows as usize * group;
-        let sizes = head.group_sizes();
-        let qv = sizes
-            .iter()
-            .copied()
-            .find(|&q| q as usize >= vectors)
-            .unwrap_or(sizes[sizes.len() - 1]);
-        // Decode steps (every item at most 8 query vectors): the thread-group decode variant.
-        // More query vectors than the largest CUDA-core pass: the tensor-core variant.
-        let dec = head.decode_sizes();
-        // The decode variant's grid is (KV head, item): items must fit the grid's y limit.
-        let kernel = if head.has_decode()
-            && vectors <= dec[dec.len() - 1] as usize
-            && l.n_items <= 65535
-            && self.attn_decode
-        {
-            let qv = dec
-                .iter()
-                .copied()
-                .find(|&q| q as usize >= vectors)
-                .unwrap_or(1);
-            Kernel::AttentionDecode { head, qv }
-        } else if vectors > sizes[sizes.len() - 1] as usize && self.mma && head.has_tc() {
-            Kernel::AttentionTc { head }
-        } else {
-            Kernel::Attention { head, qv }
-        };
+        let vectors = l.max_item_rows as usize * (n_heads / n_kv);
+        let kernel = self.attention_kernel(head, vectors, l.n_items);
         let (mut part_acc, mut part_ml) = (0u64, 0u64);
         if l.n_parts > 0 {
             let acc_bytes = l.n_parts * n_heads * hd * 4;
             part_acc = ensure(
                 &self.dev,
-                &mut self.attn_ws,
+                &mut self.scratch.attn_ws,
                 acc_bytes + l.n_parts * n_heads * 8,
                 "attention partials",
                 &mut self.generation,
@@ -84,40 +58,71 @@ impl<R: Runtime> GpuBackend<R> {
             blocks,
             threads: (ATTN_WARPS * self.dev.info.warp_size) as u32,
         };
-        let args = [
-            Arg::Ptr(qkv.buf.ptr()),
-            Arg::I32(qkv.cols as i32),
-            Arg::Ptr(k),
-            Arg::Ptr(k + layer_elems * size),
-            Arg::Ptr(out.buf.ptr()),
-            Arg::Ptr(part_acc),
-            Arg::Ptr(part_ml),
-            Arg::Ptr(self.meta_ptr(l.positions)),
-            Arg::Ptr(self.meta_ptr(l.seqinfo)),
-            Arg::Ptr(self.meta_ptr(l.tables)),
-            Arg::Ptr(self.meta_ptr(l.items)),
-            Arg::I32(n_heads as i32),
-            Arg::I32(n_kv as i32),
-            Arg::I32(hd as i32),
-            Arg::I32(kv.shape.block_size as i32),
-            Arg::F32(1.0 / (hd as f32).sqrt()),
-        ];
-        self.launch(kernel, grid, &args)?;
+        let args = AttnArgs {
+            qkv: qkv.buf.ptr(),
+            qkv_stride: qkv.cols as i32,
+            k_cache: k,
+            v_cache: k + layer_elems * size,
+            out: out.buf.ptr(),
+            part_acc,
+            part_ml,
+            positions: self.meta_ptr(l.positions),
+            seqinfo: self.meta_ptr(l.seqinfo),
+            tables: self.meta_ptr(l.tables),
+            items: self.meta_ptr(l.items),
+            n_heads: n_heads as i32,
+            n_kv: n_kv as i32,
+            head_dim: hd as i32,
+            block_size: kv.shape.block_size as i32,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        self.launch_with(kernel, grid, &args)?;
         if l.n_splits > 0 {
             let grid = Grid {
                 blocks: (l.n_splits as u32, n_heads as u32, 1),
                 threads: 128,
             };
-            let args = [
-                Arg::Ptr(part_acc),
-                Arg::Ptr(part_ml),
-                Arg::Ptr(self.meta_ptr(l.splits)),
-                Arg::Ptr(out.buf.ptr()),
-                Arg::I32(n_heads as i32),
-                Arg::I32(hd as i32),
-            ];
-            self.launch(Kernel::AttnCombine, grid, &args)?;
+            let args = AttnCombineArgs {
+                part_acc,
+                part_ml,
+                splits: self.meta_ptr(l.splits),
+                out: out.buf.ptr(),
+                n_heads: n_heads as i32,
+                hd: hd as i32,
+            };
+            self.launch_with(Kernel::AttnCombine, grid, &args)?;
         }
         Ok(())
+    }
+
+    /// The attention instantiation for head size `head`, at most `vectors` query vectors
+    /// per item and `n_items` items.
+    fn attention_kernel(&self, head: AttnHead, vectors: usize, n_items: usize) -> Kernel {
+        let sizes = head.group_sizes();
+        let qv = sizes
+            .iter()
+            .copied()
+            .find(|&q| q as usize >= vectors)
+            .unwrap_or(sizes[sizes.len() - 1]);
+        // Decode steps (every item at most 8 query vectors): the thread-group decode variant.
+        // More query vectors than the largest CUDA-core pass: the tensor-core variant.
+        let dec = head.decode_sizes();
+        // The decode variant's grid is (KV head, item): items must fit the grid's y limit.
+        if head.has_decode()
+            && vectors <= dec[dec.len() - 1] as usize
+            && n_items <= 65535
+            && self.switches.attn_decode
+        {
+            let qv = dec
+                .iter()
+                .copied()
+                .find(|&q| q as usize >= vectors)
+                .unwrap_or(1);
+            Kernel::AttentionDecode { head, qv }
+        } else if vectors > sizes[sizes.len() - 1] as usize && self.switches.mma && head.has_tc() {
+            Kernel::AttentionTc { head }
+        } else {
+            Kernel::Attention { head, qv }
+        }
     }
 }

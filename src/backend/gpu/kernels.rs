@@ -11,6 +11,11 @@ use super::runtime::{DeviceInfo, Runtime, dev_err};
 use crate::backend::{BackendError, DType};
 
 const PRELUDE: &str = include_str!("../../../kernels/prelude.cuh");
+/// Device helpers and the portable kernel shared by the three attention sources.
+const ATTENTION_HEADER: (&str, &str) = (
+    "attention.cuh",
+    include_str!("../../../kernels/attention.cuh"),
+);
 
 /// A kernel source file under `kernels/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -20,19 +25,26 @@ pub enum Source {
     Rope,
     Kv,
     Activation,
-    Attention,
+    /// The portable attention kernel (`attn_*_q*`).
+    AttentionPrefill,
+    /// The tensor-core attention kernel (`attn_*_tc`).
+    AttentionTc,
+    /// The decode attention kernel (`attn_*_dec*`) and the split-K merge.
+    AttentionDecode,
     Sample,
     Gemv,
 }
 
 impl Source {
-    const ALL: [Source; 8] = [
+    const ALL: [Source; 10] = [
         Source::Embed,
         Source::Norm,
         Source::Rope,
         Source::Kv,
         Source::Activation,
-        Source::Attention,
+        Source::AttentionPrefill,
+        Source::AttentionTc,
+        Source::AttentionDecode,
         Source::Sample,
         Source::Gemv,
     ];
@@ -44,15 +56,32 @@ impl Source {
             Source::Rope => "rope.cu",
             Source::Kv => "kv.cu",
             Source::Activation => "activation.cu",
-            Source::Attention => "attention.cu",
+            Source::AttentionPrefill => "attention_prefill.cu",
+            Source::AttentionTc => "attention_tc.cu",
+            Source::AttentionDecode => "attention_decode.cu",
             Source::Sample => "sample.cu",
             Source::Gemv => "gemv.cu",
         }
     }
 
-    /// The translation unit the runtime compiler sees: the prelude, a `#line` marker, the file.
-    fn full_text(self) -> String {
-        format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.file(), self.text())
+    /// Shared text prepended to the file, after the prelude: (file name, text).
+    fn headers(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Source::AttentionPrefill | Source::AttentionTc | Source::AttentionDecode => {
+                std::slice::from_ref(&ATTENTION_HEADER)
+            }
+            _ => &[],
+        }
+    }
+
+    /// The translation unit the runtime compiler sees: the prelude, then each header and the
+    /// file, each after a `#line` marker (`scripts/compile_kernels_hip.sh` builds the same).
+    pub(super) fn full_text(self) -> String {
+        let mut text = PRELUDE.to_string();
+        for (name, body) in self.headers().iter().chain([&(self.file(), self.text())]) {
+            text.push_str(&format!("\n#line 1 \"{name}\"\n{body}"));
+        }
+        text
     }
 
     fn text(self) -> &'static str {
@@ -62,7 +91,9 @@ impl Source {
             Source::Rope => include_str!("../../../kernels/rope.cu"),
             Source::Kv => include_str!("../../../kernels/kv.cu"),
             Source::Activation => include_str!("../../../kernels/activation.cu"),
-            Source::Attention => include_str!("../../../kernels/attention.cu"),
+            Source::AttentionPrefill => include_str!("../../../kernels/attention_prefill.cu"),
+            Source::AttentionTc => include_str!("../../../kernels/attention_tc.cu"),
+            Source::AttentionDecode => include_str!("../../../kernels/attention_decode.cu"),
             Source::Sample => include_str!("../../../kernels/sample.cu"),
             Source::Gemv => include_str!("../../../kernels/gemv.cu"),
         }
@@ -263,7 +294,7 @@ impl Kernel {
         }
     }
 
-    fn source(self) -> Source {
+    pub(super) fn source(self) -> Source {
         match self {
             Kernel::Embed | Kernel::GatherRows => Source::Embed,
             Kernel::RmsNorm | Kernel::AddRmsNorm | Kernel::RmsNormVec | Kernel::AddRmsNormVec => {
@@ -272,10 +303,9 @@ impl Kernel {
             Kernel::Rope | Kernel::RopeKv => Source::Rope,
             Kernel::WriteKv => Source::Kv,
             Kernel::SiluMul | Kernel::SiluMulVec | Kernel::AddBias => Source::Activation,
-            Kernel::Attention { .. }
-            | Kernel::AttentionTc { .. }
-            | Kernel::AttentionDecode { .. }
-            | Kernel::AttnCombine => Source::Attention,
+            Kernel::Attention { .. } => Source::AttentionPrefill,
+            Kernel::AttentionTc { .. } => Source::AttentionTc,
+            Kernel::AttentionDecode { .. } | Kernel::AttnCombine => Source::AttentionDecode,
             Kernel::SamplePrep
             | Kernel::SampleTopN
             | Kernel::SamplePenalty
@@ -287,7 +317,7 @@ impl Kernel {
     }
 
     /// Entry point name for storage type `dt`.
-    fn entry(self, dt: DType) -> String {
+    pub(super) fn entry(self, dt: DType) -> String {
         let d = dt.suffix();
         match self {
             Kernel::Attention { head, qv } => format!("attn_{d}_d{}_q{qv}", head.tag()),

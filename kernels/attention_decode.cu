@@ -1,0 +1,398 @@
+// Decode variant (vLLM paged-attention style) for items of at most QV query vectors (decode
+// rows: nrows * G <= 8). Same items and block as attn_impl, grid transposed (KV head, item);
+// head sizes whose rows are a power of two of 16-byte chunks (64, 128, 256).
+//
+// A thread group of TPR lanes reads one K (and V) row together, lane t taking 16-byte chunks
+// t, t + TPR, ... (CPL chunks): the warp reads WARP / TPR whole rows per load, coalesced.
+// Each group is an independent online-softmax stream over U consecutive positions per
+// step, K and V of all U positions loaded before first use (U * CPL * 2 loads in flight per
+// lane), all QV query vectors (held in registers, pre-scaled, log2 domain) reusing every
+// load. A score is the group's xor-shuffle sum, so every lane of the group holds it and
+// accumulates its own dims of P . V with no shared memory. At the end the streams of a warp
+// merge through shuffles, the warps through shared memory.
+
+// Asynchronous 16-byte global -> shared copies (NVIDIA sm_80+): the decode variant stages
+// K/V in shared memory a few steps ahead without holding them in registers. `ok == false`
+// fills zeros (source size 0). Each thread copies and later reads only its own slots, so
+// waiting on its own groups is all the ordering needed.
+#if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define KILN_CP_ASYNC 1
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    u32 s;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+#endif
+
+template <typename T, int D, int QV>
+__device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv_stride, const T* __restrict__ k_cache,
+                              const T* __restrict__ v_cache, T* __restrict__ out, float* __restrict__ part_acc,
+                              float* __restrict__ part_ml, const u32* __restrict__ positions,
+                              const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
+                              const u32* __restrict__ items, int n_heads, int n_kv, int block_size, float scale) {
+    typedef Chunk<T> C;
+    typedef typename C::Raw Raw;
+    constexpr int E = C::E;
+    constexpr int NCH = D / E;                        // 16-byte chunks per row
+    constexpr int TPR = NCH < 16 ? NCH : 16;          // lanes per row (thread group)
+    constexpr int CPL = NCH / TPR;                    // chunks per lane
+    constexpr int RPW = WARP / TPR;                   // rows (streams) per warp
+    constexpr int NW = ATTN_WARPS;
+    constexpr int S = NW * RPW;                       // streams per block
+    constexpr int U = QV * CPL <= 4 ? 4 : 2;          // positions per stream and step
+    static_assert(NCH % TPR == 0 && WARP % TPR == 0, "decode attention: head size");
+    // Stages of K/V staged ahead in shared memory (cp.async), each thread's U x 2 x CPL
+    // chunks per stage in its own slots; 0 loads straight into registers (AMD, pre-sm_80,
+    // and shapes whose stages would not fit). The merge buffers reuse the same memory.
+    constexpr int NT = NW * WARP;
+    constexpr int STAGE = U * 2 * CPL;                // chunks per thread and stage
+    constexpr int MERGE_BYTES = NW * QV * (D + 2) * 4;
+#if defined(KILN_CP_ASYNC)
+    constexpr int SMEM_MAX = 48 * 1024;               // static shared memory per block
+    constexpr int NST = 3 * STAGE * NT * 16 <= SMEM_MAX ? 3 : 2 * STAGE * NT * 16 <= SMEM_MAX ? 2 : 0;
+#else
+    constexpr int NST = 0;
+#endif
+    constexpr int STAGE_BYTES = NST * STAGE * NT * 16;
+    constexpr int SMEM_BYTES = STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES;
+    __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
+    float(*o_s)[QV][D] = reinterpret_cast<float(*)[QV][D]>(smem);
+    float(*m_s)[QV] = reinterpret_cast<float(*)[QV]>(smem + NW * QV * D * 4);
+    float(*l_s)[QV] = reinterpret_cast<float(*)[QV]>(smem + NW * QV * (D + 1) * 4);
+    Raw* stage_s = reinterpret_cast<Raw*>(smem);      // [NST][STAGE][NT]
+
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int t = lane % TPR, stream = warp * RPW + lane / TPR;
+    // Grid (KV head, item), heads fastest: the blocks of one row's heads run together and
+    // read the same cache slots (each slot row holds every head) at about the same time.
+    const u32* it = items + 6 * (size_t)blockIdx.y;
+    const int seq = it[0], row0 = it[1], nrows = it[2], kv0 = it[3], kv1 = it[4];
+    const u32 part = it[5];
+    const int kvh = blockIdx.x, G = n_heads / n_kv, width = n_kv * D;
+    const u32* table = tables + seqinfo[4 * seq + 3];
+    const T* kbase = k_cache + (size_t)kvh * D;
+    const T* vbase = v_cache + (size_t)kvh * D;
+    const int nvec = nrows * G;
+    const float sl2 = scale * 1.4426950408889634f;
+
+    for (int vb = 0; vb < nvec; vb += QV) {
+        const int nv = min(QV, nvec - vb);
+        float q[QV][CPL][E];
+        int qpos[QV];
+        int maxpos = -1;
+#pragma unroll
+        for (int i = 0; i < QV; ++i) {
+            const int v = vb + i;
+            qpos[i] = i < nv ? (int)positions[row0 + v / G] : -1;
+            maxpos = max(maxpos, qpos[i]);
+            const T* qr = qkv + (i < nv ? (size_t)(row0 + v / G) * qkv_stride + (size_t)(kvh * G + v % G) * D : 0);
+#pragma unroll
+            for (int c = 0; c < CPL; ++c) {
+                const Raw r = i < nv ? reinterpret_cast<const Raw*>(qr)[t + c * TPR] : C::zero();
+                C::unpack(r, q[i][c]);
+#pragma unroll
+                for (int e = 0; e < E; ++e) q[i][c][e] *= sl2;
+            }
+        }
+        const int lim = min(kv1, maxpos + 1);
+        // The smallest query position of the pass: steps wholly below it need no mask
+        // (vectors past nv have q = 0 and are never stored).
+        int minpos = maxpos;
+#pragma unroll
+        for (int i = 0; i < QV; ++i)
+            if (i < nv) minpos = min(minpos, qpos[i]);
+        float m[QV], l[QV], acc[QV][CPL][E];
+#pragma unroll
+        for (int i = 0; i < QV; ++i) {
+            m[i] = -KILN_INF;
+            l[i] = 0.f;
+#pragma unroll
+            for (int c = 0; c < CPL; ++c)
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[i][c][e] = 0.f;
+        }
+
+        // The U positions of a stream share one block-table entry when blocks and the item's
+        // start are multiples of U (the usual case): that entry is loaded one step ahead so
+        // the K/V loads do not wait on it. Otherwise each position looks its entry up.
+        const bool one = block_size % U == 0 && kv0 % U == 0;
+        // When a step (S * U positions) is also a whole number of blocks, a stream's offset
+        // inside its block is the same at every step and its table index advances by a
+        // constant: no division per step (the loop is issue-bound at short contexts).
+        const bool fast = one && (S * U) % block_size == 0;
+        const int first = kv0 + stream * U;
+        int tidx = first / block_size;
+        const int off0 = first - tidx * block_size, tstep = (S * U) / block_size;
+        u32 blk = 0;
+        if (one && first < lim) blk = table[tidx];
+        // The chunks of step position p0's U positions: K/V addresses (ok: inside the item).
+        // Advances `blk` to the entry of the stream's next step.
+        auto addresses = [&](int p0, const Raw* kp[U], const Raw* vp[U], bool ok[U]) {
+            if (fast) {
+                const size_t slot0 = (size_t)blk * block_size + off0;
+                const Raw* k0 = reinterpret_cast<const Raw*>(kbase + slot0 * width) + t;
+                const Raw* v0 = reinterpret_cast<const Raw*>(vbase + slot0 * width) + t;
+                const int row = width / E;  // chunks per cache slot
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    ok[u] = p0 + u < lim;
+                    kp[u] = k0 + u * row;
+                    vp[u] = v0 + u * row;
+                }
+                tidx += tstep;
+                if (p0 + S * U < lim) blk = table[tidx];
+                return;
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int pos = p0 + u;
+                ok[u] = pos < lim;
+                const u32 b = ok[u] ? (one ? blk : table[pos / block_size]) : 0u;
+                const size_t slot = ok[u] ? (size_t)b * block_size + pos % block_size : 0;
+                kp[u] = reinterpret_cast<const Raw*>(kbase + slot * width) + t;
+                vp[u] = reinterpret_cast<const Raw*>(vbase + slot * width) + t;
+            }
+            if (one && p0 + S * U < lim) blk = table[(p0 + S * U) / block_size];
+        };
+        // Stage ahead: issue the copies of step j (group j), NST - 1 steps before its use.
+        auto issue = [&](int j) {
+#if defined(KILN_CP_ASYNC)
+            const int c0 = kv0 + j * S * U;
+            if (c0 < lim) {
+                const Raw* kp[U];
+                const Raw* vp[U];
+                bool ok[U];
+                addresses(c0 + stream * U, kp, vp, ok);
+                Raw* dst = stage_s + (size_t)(j % (NST > 0 ? NST : 1)) * STAGE * NT + threadIdx.x;
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int c = 0; c < CPL; ++c) {
+                        cp_async16(dst + ((u * 2) * CPL + c) * NT, kp[u] + c * TPR, ok[u]);
+                        cp_async16(dst + ((u * 2 + 1) * CPL + c) * NT, vp[u] + c * TPR, ok[u]);
+                    }
+            }
+            cp_async_commit();
+#else
+            (void)j;
+#endif
+        };
+        if constexpr (NST > 0) {
+#pragma unroll
+            for (int j = 0; j < NST - 1; ++j) issue(j);
+        }
+        for (int c0 = kv0, j = 0; c0 < lim; c0 += S * U, ++j) {
+            const int p0 = c0 + stream * U;
+            Raw kr[U][CPL], vr[U][CPL];
+            if constexpr (NST > 0) {
+                issue(j + NST - 1);
+#if defined(KILN_CP_ASYNC)
+                cp_async_wait<NST - 1>();
+#endif
+                const Raw* src = stage_s + (size_t)(j % (NST > 0 ? NST : 1)) * STAGE * NT + threadIdx.x;
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int c = 0; c < CPL; ++c) {
+                        kr[u][c] = src[((u * 2) * CPL + c) * NT];
+                        vr[u][c] = src[((u * 2 + 1) * CPL + c) * NT];
+                    }
+            } else {
+                const Raw* kp[U];
+                const Raw* vp[U];
+                bool ok[U];
+                addresses(p0, kp, vp, ok);
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int c = 0; c < CPL; ++c) {
+                        kr[u][c] = ok[u] ? kp[u][c * TPR] : C::zero();
+                        vr[u][c] = ok[u] ? vp[u][c * TPR] : C::zero();
+                    }
+            }
+            // Scores of the U positions for every vector (log2 domain).
+            float s[U][QV];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int i = 0; i < QV; ++i) s[u][i] = 0.f;
+#pragma unroll
+                for (int c = 0; c < CPL; ++c) {
+                    float k[E];
+                    C::unpack(kr[u][c], k);
+#pragma unroll
+                    for (int i = 0; i < QV; ++i) {
+#pragma unroll
+                        for (int e = 0; e < E; ++e) s[u][i] += q[i][c][e] * k[e];
+                    }
+                }
+            }
+#pragma unroll
+            for (int o = 1; o < TPR; o <<= 1) {
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int i = 0; i < QV; ++i) s[u][i] += shfl_xor(s[u][i], o);
+            }
+            // Masks only where the step reaches past a limit (the last steps of an item).
+            const bool edge = p0 + U > lim || p0 + U - 1 > minpos;
+            float p[U][QV];
+#pragma unroll
+            for (int i = 0; i < QV; ++i) {
+                float mx = -KILN_INF;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int pos = p0 + u;
+                    if (edge) s[u][i] = (pos < lim && pos <= qpos[i]) ? s[u][i] : -KILN_INF;
+                    mx = fmaxf(mx, s[u][i]);
+                }
+                // Lazy rescaling: the reference max moves (and acc, l are rescaled) only when
+                // a score exceeds it by more than 2^8; below that, exp2 terms up to 256 are
+                // exact enough in f32 and l, acc keep the same reference.
+                if (mx > m[i] + 8.f) {
+                    const float corr = exp2f(m[i] - mx);
+                    m[i] = mx;
+                    l[i] *= corr;
+#pragma unroll
+                    for (int c = 0; c < CPL; ++c)
+#pragma unroll
+                        for (int e = 0; e < E; ++e) acc[i][c][e] *= corr;
+                }
+                const float ref = m[i] == -KILN_INF ? 0.f : m[i];
+                float sum = 0.f;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    p[u][i] = exp2f(s[u][i] - ref);
+                    sum += p[u][i];
+                }
+                l[i] += sum;
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int c = 0; c < CPL; ++c) {
+                    float v[E];
+                    C::unpack(vr[u][c], v);
+#pragma unroll
+                    for (int i = 0; i < QV; ++i) {
+#pragma unroll
+                        for (int e = 0; e < E; ++e) acc[i][c][e] += p[u][i] * v[e];
+                    }
+                }
+            }
+        }
+
+        // The merge buffers below reuse other warps' stage slots.
+        if constexpr (NST > 0) __syncthreads();
+        // Merge the RPW streams of the warp (lanes t, t + TPR, ...) through shuffles.
+#pragma unroll
+        for (int i = 0; i < QV; ++i) {
+            float mw = m[i];
+#pragma unroll
+            for (int o = TPR; o < WARP; o <<= 1) mw = fmaxf(mw, shfl_xor(mw, o));
+            const float f = m[i] == -KILN_INF ? 0.f : exp2f(m[i] - mw);
+            float lw = l[i] * f;
+#pragma unroll
+            for (int o = TPR; o < WARP; o <<= 1) lw += shfl_xor(lw, o);
+#pragma unroll
+            for (int c = 0; c < CPL; ++c) {
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    float a = acc[i][c][e] * f;
+#pragma unroll
+                    for (int o = TPR; o < WARP; o <<= 1) a += shfl_xor(a, o);
+                    acc[i][c][e] = a;
+                }
+            }
+            m[i] = mw;
+            l[i] = lw;
+        }
+        if (lane < TPR) {
+#pragma unroll
+            for (int i = 0; i < QV; ++i) {
+                if (lane == 0) {
+                    m_s[warp][i] = m[i];
+                    l_s[warp][i] = l[i];
+                }
+#pragma unroll
+                for (int c = 0; c < CPL; ++c)
+#pragma unroll
+                    for (int e = 0; e < E; ++e) o_s[warp][i][(t + c * TPR) * E + e] = acc[i][c][e];
+            }
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < nv * D; e += blockDim.x) {
+            const int i = e / D, d = e % D;
+            float mx = -KILN_INF;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) mx = fmaxf(mx, m_s[w][i]);
+            float sum = 0.f, o = 0.f;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) {
+                const float f = m_s[w][i] == -KILN_INF ? 0.f : exp2f(m_s[w][i] - mx);
+                sum += l_s[w][i] * f;
+                o += o_s[w][i][d] * f;
+            }
+            const int v = vb + i, h = kvh * G + v % G;
+            store_result<T>(out, part_acc, part_ml, part, (size_t)(row0 + v / G), h, d, n_heads, D, o, sum,
+                             mx * 0.6931471805599453f);
+        }
+        __syncthreads();
+    }
+}
+
+// Merges split-K partials. splits: 3 words per row (row, first part, number of parts).
+// Grid (split rows, n_heads).
+template <typename T>
+__device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                  const u32* __restrict__ splits, T* __restrict__ out, int n_heads, int hd) {
+    const u32* sp = splits + 3 * (size_t)blockIdx.x;
+    const size_t row = sp[0];
+    const int p0 = sp[1], np = sp[2], h = blockIdx.y;
+    float mx = -KILN_INF;
+    for (int k = 0; k < np; ++k) mx = fmaxf(mx, part_ml[((size_t)(p0 + k) * n_heads + h) * 2]);
+    float sum = 0.f;
+    for (int k = 0; k < np; ++k) {
+        const float* ml = part_ml + ((size_t)(p0 + k) * n_heads + h) * 2;
+        sum += ml[0] == -KILN_INF ? 0.f : ml[1] * expf(ml[0] - mx);
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.f;
+        for (int k = 0; k < np; ++k) {
+            const float mk = part_ml[((size_t)(p0 + k) * n_heads + h) * 2];
+            if (mk != -KILN_INF) o += part_acc[((size_t)(p0 + k) * n_heads + h) * hd + d] * expf(mk - mx);
+        }
+        out[row * n_heads * hd + (size_t)h * hd + d] = from_f<T>(o / sum);
+    }
+}
+
+// Decode blocks per SM the compiler must fit (NVIDIA): 4 (<= 128 registers) while the query
+// vectors of a lane take at most 4 chunks, so a batch of 64 x 8 KV heads runs in one wave.
+#define KILN_DEC_MINB(TT, D, QV) \
+    ((QV) * ((D) * (int)sizeof(TT) / 16 > 16 ? (D) * (int)sizeof(TT) / 256 : 1) <= 4 ? 4 : 2)
+#if defined(KILN_CUDA)
+#define KILN_DEC_BOUNDS(TT, D, QV) __launch_bounds__(ATTN_WARPS * WARP, KILN_DEC_MINB(TT, D, QV))
+#else
+#define KILN_DEC_BOUNDS(TT, D, QV) __launch_bounds__(ATTN_WARPS * WARP)
+#endif
+#define KILN_ATTN_DEC(N, TT, D, QV)                                                                     \
+    extern "C" __global__ void KILN_DEC_BOUNDS(TT, D, QV) attn_##N##_d##D##_dec##QV(                   \
+        const TT *qkv, int qkv_stride, const TT *k_cache, const TT *v_cache, TT *out, float *part_acc,   \
+        float *part_ml, const u32 *positions, const u32 *seqinfo, const u32 *tables, const u32 *items,  \
+        int n_heads, int n_kv, int head_dim, int block_size, float scale) {                             \
+        attn_dec_impl<TT, D, QV>(qkv, qkv_stride, k_cache, v_cache, out, part_acc, part_ml, positions,    \
+                                 seqinfo, tables, items, n_heads, n_kv, block_size, scale);              \
+    }
+#define KILN_ATTN_DEC_D(N, T, D) \
+    KILN_ATTN_DEC(N, T, D, 1) KILN_ATTN_DEC(N, T, D, 2) KILN_ATTN_DEC(N, T, D, 4) KILN_ATTN_DEC(N, T, D, 8)
+#define KILN_ATTN_DECODE(N, T)                                                                       \
+    KILN_ATTN_DEC_D(N, T, 64)                                                                        \
+    KILN_ATTN_DEC_D(N, T, 128)                                                                       \
+    extern "C" __global__ void attn_combine_##N(const float* part_acc, const float* part_ml,         \
+                                                const u32* splits, T* out, int n_heads, int hd) {    \
+        attn_combine_impl<T>(part_acc, part_ml, splits, out, n_heads, hd);                           \
+    }
+KILN_FOR_DTYPES(KILN_ATTN_DECODE)

@@ -1,0 +1,306 @@
+// Tensor-core variant (NVIDIA sm_80+, bf16; flash-attention-2 style) for items with many query
+// vectors. Same items, grid and block as attn_impl. A pass takes up to 64 query vectors of
+// the item (T = ceil(nv / 16) m16 tiles); warp w owns tile w / S and column split w % S of
+// every K/V tile (S = 4 / T warps per tile: 4, 2, 1; with T = 3 the fourth warp only loads):
+//
+//   K/V tile: TC_BN positions -> k_s[pos][d], v_s[pos][d] (row-major, 16-byte stores),
+//             zero past the causal limit, loaded by the whole block
+//   warp:     S_ = Q(16 x D) . K_s[cols]^T          mma m16n8k16, B = K rows (k = d)
+//             online softmax in the log2 domain (rows g, g+8 of the thread's group)
+//             O += P(16 x cols) . V_s[cols]         mma m16n8k16, B = V through ldmatrix.trans
+//   end:      the S splits of a tile merged in shared memory, rows written (or partials)
+//
+// Fragments of mma.m16n8k16 (g = lane / 4, c = lane % 4), two bf16 per register, low first:
+//   A: a0 (g, 2c..2c+1)  a1 (g+8, 2c..)  a2 (g, 2c+8..)  a3 (g+8, 2c+8..)
+//   B: b0 (k 2c..2c+1, n g)  b1 (k 2c+8..2c+9, n g)
+//   C: c0 c1 (g, 2c..2c+1)  c2 c3 (g+8, 2c..2c+1)
+// The accumulator of n-tiles 2j, 2j+1 is, packed to bf16, the A fragment of k-step j.
+
+constexpr int TC_BN = 64;
+
+#if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define KILN_MMA 1
+
+__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 b16 matrices from shared memory, transposed: lanes 8i..8i+7 give the row
+// addresses of matrix i (16-byte aligned); register i holds, for this lane, column g of
+// matrix i at rows 2c and 2c + 1 - the B fragment half (k = rows) of mma.m16n8k16.
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], const void* row) {
+    u32 a;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// (lo, hi) rounded to nearest even, packed: lo in the low half.
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+template <int D>
+__device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int qkv_stride, const bf16* __restrict__ k_cache,
+                             const bf16* __restrict__ v_cache, bf16* __restrict__ out, float* __restrict__ part_acc,
+                             float* __restrict__ part_ml, const u32* __restrict__ positions,
+                             const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
+                             const u32* __restrict__ items, int n_heads, int n_kv, int block_size, float scale) {
+    static_assert(D % 16 == 0 && D <= 128, "tensor-core attention: head size");
+    constexpr int NW = ATTN_WARPS;
+    constexpr int KS = D + 8;                    // k_s row stride (bf16)
+    constexpr int OS = D + 8;                    // o_s row stride (f32)
+    constexpr int KV_BYTES = 2 * TC_BN * KS * 2;
+    static_assert((D / 8) % 2 == 0, "tensor-core attention: O n-tiles in pairs");
+    constexpr int O_BYTES = NW * 16 * OS * 4;
+    constexpr int SMEM = KV_BYTES > O_BYTES ? KV_BYTES : O_BYTES;
+    constexpr int NK = D / 16;                   // k-steps of Q . K^T
+    constexpr int ND = D / 8;                    // n-tiles of O
+    alignas(16) __shared__ unsigned char smem[SMEM];
+    __shared__ float m_s[NW][16], l_s[NW][16];
+    u16* k_s = reinterpret_cast<u16*>(smem);     // [TC_BN][KS]
+    u16* v_s = k_s + TC_BN * KS;                 // [TC_BN][KS]
+    float* o_s = reinterpret_cast<float*>(smem); // [NW][16][OS], after the last tile
+
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int g = lane / 4, c = lane % 4;
+    const u32* it = items + 6 * (size_t)blockIdx.x;
+    const int seq = it[0], row0 = it[1], nrows = it[2], kv0 = it[3], kv1 = it[4];
+    const u32 part = it[5];
+    const int kvh = blockIdx.y, G = n_heads / n_kv, width = n_kv * D;
+    const u32* table = tables + seqinfo[4 * seq + 3];
+    const bf16* kbase = k_cache + (size_t)kvh * D;
+    const bf16* vbase = v_cache + (size_t)kvh * D;
+    const int nvec = nrows * G;
+    const float sl2 = scale * 1.4426950408889634f;  // scores in the log2 domain
+    // The loader's position in a tile (fixed per thread) and its first 8-element chunk.
+    const int lp = threadIdx.x % TC_BN, lc0 = threadIdx.x / TC_BN;
+    constexpr int LSTEP = NW * 32 / TC_BN;
+
+    for (int vb = 0; vb < nvec; vb += 64) {
+        const int nv = min(64, nvec - vb);
+        const int T = (nv + 15) / 16;
+        const int S = T == 1 ? 4 : T == 2 ? 2 : 1;
+        const int tile = warp / S, split = warp % S;
+        const bool active = tile < T;
+        const int cw = TC_BN / S;                // columns of a K/V tile this warp takes
+        const int col0 = split * cw;
+
+        // Q fragments and positions of rows g, g+8 of the warp's tile (zero / -1 past nv).
+        u32 qf[NK][4];
+        int qpos[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = tile * 16 + g + 8 * h;
+            const bool ok = active && i < nv;
+            const int v = vb + i;
+            qpos[h] = ok ? (int)positions[row0 + v / G] : -1;
+            const bf16* q = qkv + (ok ? (size_t)(row0 + v / G) * qkv_stride + (size_t)(kvh * G + v % G) * D : 0);
+#pragma unroll
+            for (int kk = 0; kk < NK; ++kk) {
+                qf[kk][h] = ok ? *reinterpret_cast<const u32*>(q + kk * 16 + 2 * c) : 0u;
+                qf[kk][h + 2] = ok ? *reinterpret_cast<const u32*>(q + kk * 16 + 2 * c + 8) : 0u;
+            }
+        }
+        int maxpos = -1;
+        for (int i = 0; i < nv; i += G) maxpos = max(maxpos, (int)positions[row0 + (vb + i) / G]);
+        maxpos = max(maxpos, (int)positions[row0 + (vb + nv - 1) / G]);
+        const int lim = min(kv1, maxpos + 1);
+
+        float o[ND][4];
+#pragma unroll
+        for (int j = 0; j < ND; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+        float m[2] = {-KILN_INF, -KILN_INF}, l[2] = {0.f, 0.f};
+
+        for (int c0 = kv0; c0 < lim; c0 += TC_BN) {
+            __syncthreads();  // the previous tile (or pass) is consumed
+            {
+                const int pos = c0 + lp;
+                const bool ok = pos < lim;
+                const size_t slot = ok ? (size_t)table[pos / block_size] * block_size + pos % block_size : 0;
+                const vec4u* kr = reinterpret_cast<const vec4u*>(kbase + slot * width);
+                const vec4u* vr = reinterpret_cast<const vec4u*>(vbase + slot * width);
+                // Past the limit: slot 0 is read (any block is valid memory) and zeroed.
+                const u32 keep = ok ? 0xffffffffu : 0u;
+                vec4u x[ND / LSTEP];
+#pragma unroll
+                for (int i = 0; i < ND / LSTEP; ++i) x[i] = kr[lc0 + i * LSTEP];
+#pragma unroll
+                for (int i = 0; i < ND / LSTEP; ++i) {
+                    const vec4u k = {x[i].x & keep, x[i].y & keep, x[i].z & keep, x[i].w & keep};
+                    *reinterpret_cast<vec4u*>(&k_s[lp * KS + (lc0 + i * LSTEP) * 8]) = k;
+                }
+#pragma unroll
+                for (int i = 0; i < ND / LSTEP; ++i) x[i] = vr[lc0 + i * LSTEP];
+#pragma unroll
+                for (int i = 0; i < ND / LSTEP; ++i) {
+                    const vec4u v = {x[i].x & keep, x[i].y & keep, x[i].z & keep, x[i].w & keep};
+                    *reinterpret_cast<vec4u*>(&v_s[lp * KS + (lc0 + i * LSTEP) * 8]) = v;
+                }
+            }
+            __syncthreads();
+            if (!active || c0 + col0 >= lim) continue;
+
+            // S_ = Q . K^T over this warp's cw columns (cw / 8 n-tiles, at most 8).
+            float sc[8][4];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+                if (j * 8 < cw) {
+                    const u16* kr = k_s + (col0 + j * 8 + g) * KS + 2 * c;
+#pragma unroll
+                    for (int kk = 0; kk < NK; ++kk) {
+                        const u32 b0 = *reinterpret_cast<const u32*>(kr + kk * 16);
+                        const u32 b1 = *reinterpret_cast<const u32*>(kr + kk * 16 + 8);
+                        mma_bf16(sc[j], qf[kk], b0, b1);
+                    }
+                }
+            }
+            // Causal mask, scale, running max of rows g (h = 0) and g + 8 (h = 1).
+            float mx[2] = {-KILN_INF, -KILN_INF};
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e / 2, pos = c0 + col0 + j * 8 + 2 * c + (e & 1);
+                    const bool ok = j * 8 < cw && pos < lim && pos <= qpos[h];
+                    sc[j][e] = ok ? sc[j][e] * sl2 : -KILN_INF;
+                    mx[h] = fmaxf(mx[h], sc[j][e]);
+                }
+            }
+            // Lazy rescaling as in the decode variant: the reference max of a row moves
+            // (O and l rescaled) only when a score passes it by more than 2^8.
+            float corr[2] = {1.f, 1.f}, ref[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 1));
+                mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 2));
+                if (mx[h] > m[h] + 8.f) {
+                    corr[h] = exp2f(m[h] - mx[h]);
+                    m[h] = mx[h];
+                    l[h] *= corr[h];
+                }
+                ref[h] = m[h] == -KILN_INF ? 0.f : m[h];
+            }
+            if (corr[0] != 1.f || corr[1] != 1.f) {
+#pragma unroll
+                for (int j = 0; j < ND; ++j) {
+                    o[j][0] *= corr[0];
+                    o[j][1] *= corr[0];
+                    o[j][2] *= corr[1];
+                    o[j][3] *= corr[1];
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    sc[j][e] = exp2f(sc[j][e] - ref[e / 2]);
+                    l[e / 2] += sc[j][e];
+                }
+            }
+            // O += P . V, one k-step per 16 columns.
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                if (ks * 16 < cw) {
+                    const u32 a[4] = {pack_bf16(sc[2 * ks][0], sc[2 * ks][1]), pack_bf16(sc[2 * ks][2], sc[2 * ks][3]),
+                                      pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
+                                      pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
+                    // Lane L addresses row L % 8 of matrix L / 8: positions +0..7 / +8..15
+                    // (b0 / b1) of n-tiles 2jj / 2jj + 1.
+                    const u16* vr = v_s + (col0 + ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KS + (lane >> 4) * 8;
+#pragma unroll
+                    for (int jj = 0; jj < ND / 2; ++jj) {
+                        u32 b[4];
+                        ldmatrix_x4_trans(b, vr + jj * 16);
+                        mma_bf16(o[2 * jj], a, b[0], b[1]);
+                        mma_bf16(o[2 * jj + 1], a, b[2], b[3]);
+                    }
+                }
+            }
+        }
+
+        // Merge: each warp leaves (m, l, O) of its 16 rows; the block combines the S splits.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            l[h] += shfl_xor(l[h], 1);
+            l[h] += shfl_xor(l[h], 2);
+        }
+        __syncthreads();  // the K/V tiles are consumed: o_s reuses their memory
+        if (c == 0) {
+            m_s[warp][g] = m[0];
+            m_s[warp][g + 8] = m[1];
+            l_s[warp][g] = l[0];
+            l_s[warp][g + 8] = l[1];
+        }
+        float* ow = o_s + warp * 16 * OS;
+#pragma unroll
+        for (int j = 0; j < ND; ++j) {
+            ow[g * OS + j * 8 + 2 * c] = o[j][0];
+            ow[g * OS + j * 8 + 2 * c + 1] = o[j][1];
+            ow[(g + 8) * OS + j * 8 + 2 * c] = o[j][2];
+            ow[(g + 8) * OS + j * 8 + 2 * c + 1] = o[j][3];
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < nv * D; e += blockDim.x) {
+            const int i = e / D, d = e % D, t = i / 16, r = i % 16;
+            float mxs = -KILN_INF;
+            for (int s = 0; s < S; ++s) mxs = fmaxf(mxs, m_s[t * S + s][r]);
+            float sum = 0.f, acc = 0.f;
+            for (int s = 0; s < S; ++s) {
+                const float ms = m_s[t * S + s][r];
+                const float f = ms == -KILN_INF ? 0.f : exp2f(ms - mxs);
+                sum += l_s[t * S + s][r] * f;
+                acc += o_s[((t * S + s) * 16 + r) * OS + d] * f;
+            }
+            const int v = vb + i, h = kvh * G + v % G;
+            store_result<bf16>(out, part_acc, part_ml, part, (size_t)(row0 + v / G), h, d, n_heads, D, acc, sum,
+                             mxs * 0.6931471805599453f);
+        }
+    }
+}
+#endif
+
+// The tensor-core entry's body: the mma kernel for bf16 where the target has it, else the
+// portable kernel at its largest pass (same items, grid and block).
+template <int D>
+__device__ __forceinline__ void attn_tc_body(const float* qkv, int qkv_stride, const float* k_cache,
+                                             const float* v_cache, float* out, float* part_acc, float* part_ml,
+                                             const u32* positions, const u32* seqinfo, const u32* tables,
+                                             const u32* items, int n_heads, int n_kv, int head_dim, int block_size,
+                                             float scale) {
+    attn_impl<float, D, 8>(KILN_ATTN_PASS_ARGS);
+}
+template <int D>
+__device__ __forceinline__ void attn_tc_body(const bf16* qkv, int qkv_stride, const bf16* k_cache,
+                                             const bf16* v_cache, bf16* out, float* part_acc, float* part_ml,
+                                             const u32* positions, const u32* seqinfo, const u32* tables,
+                                             const u32* items, int n_heads, int n_kv, int head_dim, int block_size,
+                                             float scale) {
+#if defined(KILN_MMA)
+    attn_tc_impl<D>(qkv, qkv_stride, k_cache, v_cache, out, part_acc, part_ml, positions, seqinfo, tables, items,
+                    n_heads, n_kv, block_size, scale);
+#else
+    attn_impl<bf16, D, 8>(KILN_ATTN_PASS_ARGS);
+#endif
+}
+
+#define KILN_ATTN_TC(N, TT, D)                                                                          \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP) attn_##N##_d##D##_tc(              \
+        const TT *qkv, int qkv_stride, const TT *k_cache, const TT *v_cache, TT *out, float *part_acc,   \
+        float *part_ml, const u32 *positions, const u32 *seqinfo, const u32 *tables, const u32 *items,  \
+        int n_heads, int n_kv, int head_dim, int block_size, float scale) {                             \
+        attn_tc_body<D>(KILN_ATTN_PASS_ARGS);                                                           \
+    }
+#define KILN_ATTN_TC_ALL(N, T)                                                                       \
+    KILN_ATTN_TC(N, T, 64)                                                                           \
+    KILN_ATTN_TC(N, T, 80)                                                                           \
+    KILN_ATTN_TC(N, T, 96)                                                                           \
+    KILN_ATTN_TC(N, T, 128)
+KILN_FOR_DTYPES(KILN_ATTN_TC_ALL)

@@ -1,0 +1,174 @@
+//! Typed kernel arguments: one struct per kernel signature, fields named and ordered as the
+//! kernel's parameters in `kernels/*.cu`, so a call site names every argument. Each struct
+//! turns into the positional [`Arg`] list the launch passes, and says which kernels take
+//! it; [`GpuBackend::launch_with`](super::GpuBackend) refuses any other kernel. A unit test
+//! parses every entry point's parameter list from the kernel source text and checks it
+//! against the struct (names, order, pointer or scalar, scalar width).
+//!
+//! The sampling kernels (`kernels/sample.cu`, launched by `sample.rs`) still take
+//! positional [`Arg`] arrays.
+
+use super::device::Arg;
+use super::kernels::Kernel;
+
+/// How a kernel parameter is passed: a device address or a scalar of a given width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgKind {
+    Ptr,
+    I32,
+    U64,
+    F32,
+}
+
+/// The arguments of one kernel signature.
+pub trait KernelArgs {
+    /// Parameter names and kinds, in the kernel's order.
+    const PARAMS: &'static [(&'static str, ArgKind)];
+    /// The positional list the launch passes.
+    type List: AsRef<[Arg]>;
+    /// The arguments in the kernel's parameter order.
+    fn args(&self) -> Self::List;
+    /// Whether kernel `k` has this signature.
+    fn takes(k: Kernel) -> bool;
+}
+
+macro_rules! arg_ty {
+    (ptr) => {
+        u64
+    };
+    (i32) => {
+        i32
+    };
+    (u64) => {
+        u64
+    };
+    (f32) => {
+        f32
+    };
+}
+
+macro_rules! arg_kind {
+    (ptr) => {
+        ArgKind::Ptr
+    };
+    (i32) => {
+        ArgKind::I32
+    };
+    (u64) => {
+        ArgKind::U64
+    };
+    (f32) => {
+        ArgKind::F32
+    };
+}
+
+macro_rules! arg_val {
+    (ptr, $v:expr) => {
+        Arg::Ptr($v)
+    };
+    (i32, $v:expr) => {
+        Arg::I32($v)
+    };
+    (u64, $v:expr) => {
+        Arg::U64($v)
+    };
+    (f32, $v:expr) => {
+        Arg::F32($v)
+    };
+}
+
+/// `Name (kernel pattern) { param: kind, ... }` with kind `ptr` (device address), `i32`,
+/// `u64` or `f32`: the struct, its [`KernelArgs`] impl, and [`params`] over all of them.
+macro_rules! kernel_args {
+    ($($(#[$doc:meta])* $name:ident ($kernels:pat) { $($field:ident: $kind:ident),* $(,)? })*) => {
+        $(
+            $(#[$doc])*
+            #[derive(Debug, Clone, Copy, Default)]
+            pub struct $name {
+                $(pub $field: arg_ty!($kind),)*
+            }
+
+            impl KernelArgs for $name {
+                const PARAMS: &'static [(&'static str, ArgKind)] =
+                    &[$((stringify!($field), arg_kind!($kind))),*];
+                type List = [Arg; [$(stringify!($field)),*].len()];
+                fn args(&self) -> Self::List {
+                    [$(arg_val!($kind, self.$field)),*]
+                }
+                fn takes(k: Kernel) -> bool {
+                    matches!(k, $kernels)
+                }
+            }
+        )*
+
+        /// The parameters of kernel `k`, `None` for the kernels launched with positional
+        /// arguments (sampling).
+        #[cfg_attr(not(test), allow(dead_code))]
+        pub fn params(k: Kernel) -> Option<&'static [(&'static str, ArgKind)]> {
+            $(
+                if <$name as KernelArgs>::takes(k) {
+                    return Some(<$name as KernelArgs>::PARAMS);
+                }
+            )*
+            None
+        }
+
+        /// How many argument structs take kernel `k` (one, or none for sampling).
+        #[cfg(test)]
+        pub fn takers(k: Kernel) -> usize {
+            0 $(+ <$name as KernelArgs>::takes(k) as usize)*
+        }
+    };
+}
+
+kernel_args! {
+    /// `embed_<dt>`: rows of the embedding table by token id.
+    EmbedArgs (Kernel::Embed) { table: ptr, ids: ptr, out: ptr, cols: i32 }
+    /// `gather_rows_<dt>`: the rows of `x` listed in `rows`.
+    GatherRowsArgs (Kernel::GatherRows) { x: ptr, rows: ptr, out: ptr, cols: i32 }
+    /// `rms_norm_<dt>`, `rms_norm_vec_<dt>`.
+    RmsNormArgs (Kernel::RmsNorm | Kernel::RmsNormVec) {
+        x: ptr, w: ptr, out: ptr, h: i32, eps: f32,
+    }
+    /// `add_rms_norm_<dt>`, `add_rms_norm_vec_<dt>`: `residual += x`, then its norm.
+    AddRmsNormArgs (Kernel::AddRmsNorm | Kernel::AddRmsNormVec) {
+        x: ptr, residual: ptr, w: ptr, out: ptr, h: i32, eps: f32,
+    }
+    /// `rope_<dt>`: rotary embedding of the first `heads` heads of each row, in place.
+    RopeArgs (Kernel::Rope) {
+        qkv: ptr, stride: i32, positions: ptr, inv_freq: ptr, head_dim: i32, rot_dim: i32,
+        interleaved: i32, heads: i32,
+    }
+    /// `rope_kv_<dt>`: rope, then the k/v heads written to the paged cache.
+    RopeKvArgs (Kernel::RopeKv) {
+        qkv: ptr, stride: i32, positions: ptr, inv_freq: ptr, head_dim: i32, rot_dim: i32,
+        interleaved: i32, n_heads: i32, n_kv: i32, slots: ptr, k_cache: ptr, v_cache: ptr,
+    }
+    /// `write_kv_<dt>`: the k/v heads of each row to their cache slot.
+    WriteKvArgs (Kernel::WriteKv) {
+        qkv: ptr, stride: i32, q_dim: i32, width: i32, slots: ptr, k_cache: ptr, v_cache: ptr,
+    }
+    /// `silu_mul_<dt>`: `out = silu(gate) * up` over `total` outputs.
+    SiluMulArgs (Kernel::SiluMul) { gu: ptr, out: ptr, f: i32, total: u64 }
+    /// `silu_mul_vec_<dt>`: the same over `n` rows of whole 16-byte chunks.
+    SiluMulVecArgs (Kernel::SiluMulVec) { gu: ptr, out: ptr, f: i32, n: i32 }
+    /// `add_bias_<dt>`: `x[i] += bias[i % cols]` over `total` elements.
+    AddBiasArgs (Kernel::AddBias) { x: ptr, bias: ptr, cols: i32, total: u64 }
+    /// Every paged attention variant (`attn_<dt>_d<D>_q<QV>`, `_tc`, `_dec<QV>`).
+    AttnArgs (Kernel::Attention { .. } | Kernel::AttentionTc { .. } | Kernel::AttentionDecode { .. }) {
+        qkv: ptr, qkv_stride: i32, k_cache: ptr, v_cache: ptr, out: ptr, part_acc: ptr,
+        part_ml: ptr, positions: ptr, seqinfo: ptr, tables: ptr, items: ptr, n_heads: i32,
+        n_kv: i32, head_dim: i32, block_size: i32, scale: f32,
+    }
+    /// `attn_combine_<dt>`: merges split-K partials into the rows listed in `splits`.
+    AttnCombineArgs (Kernel::AttnCombine) {
+        part_acc: ptr, part_ml: ptr, splits: ptr, out: ptr, n_heads: i32, hd: i32,
+    }
+    /// `gemv_<dt>_m<rows>`: `y = x @ w^T (+ bias)`, `k` inputs, `n` outputs.
+    GemvArgs (Kernel::Gemv { .. }) { x: ptr, w: ptr, bias: ptr, y: ptr, k: i32, n: i32 }
+    /// `gemv_silu_mul_<dt>_m<rows>`: the gate/up product and SiLU-mul, `f` outputs.
+    GemvSiluMulArgs (Kernel::GemvSiluMul { .. }) { x: ptr, w: ptr, y: ptr, k: i32, f: i32 }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,133 @@
+//! A step's metadata on the device: the plan validated, packed (`meta.rs`) and uploaded in
+//! one copy, and the two row copies it steers (embedding rows by token id, the gather of
+//! the rows that produce logits).
+
+use super::args::{EmbedArgs, GatherRowsArgs};
+use super::device::DevBuf;
+use super::kernels::Kernel;
+use super::meta::{self, GraphKey};
+use super::runtime::{Grid, Runtime};
+use super::{GpuBackend, GpuBatch, GpuTensor, GpuWeight, check_cols, check_rows, ensure, invalid};
+use crate::backend::{BackendError, BatchPlan, KvShape};
+
+/// The step metadata of one backend.
+#[derive(Default)]
+pub(super) struct StepMeta {
+    /// The KV cache's shape, once allocated (plans are validated against it).
+    pub kv_shape: Option<KvShape>,
+    /// The uploaded words of the latest step.
+    buf: Option<DevBuf>,
+    /// Host staging for the packed words (reused).
+    words: Vec<u32>,
+    /// Bumped by every `prepare`; a batch of an older epoch is refused.
+    epoch: u64,
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    /// Validates and packs `plan` (at graph shape `key` when given) and uploads it.
+    pub(super) fn prepare_with(
+        &mut self,
+        plan: &BatchPlan,
+        key: Option<GraphKey>,
+    ) -> Result<GpuBatch, BackendError> {
+        let shape = self
+            .step
+            .kv_shape
+            .ok_or_else(|| invalid("no KV cache allocated".into()))?;
+        plan.validate(&shape)?;
+        let mut words = std::mem::take(&mut self.step.words);
+        let layout = match key {
+            Some(k) => meta::pack_graph(plan, k, &mut words),
+            None => meta::pack(plan, &shape, self.dev.info.sm_count, &mut words),
+        };
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        self.step.words = words;
+        // Room to spare: block tables grow with the contexts, and a new buffer means new
+        // graphs.
+        ensure(
+            &self.dev,
+            &mut self.step.buf,
+            bytes.len().max(64 << 10),
+            "batch metadata",
+            &mut self.generation,
+        )?;
+        if let Some(m) = &self.step.buf {
+            self.dev.upload(m, 0, &bytes)?;
+        }
+        self.step.epoch += 1;
+        self.dev.timer.begin_step(self.step.epoch);
+        Ok(GpuBatch {
+            epoch: self.step.epoch,
+            layout,
+            graph: key,
+        })
+    }
+
+    /// The layout of `b`, refused when a later `prepare` overwrote its metadata.
+    pub(super) fn layout(&self, b: &GpuBatch) -> Result<meta::Layout, BackendError> {
+        if b.epoch != self.step.epoch {
+            return Err(invalid(
+                "batch was prepared before the latest prepare()".into(),
+            ));
+        }
+        Ok(b.layout)
+    }
+
+    /// Device address of word `off` of the step's metadata.
+    pub(super) fn meta_ptr(&self, off: usize) -> u64 {
+        self.step
+            .buf
+            .as_ref()
+            .map_or(0, |m| m.ptr() + 4 * off as u64)
+    }
+
+    pub(super) fn launch_embed(
+        &mut self,
+        table: &GpuWeight,
+        b: &GpuBatch,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        let l = self.layout(b)?;
+        check_cols("embed", out.cols, table.cols)?;
+        check_rows("embed", l.n_tokens, out.rows)?;
+        if l.n_tokens > 0 && l.max_token as usize >= table.rows {
+            return Err(invalid(format!(
+                "token id {} >= vocab {}",
+                l.max_token, table.rows
+            )));
+        }
+        let grid = Grid {
+            blocks: (l.n_tokens as u32, 1, 1),
+            threads: 256,
+        };
+        let args = EmbedArgs {
+            table: table.buf.ptr(),
+            ids: self.meta_ptr(l.tokens),
+            out: out.buf.ptr(),
+            cols: table.cols as i32,
+        };
+        self.launch_with(Kernel::Embed, grid, &args)
+    }
+
+    pub(super) fn launch_gather_rows(
+        &mut self,
+        x: &GpuTensor,
+        b: &GpuBatch,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        let l = self.layout(b)?;
+        check_cols("gather_rows", out.cols, x.cols)?;
+        check_rows("gather_rows", l.n_logits, out.rows)?;
+        let grid = Grid {
+            blocks: (l.n_logits as u32, 1, 1),
+            threads: 256,
+        };
+        let args = GatherRowsArgs {
+            x: x.buf.ptr(),
+            rows: self.meta_ptr(l.logits_rows),
+            out: out.buf.ptr(),
+            cols: x.cols as i32,
+        };
+        self.launch_with(Kernel::GatherRows, grid, &args)
+    }
+}

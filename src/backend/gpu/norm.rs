@@ -1,0 +1,75 @@
+//! RMSNorm launchers (`kernels/norm.cu`): plain or with the residual add fused in, on the
+//! 16-byte vector kernels when rows split into whole aligned chunks.
+
+use super::args::{AddRmsNormArgs, RmsNormArgs};
+use super::kernels::Kernel;
+use super::runtime::{Grid, Runtime};
+use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows};
+use crate::backend::BackendError;
+
+impl<R: Runtime> GpuBackend<R> {
+    /// `out = rms_norm(x (+ residual, stored back))` over `n` rows; `resid` is the
+    /// residual's device address for the fused add.
+    pub(super) fn launch_norm(
+        &mut self,
+        x: &GpuTensor,
+        resid: Option<u64>,
+        w: &GpuWeight,
+        eps: f32,
+        n: usize,
+        out: &GpuTensor,
+    ) -> Result<(), BackendError> {
+        let h = x.cols;
+        check_cols("rms_norm weight", w.rows * w.cols, h)?;
+        check_cols("rms_norm output", out.cols, h)?;
+        check_rows("rms_norm", n, x.rows.min(out.rows))?;
+        // Whole warps: block_sum reduces warp by warp (64 lanes on CDNA).
+        let warp = self.dev.info.warp_size;
+        let ptrs = [x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), resid.unwrap_or(0)];
+        let (vec, threads) = if self.whole_chunks(h, &ptrs) {
+            let chunk = 16 / self.dt.size();
+            // Two 16-byte chunks per thread stay in registers between the two passes.
+            let threads = (h / chunk)
+                .div_ceil(2)
+                .next_multiple_of(warp)
+                .clamp(64, 1024);
+            (true, threads)
+        } else {
+            // Up to eight values per thread stay in registers between the two passes; more
+            // threads keep more loads in flight (the kernel is latency-bound at decode).
+            (false, h.div_ceil(4).next_multiple_of(warp).clamp(128, 1024))
+        };
+        let grid = Grid {
+            blocks: (n as u32, 1, 1),
+            threads: threads as u32,
+        };
+        let (x, w, out, h) = (x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), h as i32);
+        match resid {
+            None => {
+                let k = if vec {
+                    Kernel::RmsNormVec
+                } else {
+                    Kernel::RmsNorm
+                };
+                let args = RmsNormArgs { x, w, out, h, eps };
+                self.launch_with(k, grid, &args)
+            }
+            Some(residual) => {
+                let k = if vec {
+                    Kernel::AddRmsNormVec
+                } else {
+                    Kernel::AddRmsNorm
+                };
+                let args = AddRmsNormArgs {
+                    x,
+                    residual,
+                    w,
+                    out,
+                    h,
+                    eps,
+                };
+                self.launch_with(k, grid, &args)
+            }
+        }
+    }
+}

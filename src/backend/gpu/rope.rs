@@ -1,0 +1,167 @@
+//! Rotary embedding and paged-cache writes (`kernels/rope.cu`, `kernels/kv.cu`): rope alone,
+//! the k/v write alone, or both in one launch; the rope frequency table, uploaded once per
+//! rope spec.
+
+use super::args::{RopeArgs, RopeKvArgs, WriteKvArgs};
+use super::kernels::Kernel;
+use super::runtime::{Grid, Runtime};
+use super::{GpuBackend, GpuBatch, GpuKv, GpuTensor, check_cols, check_rows, invalid};
+use crate::backend::{AttnShape, BackendError, RopeLayout, RopeSpec};
+
+/// Heads per rope block (`ROPE_HEADS` in `kernels/rope.cu`).
+const ROPE_HEADS: usize = 8;
+
+/// What `rope` and the fused `rope_kv` share: the launch shape and the leading arguments.
+struct RopeLaunch {
+    grid: Grid,
+    qkv: u64,
+    stride: i32,
+    positions: u64,
+    inv_freq: u64,
+    head_dim: i32,
+    rot_dim: i32,
+    interleaved: i32,
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    /// Checks `qkv` against `b` and `shape`; the launch shape and leading rope arguments.
+    fn rope_launch(
+        &mut self,
+        qkv: &GpuTensor,
+        b: &GpuBatch,
+        shape: &AttnShape,
+        rope: &RopeSpec,
+    ) -> Result<RopeLaunch, BackendError> {
+        let l = self.layout(b)?;
+        check_cols("rope", qkv.cols, shape.qkv_dim())?;
+        check_rows("rope", l.n_tokens, qkv.rows)?;
+        let inv_freq = self.inv_freqs(rope)?;
+        let groups = (shape.n_heads + shape.n_kv_heads).div_ceil(ROPE_HEADS) as u32;
+        Ok(RopeLaunch {
+            grid: Grid {
+                blocks: (l.n_tokens as u32, groups, 1),
+                threads: 64,
+            },
+            qkv: qkv.buf.ptr(),
+            stride: qkv.cols as i32,
+            positions: self.meta_ptr(l.positions),
+            inv_freq,
+            head_dim: shape.head_dim as i32,
+            rot_dim: rope.dim as i32,
+            interleaved: (rope.layout == RopeLayout::Interleaved) as i32,
+        })
+    }
+
+    /// Device addresses of `layer`'s K and V in the paged cache, checked against `shape`.
+    fn kv_layer(
+        &self,
+        kv: &GpuKv,
+        layer: usize,
+        shape: &AttnShape,
+    ) -> Result<(u64, u64), BackendError> {
+        let w = shape.kv_dim();
+        check_cols("write_kv", w, kv.shape.slot_width())?;
+        if layer >= kv.shape.num_layers {
+            return Err(invalid(format!("layer {layer} of {}", kv.shape.num_layers)));
+        }
+        let layer_bytes = (kv.shape.num_slots() * w * self.dt.size()) as u64;
+        let k = kv.buf.ptr() + 2 * layer as u64 * layer_bytes;
+        Ok((k, k + layer_bytes))
+    }
+
+    /// The device table of `rope`'s inverse frequencies, uploaded when the spec changes.
+    fn inv_freqs(&mut self, rope: &RopeSpec) -> Result<u64, BackendError> {
+        if self.scratch.rope.as_ref().is_none_or(|(r, _)| r != rope) {
+            let f = rope.inv_freqs();
+            if self.dev.capturing {
+                return Err(invalid(
+                    "rope frequencies first uploaded while recording".into(),
+                ));
+            }
+            self.generation += 1;
+            let buf = self.dev.alloc(f.len() * 4, "rope frequencies")?;
+            let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+            self.dev.upload(&buf, 0, &bytes)?;
+            self.scratch.rope = Some((rope.clone(), buf));
+        }
+        Ok(self.scratch.rope.as_ref().map_or(0, |(_, b)| b.ptr()))
+    }
+
+    pub(super) fn launch_rope(
+        &mut self,
+        qkv: &mut GpuTensor,
+        b: &GpuBatch,
+        shape: &AttnShape,
+        rope: &RopeSpec,
+    ) -> Result<(), BackendError> {
+        let r = self.rope_launch(qkv, b, shape, rope)?;
+        let args = RopeArgs {
+            qkv: r.qkv,
+            stride: r.stride,
+            positions: r.positions,
+            inv_freq: r.inv_freq,
+            head_dim: r.head_dim,
+            rot_dim: r.rot_dim,
+            interleaved: r.interleaved,
+            heads: (shape.n_heads + shape.n_kv_heads) as i32,
+        };
+        self.launch_with(Kernel::Rope, r.grid, &args)
+    }
+
+    pub(super) fn launch_write_kv(
+        &mut self,
+        kv: &mut GpuKv,
+        layer: usize,
+        qkv: &GpuTensor,
+        b: &GpuBatch,
+        shape: &AttnShape,
+    ) -> Result<(), BackendError> {
+        let l = self.layout(b)?;
+        check_cols("write_kv input", qkv.cols, shape.qkv_dim())?;
+        check_rows("write_kv", l.n_tokens, qkv.rows)?;
+        let (k, v) = self.kv_layer(kv, layer, shape)?;
+        let grid = Grid {
+            blocks: (l.n_tokens as u32, 1, 1),
+            threads: 128,
+        };
+        let args = WriteKvArgs {
+            qkv: qkv.buf.ptr(),
+            stride: qkv.cols as i32,
+            q_dim: shape.q_dim() as i32,
+            width: shape.kv_dim() as i32,
+            slots: self.meta_ptr(l.slots),
+            k_cache: k,
+            v_cache: v,
+        };
+        self.launch_with(Kernel::WriteKv, grid, &args)
+    }
+
+    pub(super) fn launch_rope_write_kv(
+        &mut self,
+        qkv: &mut GpuTensor,
+        kv: &mut GpuKv,
+        layer: usize,
+        b: &GpuBatch,
+        shape: &AttnShape,
+        rope: &RopeSpec,
+    ) -> Result<(), BackendError> {
+        let r = self.rope_launch(qkv, b, shape, rope)?;
+        let (k, v) = self.kv_layer(kv, layer, shape)?;
+        let l = self.layout(b)?;
+        let args = RopeKvArgs {
+            qkv: r.qkv,
+            stride: r.stride,
+            positions: r.positions,
+            inv_freq: r.inv_freq,
+            head_dim: r.head_dim,
+            rot_dim: r.rot_dim,
+            interleaved: r.interleaved,
+            n_heads: shape.n_heads as i32,
+            n_kv: shape.n_kv_heads as i32,
+            slots: self.meta_ptr(l.slots),
+            k_cache: k,
+            v_cache: v,
+        };
+        self.launch_with(Kernel::RopeKv, r.grid, &args)
+    }
+}
