@@ -136,6 +136,7 @@ fn is_sampling(k: Kernel) -> bool {
             | Kernel::SamplePenalty
             | Kernel::SamplePick
             | Kernel::SampleGreedy
+            | Kernel::SampleMask
     )
 }
 
