@@ -547,8 +547,8 @@ mod tests {
             "<s>You can call these functions. To call one, answer with <tool_call>{\"name\": \
              <function name>, \"arguments\": <arguments as a JSON object>}</tool_call>.\n\
              {\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \
-             \"Weather now\", \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \
-             \"required\": [\"city\"], \"type\": \"object\"}}}\n\nBe brief.\n\nUser: Weather in Paris?\n\
+             \"Weather now\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \
+             \"required\": [\"city\"]}}}\n\nBe brief.\n\nUser: Weather in Paris?\n\
              Assistant: <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\
              </tool_call></s>\nTool (call_1): 18 C\nAssistant:"
         );
@@ -562,7 +562,7 @@ mod tests {
     #[test]
     fn llama31_template_with_tools() {
         let s = render_file("llama31.jinja", "call_1");
-        let tool_json = "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n        \"description\": \"Weather now\",\n        \"parameters\": {\n            \"properties\": {\n                \"city\": {\n                    \"type\": \"string\"\n                }\n            },\n            \"required\": [\n                \"city\"\n            ],\n            \"type\": \"object\"\n        }\n    }\n}";
+        let tool_json = "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n        \"description\": \"Weather now\",\n        \"parameters\": {\n            \"type\": \"object\",\n            \"properties\": {\n                \"city\": {\n                    \"type\": \"string\"\n                }\n            },\n            \"required\": [\n                \"city\"\n            ]\n        }\n    }\n}";
         assert!(
             s.starts_with("<s><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nBe brief.<|eot_id|>"),
             "{s}"
@@ -589,7 +589,7 @@ mod tests {
             "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
              You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n\
              {\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather now\", \
-             \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"], \"type\": \"object\"}}}\n\
+             \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n\
              </tools>\n\nFor each function call, return a json object with function name and arguments within \
              <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n\
              </tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n\
@@ -604,8 +604,8 @@ mod tests {
         assert_eq!(
             s,
             "<s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \
-             \"description\": \"Weather now\", \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \
-             \"required\": [\"city\"], \"type\": \"object\"}}}][/AVAILABLE_TOOLS][INST] Weather in Paris?[/INST]\
+             \"description\": \"Weather now\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \
+             \"required\": [\"city\"]}}}][/AVAILABLE_TOOLS][INST] Weather in Paris?[/INST]\
              [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"abcDEF123\"}]</s>\
              [TOOL_RESULTS] {\"content\": 18 C, \"call_id\": \"abcDEF123\"}[/TOOL_RESULTS]"
         );
@@ -632,7 +632,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             out,
-            "{\"a\": {}, \"b\": [1, 2.5, true, null]}|{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.5,\n    true,\n    null\n  ]\n}|[]|\"é\\\"<\""
+            "{\"b\": [1, 2.5, true, null], \"a\": {}}|{\n  \"b\": [\n    1,\n    2.5,\n    true,\n    null\n  ],\n  \"a\": {}\n}|[]|\"é\\\"<\""
         );
     }
 

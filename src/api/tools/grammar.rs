@@ -1,7 +1,7 @@
 //! The Lark grammar (llguidance's dialect) that makes a reply exactly a tool call in the
 //! model's format, each call's arguments fitting its function's `parameters` schema.
 
-use super::ToolFormat;
+use super::format::ToolFormat;
 use crate::tokenizer::chat::TemplateTool;
 
 /// A JSON Schema for one call object: `name` (that function's, first) and the arguments
@@ -67,7 +67,7 @@ mod tests {
             g,
             "start: call\ncall: \"<tool_call>\\n\" fn \"\\n</tool_call>\"\nfn: fn_0\n\
              fn_0: %json {\"type\": \"object\", \"properties\": {\"name\": {\"const\": \"get_weather\"}, \
-             \"arguments\": {\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],\"type\":\"object\"}}, \
+             \"arguments\": {\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}, \
              \"required\": [\"name\", \"arguments\"], \"additionalProperties\": false, \"x-guidance\": {\"whitespace_flexible\": false}}\n"
         );
         let schema = g.lines().last().unwrap().trim_start_matches("fn_0: %json ");
@@ -84,7 +84,7 @@ mod tests {
             g.starts_with("start: call (\"; \" call)*\ncall: fn\nfn: fn_0 | fn_1\n"),
             "{g}"
         );
-        assert!(g.contains("\"parameters\": {\"properties\""), "{g}");
+        assert!(g.contains("\"parameters\": {\"type\":\"object\""), "{g}");
         let g = tool_calls(ToolFormat::Mistral, &[&w], false);
         assert!(
             g.starts_with("start: \"[TOOL_CALLS][\" call \"]\"\n"),

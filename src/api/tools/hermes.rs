@@ -1,17 +1,7 @@
 //! Hermes-style calls (Qwen2.5, Qwen3, Hermes 2/3, Kiln's default template):
 //! `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one object per tag,
 //! possibly after some text and possibly several.
-
-use super::parser::Syntax;
-
-pub(super) static SYNTAX: Syntax = Syntax {
-    markers: &["<tool_call>"],
-    lead: None,
-    list: false,
-    close: Some("</tool_call>"),
-    separator: None,
-    args_keys: &["arguments", "parameters"],
-};
+//! Its syntax is [`super::syntax::HERMES`]; this file holds its tests on recorded outputs.
 
 #[cfg(test)]
 mod tests {

@@ -1,16 +1,6 @@
 //! Llama 3.1/3.2 JSON calls: the reply is `{"name": ..., "parameters": {...}}` (after
 //! `<|python_tag|>` when special tokens are shown), several separated by `;`.
-
-use super::parser::Syntax;
-
-pub(super) static SYNTAX: Syntax = Syntax {
-    markers: &["<|python_tag|>"],
-    lead: Some('{'),
-    list: false,
-    close: None,
-    separator: Some(';'),
-    args_keys: &["parameters", "arguments"],
-};
+//! Its syntax is [`super::syntax::LLAMA3_JSON`]; this file holds its tests on recorded outputs.
 
 #[cfg(test)]
 mod tests {

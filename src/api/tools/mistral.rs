@@ -1,17 +1,7 @@
 //! Mistral calls (v3 tokenizer, Mistral-7B-Instruct-v0.3, Mixtral, Mistral-Nemo):
 //! `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`. `[TOOL_CALLS]` is a control token,
 //! so a reply decoded without special tokens starts at the list.
-
-use super::parser::Syntax;
-
-pub(super) static SYNTAX: Syntax = Syntax {
-    markers: &["[TOOL_CALLS]"],
-    lead: Some('['),
-    list: true,
-    close: None,
-    separator: None,
-    args_keys: &["arguments", "parameters"],
-};
+//! Its syntax is [`super::syntax::MISTRAL`]; this file holds its tests on recorded outputs.
 
 #[cfg(test)]
 mod tests {

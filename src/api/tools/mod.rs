@@ -6,6 +6,7 @@
 //! [`hermes`] (`<tool_call>{...}</tool_call>`, Qwen2.5/Qwen3) and [`mistral`]
 //! (`[TOOL_CALLS][{...}]`).
 
+mod format;
 mod grammar;
 pub mod hermes;
 pub mod llama3_json;
@@ -15,81 +16,12 @@ mod parser;
 mod reasoning;
 mod request;
 mod scan;
+mod syntax;
 
+pub use format::{Piece, ToolFormat};
 pub use parser::ToolParser;
 pub use reasoning::ReasoningParser;
 pub use request::{ToolChoiceMode, ToolRequest};
-
-use crate::config::ToolCallParser;
-use parser::Syntax;
-
-/// A tool-call format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolFormat {
-    Llama3Json,
-    Hermes,
-    Mistral,
-}
-
-impl ToolFormat {
-    /// The configured parser, or the one the chat template's markers point to (Hermes when
-    /// the template names none: Kiln's default template asks for it).
-    pub fn pick(configured: Option<ToolCallParser>, template: &str) -> Self {
-        match configured {
-            Some(ToolCallParser::Llama3Json) => ToolFormat::Llama3Json,
-            Some(ToolCallParser::Hermes) => ToolFormat::Hermes,
-            Some(ToolCallParser::Mistral) => ToolFormat::Mistral,
-            None if template.contains("[TOOL_CALLS]") => ToolFormat::Mistral,
-            None if template.contains("<tool_call>") => ToolFormat::Hermes,
-            None if template.contains("<|python_tag|>") || template.contains("ipython") => {
-                ToolFormat::Llama3Json
-            }
-            None => ToolFormat::Hermes,
-        }
-    }
-
-    fn syntax(self) -> &'static Syntax {
-        match self {
-            ToolFormat::Llama3Json => &llama3_json::SYNTAX,
-            ToolFormat::Hermes => &hermes::SYNTAX,
-            ToolFormat::Mistral => &mistral::SYNTAX,
-        }
-    }
-
-    /// A fresh call id: `call_` and 24 letters or digits; Mistral's templates insist on
-    /// 9 letters or digits.
-    pub fn new_id(self) -> String {
-        match self {
-            ToolFormat::Mistral => random_alnum(9),
-            _ => format!("call_{}", random_alnum(24)),
-        }
-    }
-}
-
-fn random_alnum(n: usize) -> String {
-    const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    (0..n)
-        .map(|_| CHARS[rand::random::<u32>() as usize % CHARS.len()] as char)
-        .collect()
-}
-
-/// A piece of a parsed reply, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece {
-    Content(String),
-    Reasoning(String),
-    /// A call begins: its index among the choice's calls, id and function name.
-    CallStart {
-        index: usize,
-        id: String,
-        name: String,
-    },
-    /// More of call `index`'s arguments (JSON text, to append).
-    Args {
-        index: usize,
-        text: String,
-    },
-}
 
 /// What to look for in replies.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -256,6 +188,7 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::*;
     use super::*;
+    use crate::config::ToolCallParser;
 
     fn think() -> ParseOptions {
         ParseOptions {

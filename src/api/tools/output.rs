@@ -1,6 +1,7 @@
 //! Parsed pieces as OpenAI wire shapes: stream deltas and the non-streamed message.
 
-use super::{ParsedReply, Piece};
+use super::ParsedReply;
+use super::format::Piece;
 use crate::api::types::{
     ChatDelta, ChatMessageOut, FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta,
 };

@@ -3,25 +3,9 @@
 //! markup that turns out not to be a call is given back as content. Parsing a whole reply is
 //! one `push` and `finish`, so a stream always adds up to the non-streamed result.
 
+use super::format::{Piece, ToolFormat};
 use super::scan::scan_object;
-use super::{Piece, ToolFormat};
-
-/// How a format writes its calls.
-#[derive(Debug)]
-pub(super) struct Syntax {
-    /// Markers that begin tool markup anywhere in the reply.
-    pub markers: &'static [&'static str],
-    /// A character that begins markup when it is the first non-blank text of the reply.
-    pub lead: Option<char>,
-    /// After a marker the calls may come as a JSON list (`[{...}, {...}]`).
-    pub list: bool,
-    /// Text closing each call (`</tool_call>`).
-    pub close: Option<&'static str>,
-    /// Separates calls outside a list (`;`).
-    pub separator: Option<char>,
-    /// Members holding the arguments.
-    pub args_keys: &'static [&'static str],
-}
+use super::syntax::Syntax;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {

@@ -1,7 +1,7 @@
 //! The request's `tools`, `tool_choice` and `parallel_tool_calls`, checked (400 naming the
 //! field) and kept in the shapes the template and the constraint need.
 
-use super::ToolFormat;
+use super::format::ToolFormat;
 use super::grammar;
 use crate::api::errors::ApiError;
 use crate::api::types::{ChatCompletionRequest, ToolChoice, ToolDefinition};
