@@ -4,9 +4,6 @@
 //! it; [`GpuBackend::launch_with`](super::GpuBackend) refuses any other kernel. A unit test
 //! parses every entry point's parameter list from the kernel source text and checks it
 //! against the struct (names, order, pointer or scalar, scalar width).
-//!
-//! The sampling kernels (`kernels/sample.cu`, launched by `sample.rs`) still take
-//! positional [`Arg`] arrays.
 
 use super::device::Arg;
 use super::kernels::Kernel;
@@ -101,8 +98,8 @@ macro_rules! kernel_args {
             }
         )*
 
-        /// The parameters of kernel `k`, `None` for the kernels launched with positional
-        /// arguments (sampling).
+        /// The parameters of kernel `k` (`None` only for a kernel no struct takes, which the
+        /// unit test refuses).
         #[cfg_attr(not(test), allow(dead_code))]
         pub fn params(k: Kernel) -> Option<&'static [(&'static str, ArgKind)]> {
             $(
@@ -113,7 +110,7 @@ macro_rules! kernel_args {
             None
         }
 
-        /// How many argument structs take kernel `k` (one, or none for sampling).
+        /// How many argument structs take kernel `k` (exactly one for every kernel).
         #[cfg(test)]
         pub fn takers(k: Kernel) -> usize {
             0 $(+ <$name as KernelArgs>::takes(k) as usize)*
@@ -168,6 +165,22 @@ kernel_args! {
     GemvArgs (Kernel::Gemv { .. }) { x: ptr, w: ptr, bias: ptr, y: ptr, k: i32, n: i32 }
     /// `gemv_silu_mul_<dt>_m<rows>`: the gate/up product and SiLU-mul, `f` outputs.
     GemvSiluMulArgs (Kernel::GemvSiluMul { .. }) { x: ptr, w: ptr, y: ptr, k: i32, f: i32 }
+    /// `sample_prep_<dt>`: logits copied to f32 `work` and each row's log-sum-exp.
+    SamplePrepArgs (Kernel::SamplePrep) { logits: ptr, v: i32, work: ptr, lse: ptr }
+    /// `sample_topn`: each row's top-N log-probabilities on the raw values.
+    SampleTopNArgs (Kernel::SampleTopN) {
+        work: ptr, lse: ptr, params: ptr, v: i32, rows: i32, out: ptr,
+    }
+    /// `sample_penalty`: `n` (row, token, bias/penalty) entries applied to `work`.
+    SamplePenaltyArgs (Kernel::SamplePenalty) { entries: ptr, n: i32, work: ptr, v: i32 }
+    /// `sample_mask`: tokens outside each constrained row's bitmask (`w` words) set to -inf.
+    SampleMaskArgs (Kernel::SampleMask) { rows: ptr, masks: ptr, w: i32, work: ptr, v: i32 }
+    /// `sample_pick_<dt>`: the token of each row (greedy or drawn) and its logprob.
+    SamplePickArgs (Kernel::SamplePick) {
+        logits: ptr, work: ptr, lse: ptr, params: ptr, v: i32, out: ptr,
+    }
+    /// `sample_greedy_<dt>`: argmax and log-sum-exp in one pass over the raw logits.
+    SampleGreedyArgs (Kernel::SampleGreedy) { logits: ptr, v: i32, out: ptr }
 }
 
 #[cfg(test)]

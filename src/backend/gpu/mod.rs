@@ -226,7 +226,7 @@ impl<R: Runtime> GpuBackend<R> {
         self.dev.upload(&t.buf, 0, &bytes)
     }
 
-    /// Launches `k` with positional arguments (the sampling kernels).
+    /// Launches `k` with a positional list (only through [`GpuBackend::launch_with`]).
     fn launch(&mut self, k: Kernel, grid: Grid, args: &[Arg]) -> Result<(), BackendError> {
         self.dev.launch(k.op(), self.kernels.get(k)?, grid, 0, args)
     }

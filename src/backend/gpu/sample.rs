@@ -2,7 +2,10 @@
 //! entries and the token masks of constrained rows into one upload, launches the sampling kernels, and downloads only the chosen
 //! ids, their logprobs and the requested top alternatives.
 
-use super::device::Arg;
+use super::args::{
+    SampleGreedyArgs, SampleMaskArgs, SamplePenaltyArgs, SamplePickArgs, SamplePrepArgs,
+    SampleTopNArgs,
+};
 use super::kernels::Kernel;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuTensor, check_rows, ensure};
@@ -212,12 +215,12 @@ impl<R: Runtime> GpuBackend<R> {
             &mut self.generation,
         )?;
         if pk.plain_greedy {
-            let args = [
-                Arg::Ptr(logits.buf.ptr()),
-                Arg::I32(v as i32),
-                Arg::Ptr(out),
-            ];
-            self.launch(Kernel::SampleGreedy, rows, &args)?;
+            let args = SampleGreedyArgs {
+                logits: logits.buf.ptr(),
+                v: v as i32,
+                out,
+            };
+            self.launch_with(Kernel::SampleGreedy, rows, &args)?;
             return self.download_sampled(pk);
         }
         let bytes: Vec<u8> = pk.words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -240,40 +243,37 @@ impl<R: Runtime> GpuBackend<R> {
             self.dev.upload(buf, 0, &bytes)?;
         }
         let entries = input + (s * PARAM_WORDS * 4) as u64;
-        let (vi, si) = (Arg::I32(v as i32), Arg::I32(s as i32));
-        self.launch(
-            Kernel::SamplePrep,
-            rows,
-            &[
-                Arg::Ptr(logits.buf.ptr()),
-                vi,
-                Arg::Ptr(work),
-                Arg::Ptr(lse),
-            ],
-        )?;
+        let vi = v as i32;
+        let prep = SamplePrepArgs {
+            logits: logits.buf.ptr(),
+            v: vi,
+            work,
+            lse,
+        };
+        self.launch_with(Kernel::SamplePrep, rows, &prep)?;
         if pk.any_top {
-            let args = [
-                Arg::Ptr(work),
-                Arg::Ptr(lse),
-                Arg::Ptr(input),
-                vi,
-                si,
-                Arg::Ptr(out),
-            ];
-            self.launch(Kernel::SampleTopN, rows, &args)?;
+            let args = SampleTopNArgs {
+                work,
+                lse,
+                params: input,
+                v: vi,
+                rows: s as i32,
+                out,
+            };
+            self.launch_with(Kernel::SampleTopN, rows, &args)?;
         }
         if pk.entries > 0 {
             let grid = Grid {
                 blocks: (pk.entries.div_ceil(256) as u32, 1, 1),
                 threads: 256,
             };
-            let args = [
-                Arg::Ptr(entries),
-                Arg::I32(pk.entries as i32),
-                Arg::Ptr(work),
-                vi,
-            ];
-            self.launch(Kernel::SamplePenalty, grid, &args)?;
+            let args = SamplePenaltyArgs {
+                entries,
+                n: pk.entries as i32,
+                work,
+                v: vi,
+            };
+            self.launch_with(Kernel::SamplePenalty, grid, &args)?;
         }
         if pk.masked > 0 {
             let mask_rows = entries + (pk.entries * ENTRY_WORDS * 4) as u64;
@@ -281,24 +281,24 @@ impl<R: Runtime> GpuBackend<R> {
                 blocks: (pk.masked as u32, 1, 1),
                 threads: 256,
             };
-            let args = [
-                Arg::Ptr(mask_rows),
-                Arg::Ptr(mask_rows + (pk.masked * 4) as u64),
-                Arg::I32(pk.mask_words as i32),
-                Arg::Ptr(work),
-                vi,
-            ];
-            self.launch(Kernel::SampleMask, grid, &args)?;
+            let args = SampleMaskArgs {
+                rows: mask_rows,
+                masks: mask_rows + (pk.masked * 4) as u64,
+                w: pk.mask_words as i32,
+                work,
+                v: vi,
+            };
+            self.launch_with(Kernel::SampleMask, grid, &args)?;
         }
-        let args = [
-            Arg::Ptr(logits.buf.ptr()),
-            Arg::Ptr(work),
-            Arg::Ptr(lse),
-            Arg::Ptr(input),
-            vi,
-            Arg::Ptr(out),
-        ];
-        self.launch(Kernel::SamplePick, rows, &args)?;
+        let args = SamplePickArgs {
+            logits: logits.buf.ptr(),
+            work,
+            lse,
+            params: input,
+            v: vi,
+            out,
+        };
+        self.launch_with(Kernel::SamplePick, rows, &args)?;
         self.download_sampled(pk)
     }
 
