@@ -296,6 +296,7 @@ fn reply_parsing(
         tools: tools.parses_calls().then_some(format),
         reasoning: model.reasoning_parser.is_some(),
         starts_thinking,
+        single_call: !tools.parallel,
     };
     (parse, tools.constraint(format))
 }

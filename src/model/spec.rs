@@ -134,15 +134,15 @@ impl SpecField {
 impl ModelSpec {
     /// Width of the query projection (`n_heads * head_dim`).
     pub fn q_dim(&self) -> usize {
-        self.n_heads * self.head_dim
+        self.attn_shape().q_dim()
     }
     /// Width of the key (= value) projection (`n_kv_heads * head_dim`).
     pub fn kv_dim(&self) -> usize {
-        self.n_kv_heads * self.head_dim
+        self.attn_shape().kv_dim()
     }
     /// Width of the fused qkv projection.
     pub fn qkv_dim(&self) -> usize {
-        self.q_dim() + 2 * self.kv_dim()
+        self.attn_shape().qkv_dim()
     }
     /// The head geometry the backend's attention ops take.
     pub fn attn_shape(&self) -> AttnShape {

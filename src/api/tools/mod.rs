@@ -32,6 +32,8 @@ pub struct ParseOptions {
     pub reasoning: bool,
     /// The prompt ends inside the thinking (its template opened `<think>`).
     pub starts_thinking: bool,
+    /// `parallel_tool_calls: false`: only the first call is kept, later ones are dropped.
+    pub single_call: bool,
 }
 
 /// One choice's reply parser: reasoning first, then tool calls in the answer. With nothing
@@ -40,6 +42,7 @@ pub struct ParseOptions {
 pub struct ChoiceParser {
     reasoning: Option<ReasoningParser>,
     tools: Option<ToolParser>,
+    single_call: bool,
 }
 
 impl ChoiceParser {
@@ -50,6 +53,7 @@ impl ChoiceParser {
                 .reasoning
                 .then(|| ReasoningParser::new(opts.starts_thinking)),
             tools: opts.tools.map(ToolParser::new),
+            single_call: opts.single_call,
         }
     }
 
@@ -93,6 +97,11 @@ impl ChoiceParser {
             }
             None if !answer.is_empty() => out.push(Piece::Content(answer)),
             None => {}
+        }
+        if self.single_call {
+            out.retain(|p| {
+                !matches!(p, Piece::CallStart { index, .. } | Piece::Args { index, .. } if *index > 0)
+            });
         }
         out
     }
@@ -224,6 +233,33 @@ mod tests {
         assert_eq!(
             (r.reasoning.as_str(), r.content.as_str()),
             ("Hmm, hello.", "Hello!")
+        );
+    }
+
+    #[test]
+    fn single_call_keeps_only_the_first() {
+        let call = |city: &str| {
+            format!(
+                "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{city}\"}}}}\n</tool_call>"
+            )
+        };
+        let text = format!("{}\n{}", call("Paris"), call("Oslo"));
+        let opts = ParseOptions {
+            tools: Some(ToolFormat::Hermes),
+            ..ParseOptions::default()
+        };
+        assert_eq!(parse_every_split(opts, &text).calls.len(), 2);
+        let single = ParseOptions {
+            single_call: true,
+            ..opts
+        };
+        let r = parse_every_split(single, &text);
+        assert_eq!(
+            calls(&r),
+            vec![(
+                "get_weather".to_string(),
+                serde_json::json!({"city": "Paris"})
+            )]
         );
     }
 

@@ -193,7 +193,6 @@ pub struct ChatCompletionRequest {
     /// Whether the model may make several calls in one reply (default true).
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
-    /// Only `{"type": "text"}` is supported.
     /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema",
     /// "json_schema": {"name", "schema", "strict"}}`: the reply is JSON (fitting the schema).
     #[serde(default)]

@@ -40,6 +40,55 @@ fn matvec(x: &[f32], w: &[f32], bias: Option<&[f32]>, k: usize, out: &mut [f32])
     }
 }
 
+/// `out[r * stride + j] = x[r] . w[j]` for `r < n`, `j < m`: `x` is [n, k] and `w` is
+/// [m, k], both row-major; `out`'s rows are `stride >= m` apart (a column block of a wider
+/// output). `out` is written, never read.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_xwt(
+    n: usize,
+    m: usize,
+    k: usize,
+    x: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    stride: usize,
+    par: gemm::Parallelism,
+) {
+    if n == 0 || m == 0 {
+        return;
+    }
+    assert!(x.len() >= n * k && w.len() >= m * k && m <= stride);
+    assert!(out.len() >= (n - 1) * stride + m, "output too short");
+    // SAFETY: the asserts above make every access in range: dst is `out` seen as [n, m]
+    // with row stride `stride` (rs = stride, cs = 1), ending at (n - 1) * stride + m <=
+    // out.len(); lhs is x, [n, k] row-major; rhs is w^T, a [k, m] view of the row-major
+    // [m, k] weight (rs = 1, cs = k). `read_dst = false`: out's prior contents are never
+    // read.
+    unsafe {
+        gemm::gemm(
+            n,
+            m,
+            k,
+            out.as_mut_ptr(),
+            1,
+            stride as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
 /// `out[n, m] = x[n, k] @ w[m, k]^T (+ bias)`.
 pub fn matmul(
     x: &[f32],
@@ -60,33 +109,7 @@ pub fn matmul(
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: the slices above cover exactly the strided ranges gemm reads and writes:
-    // dst is [n, m] row-major (rs = m, cs = 1), lhs is [n, k] row-major, and rhs is w^T,
-    // a [k, m] view of the row-major [m, k] weight (rs = 1, cs = k). `read_dst = false`
-    // means dst's prior contents are never read.
-    unsafe {
-        gemm::gemm(
-            n,
-            m,
-            k,
-            out.as_mut_ptr(),
-            1,
-            m as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        );
-    }
+    gemm_xwt(n, m, k, x, w, out, m, par);
     if let Some(b) = bias {
         for row in out.chunks_exact_mut(m) {
             row.iter_mut().zip(b).for_each(|(o, b)| *o += b);

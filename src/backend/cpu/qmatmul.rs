@@ -214,33 +214,16 @@ fn gemm_tiles(
             .zip(src.par_chunks(row_bytes))
             .try_for_each(|(d, s)| quant::dequantize(ty, s, d))?;
         let c = cols.start + t0;
-        // SAFETY: dst is the [n, m] row-major `out` seen from column c (rs = m, cs = 1): it
-        // writes rows 0..n, columns c..c + tr <= m, inside `out`'s n * m elements. lhs is
-        // x, [n, k] row-major; rhs is dst^T, a [k, tr] view of the row-major [tr, k] tile
-        // (rs = 1, cs = k). `read_dst = false`: out's prior contents are never read.
-        unsafe {
-            gemm::gemm(
-                n,
-                tr,
-                k,
-                out.as_mut_ptr().add(c),
-                1,
-                m as isize,
-                false,
-                x.as_ptr(),
-                1,
-                k as isize,
-                dst.as_ptr(),
-                k as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(0),
-            );
-        }
+        ops::gemm_xwt(
+            n,
+            tr,
+            k,
+            x,
+            dst,
+            &mut out[c..],
+            m,
+            gemm::Parallelism::Rayon(0),
+        );
         t0 += tr;
     }
     Ok(())
