@@ -36,6 +36,7 @@ fn spec(n_heads: usize, n_kv: usize, hd: usize, rope: RopeSpec) -> ModelSpec {
         rope,
         tied_embeddings: false,
         qkv_bias: false,
+        variant: Default::default(),
     }
 }
 

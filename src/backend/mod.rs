@@ -45,6 +45,15 @@ pub enum BackendError {
     Weight(#[from] quant::QuantError),
 }
 
+/// The error of an op a backend does not implement (the default of the family ops).
+fn missing(op: &'static str) -> BackendError {
+    BackendError::Unsupported {
+        backend: "this backend",
+        op,
+        dtype: "any".into(),
+    }
+}
+
 /// The op contract. Activations are `[rows, cols]` tensors allocated once with a row
 /// capacity; every op takes `n`, the number of rows in use. Matrices are `[out, in]`.
 pub trait Backend {
@@ -196,6 +205,52 @@ pub trait Backend {
     ) -> Result<(), BackendError> {
         self.matmul(x, w_gate_up, None, n, gate_up)?;
         self.silu_mul(gate_up, n, act)
+    }
+    /// RMSNorm of every q head (weight `q_w`, `[head_dim]`) and every k head (`k_w`) of a
+    /// fused `qkv` tensor in place, over `n` rows; v is untouched (Qwen3, Gemma 3).
+    fn head_rms_norm(
+        &mut self,
+        qkv: &mut Self::Tensor,
+        q_w: &Self::Weight,
+        k_w: &Self::Weight,
+        shape: &AttnShape,
+        eps: f32,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        let _ = (qkv, q_w, k_w, shape, eps, n);
+        Err(missing("head_rms_norm"))
+    }
+    /// `out[n, f] = gelu_tanh(gu[:, :f]) * gu[:, f:]` (GeGLU with the tanh approximation).
+    fn gelu_tanh_mul(
+        &mut self,
+        gate_up: &Self::Tensor,
+        n: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError> {
+        let _ = (gate_up, n, out);
+        Err(missing("gelu_tanh_mul"))
+    }
+    /// [`Backend::matmul_silu_mul`] with GeGLU.
+    fn matmul_gelu_tanh_mul(
+        &mut self,
+        x: &Self::Tensor,
+        w_gate_up: &Self::Weight,
+        n: usize,
+        gate_up: &mut Self::Tensor,
+        act: &mut Self::Tensor,
+    ) -> Result<(), BackendError> {
+        self.matmul(x, w_gate_up, None, n, gate_up)?;
+        self.gelu_tanh_mul(gate_up, n, act)
+    }
+    /// `x *= s` over `n` rows, in place.
+    fn scale(&mut self, x: &mut Self::Tensor, s: f32, n: usize) -> Result<(), BackendError> {
+        let _ = (x, s, n);
+        Err(missing("scale"))
+    }
+    /// `x = cap * tanh(x / cap)` over `n` rows, in place (logit soft-capping).
+    fn softcap(&mut self, x: &mut Self::Tensor, cap: f32, n: usize) -> Result<(), BackendError> {
+        let _ = (x, cap, n);
+        Err(missing("softcap"))
     }
     /// Copies the rows that need logits (`b`'s logits rows) to the front of `out`.
     fn gather_rows(

@@ -4,6 +4,7 @@
 pub mod gguf;
 pub mod source;
 pub mod spec;
+pub mod variant;
 
 use std::path::{Path, PathBuf};
 
@@ -115,7 +116,7 @@ impl ModelFiles {
                 if tokenizer.is_none() {
                     tracing::warn!("no tokenizer.json in {}: token ids only", path.display());
                 }
-                let source = SafetensorsSource::open(path)?;
+                let source = SafetensorsSource::open(path)?.for_arch(&spec.arch);
                 Ok(Self {
                     name: file_name(path),
                     spec,

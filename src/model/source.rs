@@ -83,6 +83,8 @@ pub struct SafetensorsSource {
     maps: Vec<Mmap>,
     /// HF tensor name -> index into `maps`.
     index: HashMap<String, usize>,
+    /// The spec's architecture (tensor names differ by family).
+    arch: String,
 }
 
 impl SafetensorsSource {
@@ -114,14 +116,52 @@ impl SafetensorsSource {
             }
             maps.push(map);
         }
-        Ok(Self { maps, index })
+        Ok(Self {
+            maps,
+            index,
+            arch: "llama".into(),
+        })
+    }
+
+    /// Names tensors as architecture `arch` does (Gemma's norms, Phi-3's fused tensors).
+    pub fn for_arch(mut self, arch: &str) -> Self {
+        self.arch = arch.to_string();
+        self
+    }
+
+    /// The HF name of GGUF tensor `name` as this directory stores it: Gemma 3's multimodal
+    /// checkpoints put the language model under `language_model.` or `model.language_model.`.
+    fn resolve(&self, name: &str) -> Option<(String, usize)> {
+        let hf = hf_name_for(&self.arch, name);
+        let nested = hf.strip_prefix("model.").map(|rest| {
+            [
+                format!("language_model.{hf}"),
+                format!("model.language_model.{rest}"),
+            ]
+        });
+        std::iter::once(hf.clone())
+            .chain(nested.into_iter().flatten())
+            .find_map(|n| self.index.get(&n).map(|&i| (n, i)))
     }
 }
 
-/// Maps a GGUF tensor name to its Hugging Face name.
+/// Maps a GGUF tensor name to its Hugging Face name (Llama-family names).
 pub fn hf_name(gguf: &str) -> String {
+    hf_name_for("llama", gguf)
+}
+
+/// Maps a GGUF tensor name to its Hugging Face name in architecture `arch`.
+pub fn hf_name_for(arch: &str, gguf: &str) -> String {
+    let gemma = matches!(arch, "gemma2" | "gemma3");
     let map_leaf = |leaf: &str| -> Option<&'static str> {
         Some(match leaf {
+            "ffn_norm.weight" if gemma => "pre_feedforward_layernorm.weight",
+            "post_attention_norm.weight" => "post_attention_layernorm.weight",
+            "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
+            "attn_q_norm.weight" => "self_attn.q_norm.weight",
+            "attn_k_norm.weight" => "self_attn.k_norm.weight",
+            "attn_qkv.weight" => "self_attn.qkv_proj.weight",
+            "ffn_up.weight" if arch == "phi3" => "mlp.gate_up_proj.weight",
             "attn_norm.weight" => "input_layernorm.weight",
             "attn_q.weight" => "self_attn.q_proj.weight",
             "attn_k.weight" => "self_attn.k_proj.weight",
@@ -155,8 +195,7 @@ pub fn hf_name(gguf: &str) -> String {
 
 impl TensorSource for SafetensorsSource {
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
-        let hf = hf_name(name);
-        let Some(&i) = self.index.get(&hf) else {
+        let Some((hf, i)) = self.resolve(name) else {
             return Ok(None);
         };
         let st = SafeTensors::deserialize(&self.maps[i])

@@ -4,6 +4,8 @@ use serde::Deserialize;
 
 use super::ModelError;
 use super::gguf::GgufFile;
+use super::variant::{self, Dims, HfBase};
+pub use super::variant::{Activation, Variant};
 use crate::backend::AttnShape;
 pub use crate::backend::{Llama3Scaling, RopeLayout, RopeSpec};
 
@@ -26,6 +28,8 @@ pub struct ModelSpec {
     pub tied_embeddings: bool,
     /// q/k/v projections carry biases (Qwen2).
     pub qkv_bias: bool,
+    /// What the family adds to the Llama block (default: nothing).
+    pub variant: Variant,
 }
 
 /// Upper bounds on what a model file may declare. Every size derived from metadata is
@@ -66,6 +70,8 @@ pub enum SpecField {
     RopeScaling,
     RopeFreqs,
     RmsEps,
+    /// A family-specific value (the message names it).
+    Variant,
 }
 
 impl SpecField {
@@ -86,6 +92,7 @@ impl SpecField {
             F::RopeScaling => "rope.llama3",
             F::RopeFreqs => "rope.freq_factors",
             F::RmsEps => "rms_eps",
+            F::Variant => "variant",
         }
         .to_string()
     }
@@ -107,6 +114,7 @@ impl SpecField {
             F::RopeScaling => "rope.scaling",
             F::RopeFreqs => return "tensor rope_freqs.weight".to_string(),
             F::RmsEps => "attention.layer_norm_rms_epsilon",
+            F::Variant => "*",
         };
         format!("{arch}.{leaf}")
     }
@@ -126,6 +134,7 @@ impl SpecField {
             F::RopeTheta => "rope_theta",
             F::RopeScaling | F::RopeFreqs => "rope_scaling",
             F::RmsEps => "rms_norm_eps",
+            F::Variant => "*",
         }
         .to_string()
     }
@@ -144,6 +153,24 @@ impl ModelSpec {
     pub fn qkv_dim(&self) -> usize {
         self.attn_shape().qkv_dim()
     }
+    /// The head geometry and attention options of layer `l` (its window, scale, cap).
+    pub fn layer_shape(&self, l: usize) -> AttnShape {
+        self.attn_shape_of(self.variant.is_sliding(l))
+    }
+
+    /// The rope of layer `l` (Gemma 3's sliding layers have their own).
+    pub fn layer_rope(&self, l: usize) -> &RopeSpec {
+        match &self.variant.rope_local {
+            Some(r) if self.variant.is_sliding(l) => r,
+            _ => &self.rope,
+        }
+    }
+
+    fn attn_shape_of(&self, sliding: bool) -> AttnShape {
+        let _ = sliding;
+        self.attn_shape()
+    }
+
     /// The head geometry the backend's attention ops take.
     pub fn attn_shape(&self) -> AttnShape {
         AttnShape {
@@ -247,6 +274,17 @@ impl ModelSpec {
                 ));
             }
         }
+        if let Some(local) = &self.variant.rope_local
+            && !(local.theta.is_finite() && local.theta > 0.0 && local.dim == rope_dim)
+        {
+            return Err((
+                F::RopeTheta,
+                format!("local rope {local:?}: theta must be finite and > 0"),
+            ));
+        }
+        self.variant
+            .check(self.n_layers)
+            .map_err(|why| (F::Variant, why))?;
         if let Some(f) = &self.rope.freq_factors
             && (f.len() != rope_dim / 2 || f.iter().any(|v| !(v.is_finite() && *v > 0.0)))
         {
@@ -268,15 +306,9 @@ impl ModelSpec {
             .meta_str("general.architecture")
             .ok_or_else(|| ModelError::Spec("missing general.architecture".into()))?
             .to_string();
-        let layout = match arch.as_str() {
-            "llama" | "mistral" => RopeLayout::Interleaved,
-            "qwen2" => RopeLayout::Half,
-            other => {
-                return Err(ModelError::Spec(format!(
-                    "unsupported architecture '{other}'"
-                )));
-            }
-        };
+        let layout = variant::gguf_layout(&arch).ok_or_else(|| {
+            ModelError::Spec(format!("unsupported architecture '{arch}'"))
+        })?;
         let key = |k: &str| format!("{arch}.{k}");
         let req = |k: &str| {
             g.meta_u64(&key(k))
@@ -324,18 +356,20 @@ impl ModelSpec {
             }),
             _ => None,
         };
-        let spec = ModelSpec {
+        let n_layers = req("block_count")?;
+        let max_position = g
+            .meta_u64(&key("context_length"))
+            .map(|v| v as usize)
+            .unwrap_or(2048);
+        let mut spec = ModelSpec {
             hidden,
             intermediate: req("feed_forward_length")?,
-            n_layers: req("block_count")?,
+            n_layers,
             n_heads,
             n_kv_heads,
             head_dim,
             vocab_size,
-            max_position: g
-                .meta_u64(&key("context_length"))
-                .map(|v| v as usize)
-                .unwrap_or(2048),
+            max_position,
             rms_eps: g
                 .meta_f64(&key("attention.layer_norm_rms_epsilon"))
                 .unwrap_or(1e-5) as f32,
@@ -352,22 +386,44 @@ impl ModelSpec {
             tied_embeddings: g.tensor("output.weight").is_none(),
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
             arch,
+            variant: Variant::default(),
         };
+        let dims = Dims {
+            n_layers,
+            hidden,
+            n_heads,
+            head_dim,
+            max_position,
+        };
+        spec.variant = variant::gguf_variant(g, &spec.arch, &dims, &mut spec.rope)?;
         spec.validate_as(|f| f.gguf_key(&spec.arch))?;
         Ok(spec)
     }
 
     /// Reads the spec from a Hugging Face `config.json` text.
     pub fn from_hf_config(text: &str) -> Result<Self, ModelError> {
-        let c: HfConfig = serde_json::from_str(text)
+        let mut raw: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| ModelError::Spec(format!("config.json: {e}")))?;
-        let arch = match c.model_type.as_deref() {
+        let mut arch = match raw.get("model_type").and_then(|t| t.as_str()) {
             Some(t) => t.to_string(),
             None => "llama".to_string(),
         };
-        if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
+        // Gemma 3's multimodal checkpoints nest the language model's config.
+        if arch == "gemma3"
+            && let Some(text_cfg) = raw.get("text_config").filter(|t| t.is_object())
+        {
+            raw = text_cfg.clone();
+            arch = "gemma3_text".into();
+        }
+        let c: HfConfig = serde_json::from_value(raw.clone())
+            .map_err(|e| ModelError::Spec(format!("config.json: {e}")))?;
+        if !matches!(
+            arch.as_str(),
+            "llama" | "mistral" | "qwen2" | "qwen3" | "gemma2" | "gemma3_text" | "phi3"
+        ) {
             return Err(ModelError::Spec(format!("unsupported model_type '{arch}'")));
         }
+        let gemma = matches!(arch.as_str(), "gemma2" | "gemma3_text");
         let n_kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
         let head_dim = c
             .head_dim
@@ -379,7 +435,10 @@ impl ModelSpec {
             .and_then(|r| r.rope_theta)
             .or(c.rope_theta)
             .unwrap_or(10000.0);
+        // Gemma 3's and Phi-3's own scalings are read by `variant::hf_variant`.
+        let own_scaling = matches!(arch.as_str(), "gemma3_text" | "phi3");
         let llama3 = match rope_params {
+            _ if own_scaling => None,
             Some(s) if s.rope_type.as_deref().or(s.kind.as_deref()) == Some("llama3") => {
                 Some(Llama3Scaling {
                     factor: s.factor.unwrap_or(8.0),
@@ -405,30 +464,28 @@ impl ModelSpec {
             }
             _ => None,
         };
-        if let Some(act) = c.hidden_act.as_deref().filter(|a| *a != "silu") {
-            return Err(ModelError::Spec(format!(
-                "unsupported hidden_act '{act}' (only silu)"
-            )));
-        }
         if c.mlp_bias == Some(true) {
             return Err(ModelError::Spec("mlp_bias is not supported".into()));
         }
-        let mut max_position = c.max_position_embeddings.unwrap_or(2048);
-        // Sliding-window attention is not implemented: within the window it equals full
-        // attention, so the context is capped at the window instead of silently differing.
-        if let Some(w) = c
-            .sliding_window
-            .filter(|_| c.use_sliding_window != Some(false))
-            && w < max_position
-        {
-            tracing::warn!(
-                "sliding_window {w} < context {max_position}: capping the context at {w}"
-            );
-            max_position = w;
-        }
+        let max_position = c.max_position_embeddings.unwrap_or(2048);
+        let mut rope = RopeSpec {
+            theta,
+            dim: head_dim,
+            layout: RopeLayout::Half,
+            llama3,
+            freq_factors: None,
+        };
+        let base = HfBase {
+            arch: &arch,
+            n_layers: c.num_hidden_layers,
+            hidden: c.hidden_size,
+            head_dim,
+            max_position,
+        };
+        let variant = variant::hf_variant(&raw, &base, &mut rope)?;
         let spec = ModelSpec {
             qkv_bias: arch == "qwen2" || c.attention_bias.unwrap_or(false),
-            arch,
+            arch: arch.strip_suffix("_text").unwrap_or(&arch).to_string(),
             hidden: c.hidden_size,
             intermediate: c.intermediate_size,
             n_layers: c.num_hidden_layers,
@@ -438,14 +495,9 @@ impl ModelSpec {
             vocab_size: c.vocab_size,
             max_position,
             rms_eps: c.rms_norm_eps.unwrap_or(1e-6),
-            rope: RopeSpec {
-                theta,
-                dim: head_dim,
-                layout: RopeLayout::Half,
-                llama3,
-                freq_factors: None,
-            },
-            tied_embeddings: c.tie_word_embeddings.unwrap_or(false),
+            rope,
+            tied_embeddings: c.tie_word_embeddings.unwrap_or(gemma),
+            variant,
         };
         spec.validate_as(|f| format!("config.json {}", f.hf_key()))?;
         Ok(spec)
@@ -467,7 +519,6 @@ struct HfRopeScaling {
 
 #[derive(Deserialize)]
 struct HfConfig {
-    model_type: Option<String>,
     hidden_size: usize,
     intermediate_size: usize,
     num_hidden_layers: usize,
@@ -482,10 +533,7 @@ struct HfConfig {
     rope_parameters: Option<HfRopeScaling>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
-    hidden_act: Option<String>,
     mlp_bias: Option<bool>,
-    sliding_window: Option<usize>,
-    use_sliding_window: Option<bool>,
 }
 
 #[cfg(test)]

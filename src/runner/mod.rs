@@ -5,6 +5,7 @@
 pub mod weights;
 
 use crate::backend::{AttnShape, Backend, BackendError, BatchPlan};
+use crate::model::spec::Activation;
 use crate::model::{ModelError, ModelFiles, ModelSpec};
 pub use weights::{LayerWeights, ModelWeights, load_weights};
 
@@ -31,6 +32,8 @@ struct Scratch<T> {
     attn: T,
     /// `[T, hidden]` output of attention or FFN, added into `x` by the next norm.
     delta: T,
+    /// `[T, hidden]` `delta` after its post-norm (Gemma), added instead of it.
+    post: T,
     /// `[T, 2 * intermediate]`
     gate_up: T,
     /// `[T, intermediate]`
@@ -44,8 +47,8 @@ struct Scratch<T> {
 /// A Llama-family model resident on a backend.
 pub struct Llama<B: Backend> {
     pub spec: ModelSpec,
-    /// `spec`'s head geometry, as the attention ops take it.
-    shape: AttnShape,
+    /// Each layer's head geometry and attention options, as the attention ops take them.
+    shapes: Vec<AttnShape>,
     pub weights: ModelWeights<B::Weight>,
     scratch: Scratch<B::Tensor>,
     max_tokens: usize,
@@ -72,6 +75,7 @@ impl<B: Backend> Llama<B> {
             qkv: backend.alloc(t, s.qkv_dim())?,
             attn: backend.alloc(t, s.q_dim())?,
             delta: backend.alloc(t, s.hidden)?,
+            post: backend.alloc(if s.variant.post_norms { t } else { 1 }, s.hidden)?,
             gate_up: backend.alloc(t, 2 * s.intermediate)?,
             act: backend.alloc(t, s.intermediate)?,
             last: backend.alloc(sq, s.hidden)?,
@@ -79,7 +83,7 @@ impl<B: Backend> Llama<B> {
         };
         Ok(Self {
             spec: s.clone(),
-            shape: s.attn_shape(),
+            shapes: (0..s.n_layers).map(|l| s.layer_shape(l)).collect(),
             weights,
             scratch,
             max_tokens,
@@ -115,32 +119,81 @@ impl<B: Backend> Llama<B> {
         let (n, n_logits) = backend
             .padded_rows(&b)
             .map_or((n, n_logits), |rows| (rows, rows));
-        let (shape, rope) = (&self.shape, &self.spec.rope);
+        let (spec, shapes) = (&self.spec, &self.shapes);
         let (w, s) = (&self.weights, &mut self.scratch);
-        let eps = self.spec.rms_eps;
+        let (eps, v) = (spec.rms_eps, &spec.variant);
         backend.run_step(&b, |backend| {
             backend.embed(&w.embed, &b, &mut s.x)?;
+            if let Some(scale) = v.embed_scale {
+                backend.scale(&mut s.x, scale, n)?;
+            }
+            // Whether the pending residual delta is `post` (post-normed) rather than `delta`.
+            let mut post = false;
             for (l, lw) in w.layers.iter().enumerate() {
+                let (shape, rope) = (&shapes[l], spec.layer_rope(l));
                 if l == 0 {
                     backend.rms_norm(&s.x, &lw.attn_norm, eps, n, &mut s.h)?;
                 } else {
-                    backend.add_rms_norm(&s.delta, &mut s.x, &lw.attn_norm, eps, n, &mut s.h)?;
+                    let d = if post { &s.post } else { &s.delta };
+                    backend.add_rms_norm(d, &mut s.x, &lw.attn_norm, eps, n, &mut s.h)?;
                 }
                 backend.matmul(&s.h, &lw.wqkv, lw.bqkv.as_ref(), n, &mut s.qkv)?;
+                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                    backend.head_rms_norm(&mut s.qkv, qn, kn, shape, eps, n)?;
+                }
                 backend.rope_write_kv(&mut s.qkv, kv, l, &b, shape, rope)?;
                 backend.attention(&s.qkv, kv, l, &b, shape, &mut s.attn)?;
                 backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
-                backend.add_rms_norm(&s.delta, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
-                backend.matmul_silu_mul(&s.h, &lw.w_gate_up, n, &mut s.gate_up, &mut s.act)?;
+                post = post_norm(backend, lw.post_attn_norm.as_ref(), eps, n, s)?;
+                let d = if post { &s.post } else { &s.delta };
+                backend.add_rms_norm(d, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
+                match v.act {
+                    Activation::Silu => backend.matmul_silu_mul(
+                        &s.h,
+                        &lw.w_gate_up,
+                        n,
+                        &mut s.gate_up,
+                        &mut s.act,
+                    )?,
+                    Activation::GeluTanh => backend.matmul_gelu_tanh_mul(
+                        &s.h,
+                        &lw.w_gate_up,
+                        n,
+                        &mut s.gate_up,
+                        &mut s.act,
+                    )?,
+                }
                 backend.matmul(&s.act, &lw.w_down, None, n, &mut s.delta)?;
+                post = post_norm(backend, lw.post_ffn_norm.as_ref(), eps, n, s)?;
             }
             if n_logits > 0 {
-                backend.add_rms_norm(&s.delta, &mut s.x, &w.norm, eps, n, &mut s.h)?;
+                let d = if post { &s.post } else { &s.delta };
+                backend.add_rms_norm(d, &mut s.x, &w.norm, eps, n, &mut s.h)?;
                 backend.gather_rows(&s.h, &b, &mut s.last)?;
                 backend.matmul(&s.last, w.output(), None, n_logits, &mut s.logits)?;
+                if let Some(cap) = v.final_softcap {
+                    backend.softcap(&mut s.logits, cap, n_logits)?;
+                }
             }
             Ok(())
         })?;
         Ok(&s.logits)
+    }
+}
+
+/// `post = rmsnorm(delta) * w` when the layer has the post-norm `w`; whether it had.
+fn post_norm<B: Backend>(
+    backend: &mut B,
+    w: Option<&B::Weight>,
+    eps: f32,
+    n: usize,
+    s: &mut Scratch<B::Tensor>,
+) -> Result<bool, BackendError> {
+    match w {
+        Some(w) => {
+            backend.rms_norm(&s.delta, w, eps, n, &mut s.post)?;
+            Ok(true)
+        }
+        None => Ok(false),
     }
 }

@@ -23,6 +23,12 @@ pub struct LayerWeights<W> {
     pub w_gate_up: W,
     /// `[hidden, intermediate]`
     pub w_down: W,
+    /// `[head_dim]` each: per-head norms of q and k (Qwen3, Gemma 3).
+    pub q_norm: Option<W>,
+    pub k_norm: Option<W>,
+    /// `[hidden]` each: norms of the attention and FFN outputs (Gemma 2 / 3).
+    pub post_attn_norm: Option<W>,
+    pub post_ffn_norm: Option<W>,
 }
 
 /// All weights of a Llama-family model.
@@ -53,6 +59,10 @@ impl<W> ModelWeights<W> {
                 ffn_norm: f(&l.ffn_norm)?,
                 w_gate_up: f(&l.w_gate_up)?,
                 w_down: f(&l.w_down)?,
+                q_norm: l.q_norm.as_ref().map(&mut f).transpose()?,
+                k_norm: l.k_norm.as_ref().map(&mut f).transpose()?,
+                post_attn_norm: l.post_attn_norm.as_ref().map(&mut f).transpose()?,
+                post_ffn_norm: l.post_ffn_norm.as_ref().map(&mut f).transpose()?,
             });
         }
         Ok(ModelWeights {
@@ -95,17 +105,36 @@ where
             .ok_or_else(|| ModelError::Missing(name.to_string()))
     };
     let (h, q, kv, ff) = (s.hidden, s.q_dim(), s.kv_dim(), s.intermediate);
+    let v = &s.variant;
+    // Norm weights as f32, with the family's offset added (Hugging Face Gemma's `1 + w`).
+    let get_norm = |name: &str, len: usize| -> Result<HostTensor, ModelError> {
+        let t = get(name, vec![len])?.into_f32()?;
+        if v.norm_offset == 0.0 {
+            return Ok(t);
+        }
+        let vals: Vec<f32> = t
+            .values()
+            .unwrap_or_default()
+            .iter()
+            .map(|w| w + v.norm_offset)
+            .collect();
+        Ok(HostTensor::new(vec![len], vals))
+    };
     let embed = upload(get("token_embd.weight", vec![s.vocab_size, h])?)?;
     bar.inc(1);
     let mut layers = Vec::with_capacity(s.n_layers);
     for i in 0..s.n_layers {
         let n = |leaf: &str| format!("blk.{i}.{leaf}");
-        let wqkv = HostTensor::concat_rows(vec![
-            get(&n("attn_q.weight"), vec![q, h])?,
-            get(&n("attn_k.weight"), vec![kv, h])?,
-            get(&n("attn_v.weight"), vec![kv, h])?,
-        ])
-        .map_err(ModelError::from)?;
+        let wqkv = if v.fused_tensors {
+            get(&n("attn_qkv.weight"), vec![q + 2 * kv, h])?
+        } else {
+            HostTensor::concat_rows(vec![
+                get(&n("attn_q.weight"), vec![q, h])?,
+                get(&n("attn_k.weight"), vec![kv, h])?,
+                get(&n("attn_v.weight"), vec![kv, h])?,
+            ])
+            .map_err(ModelError::from)?
+        };
         let bqkv = if s.qkv_bias {
             let mut b = Vec::with_capacity(q + 2 * kv);
             for (leaf, len) in [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)] {
@@ -118,23 +147,48 @@ where
         } else {
             None
         };
-        let w_gate_up = HostTensor::concat_rows(vec![
-            get(&n("ffn_gate.weight"), vec![ff, h])?,
-            get(&n("ffn_up.weight"), vec![ff, h])?,
-        ])
-        .map_err(ModelError::from)?;
+        let w_gate_up = if v.fused_tensors {
+            get(&n("ffn_up.weight"), vec![2 * ff, h])?
+        } else {
+            HostTensor::concat_rows(vec![
+                get(&n("ffn_gate.weight"), vec![ff, h])?,
+                get(&n("ffn_up.weight"), vec![ff, h])?,
+            ])
+            .map_err(ModelError::from)?
+        };
+        let hd = s.head_dim;
+        let (q_norm, k_norm) = if v.qk_norm {
+            (
+                Some(upload(get_norm(&n("attn_q_norm.weight"), hd)?)?),
+                Some(upload(get_norm(&n("attn_k_norm.weight"), hd)?)?),
+            )
+        } else {
+            (None, None)
+        };
+        let (post_attn_norm, post_ffn_norm) = if v.post_norms {
+            (
+                Some(upload(get_norm(&n("post_attention_norm.weight"), h)?)?),
+                Some(upload(get_norm(&n("post_ffw_norm.weight"), h)?)?),
+            )
+        } else {
+            (None, None)
+        };
         layers.push(LayerWeights {
-            attn_norm: upload(get(&n("attn_norm.weight"), vec![h])?)?,
+            attn_norm: upload(get_norm(&n("attn_norm.weight"), h)?)?,
             wqkv: upload(wqkv)?,
             bqkv,
             wo: upload(get(&n("attn_output.weight"), vec![h, q])?)?,
-            ffn_norm: upload(get(&n("ffn_norm.weight"), vec![h])?)?,
+            ffn_norm: upload(get_norm(&n("ffn_norm.weight"), h)?)?,
             w_gate_up: upload(w_gate_up)?,
             w_down: upload(get(&n("ffn_down.weight"), vec![h, ff])?)?,
+            q_norm,
+            k_norm,
+            post_attn_norm,
+            post_ffn_norm,
         });
         bar.inc(1);
     }
-    let norm = upload(get("output_norm.weight", vec![h])?)?;
+    let norm = upload(get_norm("output_norm.weight", h)?)?;
     let output = if s.tied_embeddings {
         None
     } else {

@@ -72,6 +72,7 @@ fn llama3_8b(layers: usize) -> ModelSpec {
         },
         tied_embeddings: false,
         qkv_bias: false,
+        variant: Default::default(),
     }
 }
 

@@ -49,6 +49,8 @@ pub struct CpuBatch {
 pub struct CpuBackend {
     kv_shape: Option<KvShape>,
     sampler: CpuSampler,
+    /// The rope spec `inv_freqs` was computed for.
+    rope_spec: Option<RopeSpec>,
     inv_freqs: Vec<f32>,
     cos_sin: Vec<(f32, f32)>,
     /// The dot kernels of the instruction set in use.
@@ -75,6 +77,7 @@ impl CpuBackend {
         Self {
             kv_shape: None,
             sampler: CpuSampler::default(),
+            rope_spec: None,
             inv_freqs: Vec::new(),
             cos_sin: Vec::new(),
             kernels,
@@ -291,8 +294,9 @@ impl Backend for CpuBackend {
         rope: &RopeSpec,
     ) -> Result<(), BackendError> {
         check_cols("rope", qkv.cols, shape.qkv_dim())?;
-        if self.inv_freqs.len() != rope.dim / 2 {
+        if self.rope_spec.as_ref() != Some(rope) {
             self.inv_freqs = rope.inv_freqs();
+            self.rope_spec = Some(rope.clone());
         }
         let hd = shape.head_dim;
         let heads = shape.n_heads + shape.n_kv_heads;
@@ -373,6 +377,58 @@ impl Backend for CpuBackend {
         {
             ops::silu_mul_row(&gu[..f], &gu[f..], o);
         }
+        Ok(())
+    }
+
+    fn head_rms_norm(
+        &mut self,
+        qkv: &mut CpuTensor,
+        q_w: &HostTensor,
+        k_w: &HostTensor,
+        shape: &AttnShape,
+        eps: f32,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        check_cols("head_rms_norm", qkv.cols, shape.qkv_dim())?;
+        let (hd, q_w, k_w) = (shape.head_dim, values(q_w)?, values(k_w)?);
+        check_cols("head_rms_norm q weight", q_w.len(), hd)?;
+        check_cols("head_rms_norm k weight", k_w.len(), hd)?;
+        let heads = shape.n_heads + shape.n_kv_heads;
+        for row in qkv.data[..n * qkv.cols].chunks_exact_mut(qkv.cols) {
+            for (i, head) in row[..heads * hd].chunks_exact_mut(hd).enumerate() {
+                let w = if i < shape.n_heads { q_w } else { k_w };
+                ops::rms_norm_in_place(head, w, eps);
+            }
+        }
+        Ok(())
+    }
+
+    fn gelu_tanh_mul(
+        &mut self,
+        gate_up: &CpuTensor,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        let f = out.cols;
+        check_cols("gelu_tanh_mul", gate_up.cols, 2 * f)?;
+        for (gu, o) in gate_up.data[..n * 2 * f]
+            .chunks_exact(2 * f)
+            .zip(out.data.chunks_exact_mut(f))
+        {
+            ops::gelu_tanh_mul_row(&gu[..f], &gu[f..], o);
+        }
+        Ok(())
+    }
+
+    fn scale(&mut self, x: &mut CpuTensor, s: f32, n: usize) -> Result<(), BackendError> {
+        x.data[..n * x.cols].iter_mut().for_each(|v| *v *= s);
+        Ok(())
+    }
+
+    fn softcap(&mut self, x: &mut CpuTensor, cap: f32, n: usize) -> Result<(), BackendError> {
+        x.data[..n * x.cols]
+            .iter_mut()
+            .for_each(|v| *v = cap * (*v / cap).tanh());
         Ok(())
     }
 

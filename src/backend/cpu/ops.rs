@@ -135,6 +135,24 @@ pub fn silu_mul_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `gelu_tanh(g) * u`, GELU's tanh approximation:
+/// `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))`.
+#[inline]
+pub fn gelu_tanh_mul_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = 0.5 * g * (1.0 + (C * (g + 0.044_715 * g * g * g)).tanh()) * u;
+    }
+}
+
+/// RMSNorm of one vector in place: `x = x / sqrt(mean(x^2) + eps) * w`.
+#[inline]
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (ss + eps).sqrt();
+    x.iter_mut().zip(w).for_each(|(v, g)| *v *= inv * g);
+}
+
 /// Rotates one head in place by angles `pos * inv_freq[i]`.
 /// Interleaved: pairs `(2i, 2i+1)`; half: pairs `(i, i + dim/2)`.
 #[inline]
