@@ -1,16 +1,62 @@
 //! The shapes the backend's ops take: attention heads and RoPE. They are the backend's
 //! own types; `model::ModelSpec` builds them from a file's metadata.
 
-/// Head geometry of one attention layer. The fused qkv tensor holds `n_heads` query heads,
-/// then `n_kv_heads` key heads, then `n_kv_heads` value heads, each `head_dim` wide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Head geometry of one attention layer, and how its scores are formed. The fused qkv tensor
+/// holds `n_heads` query heads, then `n_kv_heads` key heads, then `n_kv_heads` value heads,
+/// each `head_dim` wide.
+///
+/// The query at position `i` attends to the keys at positions `j <= i` (and `i - j < window`
+/// when the layer has a window) with logits
+/// `s = q . k * scale`, then `s = softcap * tanh(s / softcap)` when soft-capped.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Sliding window: `W` keys including the query's own position (Hugging Face and
+    /// llama.cpp semantics). `None`: the whole causal context.
+    pub window: Option<usize>,
+    /// Attention-logit soft-capping (Gemma 2): logits become `c * tanh(s / c)`.
+    pub softcap: Option<f32>,
+    /// Factor the `q . k` products are multiplied by; `None`: `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
 }
 
 impl AttnShape {
+    /// Full causal attention with the default scale, no soft-capping.
+    pub fn new(n_heads: usize, n_kv_heads: usize, head_dim: usize) -> AttnShape {
+        AttnShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            window: None,
+            softcap: None,
+            scale: None,
+        }
+    }
+    /// The factor applied to `q . k`: [`AttnShape::scale`] or `1 / sqrt(head_dim)`.
+    pub fn score_scale(&self) -> f32 {
+        self.scale
+            .unwrap_or_else(|| 1.0 / (self.head_dim as f32).sqrt())
+    }
+    /// The first key position a query at `pos` sees (`0` without a window).
+    pub fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+    /// Why the score parameters cannot be used (a zero window, a soft cap or scale that is
+    /// not a positive finite number), if so.
+    pub fn check(&self) -> Result<(), String> {
+        if self.window == Some(0) {
+            return Err("attention window 0: a query must see at least itself".into());
+        }
+        if let Some(c) = self.softcap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+            return Err(format!("attention soft cap {c} is not a positive number"));
+        }
+        if let Some(s) = self.scale.filter(|s| !(s.is_finite() && *s > 0.0)) {
+            return Err(format!("attention scale {s} is not a positive number"));
+        }
+        Ok(())
+    }
     /// Width of the query part (`n_heads * head_dim`).
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim

@@ -173,11 +173,7 @@ impl ModelSpec {
 
     /// The head geometry the backend's attention ops take.
     pub fn attn_shape(&self) -> AttnShape {
-        AttnShape {
-            n_heads: self.n_heads,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
-        }
+        AttnShape::new(self.n_heads, self.n_kv_heads, self.head_dim)
     }
 
     /// Checks the shapes are internally consistent and within [`limits`]; errors name the

@@ -1,18 +1,20 @@
 //! Paged varlen attention on the CPU: every token of the batch (prefill chunk or decode)
-//! attends causally over its own sequence's cached context.
+//! attends causally over its own sequence's cached context (or the last `window` positions
+//! of it).
 //!
 //! For one token at position `pos` and one KV head, the query heads of its GQA group are
 //! processed together so each cached key and value is read once:
 //! ```text
-//! scores[j][p] = q[g*group + j] . K[slot(p), g] * scale      p in 0..=pos
+//! scores[j][p] = cap(q[g*group + j] . K[slot(p), g] * scale)   p in lo..=pos
 //! out[g*group + j] = sum_p softmax_p(scores[j])[p] * V[slot(p), g]
 //! slot(p) = block_table[p / block_size] * block_size + p % block_size
+//! lo = pos + 1 - window (0 without a window), cap(s) = c * tanh(s / c) (identity without)
 //! ```
 
 use rayon::prelude::*;
 
 use super::ops::{dot, exp_in_place, matmul};
-use crate::backend::{BatchPlan, KvShape};
+use crate::backend::{AttnShape, BatchPlan, KvShape};
 
 /// Work (context positions x heads) below which attention stays on the calling thread.
 const PAR_MIN_WORK: usize = 1 << 14;
@@ -25,18 +27,55 @@ pub struct AttnGeom {
     /// Row stride of the fused qkv tensor.
     pub qkv_stride: usize,
     pub kv: KvShape,
+    /// Sliding window (keys per query, itself included).
+    pub window: Option<usize>,
+    /// Logit soft cap.
+    pub softcap: Option<f32>,
+    /// Factor applied to `q . k`.
+    pub scale: f32,
 }
 
-/// Visits the cache slots of positions `0..n` in order, a block at a time.
+impl AttnGeom {
+    /// The geometry of `shape` over a qkv tensor of row stride `qkv_stride` and cache `kv`.
+    pub fn new(shape: &AttnShape, qkv_stride: usize, kv: KvShape) -> AttnGeom {
+        AttnGeom {
+            n_heads: shape.n_heads,
+            n_kv_heads: shape.n_kv_heads,
+            head_dim: shape.head_dim,
+            qkv_stride,
+            kv,
+            window: shape.window,
+            softcap: shape.softcap,
+            scale: shape.score_scale(),
+        }
+    }
+    /// The first key position a query at `pos` sees.
+    #[inline]
+    fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+    /// Scales (and soft-caps) raw `q . k` products in place.
+    #[inline]
+    fn logits(&self, s: &mut [f32]) {
+        let scale = self.scale;
+        match self.softcap {
+            None => s.iter_mut().for_each(|x| *x *= scale),
+            Some(c) => s.iter_mut().for_each(|x| *x = c * (*x * scale / c).tanh()),
+        }
+    }
+}
+
+/// Visits the cache slots of positions `lo..n` in order, a block at a time; blocks wholly
+/// before `lo` are skipped.
 #[inline]
-fn for_each_slot(table: &[u32], bs: usize, n: usize, mut f: impl FnMut(usize, usize)) {
-    let mut p = 0;
-    for &b in table {
+fn for_each_slot(table: &[u32], bs: usize, lo: usize, n: usize, mut f: impl FnMut(usize, usize)) {
+    let mut p = lo / bs * bs;
+    for &b in table.iter().skip(lo / bs) {
         if p >= n {
             break;
         }
         let base = b as usize * bs;
-        for o in 0..bs.min(n - p) {
+        for o in lo.max(p) - p..bs.min(n - p) {
             f(p + o, base + o);
         }
         p += bs;
@@ -57,31 +96,32 @@ fn attend_token(
 ) {
     let (hd, bs, w) = (g.head_dim, g.kv.block_size, g.kv.slot_width());
     let group = g.n_heads / g.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let n = pos + 1;
+    let (lo, end) = (g.first_visible(pos), pos + 1);
+    let n = end - lo;
     scores.resize(group * n, 0.0);
     out.fill(0.0);
     for kvh in 0..g.n_kv_heads {
         let qg = &q[kvh * group * hd..(kvh + 1) * group * hd];
-        for_each_slot(block_table, bs, n, |p, slot| {
+        for_each_slot(block_table, bs, lo, end, |p, slot| {
             let k = &k_cache[slot * w + kvh * hd..slot * w + (kvh + 1) * hd];
             for j in 0..group {
-                scores[j * n + p] = dot(&qg[j * hd..(j + 1) * hd], k) * scale;
+                scores[j * n + p - lo] = dot(&qg[j * hd..(j + 1) * hd], k);
             }
         });
         let mut inv_sums = [0.0f32; 64];
         for j in 0..group {
             let s = &mut scores[j * n..(j + 1) * n];
+            g.logits(s);
             let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             s.iter_mut().for_each(|x| *x -= max);
             exp_in_place(s);
             inv_sums[j % 64] = 1.0 / s.iter().sum::<f32>();
         }
         let og = &mut out[kvh * group * hd..(kvh + 1) * group * hd];
-        for_each_slot(block_table, bs, n, |p, slot| {
+        for_each_slot(block_table, bs, lo, end, |p, slot| {
             let v = &v_cache[slot * w + kvh * hd..slot * w + (kvh + 1) * hd];
             for j in 0..group {
-                let pw = scores[j * n + p];
+                let pw = scores[j * n + p - lo];
                 og[j * hd..(j + 1) * hd]
                     .iter_mut()
                     .zip(v)
@@ -101,8 +141,9 @@ const TILE: usize = 64;
 /// Chunks at least this long take the GEMM path.
 const GEMM_MIN_Q: u32 = 4;
 
-/// A prefill chunk's tile for one KV head, with GEMMs:
-/// `S = Q K^T * scale` (causal mask), row softmax, `O = P V`. Returns `[rows, group * hd]`.
+/// A prefill chunk's tile for one KV head, with GEMMs over the positions any of its rows
+/// sees: `S = cap(Q K^T * scale)` (causal and window mask), row softmax, `O = P V`.
+/// Returns `[rows, group * hd]`.
 #[allow(clippy::too_many_arguments)]
 fn prefill_tile(
     g: &AttnGeom,
@@ -117,9 +158,16 @@ fn prefill_tile(
     let (hd, bs, w) = (g.head_dim, g.kv.block_size, g.kv.slot_width());
     let group = g.n_heads / g.n_kv_heads;
     let s = &plan.seqs[seq];
-    let ctx = plan.positions[rows.end - 1] as usize + 1;
+    let pos = |r: usize| plan.positions[r] as usize;
+    let end = rows.clone().map(|r| pos(r) + 1).max().unwrap_or(0);
+    let lo = rows
+        .clone()
+        .map(|r| g.first_visible(pos(r)))
+        .min()
+        .unwrap_or(0);
+    let ctx = end - lo;
     let (t, qr) = (rows.len(), rows.len() * group);
-    // Q: [t * group, hd]; K: [ctx, hd]; Vt: [hd, ctx].
+    // Q: [t * group, hd]; K: [ctx, hd]; Vt: [hd, ctx] (positions lo..end).
     let mut q = Vec::with_capacity(qr * hd);
     for r in rows.clone() {
         let base = r * g.qkv_stride + kvh * group * hd;
@@ -127,8 +175,8 @@ fn prefill_tile(
     }
     let mut k = vec![0.0f32; ctx * hd];
     let mut vt = vec![0.0f32; hd * ctx];
-    for_each_slot(&s.block_table, bs, ctx, |p, slot| {
-        let off = slot * w + kvh * hd;
+    for_each_slot(&s.block_table, bs, lo, end, |p, slot| {
+        let (off, p) = (slot * w + kvh * hd, p - lo);
         k[p * hd..(p + 1) * hd].copy_from_slice(&k_cache[off..off + hd]);
         for (d, &v) in v_cache[off..off + hd].iter().enumerate() {
             vt[d * ctx + p] = v;
@@ -136,22 +184,19 @@ fn prefill_tile(
     });
     let mut scores = vec![0.0f32; qr * ctx];
     matmul(&q, &k, None, qr, hd, ctx, &mut scores);
-    let scale = 1.0 / (hd as f32).sqrt();
     for (i, r) in rows.clone().enumerate() {
-        let visible = plan.positions[r] as usize + 1;
+        let seen = g.first_visible(pos(r)) - lo..pos(r) + 1 - lo;
         for j in 0..group {
             let row = &mut scores[(i * group + j) * ctx..(i * group + j + 1) * ctx];
-            let max = row[..visible]
-                .iter()
-                .fold(f32::NEG_INFINITY, |m, &x| m.max(x))
-                * scale;
-            row[..visible]
-                .iter_mut()
-                .for_each(|x| *x = *x * scale - max);
-            exp_in_place(&mut row[..visible]);
-            let inv = 1.0 / row[..visible].iter().sum::<f32>();
-            row[..visible].iter_mut().for_each(|x| *x *= inv);
-            row[visible..].fill(0.0);
+            let vis = &mut row[seen.clone()];
+            g.logits(vis);
+            let max = vis.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            vis.iter_mut().for_each(|x| *x -= max);
+            exp_in_place(vis);
+            let inv = 1.0 / vis.iter().sum::<f32>();
+            vis.iter_mut().for_each(|x| *x *= inv);
+            row[..seen.start].fill(0.0);
+            row[seen.end..].fill(0.0);
         }
     }
     let mut out = vec![0.0f32; t * group * hd];
@@ -178,7 +223,7 @@ pub fn attention(
     let work: usize = plan
         .positions
         .iter()
-        .map(|&p| p as usize + 1)
+        .map(|&p| p as usize + 1 - g.first_visible(p as usize))
         .sum::<usize>()
         * g.n_heads;
     let run = |(t, o): (usize, &mut [f32]), scores: &mut Vec<f32>| {
@@ -239,3 +284,6 @@ pub fn attention(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -344,13 +344,8 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
         check_cols("attention output", out.cols, shape.q_dim())?;
-        let g = AttnGeom {
-            n_heads: shape.n_heads,
-            n_kv_heads: shape.n_kv_heads,
-            head_dim: shape.head_dim,
-            qkv_stride: qkv.cols,
-            kv: kv.shape,
-        };
+        shape.check().map_err(BackendError::InvalidBatch)?;
+        let g = AttnGeom::new(shape, qkv.cols, kv.shape);
         attention::attention(
             &g,
             &b.plan,
