@@ -124,6 +124,63 @@ MODELS = [
             hidden_act="silu", torch_dtype="float32",
         ),
     ),
+    dict(
+        name="qwen3", seed=1005, dtype="BF16", shards=None,
+        config=dict(
+            architectures=["Qwen3ForCausalLM"], model_type="qwen3",
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+            vocab_size=256, max_position_embeddings=512,
+            rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=False,
+            use_sliding_window=False, sliding_window=None, max_window_layers=2,
+            tie_word_embeddings=False, hidden_act="silu", torch_dtype="bfloat16",
+        ),
+    ),
+    dict(
+        name="gemma2", seed=1006, dtype="BF16", shards=None,
+        config=dict(
+            architectures=["Gemma2ForCausalLM"], model_type="gemma2",
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+            vocab_size=256, max_position_embeddings=512,
+            rms_norm_eps=1e-6, rope_theta=10000.0, query_pre_attn_scalar=256,
+            attn_logit_softcapping=2.5, final_logit_softcapping=5.0, sliding_window=16,
+            hidden_activation="gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh",
+            tie_word_embeddings=True, attention_bias=False, torch_dtype="bfloat16",
+            bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        ),
+    ),
+    dict(
+        name="gemma3", seed=1007, dtype="F32", shards=None,
+        config=dict(
+            architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+            hidden_size=32, intermediate_size=32, num_hidden_layers=6,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            vocab_size=256, max_position_embeddings=512,
+            rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+            rope_scaling=dict(rope_type="linear", factor=8.0),
+            query_pre_attn_scalar=16, sliding_window=24, sliding_window_pattern=6,
+            attn_logit_softcapping=None, final_logit_softcapping=None,
+            hidden_activation="gelu_pytorch_tanh",
+            tie_word_embeddings=True, attention_bias=False, torch_dtype="float32",
+            bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        ),
+    ),
+    dict(
+        name="phi3", seed=1008, dtype="F32", shards=None,
+        config=dict(
+            architectures=["Phi3ForCausalLM"], model_type="phi3",
+            hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=256, max_position_embeddings=512, original_max_position_embeddings=4,
+            rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=48,
+            rope_scaling=dict(type="longrope",
+                              short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                              long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 13.0, 18.0]),
+            tie_word_embeddings=False, hidden_act="silu", torch_dtype="float32",
+            bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        ),
+    ),
 ]
 
 
@@ -135,8 +192,11 @@ def make_weights(cfg, seed):
     """float32 tensors by HF name, in a fixed draw order."""
     rng = np.random.default_rng(seed)
     d, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    bias = cfg["model_type"] == "qwen2"
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or d // nh
+    mt = cfg["model_type"]
+    bias = mt == "qwen2"
+    gemma = mt in ("gemma2", "gemma3_text")
 
     def mat(r, c):
         return rng.normal(0.0, 0.3, size=(r, c)).astype(np.float32)
@@ -147,10 +207,24 @@ def make_weights(cfg, seed):
     def vec(n):
         return rng.normal(0.0, 0.5, size=n).astype(np.float32)
 
+    if gemma:
+        # Gemma stores w for (1 + w): small values, multiples of 1/128 so that 1 + w is
+        # exact in BF16 too (llama.cpp's converter adds the 1 in the tensor's own type).
+        def norm(n):
+            return (np.round(0.1 * rng.normal(size=n) * 128) / 128).astype(np.float32)
+
+    if mt == "phi3":
+        return make_phi3_weights(cfg, mat, norm)
     t = {"model.embed_tokens.weight": mat(V, d)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = norm(d)
+        if mt in ("qwen3", "gemma3_text"):
+            t[p + "self_attn.q_norm.weight"] = norm(hd)
+            t[p + "self_attn.k_norm.weight"] = norm(hd)
+        if gemma:
+            t[p + "pre_feedforward_layernorm.weight"] = norm(d)
+            t[p + "post_feedforward_layernorm.weight"] = norm(d)
         t[p + "self_attn.q_proj.weight"] = mat(nh * hd, d)
         t[p + "self_attn.k_proj.weight"] = mat(nkv * hd, d)
         t[p + "self_attn.v_proj.weight"] = mat(nkv * hd, d)
@@ -166,6 +240,25 @@ def make_weights(cfg, seed):
     t["model.norm.weight"] = norm(d)
     if not cfg["tie_word_embeddings"]:
         t["lm_head.weight"] = mat(V, d)
+    return t
+
+
+def make_phi3_weights(cfg, mat, norm):
+    """Phi-3 stores q/k/v in one qkv_proj and gate/up in one gate_up_proj."""
+    d, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = d // nh
+    t = {"model.embed_tokens.weight": mat(V, d)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = norm(d)
+        t[p + "self_attn.qkv_proj.weight"] = mat((nh + 2 * nkv) * hd, d)
+        t[p + "self_attn.o_proj.weight"] = mat(d, nh * hd)
+        t[p + "post_attention_layernorm.weight"] = norm(d)
+        t[p + "mlp.gate_up_proj.weight"] = mat(2 * f, d)
+        t[p + "mlp.down_proj.weight"] = mat(d, f)
+    t["model.norm.weight"] = norm(d)
+    t["lm_head.weight"] = mat(V, d)
     return t
 
 
@@ -271,18 +364,21 @@ def read_safetensors(path):
 def load_dir(d):
     with open(os.path.join(d, "config.json")) as f:
         c = json.load(f)
-    assert c["model_type"] in ("llama", "mistral", "qwen2"), c["model_type"]
+    mt = c["model_type"]
+    assert mt in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"), mt
     nh = c["num_attention_heads"]
     hd = c.get("head_dim") or c["hidden_size"] // nh
     sc = c.get("rope_scaling")
-    if sc is not None:
+    if mt in ("gemma3_text", "phi3"):
+        scaling = None       # read by family_config
+    elif sc is not None:
         assert sc.get("rope_type", sc.get("type")) == "llama3", sc
         scaling = dict(factor=float(sc["factor"]), low=float(sc["low_freq_factor"]),
                        high=float(sc["high_freq_factor"]),
                        orig=float(sc["original_max_position_embeddings"]))
     else:
         scaling = None
-    assert c.get("sliding_window") is None
+    assert c.get("sliding_window") is None or mt in ("gemma2", "gemma3_text", "phi3")
     cfg = dict(
         model_type=c["model_type"], n_embd=c["hidden_size"], n_ff=c["intermediate_size"],
         n_head=nh, n_head_kv=c.get("num_key_value_heads", nh), head_dim=hd,
@@ -291,6 +387,8 @@ def load_dir(d):
         tied=bool(c.get("tie_word_embeddings", False)),
         qkv_bias=c["model_type"] == "qwen2" or bool(c.get("attention_bias", False)),
     )
+    if mt in ("qwen3", "gemma2", "gemma3_text", "phi3"):
+        cfg["family"] = family_config(c, hd)
     idx = os.path.join(d, "model.safetensors.index.json")
     if os.path.exists(idx):
         with open(idx) as f:
@@ -312,8 +410,12 @@ def load_dir(d):
         "output": t["model.embed_tokens.weight"] if cfg["tied"] else t["lm_head.weight"],
         "layers": [],
     }
+    fam = cfg.get("family", {})
     for i in range(cfg["n_layer"]):
         b = f"model.layers.{i}."
+        if mt in ("gemma2", "gemma3_text", "phi3", "qwen3"):
+            W["layers"].append(family_layer(cfg, t, b))
+            continue
         L = dict(
             attn_norm=t[b + "input_layernorm.weight"],
             wq=t[b + "self_attn.q_proj.weight"],
@@ -329,10 +431,83 @@ def load_dir(d):
             L.update(bq=t[b + "self_attn.q_proj.bias"], bk=t[b + "self_attn.k_proj.bias"],
                      bv=t[b + "self_attn.v_proj.bias"])
         W["layers"].append(L)
-    n_used = 2 + (not cfg["tied"]) + sum(len(L) for L in W["layers"])
+    n_used = 2 + (not cfg["tied"]) + sum(len(L) - L.get("_derived", 0) for L in W["layers"])
     assert n_used == len(t), (n_used, len(t))      # every tensor in the files is used
+    if fam.get("norm_offset"):
+        W["out_norm"] = W["out_norm"] + fam["norm_offset"]
     check_shapes(cfg, W)
     return cfg, W, types
+
+
+def family_config(c, hd):
+    """What Qwen3 / Gemma 2 / Gemma 3 / Phi-3 add, from config.json."""
+    mt, n = c["model_type"], c["num_hidden_layers"]
+    gemma = mt in ("gemma2", "gemma3_text")
+    fam = dict(qk_norm=mt in ("qwen3", "gemma3_text"), post_norms=gemma,
+               act="gelu_tanh" if gemma else "silu", norm_offset=1.0 if gemma else 0.0,
+               embed_scale=math.sqrt(c["hidden_size"]) if gemma else 1.0,
+               scale=1.0 / math.sqrt(hd), attn_softcap=None, final_softcap=None,
+               window=None, sliding=[False] * n, local_theta=None, global_divisor=None,
+               fused=mt == "phi3", rot_dim=hd)
+    if gemma:
+        assert c["hidden_activation"] == "gelu_pytorch_tanh"
+        fam["scale"] = float(c["query_pre_attn_scalar"]) ** -0.5
+        fam["attn_softcap"] = c.get("attn_logit_softcapping")
+        fam["final_softcap"] = c.get("final_logit_softcapping")
+        fam["window"] = c["sliding_window"]
+        if mt == "gemma2":
+            fam["sliding"] = [l % 2 == 0 for l in range(n)]
+        else:
+            p = c["sliding_window_pattern"]
+            fam["sliding"] = [(l + 1) % p != 0 for l in range(n)]
+            fam["local_theta"] = float(c["rope_local_base_freq"])
+            rs = c["rope_scaling"]
+            assert rs["rope_type"] == "linear"
+            fam["global_divisor"] = [float(rs["factor"])] * (hd // 2)
+    if mt == "phi3":
+        fam["window"] = c["sliding_window"]
+        fam["sliding"] = [True] * n
+        rs = c["rope_scaling"]
+        assert rs["type"] == "longrope"
+        orig, mx = c["original_max_position_embeddings"], c["max_position_embeddings"]
+        # every prompt is longer than `orig`, so transformers uses the long factors
+        fam["global_divisor"] = [float(x) for x in rs["long_factor"]]
+        s = mx / orig
+        mscale = math.sqrt(1 + math.log(s) / math.log(orig)) if s > 1 else 1.0
+        fam["mscale"] = mscale
+        fam["scale"] = mscale * mscale / math.sqrt(hd)
+    return fam
+
+
+def family_layer(cfg, t, b):
+    """One layer's tensors of the families above; norms with Gemma's offset added."""
+    fam = cfg["family"]
+    off = fam["norm_offset"]
+    nh, nkv, hd, f = cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"], cfg["n_ff"]
+    L = dict(attn_norm=t[b + "input_layernorm.weight"] + off, wo=t[b + "self_attn.o_proj.weight"])
+    derived = 0
+    if fam["fused"]:
+        qkv = t[b + "self_attn.qkv_proj.weight"]
+        L.update(wq=qkv[:nh * hd], wk=qkv[nh * hd:(nh + nkv) * hd], wv=qkv[(nh + nkv) * hd:])
+        gu = t[b + "mlp.gate_up_proj.weight"]
+        L.update(w_gate=gu[:f], w_up=gu[f:])
+        derived = 3      # 2 fused tensors give 5 entries
+    else:
+        L.update(wq=t[b + "self_attn.q_proj.weight"], wk=t[b + "self_attn.k_proj.weight"],
+                 wv=t[b + "self_attn.v_proj.weight"], w_gate=t[b + "mlp.gate_proj.weight"],
+                 w_up=t[b + "mlp.up_proj.weight"])
+    L["w_down"] = t[b + "mlp.down_proj.weight"]
+    if fam["post_norms"]:
+        L.update(post_attn_norm=t[b + "post_attention_layernorm.weight"] + off,
+                 ffn_norm=t[b + "pre_feedforward_layernorm.weight"] + off,
+                 post_ffn_norm=t[b + "post_feedforward_layernorm.weight"] + off)
+    else:
+        L["ffn_norm"] = t[b + "post_attention_layernorm.weight"] + off
+    if fam["qk_norm"]:
+        L.update(q_norm=t[b + "self_attn.q_norm.weight"] + off,
+                 k_norm=t[b + "self_attn.k_norm.weight"] + off)
+    L["_derived"] = derived + 1      # `_derived` itself
+    return L
 
 
 def check_shapes(cfg, W):
@@ -426,6 +601,8 @@ def softmax(x):
 
 
 def forward_last(cfg, W, ids, rope_layout="half"):
+    if "family" in cfg:
+        return forward_family(cfg, W, ids)
     T = len(ids)
     nh, nkv, hd = cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
     group = nh // nkv
@@ -455,12 +632,85 @@ def forward_last(cfg, W, ids, rope_layout="half"):
     return (hl @ W["output"].T)[0]
 
 
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def forward_family(cfg, W, ids):
+    """Qwen3 / Gemma 2 / Gemma 3 / Phi-3 (transformers' modeling files, from the math):
+        x = embed[ids] * embed_scale                       (Gemma: sqrt(hidden))
+        per layer: h = RMSNorm(x) * w_in
+          q, k, v = h Wq^T, h Wk^T, h Wv^T                 (Phi-3: one qkv_proj, split)
+          q, k = RMSNorm per head * q_norm / k_norm        (Qwen3, Gemma 3)
+          q, k = RoPE over the first rot_dim dims, rotate_half layout; inv_freq
+                 theta^(-2i/d) / divisor_i (Gemma 3 global: linear factor; Phi-3: long
+                 factors); Gemma 3 sliding layers use rope_local_base_freq, no divisor
+          s = q k^T * scale  (Gemma: query_pre_attn_scalar^-0.5; Phi-3: mscale^2/sqrt(d))
+          s = cap * tanh(s / cap)                          (Gemma 2 attn_logit_softcapping)
+          causal mask; sliding layers also mask j <= i - window
+          o = softmax(s) v Wo^T ; Gemma: o = RMSNorm(o) * post_attention_layernorm
+          x += o ; h = RMSNorm(x) * (pre_feedforward | post_attention)_layernorm
+          m = (act(h Wg^T) * h Wu^T) Wd^T  act: silu, Gemma: gelu tanh approximation
+          Gemma: m = RMSNorm(m) * post_feedforward_layernorm ; x += m
+        logits = RMSNorm(x) * norm @ out^T ; Gemma 2: cap * tanh(logits / cap)
+    Gemma's norm weights are (1 + w) (added at load)."""
+    fam = cfg["family"]
+    T = len(ids)
+    nh, nkv, hd = cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
+    group, eps, rd = nh // nkv, cfg["eps"], fam["rot_dim"]
+    pos = np.arange(T)
+    causal = np.triu(np.full((T, T), -np.inf), k=1)
+    ii, jj = np.meshgrid(pos, pos, indexing="ij")
+    x = W["tok_embd"][np.asarray(ids)] * fam["embed_scale"]
+    act = gelu_tanh if fam["act"] == "gelu_tanh" else silu
+    for li, L in enumerate(W["layers"]):
+        sliding = fam["sliding"][li] and fam["window"] is not None
+        theta = fam["local_theta"] if (sliding and fam["local_theta"]) else cfg["theta"]
+        freqs = theta ** (-np.arange(0, rd, 2, dtype=np.float64) / rd)
+        if fam["global_divisor"] is not None and not (sliding and fam["local_theta"]):
+            freqs = freqs / np.asarray(fam["global_divisor"])
+        mask = causal.copy()
+        if sliding:
+            mask[jj <= ii - fam["window"]] = -np.inf
+        h = rms_norm(x, L["attn_norm"], eps)
+        q = (h @ L["wq"].T).reshape(T, nh, hd)
+        k = (h @ L["wk"].T).reshape(T, nkv, hd)
+        v = (h @ L["wv"].T).reshape(T, nkv, hd)
+        if fam["qk_norm"]:
+            q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
+        q = np.concatenate([rope_half(q[..., :rd], pos, freqs), q[..., rd:]], axis=-1)
+        k = np.concatenate([rope_half(k[..., :rd], pos, freqs), k[..., rd:]], axis=-1)
+        att = np.empty((T, nh, hd))
+        for hh in range(nh):
+            kv = hh // group
+            s = (q[:, hh, :] @ k[:, kv, :].T) * fam["scale"]
+            if fam["attn_softcap"]:
+                s = fam["attn_softcap"] * np.tanh(s / fam["attn_softcap"])
+            att[:, hh, :] = softmax(s + mask) @ v[:, kv, :]
+        o = att.reshape(T, nh * hd) @ L["wo"].T
+        if fam["post_norms"]:
+            o = rms_norm(o, L["post_attn_norm"], eps)
+        x = x + o
+        h = rms_norm(x, L["ffn_norm"], eps)
+        m = (act(h @ L["w_gate"].T) * (h @ L["w_up"].T)) @ L["w_down"].T
+        if fam["post_norms"]:
+            m = rms_norm(m, L["post_ffn_norm"], eps)
+        x = x + m
+    hl = rms_norm(x[-1:], W["out_norm"], eps)
+    lg = (hl @ W["output"].T)[0]
+    if fam["final_softcap"]:
+        lg = fam["final_softcap"] * np.tanh(lg / fam["final_softcap"])
+    return lg
+
+
 def sensitivity(cfg, W, prompt, ref):
     """Relative logit error (the test's metric) that plausible loader/forward mistakes
     would cause on this prompt's last-position logits; each must be far above 1e-4,
     or the fixture would not exercise the feature."""
     def err(lg):
         return float(np.max(np.abs(lg - ref)) / np.max(np.abs(ref)))
+    if "family" in cfg:
+        return family_sensitivity(cfg, W, prompt, err)
     out = {"rope_adjacent_pairs": err(forward_last(cfg, W, prompt, rope_layout="adjacent"))}
     if cfg["llama3_scaling"]:
         out["llama3_scaling_ignored"] = err(forward_last(dict(cfg, llama3_scaling=None), W, prompt))
@@ -474,6 +724,36 @@ def sensitivity(cfg, W, prompt, ref):
     if 1 < cfg["n_head_kv"] < cfg["n_head"]:
         # kv head = q head % n_kv (interleaved GQA grouping) instead of q head // group
         out["gqa_wrong_grouping"] = err(forward_last(dict(cfg, gqa_mod=True), W, prompt))
+    for k, v in out.items():
+        assert v > 1e-2, (k, v)
+    return {k: float(f"{v:.3g}") for k, v in out.items()}
+
+
+def family_sensitivity(cfg, W, prompt, err):
+    fam = cfg["family"]
+
+    def with_fam(**kw):
+        return forward_last(dict(cfg, family=dict(fam, **kw)), W, prompt)
+
+    out = {}
+    if fam["qk_norm"]:
+        out["qk_norm_ignored"] = err(with_fam(qk_norm=False))
+    if fam["post_norms"]:
+        out["post_norms_ignored"] = err(with_fam(post_norms=False))
+        out["embed_scale_ignored"] = err(with_fam(embed_scale=1.0))
+        out["silu_instead_of_gelu_tanh"] = err(with_fam(act="silu"))
+    if fam["attn_softcap"]:
+        out["attn_softcap_ignored"] = err(with_fam(attn_softcap=None))
+    if fam["final_softcap"]:
+        out["final_softcap_ignored"] = err(with_fam(final_softcap=None))
+    if fam["local_theta"]:
+        out["local_rope_base_ignored"] = err(with_fam(local_theta=None))
+    if fam["global_divisor"] is not None:
+        out["rope_divisors_ignored"] = err(with_fam(global_divisor=None))
+    if fam.get("mscale"):
+        out["attention_factor_ignored"] = err(with_fam(scale=1.0 / math.sqrt(cfg["head_dim"])))
+    if fam["window"] is not None and len(prompt) > fam["window"]:
+        out["window_ignored"] = err(with_fam(window=None))
     for k, v in out.items():
         assert v > 1e-2, (k, v)
     return {k: float(f"{v:.3g}") for k, v in out.items()}

@@ -8,6 +8,7 @@ mod golden_support;
 use std::path::Path;
 
 use golden_support::{check, load, repo};
+use kiln::model::spec::Activation;
 use kiln::model::{LoadFormat, ModelFiles, ModelSpec};
 use serde_json::Value;
 
@@ -72,6 +73,58 @@ fn llama_two_shards_matches_reference() {
     });
 }
 
+#[test]
+fn qwen3_qk_norm_head_dim_128_matches_reference() {
+    check_model("qwen3", 16, |s| {
+        assert_eq!(s.arch, "qwen3");
+        assert!(s.variant.qk_norm && !s.qkv_bias && !s.tied_embeddings);
+        assert_eq!((s.n_heads, s.n_kv_heads, s.head_dim), (2, 1, 128));
+    });
+}
+
+#[test]
+fn gemma2_softcaps_windows_head_dim_256_match_reference() {
+    check_model("gemma2", 16, |s| {
+        let v = &s.variant;
+        assert_eq!(s.arch, "gemma2");
+        assert_eq!(v.act, Activation::GeluTanh);
+        assert!(v.post_norms && !v.qk_norm && s.tied_embeddings);
+        assert_eq!((v.attn_softcap, v.final_softcap), (Some(2.5), Some(5.0)));
+        assert_eq!((v.window, v.sliding.as_slice()), (Some(16), &[true, false][..]));
+        assert_eq!(v.norm_offset, 1.0);
+        assert_eq!((s.n_heads, s.n_kv_heads, s.head_dim), (2, 1, 256));
+        assert_eq!(s.layer_shape(0).window, Some(16));
+        assert_eq!(s.layer_shape(1).window, None);
+    });
+}
+
+#[test]
+fn gemma3_local_global_layers_match_reference() {
+    check_model("gemma3", 16, |s| {
+        let v = &s.variant;
+        assert_eq!(s.arch, "gemma3");
+        assert!(v.qk_norm && v.post_norms && v.attn_softcap.is_none());
+        assert_eq!(v.sliding, [true, true, true, true, true, false]);
+        assert_eq!(s.layer_rope(0).theta, 10000.0);
+        assert_eq!(s.layer_rope(5).theta, 1e6);
+        assert_eq!(s.layer_rope(5).freq_factors.as_deref(), Some(&[8.0; 8][..]));
+        assert!(s.layer_rope(0).freq_factors.is_none());
+    });
+}
+
+#[test]
+fn phi3_fused_longrope_window_match_reference() {
+    check_model("phi3", 16, |s| {
+        let v = &s.variant;
+        assert_eq!(s.arch, "phi3");
+        assert!(v.fused_tensors && !s.tied_embeddings);
+        assert_eq!(v.window, Some(48));
+        let f = s.rope.freq_factors.as_ref().expect("long factors");
+        assert_eq!(f[7], 18.0, "the long factors (context 512 > original 4)");
+        assert!(v.attn_scale.is_some());
+    });
+}
+
 /// The fixtures stay small and the shard layout stays what the test claims to cover.
 #[test]
 fn fixture_files_are_small_and_sharded_as_described() {
@@ -81,6 +134,10 @@ fn fixture_files_are_small_and_sharded_as_described() {
         "llama3-scaled",
         "mistral-bf16",
         "llama-sharded",
+        "qwen3",
+        "gemma2",
+        "gemma3",
+        "phi3",
     ] {
         for e in std::fs::read_dir(dir.join(name)).unwrap() {
             let e = e.unwrap();

@@ -167,8 +167,13 @@ impl ModelSpec {
     }
 
     fn attn_shape_of(&self, sliding: bool) -> AttnShape {
-        let _ = sliding;
-        self.attn_shape()
+        let v = &self.variant;
+        AttnShape {
+            window: if sliding { v.window } else { None },
+            softcap: v.attn_softcap,
+            scale: v.attn_scale,
+            ..self.attn_shape()
+        }
     }
 
     /// The head geometry the backend's attention ops take.
