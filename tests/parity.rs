@@ -3,6 +3,8 @@
 //! Fresh random inputs each run (the seed is printed), outputs poisoned with NaN before each
 //! launch, errors by relative norm with a tolerance per dtype.
 
+#[path = "parity/arch.rs"]
+mod arch;
 #[path = "parity/bench.rs"]
 mod bench;
 #[path = "parity/harness.rs"]

@@ -181,6 +181,16 @@ kernel_args! {
     }
     /// `sample_greedy_<dt>`: argmax and log-sum-exp in one pass over the raw logits.
     SampleGreedyArgs (Kernel::SampleGreedy) { logits: ptr, v: i32, out: ptr }
+    /// `head_rms_norm_<dt>`: q heads (weight `qw`) and k heads (`kw`) normalized in place.
+    HeadRmsNormArgs (Kernel::HeadRmsNorm) {
+        qkv: ptr, stride: i32, qw: ptr, kw: ptr, n_heads: i32, head_dim: i32, eps: f32,
+    }
+    /// `gelu_tanh_mul_<dt>`: `out = gelu_tanh(gate) * up` over `total` outputs.
+    GeluTanhMulArgs (Kernel::GeluTanhMul) { gu: ptr, out: ptr, f: i32, total: u64 }
+    /// `scale_rows_<dt>`: `x *= s` over `total` elements.
+    ScaleRowsArgs (Kernel::ScaleRows) { x: ptr, s: f32, total: u64 }
+    /// `softcap_<dt>`: `x = cap * tanh(x / cap)` over `total` elements.
+    SoftcapArgs (Kernel::Softcap) { x: ptr, cap: f32, total: u64 }
 }
 
 #[cfg(test)]

@@ -33,10 +33,12 @@ pub enum Source {
     AttentionDecode,
     Sample,
     Gemv,
+    /// The model-family ops (`arch.cu`).
+    Arch,
 }
 
 impl Source {
-    const ALL: [Source; 10] = [
+    const ALL: [Source; 11] = [
         Source::Embed,
         Source::Norm,
         Source::Rope,
@@ -47,6 +49,7 @@ impl Source {
         Source::AttentionDecode,
         Source::Sample,
         Source::Gemv,
+        Source::Arch,
     ];
 
     fn file(self) -> &'static str {
@@ -61,6 +64,7 @@ impl Source {
             Source::AttentionDecode => "attention_decode.cu",
             Source::Sample => "sample.cu",
             Source::Gemv => "gemv.cu",
+            Source::Arch => "arch.cu",
         }
     }
 
@@ -96,6 +100,7 @@ impl Source {
             Source::AttentionDecode => include_str!("../../../kernels/attention_decode.cu"),
             Source::Sample => include_str!("../../../kernels/sample.cu"),
             Source::Gemv => include_str!("../../../kernels/gemv.cu"),
+            Source::Arch => include_str!("../../../kernels/arch.cu"),
         }
     }
 }
@@ -207,6 +212,14 @@ pub enum Kernel {
     GemvSiluMul {
         rows: u32,
     },
+    /// Per-head RMSNorm of q and k in place (`arch.cu`).
+    HeadRmsNorm,
+    /// GeGLU, tanh approximation.
+    GeluTanhMul,
+    /// `x *= s`.
+    ScaleRows,
+    /// `x = cap * tanh(x / cap)`.
+    Softcap,
 }
 
 /// Most input rows of the streaming matmul kernels (`kernels/gemv.cu`).
@@ -235,6 +248,10 @@ impl Kernel {
             Kernel::SampleMask,
             Kernel::SamplePick,
             Kernel::SampleGreedy,
+            Kernel::HeadRmsNorm,
+            Kernel::GeluTanhMul,
+            Kernel::ScaleRows,
+            Kernel::Softcap,
         ];
         for rows in 1..=GEMV_MAX_ROWS as u32 {
             v.push(Kernel::Gemv { rows });
@@ -291,6 +308,10 @@ impl Kernel {
             Kernel::SampleGreedy => "sample_greedy",
             Kernel::Gemv { .. } => "matmul",
             Kernel::GemvSiluMul { .. } => "matmul_silu_mul",
+            Kernel::HeadRmsNorm => "head_rms_norm",
+            Kernel::GeluTanhMul => "gelu_tanh_mul",
+            Kernel::ScaleRows => "scale_rows",
+            Kernel::Softcap => "softcap",
         }
     }
 
@@ -313,6 +334,9 @@ impl Kernel {
             | Kernel::SamplePick
             | Kernel::SampleGreedy => Source::Sample,
             Kernel::Gemv { .. } | Kernel::GemvSiluMul { .. } => Source::Gemv,
+            Kernel::HeadRmsNorm | Kernel::GeluTanhMul | Kernel::ScaleRows | Kernel::Softcap => {
+                Source::Arch
+            }
         }
     }
 

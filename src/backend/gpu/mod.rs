@@ -15,6 +15,7 @@
 //! `graphs` (decode graph capture and replay); `args` types every kernel's arguments.
 
 mod args;
+mod arch_ops;
 mod attention;
 mod batch;
 #[cfg(feature = "cuda")]
@@ -84,8 +85,9 @@ struct Switches {
 /// Buffers allocated on first use and kept across steps (besides sampling's).
 #[derive(Default)]
 struct Scratch {
-    /// The rope spec whose inverse frequencies are on the device, and their table.
-    rope: Option<(RopeSpec, DevBuf)>,
+    /// The rope specs whose inverse frequencies are on the device, and their tables (one
+    /// per distinct spec: Gemma 3's local and global layers alternate).
+    rope: Vec<(RopeSpec, DevBuf)>,
     /// Split-K attention partials.
     attn_ws: Option<DevBuf>,
     /// Largest activation allocated, in elements (sizes the sampling workspace estimate).
@@ -445,6 +447,35 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         self.launch_gather_rows(x, b, out)
+    }
+
+    fn head_rms_norm(
+        &mut self,
+        qkv: &mut GpuTensor,
+        q_w: &GpuWeight,
+        k_w: &GpuWeight,
+        shape: &AttnShape,
+        eps: f32,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        self.launch_head_rms_norm(qkv, q_w, k_w, shape, eps, n)
+    }
+
+    fn gelu_tanh_mul(
+        &mut self,
+        gate_up: &GpuTensor,
+        n: usize,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        self.launch_gelu_tanh_mul(gate_up, n, out)
+    }
+
+    fn scale(&mut self, x: &mut GpuTensor, s: f32, n: usize) -> Result<(), BackendError> {
+        self.launch_scale_rows(x, s, n)
+    }
+
+    fn softcap(&mut self, x: &mut GpuTensor, cap: f32, n: usize) -> Result<(), BackendError> {
+        self.launch_softcap(x, cap, n)
     }
 
     fn sample(

@@ -1,5 +1,5 @@
 //! Rotary embedding and paged-cache writes (`kernels/rope.cu`, `kernels/kv.cu`): rope alone,
-//! the k/v write alone, or both in one launch; the rope frequency table, uploaded once per
+//! the k/v write alone, or both in one launch; the rope frequency tables, uploaded once per
 //! rope spec.
 
 use super::args::{RopeArgs, RopeKvArgs, WriteKvArgs};
@@ -69,22 +69,25 @@ impl<R: Runtime> GpuBackend<R> {
         Ok((k, k + layer_bytes))
     }
 
-    /// The device table of `rope`'s inverse frequencies, uploaded when the spec changes.
+    /// The device table of `rope`'s inverse frequencies, uploaded the first time the spec is
+    /// seen (each distinct spec keeps its table).
     fn inv_freqs(&mut self, rope: &RopeSpec) -> Result<u64, BackendError> {
-        if self.scratch.rope.as_ref().is_none_or(|(r, _)| r != rope) {
-            let f = rope.inv_freqs();
-            if self.dev.capturing {
-                return Err(invalid(
-                    "rope frequencies first uploaded while recording".into(),
-                ));
-            }
-            self.generation += 1;
-            let buf = self.dev.alloc(f.len() * 4, "rope frequencies")?;
-            let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
-            self.dev.upload(&buf, 0, &bytes)?;
-            self.scratch.rope = Some((rope.clone(), buf));
+        if let Some((_, buf)) = self.scratch.rope.iter().find(|(r, _)| r == rope) {
+            return Ok(buf.ptr());
         }
-        Ok(self.scratch.rope.as_ref().map_or(0, |(_, b)| b.ptr()))
+        let f = rope.inv_freqs();
+        if self.dev.capturing {
+            return Err(invalid(
+                "rope frequencies first uploaded while recording".into(),
+            ));
+        }
+        self.generation += 1;
+        let buf = self.dev.alloc(f.len() * 4, "rope frequencies")?;
+        let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.dev.upload(&buf, 0, &bytes)?;
+        let ptr = buf.ptr();
+        self.scratch.rope.push((rope.clone(), buf));
+        Ok(ptr)
     }
 
     pub(super) fn launch_rope(
