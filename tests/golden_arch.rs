@@ -90,7 +90,10 @@ fn gemma2_softcaps_windows_head_dim_256_match_reference() {
         assert_eq!(v.act, Activation::GeluTanh);
         assert!(v.post_norms && !v.qk_norm && s.tied_embeddings);
         assert_eq!((v.attn_softcap, v.final_softcap), (Some(2.5), Some(5.0)));
-        assert_eq!((v.window, v.sliding.as_slice()), (Some(16), &[true, false][..]));
+        assert_eq!(
+            (v.window, v.sliding.as_slice()),
+            (Some(16), &[true, false][..])
+        );
         assert_eq!(v.norm_offset, 1.0);
         assert_eq!((s.n_heads, s.n_kv_heads, s.head_dim), (2, 1, 256));
         assert_eq!(s.layer_shape(0).window, Some(16));
@@ -125,6 +128,82 @@ fn phi3_fused_longrope_window_match_reference() {
     });
 }
 
+/// The same fixtures as GGUF files with llama.cpp's tensor names and metadata keys
+/// (`scripts/gguf_arch.py`): the spec read from the metadata equals the one from
+/// `config.json` (Gemma's `1 + w` already in the norm weights), and the logits match the
+/// same reference.
+fn check_gguf(name: &str) {
+    let path = repo().join(format!("tests/data/arch-gguf/{name}.gguf"));
+    let files = ModelFiles::open(&path, LoadFormat::Gguf)
+        .unwrap_or_else(|e| panic!("{name}: loading {}: {e}", path.display()));
+    let hf = ModelFiles::open(&repo().join("tests/data/arch").join(name), LoadFormat::Hf)
+        .unwrap()
+        .spec;
+    let (g, h) = (&files.spec, &hf);
+    assert_eq!(g.arch, h.arch);
+    assert_eq!(
+        (
+            g.n_layers,
+            g.n_heads,
+            g.n_kv_heads,
+            g.head_dim,
+            g.tied_embeddings
+        ),
+        (
+            h.n_layers,
+            h.n_heads,
+            h.n_kv_heads,
+            h.head_dim,
+            h.tied_embeddings
+        )
+    );
+    for l in 0..g.n_layers {
+        let (a, b) = (g.layer_shape(l), h.layer_shape(l));
+        assert_eq!(
+            (a.window, a.softcap),
+            (b.window, b.softcap),
+            "{name} layer {l}"
+        );
+        let (sa, sb) = (a.score_scale(), b.score_scale());
+        assert!(
+            (sa - sb).abs() <= 1e-6 * sb,
+            "{name} layer {l}: scale {sa} vs {sb}"
+        );
+        assert_eq!(g.layer_rope(l), h.layer_rope(l), "{name} layer {l}");
+    }
+    let (vg, vh) = (&g.variant, &h.variant);
+    assert_eq!(vg.norm_offset, 0.0);
+    assert_eq!(
+        (
+            vg.act,
+            vg.qk_norm,
+            vg.post_norms,
+            vg.embed_scale,
+            vg.final_softcap
+        ),
+        (
+            vh.act,
+            vh.qk_norm,
+            vh.post_norms,
+            vh.embed_scale,
+            vh.final_softcap
+        )
+    );
+    check(
+        &format!("{name}.gguf"),
+        &load(&format!("arch-{name}.json")),
+        &files,
+        16,
+    );
+}
+
+#[test]
+fn family_ggufs_match_the_same_reference() {
+    for name in ["qwen3", "gemma2", "gemma3", "phi3"] {
+        check_gguf(name);
+    }
+}
+
 /// The fixtures stay small and the shard layout stays what the test claims to cover.
 #[test]
 fn fixture_files_are_small_and_sharded_as_described() {
@@ -147,6 +226,10 @@ fn fixture_files_are_small_and_sharded_as_described() {
                 e.path().display()
             );
         }
+    }
+    for e in std::fs::read_dir(repo().join("tests/data/arch-gguf")).unwrap() {
+        let p = e.unwrap().path();
+        assert!(p.metadata().unwrap().len() < 300 * 1024, "{}", p.display());
     }
     let sharded = dir.join("llama-sharded");
     let index: Value = serde_json::from_str(

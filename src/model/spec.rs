@@ -307,9 +307,8 @@ impl ModelSpec {
             .meta_str("general.architecture")
             .ok_or_else(|| ModelError::Spec("missing general.architecture".into()))?
             .to_string();
-        let layout = variant::gguf_layout(&arch).ok_or_else(|| {
-            ModelError::Spec(format!("unsupported architecture '{arch}'"))
-        })?;
+        let layout = variant::gguf_layout(&arch)
+            .ok_or_else(|| ModelError::Spec(format!("unsupported architecture '{arch}'")))?;
         let key = |k: &str| format!("{arch}.{k}");
         let req = |k: &str| {
             g.meta_u64(&key(k))

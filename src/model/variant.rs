@@ -52,7 +52,12 @@ pub struct Variant {
 impl Variant {
     /// Whether layer `l` attends within the sliding window.
     pub fn is_sliding(&self, l: usize) -> bool {
-        self.window.is_some() && self.sliding.get(l).copied().unwrap_or(self.sliding.is_empty())
+        self.window.is_some()
+            && self
+                .sliding
+                .get(l)
+                .copied()
+                .unwrap_or(self.sliding.is_empty())
     }
 
     /// Checks the values against `n_layers`; the error names the field.
@@ -175,7 +180,11 @@ pub fn gguf_variant(
                         ))
                     })? as usize;
                 // llama.cpp's rule: the long factors when the context exceeds the original.
-                let which = if d.max_position > orig { "long" } else { "short" };
+                let which = if d.max_position > orig {
+                    "long"
+                } else {
+                    "short"
+                };
                 rope.freq_factors = Some(g.tensor_f32(&format!("rope_factors_{which}.weight"))?);
                 let af = f("rope.scaling.attn_factor").unwrap_or(1.0);
                 v.attn_scale = Some(af * af / (d.head_dim as f32).sqrt());

@@ -40,7 +40,14 @@ fn head_norms<B: TestBackend>(b: &mut B) {
         // v is untouched: the reference keeps it as given.
         let v0 = (nh + nkv) * hd;
         assert_eq!(want[v0..cols], b.quantize(&x)[v0..cols]);
-        check_in_place(&what, &b.to_host(&bx, n + 1).unwrap(), &want, 1, cols, b.tol());
+        check_in_place(
+            &what,
+            &b.to_host(&bx, n + 1).unwrap(),
+            &want,
+            1,
+            cols,
+            b.tol(),
+        );
     }
 }
 parity_test!(head_rms_norm_q_and_k, head_norms);
@@ -84,7 +91,14 @@ fn scale_and_softcap<B: TestBackend>(b: &mut B) {
             }
             let what = format!("{} {op} {n}x{cols}", b.label());
             let want = cpu.to_host(&cx, n).unwrap();
-            check_in_place(&what, &b.to_host(&bx, n + 1).unwrap(), &want, 1, cols, b.tol());
+            check_in_place(
+                &what,
+                &b.to_host(&bx, n + 1).unwrap(),
+                &want,
+                1,
+                cols,
+                b.tol(),
+            );
         }
     }
 }

@@ -14,8 +14,8 @@
 //! SwiGLU), `norm`, `rope` (rope and the paged-cache writes), `attention`, `sample`,
 //! `graphs` (decode graph capture and replay); `args` types every kernel's arguments.
 
-mod args;
 mod arch_ops;
+mod args;
 mod attention;
 mod batch;
 #[cfg(feature = "cuda")]

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""GGUF versions of the family fixtures that scripts/golden_arch.py writes
+(tests/data/arch/{qwen3,gemma2,gemma3,phi3}/), named and keyed as llama.cpp's
+convert_hf_to_gguf.py names them, written with llama.cpp's gguf-py:
+
+  tensors  token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output,
+           attn_q_norm, attn_k_norm (qwen3, gemma3), post_attention_norm, ffn_norm
+           (gemma: pre_feedforward_layernorm), post_ffw_norm, ffn_gate, ffn_up, ffn_down,
+           attn_qkv and a fused ffn_up (phi3)}, output_norm, output (untied only),
+           rope_factors_long / rope_factors_short (phi3 longrope)
+  keys     <arch>.{context_length, embedding_length, block_count, feed_forward_length,
+           attention.head_count(_kv), attention.key_length, value_length,
+           attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count,
+           attention.sliding_window, attn_logit_softcapping, final_logit_softcapping,
+           rope.scaling.{type, factor, attn_factor, original_context_length}}
+  Gemma norm weights get +1 as the converter adds it; 1-D tensors are F32, matrices keep
+  the fixture's type (F32 or BF16). The llama.cpp snapshot in ../shared/peers predates
+  qwen3 and gemma3, so these follow the later converter's conventions (Gemma 3: no
+  sliding-window-pattern key (llama.cpp fixes 6), local rope base 10000, linear scaling
+  on global layers). The fixtures hold no tokenizer: a placeholder SentencePiece-style
+  vocabulary of vocab_size tokens (t0, t1, ...) is written so the file is complete.
+
+Usage: python3 scripts/gguf_arch.py [path to llama.cpp's gguf-py]
+(default: the gguf-py of ../shared/peers/llama.cpp-*-src.tgz unpacked at /tmp/arch-llama)
+"""
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+from safetensors import deserialize
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else "/tmp/arch-llama/gguf-py")
+import gguf  # noqa: E402
+
+ARCH = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3"}
+
+
+def read(d):
+    with open(os.path.join(d, "model.safetensors"), "rb") as f:
+        raw = f.read()
+    out = {}
+    for name, info in deserialize(raw):
+        data, shape, dt = bytes(info["data"]), info["shape"], info["dtype"]
+        a = np.frombuffer(data, dtype="<f4" if dt == "F32" else "<u2").reshape(shape)
+        out[name] = (a, dt)
+    return out
+
+
+def to_f32(a, dt):
+    return a if dt == "F32" else (a.astype(np.uint32) << 16).view(np.float32)
+
+
+def write(name):
+    d = os.path.join(ROOT, "tests", "data", "arch", name)
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    arch = ARCH[c["model_type"]]
+    gemma = arch.startswith("gemma")
+    t = read(d)
+    out = os.path.join(ROOT, "tests", "data", "arch-gguf", f"{name}.gguf")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    w = gguf.GGUFWriter(out, arch)
+    nh, n = c["num_attention_heads"], c["num_hidden_layers"]
+    hd = c.get("head_dim") or c["hidden_size"] // nh
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_block_count(n)
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(nh)
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(c["rope_theta"])
+    if arch != "phi3":
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if gemma:
+        if c.get("attn_logit_softcapping"):
+            w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
+        if c.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(c["final_logit_softcapping"])
+        w.add_sliding_window(c["sliding_window"])
+        rs = c.get("rope_scaling")
+        if rs and rs.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rs["factor"])
+    if arch == "phi3":
+        orig = c["original_max_position_embeddings"]
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_rope_dimension_count(c["hidden_size"] // nh)
+        w.add_sliding_window(c.get("sliding_window") or 0)
+        s = c["max_position_embeddings"] / orig
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(s) / math.log(orig)) if s > 1 else 1.0)
+        rs = c["rope_scaling"]
+        w.add_tensor("rope_factors_long.weight", np.asarray(rs["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.asarray(rs["short_factor"], np.float32))
+    # placeholder vocabulary
+    V = c["vocab_size"]
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([f"t{i}".encode() for i in range(V)])
+    w.add_token_scores([-float(i) for i in range(V)])
+    w.add_token_types([gguf.TokenType.NORMAL] * V)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    leaf = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+            "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+            "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+            "self_attn.k_norm": "attn_k_norm", "self_attn.qkv_proj": "attn_qkv",
+            "post_attention_layernorm": "post_attention_norm" if gemma else "ffn_norm",
+            "pre_feedforward_layernorm": "ffn_norm",
+            "post_feedforward_layernorm": "post_ffw_norm", "mlp.gate_proj": "ffn_gate",
+            "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for hf in sorted(t):
+        a, dt = t[hf]
+        if hf == "model.embed_tokens.weight":
+            g = "token_embd.weight"
+        elif hf == "model.norm.weight":
+            g = "output_norm.weight"
+        elif hf == "lm_head.weight":
+            g = "output.weight"
+        else:
+            parts = hf.split(".")
+            assert parts[:2] == ["model", "layers"], hf
+            g = f"blk.{parts[2]}.{leaf['.'.join(parts[3:-1])]}.weight"
+        if a.ndim == 1 or (gemma and hf.endswith("norm.weight")):
+            v = to_f32(a, dt)
+            if gemma and hf.endswith("norm.weight"):
+                v = (v + np.float32(1.0)).astype(np.float32)
+            w.add_tensor(g, np.ascontiguousarray(v, dtype=np.float32))
+        elif dt == "BF16":
+            w.add_tensor(g, np.ascontiguousarray(a), raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            w.add_tensor(g, np.ascontiguousarray(a, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"wrote {out} ({os.path.getsize(out)} bytes)")
+
+
+if __name__ == "__main__":
+    for m in ["qwen3", "gemma2", "gemma3", "phi3"]:
+        write(m)
