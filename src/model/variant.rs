@@ -312,12 +312,12 @@ pub fn hf_variant(c: &Value, b: &HfBase, rope: &mut RopeSpec) -> Result<Variant,
         }
         other => return Err(spec_err(format!("unsupported model_type '{other}'"))),
     }
-    if !matches!(b.arch, "gemma2" | "gemma3_text") {
-        if let Some(a) = act.filter(|a| *a != "silu") {
-            return Err(spec_err(format!(
-                "config.json hidden_act: '{a}' is not supported (only silu)"
-            )));
-        }
+    if !matches!(b.arch, "gemma2" | "gemma3_text")
+        && let Some(a) = act.filter(|a| *a != "silu")
+    {
+        return Err(spec_err(format!(
+            "config.json hidden_act: '{a}' is not supported (only silu)"
+        )));
     }
     Ok(v)
 }
