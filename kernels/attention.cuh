@@ -10,10 +10,12 @@
 //   seq, row0, nrows, kv_begin, kv_end, part
 // Grid = (items, n_kv_heads). A block takes the nrows * G query vectors of its item that
 // share KV head blockIdx.y (G = n_heads / n_kv_heads) in passes of QV vectors, and streams
-// the context positions [kv_begin, min(kv_end, last query pos + 1)) through its warps:
+// the context positions [kv_begin, min(kv_end, last query pos + 1)) through its warps
+// (with a sliding window, only the positions some vector of the pass sees: attn_window):
 //
 //   warp w takes positions c0 = kv_begin + w*WARP, + NW*WARP, ...; lane = one position:
-//     s[i]   = q_i . K[slot(pos)] * scale   (-inf where pos > pos(q_i): causal)
+//     s[i]   = cap(q_i . K[slot(pos)] * scale)   (-inf where pos > pos(q_i): causal, or
+//              pos(q_i) - pos >= window: out of the window; cap(s) = softcap*tanh(s/softcap))
 //     m, l   online max / sum per vector, acc[i][d] (lane owns d = lane*DPL + k)
 //   then the NW warps' (m, l, acc) are merged in shared memory.
 //   slot(pos) = table[pos / block_size] * block_size + pos % block_size
@@ -23,6 +25,47 @@
 
 constexpr int ATTN_WARPS = 4;
 constexpr u32 NO_PART = 0xffffffffu;
+constexpr float ATTN_LOG2E = 1.4426950408889634f;
+
+// How a raw q . k product becomes a logit: `a * s` without a soft cap, `b * tanhf(a * s)` with
+// one (a = scale / cap, b = cap; both times log2(e) for the kernels that work in base 2).
+struct Logit {
+    float a, b;
+    bool capped;
+    __device__ __forceinline__ Logit(float scale, float softcap, float unit) {
+        capped = softcap > 0.f;
+        a = capped ? scale / softcap : scale * unit;
+        b = softcap * unit;
+    }
+    // The logit of a product already multiplied by `a` (a query pre-scaled by it).
+    __device__ __forceinline__ float of_scaled(float s) const { return capped ? b * tanhf(s) : s; }
+    __device__ __forceinline__ float operator()(float s) const { return of_scaled(a * s); }
+};
+
+// The window as a distance bound: position p is seen by a query at q when q - p < win.
+__device__ __forceinline__ int attn_win(int window) { return window > 0 ? window : 0x7fffffff; }
+
+// The first context position a pass must stream, given the item's [kv0, kv1) and the pass's
+// smallest / largest query positions, rounded down to 16 (so the decode variant's aligned
+// paths still apply; the few positions below the window are masked). A split-K part (decode
+// rows only: its parts cut [0, pos + 1) of its single query position) is instead mapped
+// proportionally onto the window, so the parts share the window's positions rather than
+// most of them finding nothing to do; parts tile the window exactly since the map is
+// monotonic with 0 -> lo and pos + 1 -> pos + 1. Returns the new kv0 and updates kv1.
+__device__ __forceinline__ int attn_window(int kv0, int& kv1, u32 part, int minpos, int maxpos, int window) {
+    if (window <= 0) return kv0;
+    if (part == NO_PART) {
+        const int lo = max(0, minpos + 1 - window) & ~15;
+        return max(kv0, lo);
+    }
+    const int c = maxpos + 1;
+    const int lo = max(0, c - window) & ~15;
+    auto map = [&](int b) {
+        return b >= c ? c : lo + (int)(((long long)b * (c - lo) / c) & ~15ll);
+    };
+    kv1 = map(kv1);
+    return map(kv0);
+}
 
 // One element of a query head's result: the normalized output (part == NO_PART) or the
 // split-K partial, with the head's (max in natural log, sum) pair written by d == 0.
@@ -137,7 +180,7 @@ __device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_str
                           float* __restrict__ part_ml, const u32* __restrict__ positions,
                           const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
                           const u32* __restrict__ items, int n_heads, int n_kv, int head_dim, int block_size,
-                          float scale) {
+                          float scale, int window, float softcap) {
     constexpr int DMAX = D > 0 ? D : 256;
     constexpr int DPL = (DMAX + WARP - 1) / WARP;
     constexpr int NW = ATTN_WARPS;
@@ -150,13 +193,15 @@ __device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_str
     const int hd = D > 0 ? D : head_dim;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const u32* it = items + 6 * (size_t)blockIdx.x;
-    const int seq = it[0], row0 = it[1], nrows = it[2], kv0 = it[3], kv1 = it[4];
+    const int seq = it[0], row0 = it[1], nrows = it[2], item_kv0 = it[3], item_kv1 = it[4];
     const u32 part = it[5];
     const int kvh = blockIdx.y, G = n_heads / n_kv, width = n_kv * hd;
     const u32* table = tables + seqinfo[4 * seq + 3];
     const T* kbase = k_cache + (size_t)kvh * hd;
     const T* vbase = v_cache + (size_t)kvh * hd;
     const int nvec = nrows * G;
+    const Logit logit(scale, softcap, 1.f);
+    const int win = attn_win(window);
 
     for (int vb = 0; vb < nvec; vb += QV) {
         const int nv = min(QV, nvec - vb);
@@ -170,12 +215,15 @@ __device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_str
             q_s[i][d] = val;
         }
         int qpos[QV];
-        int maxpos = -1;
+        int maxpos = -1, minpos = 0x7fffffff;
 #pragma unroll
         for (int i = 0; i < QV; ++i) {
             qpos[i] = i < nv ? (int)positions[row0 + (vb + i) / G] : -1;
             maxpos = max(maxpos, qpos[i]);
+            if (i < nv) minpos = min(minpos, qpos[i]);
         }
+        int kv1 = item_kv1;
+        const int kv0 = attn_window(item_kv0, kv1, part, minpos, maxpos, window);
         const int lim = min(kv1, maxpos + 1);
         float m[QV], l[QV], acc[QV][DPL];
 #pragma unroll
@@ -200,7 +248,7 @@ __device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_str
 #pragma unroll
             for (int i = 0; i < QV; ++i) {
                 if (i < nv) {
-                    const float sc = (valid && pos <= qpos[i]) ? s[i] * scale : -KILN_INF;
+                    const float sc = (valid && pos <= qpos[i] && qpos[i] - pos < win) ? logit(s[i]) : -KILN_INF;
                     const float mn = fmaxf(m[i], warp_max(sc));
                     const float p = mn == -KILN_INF ? 0.f : expf(sc - mn);
                     const float corr = mn == -KILN_INF ? 1.f : expf(m[i] - mn);
@@ -284,4 +332,4 @@ __device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_str
 
 #define KILN_ATTN_PASS_ARGS                                                                             \
     qkv, qkv_stride, k_cache, v_cache, out, part_acc, part_ml, positions, seqinfo, tables, items, n_heads, \
-        n_kv, head_dim, block_size, scale
+        n_kv, head_dim, block_size, scale, window, softcap

@@ -2,6 +2,9 @@
 // rows: nrows * G <= 8). Same items and block as attn_impl, grid transposed (KV head, item);
 // head sizes whose rows are a power of two of 16-byte chunks (64, 128, 256).
 //
+// With a sliding window the streams start at the pass's window (attn_window), so only the
+// window's K/V rows are read; a soft cap applies tanh to each score before the mask.
+//
 // A thread group of TPR lanes reads one K (and V) row together, lane t taking 16-byte chunks
 // t, t + TPR, ... (CPL chunks): the warp reads WARP / TPR whole rows per load, coalesced.
 // Each group is an independent online-softmax stream over U consecutive positions per
@@ -32,7 +35,8 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
                               const T* __restrict__ v_cache, T* __restrict__ out, float* __restrict__ part_acc,
                               float* __restrict__ part_ml, const u32* __restrict__ positions,
                               const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
-                              const u32* __restrict__ items, int n_heads, int n_kv, int block_size, float scale) {
+                              const u32* __restrict__ items, int n_heads, int n_kv, int block_size, float scale,
+                              int window, float softcap) {
     typedef Chunk<T> C;
     typedef typename C::Raw Raw;
     constexpr int E = C::E;
@@ -69,14 +73,18 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
     // Grid (KV head, item), heads fastest: the blocks of one row's heads run together and
     // read the same cache slots (each slot row holds every head) at about the same time.
     const u32* it = items + 6 * (size_t)blockIdx.y;
-    const int seq = it[0], row0 = it[1], nrows = it[2], kv0 = it[3], kv1 = it[4];
+    const int seq = it[0], row0 = it[1], nrows = it[2], item_kv0 = it[3], item_kv1 = it[4];
     const u32 part = it[5];
     const int kvh = blockIdx.x, G = n_heads / n_kv, width = n_kv * D;
     const u32* table = tables + seqinfo[4 * seq + 3];
     const T* kbase = k_cache + (size_t)kvh * D;
     const T* vbase = v_cache + (size_t)kvh * D;
     const int nvec = nrows * G;
-    const float sl2 = scale * 1.4426950408889634f;
+    // Queries are pre-multiplied by logit.a: scores come out in the log2 domain, or as the
+    // tanh argument when soft-capped.
+    const Logit logit(scale, softcap, ATTN_LOG2E);
+    const float sl2 = logit.a;
+    const int win = attn_win(window);
 
     for (int vb = 0; vb < nvec; vb += QV) {
         const int nv = min(QV, nvec - vb);
@@ -97,13 +105,15 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
                 for (int e = 0; e < E; ++e) q[i][c][e] *= sl2;
             }
         }
-        const int lim = min(kv1, maxpos + 1);
         // The smallest query position of the pass: steps wholly below it need no mask
         // (vectors past nv have q = 0 and are never stored).
         int minpos = maxpos;
 #pragma unroll
         for (int i = 0; i < QV; ++i)
             if (i < nv) minpos = min(minpos, qpos[i]);
+        int kv1 = item_kv1;
+        const int kv0 = attn_window(item_kv0, kv1, part, minpos, maxpos, window);
+        const int lim = min(kv1, maxpos + 1);
         float m[QV], l[QV], acc[QV][CPL][E];
 #pragma unroll
         for (int i = 0; i < QV; ++i) {
@@ -237,8 +247,15 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
 #pragma unroll
                     for (int i = 0; i < QV; ++i) s[u][i] += shfl_xor(s[u][i], o);
             }
-            // Masks only where the step reaches past a limit (the last steps of an item).
-            const bool edge = p0 + U > lim || p0 + U - 1 > minpos;
+            if (logit.capped) {
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int i = 0; i < QV; ++i) s[u][i] = logit.of_scaled(s[u][i]);
+            }
+            // Masks only where the step reaches past a limit (the last steps of an item) or
+            // starts where the window may not reach (the first steps).
+            const bool edge = p0 + U > lim || p0 + U - 1 > minpos || maxpos - p0 >= win;
             float p[U][QV];
 #pragma unroll
             for (int i = 0; i < QV; ++i) {
@@ -246,7 +263,7 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int pos = p0 + u;
-                    if (edge) s[u][i] = (pos < lim && pos <= qpos[i]) ? s[u][i] : -KILN_INF;
+                    if (edge) s[u][i] = (pos < lim && pos <= qpos[i] && qpos[i] - pos < win) ? s[u][i] : -KILN_INF;
                     mx = fmaxf(mx, s[u][i]);
                 }
                 // Lazy rescaling: the reference max moves (and acc, l are rescaled) only when
@@ -382,9 +399,10 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
     extern "C" __global__ void KILN_DEC_BOUNDS(TT, D, QV) attn_##N##_d##D##_dec##QV(                   \
         const TT *qkv, int qkv_stride, const TT *k_cache, const TT *v_cache, TT *out, float *part_acc,   \
         float *part_ml, const u32 *positions, const u32 *seqinfo, const u32 *tables, const u32 *items,  \
-        int n_heads, int n_kv, int head_dim, int block_size, float scale) {                             \
+        int n_heads, int n_kv, int head_dim, int block_size, float scale, int window, float softcap) {  \
         attn_dec_impl<TT, D, QV>(qkv, qkv_stride, k_cache, v_cache, out, part_acc, part_ml, positions,    \
-                                 seqinfo, tables, items, n_heads, n_kv, block_size, scale);              \
+                                 seqinfo, tables, items, n_heads, n_kv, block_size, scale, window,        \
+                                 softcap);                                                                \
     }
 #define KILN_ATTN_DEC_D(N, T, D) \
     KILN_ATTN_DEC(N, T, D, 1) KILN_ATTN_DEC(N, T, D, 2) KILN_ATTN_DEC(N, T, D, 4) KILN_ATTN_DEC(N, T, D, 8)

@@ -4,7 +4,8 @@
 // every K/V tile (S = 4 / T warps per tile: 4, 2, 1; with T = 3 the fourth warp only loads):
 //
 //   K/V tile: TC_BN positions -> k_s[pos][d], v_s[pos][d] (row-major, 16-byte stores),
-//             zero past the causal limit, loaded by the whole block
+//             zero past the causal limit, loaded by the whole block; tiles start at the
+//             pass's window (attn_window), out-of-window scores masked
 //   warp:     S_ = Q(16 x D) . K_s[cols]^T          mma m16n8k16, B = K rows (k = d)
 //             online softmax in the log2 domain (rows g, g+8 of the thread's group)
 //             O += P(16 x cols) . V_s[cols]         mma m16n8k16, B = V through ldmatrix.trans
@@ -51,7 +52,8 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
                              const bf16* __restrict__ v_cache, bf16* __restrict__ out, float* __restrict__ part_acc,
                              float* __restrict__ part_ml, const u32* __restrict__ positions,
                              const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
-                             const u32* __restrict__ items, int n_heads, int n_kv, int block_size, float scale) {
+                             const u32* __restrict__ items, int n_heads, int n_kv, int block_size, float scale,
+                             int window, float softcap) {
     static_assert(D % 16 == 0 && D <= 128, "tensor-core attention: head size");
     constexpr int NW = ATTN_WARPS;
     constexpr int KS = D + 8;                    // k_s row stride (bf16)
@@ -71,14 +73,15 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int g = lane / 4, c = lane % 4;
     const u32* it = items + 6 * (size_t)blockIdx.x;
-    const int seq = it[0], row0 = it[1], nrows = it[2], kv0 = it[3], kv1 = it[4];
+    const int seq = it[0], row0 = it[1], nrows = it[2], item_kv0 = it[3], item_kv1 = it[4];
     const u32 part = it[5];
     const int kvh = blockIdx.y, G = n_heads / n_kv, width = n_kv * D;
     const u32* table = tables + seqinfo[4 * seq + 3];
     const bf16* kbase = k_cache + (size_t)kvh * D;
     const bf16* vbase = v_cache + (size_t)kvh * D;
     const int nvec = nrows * G;
-    const float sl2 = scale * 1.4426950408889634f;  // scores in the log2 domain
+    const Logit logit(scale, softcap, ATTN_LOG2E);  // scores in the log2 domain
+    const int win = attn_win(window);
     // The loader's position in a tile (fixed per thread) and its first 8-element chunk.
     const int lp = threadIdx.x % TC_BN, lc0 = threadIdx.x / TC_BN;
     constexpr int LSTEP = NW * 32 / TC_BN;
@@ -108,9 +111,19 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
                 qf[kk][h + 2] = ok ? *reinterpret_cast<const u32*>(q + kk * 16 + 2 * c + 8) : 0u;
             }
         }
-        int maxpos = -1;
-        for (int i = 0; i < nv; i += G) maxpos = max(maxpos, (int)positions[row0 + (vb + i) / G]);
-        maxpos = max(maxpos, (int)positions[row0 + (vb + nv - 1) / G]);
+        int maxpos = -1, minpos = 0x7fffffff;
+        for (int i = 0; i < nv; i += G) {
+            const int p = (int)positions[row0 + (vb + i) / G];
+            maxpos = max(maxpos, p);
+            minpos = min(minpos, p);
+        }
+        {
+            const int p = (int)positions[row0 + (vb + nv - 1) / G];
+            maxpos = max(maxpos, p);
+            minpos = min(minpos, p);
+        }
+        int kv1 = item_kv1;
+        const int kv0 = attn_window(item_kv0, kv1, part, minpos, maxpos, window);
         const int lim = min(kv1, maxpos + 1);
 
         float o[ND][4];
@@ -162,15 +175,15 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
                     }
                 }
             }
-            // Causal mask, scale, running max of rows g (h = 0) and g + 8 (h = 1).
+            // Causal and window mask, scale (and cap), running max of rows g (h = 0) and g + 8 (h = 1).
             float mx[2] = {-KILN_INF, -KILN_INF};
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int h = e / 2, pos = c0 + col0 + j * 8 + 2 * c + (e & 1);
-                    const bool ok = j * 8 < cw && pos < lim && pos <= qpos[h];
-                    sc[j][e] = ok ? sc[j][e] * sl2 : -KILN_INF;
+                    const bool ok = j * 8 < cw && pos < lim && pos <= qpos[h] && qpos[h] - pos < win;
+                    sc[j][e] = ok ? logit(sc[j][e]) : -KILN_INF;
                     mx[h] = fmaxf(mx[h], sc[j][e]);
                 }
             }
@@ -274,7 +287,7 @@ __device__ __forceinline__ void attn_tc_body(const float* qkv, int qkv_stride, c
                                              const float* v_cache, float* out, float* part_acc, float* part_ml,
                                              const u32* positions, const u32* seqinfo, const u32* tables,
                                              const u32* items, int n_heads, int n_kv, int head_dim, int block_size,
-                                             float scale) {
+                                             float scale, int window, float softcap) {
     attn_impl<float, D, 8>(KILN_ATTN_PASS_ARGS);
 }
 template <int D>
@@ -282,10 +295,10 @@ __device__ __forceinline__ void attn_tc_body(const bf16* qkv, int qkv_stride, co
                                              const bf16* v_cache, bf16* out, float* part_acc, float* part_ml,
                                              const u32* positions, const u32* seqinfo, const u32* tables,
                                              const u32* items, int n_heads, int n_kv, int head_dim, int block_size,
-                                             float scale) {
+                                             float scale, int window, float softcap) {
 #if defined(KILN_MMA)
     attn_tc_impl<D>(qkv, qkv_stride, k_cache, v_cache, out, part_acc, part_ml, positions, seqinfo, tables, items,
-                    n_heads, n_kv, block_size, scale);
+                    n_heads, n_kv, block_size, scale, window, softcap);
 #else
     attn_impl<bf16, D, 8>(KILN_ATTN_PASS_ARGS);
 #endif
@@ -295,7 +308,7 @@ __device__ __forceinline__ void attn_tc_body(const bf16* qkv, int qkv_stride, co
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP) attn_##N##_d##D##_tc(              \
         const TT *qkv, int qkv_stride, const TT *k_cache, const TT *v_cache, TT *out, float *part_acc,   \
         float *part_ml, const u32 *positions, const u32 *seqinfo, const u32 *tables, const u32 *items,  \
-        int n_heads, int n_kv, int head_dim, int block_size, float scale) {                             \
+        int n_heads, int n_kv, int head_dim, int block_size, float scale, int window, float softcap) {  \
         attn_tc_body<D>(KILN_ATTN_PASS_ARGS);                                                           \
     }
 #define KILN_ATTN_TC_ALL(N, T)                                                                       \

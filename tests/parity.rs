@@ -5,6 +5,8 @@
 
 #[path = "parity/arch.rs"]
 mod arch;
+#[path = "parity/attn_window.rs"]
+mod attn_window;
 #[path = "parity/bench.rs"]
 mod bench;
 #[path = "parity/harness.rs"]
@@ -401,13 +403,22 @@ fn matmul_silu<B: TestBackend>(b: &mut B) {
 }
 parity_test!(matmul_silu_mul, matmul_silu);
 
-/// One attention scenario: heads, KV heads, head size, block size, and per sequence
-/// (new tokens, context after the step).
+/// One attention scenario: heads, KV heads, head size, block size, per sequence
+/// (new tokens, context after the step), and the layer's window, soft cap and scale.
 struct AttnCase {
     heads: (usize, usize),
     hd: usize,
     block_size: u32,
     seqs: Vec<(u32, u32)>,
+    scores: Scores,
+}
+
+/// How an attention layer forms its scores ([`kiln::backend::AttnShape`]'s last fields).
+#[derive(Debug, Clone, Copy, Default)]
+struct Scores {
+    window: Option<usize>,
+    softcap: Option<f32>,
+    scale: Option<f32>,
 }
 
 fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha::ChaCha8Rng) {
@@ -457,17 +468,23 @@ fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha
     let cq = tensor(&mut cpu, t, s.qkv_dim(), &q);
     let mut out = poisoned(b, t, s.q_dim());
     let mut cout = cpu.alloc(t, s.q_dim()).unwrap();
-    b.attention(&bq, &bkv, 1, &bb, &s.attn_shape(), &mut out)
-        .unwrap();
-    cpu.attention(&cq, &ckv, 1, &cb, &s.attn_shape(), &mut cout)
+    let ashape = kiln::backend::AttnShape {
+        window: c.scores.window,
+        softcap: c.scores.softcap,
+        scale: c.scores.scale,
+        ..s.attn_shape()
+    };
+    b.attention(&bq, &bkv, 1, &bb, &ashape, &mut out).unwrap();
+    cpu.attention(&cq, &ckv, 1, &cb, &ashape, &mut cout)
         .unwrap();
     let what = format!(
-        "{} attention heads {:?} hd {} bs {} seqs {:?}",
+        "{} attention heads {:?} hd {} bs {} seqs {:?} {:?}",
         b.label(),
         c.heads,
         c.hd,
         c.block_size,
-        c.seqs
+        c.seqs,
+        c.scores
     );
     assert_close(
         &what,
@@ -491,6 +508,7 @@ fn attentions<B: TestBackend>(b: &mut B) {
         hd,
         block_size,
         seqs: seqs.to_vec(),
+        scores: Scores::default(),
     };
     let cases = [
         case((8, 4), 8, 4, &[(5, 9), (1, 20), (1, 1)]),

@@ -155,7 +155,7 @@ kernel_args! {
     AttnArgs (Kernel::Attention { .. } | Kernel::AttentionTc { .. } | Kernel::AttentionDecode { .. }) {
         qkv: ptr, qkv_stride: i32, k_cache: ptr, v_cache: ptr, out: ptr, part_acc: ptr,
         part_ml: ptr, positions: ptr, seqinfo: ptr, tables: ptr, items: ptr, n_heads: i32,
-        n_kv: i32, head_dim: i32, block_size: i32, scale: f32,
+        n_kv: i32, head_dim: i32, block_size: i32, scale: f32, window: i32, softcap: f32,
     }
     /// `attn_combine_<dt>`: merges split-K partials into the rows listed in `splits`.
     AttnCombineArgs (Kernel::AttnCombine) {

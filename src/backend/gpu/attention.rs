@@ -26,6 +26,7 @@ impl<R: Runtime> GpuBackend<R> {
         check_cols("attention output", out.cols, shape.q_dim())?;
         check_cols("attention input", qkv.cols, shape.qkv_dim())?;
         check_rows("attention", l.n_tokens, qkv.rows.min(out.rows))?;
+        shape.check().map_err(invalid)?;
         if kv.shape.head_dim != hd || kv.shape.n_kv_heads != n_kv || layer >= kv.shape.num_layers {
             return Err(invalid(format!(
                 "attention: cache {:?} does not fit layer {layer} of {shape:?}",
@@ -74,7 +75,10 @@ impl<R: Runtime> GpuBackend<R> {
             n_kv: n_kv as i32,
             head_dim: hd as i32,
             block_size: kv.shape.block_size as i32,
-            scale: 1.0 / (hd as f32).sqrt(),
+            scale: shape.score_scale(),
+            // 0: no window (a window past i32 covers every context the cache holds).
+            window: shape.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+            softcap: shape.softcap.unwrap_or(0.0),
         };
         self.launch_with(kernel, grid, &args)?;
         if l.n_splits > 0 {
