@@ -141,6 +141,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn score_scale_and_window_defaults() {
+        let plain = AttnShape::new(8, 2, 64);
+        assert_eq!(plain.score_scale(), 0.125);
+        assert_eq!(plain.first_visible(5000), 0);
+        let gemma = AttnShape {
+            window: Some(4),
+            scale: Some(256f32.powf(-0.5)),
+            ..AttnShape::new(8, 2, 128)
+        };
+        assert_eq!(gemma.score_scale(), 0.0625);
+        // Position 10 with a window of 4 sees 7, 8, 9, 10; position 2 sees 0, 1, 2.
+        assert_eq!(gemma.first_visible(10), 7);
+        assert_eq!(gemma.first_visible(2), 0);
+        assert!(plain.check().is_ok() && gemma.check().is_ok());
+    }
+
+    #[test]
     fn llama3_scaling_keeps_high_freqs_and_divides_low_ones() {
         let s = Llama3Scaling {
             factor: 8.0,
