@@ -32,6 +32,19 @@ const END_OF_GENERATION: &[&str] = &[
     "<EOT>",
 ];
 
+/// Special tokens that are reply markup rather than control: tool calls (Hermes/Qwen,
+/// Mistral, Llama 3.1) and reasoning (Qwen3, DeepSeek-R1). Decoding keeps them even when
+/// special tokens are skipped, so the tool-call and reasoning parsers see them whether a
+/// vocabulary marks them special or not.
+pub const REPLY_MARKUP: &[&str] = &[
+    "<tool_call>",
+    "</tool_call>",
+    "[TOOL_CALLS]",
+    "<|python_tag|>",
+    "<think>",
+    "</think>",
+];
+
 /// EOS texts tried when no EOS is declared at all (an HF directory without `tokenizer_config.json`).
 const FALLBACK_EOS: &[&str] = &["</s>", "<eos>"];
 
@@ -92,7 +105,10 @@ struct Inner {
     eos_ids: Vec<u32>,
     add_bos_default: bool,
     chat_template: Option<String>,
+    tool_use_template: Option<String>,
     special: HashSet<u32>,
+    /// Special tokens left out by `decode(.., skip_special)`: all but [`REPLY_MARKUP`].
+    skipped: HashSet<u32>,
     /// The decoder turns `<0xXX>` pieces into bytes (see `decode::decode`).
     byte_fallback: bool,
     vocab_size: usize,
@@ -106,6 +122,7 @@ struct Meta {
     eos_ids: Vec<u32>,
     add_bos_default: bool,
     chat_template: Option<String>,
+    tool_use_template: Option<String>,
 }
 
 impl Tokenizer {
@@ -155,6 +172,7 @@ impl Tokenizer {
                     eos_ids,
                     add_bos_default,
                     chat_template,
+                    tool_use_template: cfg.tool_use_template,
                 }
             }
             None => Meta {
@@ -162,6 +180,7 @@ impl Tokenizer {
                 eos_ids: Vec::new(),
                 add_bos_default: post_processor_bos.is_some(),
                 chat_template: hf::sibling_chat_template(tokenizer_json)?,
+                tool_use_template: None,
             },
         };
         Ok(Self::assemble(hf, meta, None))
@@ -186,6 +205,7 @@ impl Tokenizer {
                 .collect(),
             add_bos_default: vocab.add_bos.unwrap_or(vocab.model == VocabModel::Llama),
             chat_template: vocab.chat_template,
+            tool_use_template: None,
         };
         Ok(Self::assemble(hf, meta, Some(vocab.tokens.len())))
     }
@@ -203,6 +223,7 @@ impl Tokenizer {
             eos_ids: Vec::new(),
             add_bos_default: false,
             chat_template: None,
+            tool_use_template: None,
         };
         Ok(Self::assemble(hf, meta, None))
     }
@@ -216,6 +237,11 @@ impl Tokenizer {
             .filter(|(_, t)| t.special)
             .map(|(id, _)| *id)
             .collect();
+        let markup: HashSet<u32> = REPLY_MARKUP
+            .iter()
+            .filter_map(|t| hf.token_to_id(t))
+            .collect();
+        let skipped = special.difference(&markup).copied().collect();
         let by_text = |texts: &[&str]| -> Vec<u32> {
             texts
                 .iter()
@@ -248,7 +274,9 @@ impl Tokenizer {
                 eos_ids: meta.eos_ids,
                 add_bos_default: meta.add_bos_default,
                 chat_template: meta.chat_template,
+                tool_use_template: meta.tool_use_template,
                 special,
+                skipped,
                 vocab_size,
                 bytes_per_token,
             }),
@@ -300,7 +328,8 @@ impl Tokenizer {
             .map_or(usize::MAX, |b| b.saturating_mul(max_tokens))
     }
 
-    /// The text of `ids`; special tokens are left out when `skip_special` is set. Invalid UTF-8
+    /// The text of `ids`; special tokens are left out when `skip_special` is set, except
+    /// reply markup ([`REPLY_MARKUP`], e.g. `<tool_call>`) that the reply parsers read. Invalid UTF-8
     /// (e.g. an incomplete byte sequence) becomes U+FFFD, valid characters around it stay.
     /// SentencePiece vocabularies drop the one leading space that encoding added, so
     /// `decode(encode(s))` gives back `s`. Ids outside the vocabulary are an error.
@@ -311,7 +340,7 @@ impl Tokenizer {
         let inner = &*self.inner;
         decode::decode(
             &inner.hf,
-            &inner.special,
+            &inner.skipped,
             inner.byte_fallback,
             ids,
             skip_special,
@@ -354,6 +383,12 @@ impl Tokenizer {
     /// The Jinja chat template shipped with the model, if any.
     pub fn chat_template(&self) -> Option<&str> {
         self.inner.chat_template.as_deref()
+    }
+
+    /// The `tool_use` template of a `tokenizer_config.json` that lists several (Hugging Face
+    /// picks it when a request has tools).
+    pub fn tool_use_template(&self) -> Option<&str> {
+        self.inner.tool_use_template.as_deref()
     }
 
     /// The raw vocabulary piece of `id` (e.g. `▁Hello`, `Ġworld`, `<0x0A>`), not decoded text.
