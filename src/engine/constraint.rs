@@ -100,7 +100,8 @@ impl ThinkMarkers {
         } else {
             format!("start: ({} thought BLANK)? @answer", self.open)
         };
-        format!("{start}\n{thought}\nBLANK: /[ \\t\\r\\n]*/\n")
+        // Blanks after the thought are bounded: a weak model could pad forever.
+        format!("{start}\n{thought}\nBLANK: /[ \\t\\r\\n]{{0,4}}/\n")
     }
 }
 
