@@ -12,10 +12,11 @@ use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::model::gguf::GgufFile;
 
-pub use bound::BPE_CACHE_ENTRIES;
+pub use bound::{BPE_CACHE_ENTRIES, COUNT_CHUNK_BYTES};
 pub use builder::{LLAMA3_PATTERN, PreTokenizer, QWEN2_PATTERN};
 pub use gguf_vocab::{GgufVocab, TokenType, VocabModel, vocab_from_gguf};
 pub use incremental::IncrementalDecoder;
@@ -83,6 +84,8 @@ pub enum TokenizerError {
     Decode(String),
     #[error("token id {id} is outside the vocabulary (size {vocab_size})")]
     UnknownId { id: u32, vocab_size: usize },
+    #[error("the text has more than {max_tokens} tokens ({counted} counted when tokenizing stopped)")]
+    TooManyTokens { counted: usize, max_tokens: usize },
     #[error("the text is {bytes} bytes; at most {max_bytes} bytes can fit in {max_tokens} tokens")]
     TooLong {
         bytes: usize,
@@ -114,6 +117,8 @@ struct Inner {
     vocab_size: usize,
     /// Most input bytes one token can stand for; `None` when no bound holds (see `bound`).
     bytes_per_token: Option<usize>,
+    /// Bytes handed to the tokenizer by [`Tokenizer::encode`] and the bounded count.
+    tokenized: AtomicU64,
 }
 
 /// What a loader knows beyond the `tokenizers` pipeline.
@@ -279,6 +284,7 @@ impl Tokenizer {
                 skipped,
                 vocab_size,
                 bytes_per_token,
+                tokenized: AtomicU64::new(0),
             }),
         }
     }
@@ -286,6 +292,9 @@ impl Tokenizer {
     /// Token ids of `text`, with BOS first when `add_bos` is set and the vocabulary has one.
     /// Special tokens written in the text are parsed as such; nothing else is added.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.inner
+            .tokenized
+            .fetch_add(text.len() as u64, Ordering::Relaxed);
         let encoding = self
             .inner
             .hf
@@ -301,7 +310,10 @@ impl Tokenizer {
 
     /// Like [`Tokenizer::encode`], but text longer than `max_tokens` tokens could ever hold
     /// (see [`Tokenizer::max_text_bytes`]) is refused with [`TokenizerError::TooLong`] before
-    /// any tokenizing, so a huge prompt costs no more than its length check.
+    /// any tokenizing, so a huge prompt costs no more than its length check; and a long text is
+    /// first counted piece by piece, refused with [`TokenizerError::TooManyTokens`] once the
+    /// count passes `max_tokens` (so a long-context model never tokenizes megabytes whole to
+    /// refuse them). The ids of a text within the limit are those of `encode`.
     pub fn encode_within(
         &self,
         text: &str,
@@ -316,7 +328,23 @@ impl Tokenizer {
                 max_tokens,
             });
         }
+        let budget = max_tokens.saturating_sub(usize::from(add_bos));
+        bound::check_token_count(&self.inner.hf, text, budget, &self.inner.tokenized).map_err(
+            |e| match e {
+                bound::TokenCountError::TooMany(counted) => TokenizerError::TooManyTokens {
+                    counted,
+                    max_tokens,
+                },
+                bound::TokenCountError::Encode(m) => TokenizerError::Encode(m),
+            },
+        )?;
         self.encode(text, add_bos)
+    }
+
+    /// Bytes of text tokenized so far (whole encodes and the bounded counts), for tests and
+    /// diagnostics.
+    pub fn bytes_tokenized(&self) -> u64 {
+        self.inner.tokenized.load(Ordering::Relaxed)
     }
 
     /// The longest text (in bytes) that can encode to at most `max_tokens` tokens: `max_tokens`
