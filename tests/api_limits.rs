@@ -228,7 +228,8 @@ async fn long_context_prompts_stop_tokenizing_past_the_limit() {
     ];
     // Tokens of "ab " repeated: what the refused count may reach.
     let per_repeat = tok.encode(&"ab ".repeat(1000), false).unwrap().len() as f64 / 1000.0;
-    let most_bytes = (CONTEXT as f64 / per_repeat * 3.0) as u64 + 2 * kiln::tokenizer::COUNT_CHUNK_BYTES as u64;
+    let most_bytes =
+        (CONTEXT as f64 / per_repeat * 3.0) as u64 + 2 * kiln::tokenizer::COUNT_CHUNK_BYTES as u64;
     for (path, body, param) in &cases {
         let before = tok.bytes_tokenized();
         let (status, _, body) = post(&s.base, path, body).await;

@@ -40,7 +40,9 @@ fn patched_tokenizer() -> Tokenizer {
         let mut hf: Value = serde_json::from_str(&base.hf().to_string(false).unwrap()).unwrap();
         // The markup takes over four ids: their pieces leave the vocabulary, with the merges
         // that make or use them.
-        let vocab = hf["model"]["vocab"].as_object_mut().expect("a BPE vocabulary");
+        let vocab = hf["model"]["vocab"]
+            .as_object_mut()
+            .expect("a BPE vocabulary");
         let old: Vec<String> = MARKUP
             .iter()
             .map(|(id, text)| {
@@ -62,12 +64,16 @@ fn patched_tokenizer() -> Tokenizer {
                 _ => unreachable!(),
             };
             let joined = format!("{a}{b}");
-            ![a, b, joined.as_str()].iter().any(|p| old.iter().any(|o| o == p))
+            ![a, b, joined.as_str()]
+                .iter()
+                .any(|p| old.iter().any(|o| o == p))
         });
         let added = hf["added_tokens"].as_array_mut().expect("added_tokens");
         for (id, text) in MARKUP {
-            added.push(json!({"id": id, "content": text, "single_word": false, "lstrip": false,
-                              "rstrip": false, "normalized": false, "special": true}));
+            added.push(
+                json!({"id": id, "content": text, "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}),
+            );
         }
         let dir = std::env::temp_dir().join(format!("kiln-api-markup-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -160,7 +166,11 @@ fn the_patched_vocabulary_has_the_markup_as_special_tokens() {
         );
     }
     let eos = tok.eos_ids()[0];
-    assert_eq!(tok.decode(&[eos], true).unwrap(), "", "other specials are not");
+    assert_eq!(
+        tok.decode(&[eos], true).unwrap(),
+        "",
+        "other specials are not"
+    );
     assert_eq!(tok.tool_use_template(), Some(TOOL_USE_TEMPLATE));
     assert_eq!(tok.chat_template(), Some(DEFAULT_TEMPLATE));
 }
@@ -184,8 +194,12 @@ async fn requests_with_tools_use_the_tool_use_template() {
 
 /// Streamed deltas put together: content, reasoning, calls as `(name, arguments)`, finish.
 fn accumulate(chunks: &[Value]) -> (String, String, Vec<(String, String)>, Option<String>) {
-    let (mut content, mut reasoning, mut calls, mut finish) =
-        (String::new(), String::new(), Vec::<(String, String)>::new(), None);
+    let (mut content, mut reasoning, mut calls, mut finish) = (
+        String::new(),
+        String::new(),
+        Vec::<(String, String)>::new(),
+        None,
+    );
     for c in chunks.iter().filter(|c| c["choices"][0].is_object()) {
         let choice = &c["choices"][0];
         let delta = &choice["delta"];
@@ -215,7 +229,10 @@ async fn a_special_tool_call_token_is_parsed_whole_and_streamed() {
     assert_eq!(status, 200, "{body}");
     let choice = &body["choices"][0];
     let first = &choice["logprobs"]["content"][0]["token"];
-    assert_eq!(first, "<tool_call>", "the grammar made the model emit the token");
+    assert_eq!(
+        first, "<tool_call>",
+        "the grammar made the model emit the token"
+    );
     assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
     let call = &choice["message"]["tool_calls"][0]["function"];
     assert_eq!(call["name"], "get_weather", "{body}");

@@ -236,9 +236,9 @@ impl ApiError {
             }
             TokenizerError::TooLong { .. } | TokenizerError::TooManyTokens { .. } => {
                 ApiError::invalid_with_code(
-                Some(param.to_string()),
-                format!("{e}, the model's context"),
-                "context_length_exceeded",
+                    Some(param.to_string()),
+                    format!("{e}, the model's context"),
+                    "context_length_exceeded",
                 )
             }
             other => ApiError::Internal(other.to_string()),

@@ -398,7 +398,11 @@ mod tests {
 
     /// Whether `g` (after `text`) allows `next` (split greedily over the trie) to start.
     fn allows_next(gs: &Grammars, g: &Grammar, next: &str) -> bool {
-        let t = gs.factory.tok_env().tok_trie().greedy_tokenize(next.as_bytes())[0];
+        let t = gs
+            .factory
+            .tok_env()
+            .tok_trie()
+            .greedy_tokenize(next.as_bytes())[0];
         let mut g = g.fork();
         g.compute_mask();
         allowed(&g, t)
@@ -429,7 +433,10 @@ mod tests {
             answer,
         };
         let mut g = gs.compile(&c, "response_format").unwrap();
-        assert!(!allows_next(&gs, &g, "hello"), "no free text before `<think>`");
+        assert!(
+            !allows_next(&gs, &g, "hello"),
+            "no free text before `<think>`"
+        );
         let mut direct = g.fork();
         feed(&gs, &mut direct, r#"{"a":1}"#);
         direct.compute_mask();

@@ -192,12 +192,18 @@ mod tests {
     fn pieces_end_before_a_blank_that_starts_a_word() {
         let text = "ab ".repeat(COUNT_CHUNK_BYTES);
         let end = piece_end(&text, 0);
-        assert!(end >= COUNT_CHUNK_BYTES && end < COUNT_CHUNK_BYTES + 3, "{end}");
+        assert!(
+            (COUNT_CHUNK_BYTES..COUNT_CHUNK_BYTES + 3).contains(&end),
+            "{end}"
+        );
         assert_eq!(&text[end..end + 3], " ab");
         // No blank at all: a char boundary a chunk further on.
         let text = "é".repeat(COUNT_CHUNK_BYTES * 2);
         let end = piece_end(&text, 0);
-        assert!(text.is_char_boundary(end) && end > COUNT_CHUNK_BYTES, "{end}");
+        assert!(
+            text.is_char_boundary(end) && end > COUNT_CHUNK_BYTES,
+            "{end}"
+        );
         assert_eq!(piece_end("short", 0), 5);
     }
 }

@@ -84,7 +84,9 @@ pub enum TokenizerError {
     Decode(String),
     #[error("token id {id} is outside the vocabulary (size {vocab_size})")]
     UnknownId { id: u32, vocab_size: usize },
-    #[error("the text has more than {max_tokens} tokens ({counted} counted when tokenizing stopped)")]
+    #[error(
+        "the text has more than {max_tokens} tokens ({counted} counted when tokenizing stopped)"
+    )]
     TooManyTokens { counted: usize, max_tokens: usize },
     #[error("the text is {bytes} bytes; at most {max_bytes} bytes can fit in {max_tokens} tokens")]
     TooLong {
