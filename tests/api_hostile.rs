@@ -425,3 +425,29 @@ fn tokenizer_cache_per_thread_levels_off() {
         "{at_20k}"
     );
 }
+
+/// Oversized request heads. Kiln's routes never see them: actix-http's HTTP/1 dispatcher
+/// answers on its own (its responses carry no body and cannot be changed by a service or
+/// middleware), so the status is the whole answer. Recorded here so that a change shows.
+#[test]
+fn oversized_request_heads_get_a_status_and_the_server_serves_on() {
+    let s = shared();
+    let head = |header_bytes: usize| {
+        format!(
+            "GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+            "a".repeat(header_bytes)
+        )
+    };
+    for size in [40 << 10, 200 << 10] {
+        let res = raw(&s.base, head(size).as_bytes(), Duration::from_secs(10));
+        let status = res.lines().next().unwrap_or_default().to_string();
+        assert_eq!(
+            status,
+            "HTTP/1.1 431 Request Header Fields Too Large",
+            "{} KiB header: {res:?}",
+            size >> 10
+        );
+    }
+    let ok = raw(&s.base, head(16).as_bytes(), Duration::from_secs(10));
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+}

@@ -196,3 +196,57 @@ async fn streams_whose_clients_never_read_are_aborted() {
         "{text}"
     );
 }
+
+/// A model whose context is faked to 128k tokens: its byte bound lets multi-megabyte prompts
+/// through, so tokenizing must stop once the count passes the context.
+#[tokio::test]
+async fn long_context_prompts_stop_tokenizing_past_the_limit() {
+    const CONTEXT: usize = 131_072;
+    let path = kiln::config::project_root().join("../shared/models/llama-2-tiny-random.gguf");
+    let mut files = kiln::model::ModelFiles::open(&path, kiln::model::LoadFormat::Gguf).unwrap();
+    files.spec.max_position = CONTEXT;
+    let tok = files.tokenizer.clone().expect("tokenizer");
+    let mut cfg = test_config();
+    cfg.engine.max_model_len = Some(CONTEXT);
+    let s = start_with(files, cfg);
+    assert_eq!(s.engine.client().max_model_len(), CONTEXT);
+    // ~1.2 M tokens in 3 MB: under the byte bound, nine times the context.
+    let text = "ab ".repeat(1_000_000);
+    assert!(
+        text.len() <= tok.max_text_bytes(CONTEXT),
+        "the byte bound ({}) lets it through",
+        tok.max_text_bytes(CONTEXT)
+    );
+    let cases = [
+        (C, json!({"prompt": text, "max_tokens": 1}), "prompt"),
+        (
+            CHAT,
+            json!({"messages": [{"role": "user", "content": text}], "max_tokens": 1}),
+            "messages",
+        ),
+        ("/tokenize", json!({"prompt": text}), "prompt"),
+    ];
+    // Tokens of "ab " repeated: what the refused count may reach.
+    let per_repeat = tok.encode(&"ab ".repeat(1000), false).unwrap().len() as f64 / 1000.0;
+    let most_bytes =
+        (CONTEXT as f64 / per_repeat * 3.0) as u64 + 2 * kiln::tokenizer::COUNT_CHUNK_BYTES as u64;
+    for (path, body, param) in &cases {
+        let before = tok.bytes_tokenized();
+        let (status, _, body) = post(&s.base, path, body).await;
+        assert_error(status, &body, 400, "invalid_request_error", Some(param));
+        assert_eq!(body["error"]["code"], "context_length_exceeded", "{path}");
+        let seen = tok.bytes_tokenized() - before;
+        assert!(
+            seen <= most_bytes && seen < text.len() as u64 / 4,
+            "{path}: the tokenizer saw {seen} bytes of {} (at most {most_bytes} expected)",
+            text.len()
+        );
+    }
+    // Within the limit: counted, then tokenized whole, the same ids as a plain encode.
+    let fits = "ab ".repeat(40_000);
+    let (status, _, body) = post(&s.base, "/tokenize", &json!({"prompt": fits})).await;
+    assert_eq!(status, 200, "{body}");
+    let want = tok.encode(&fits, tok.add_bos_default()).unwrap();
+    let got: Vec<u32> = serde_json::from_value(body["tokens"].clone()).unwrap();
+    assert_eq!(got, want);
+}

@@ -79,6 +79,18 @@ async fn models_lists_the_served_model() {
     assert_eq!(body["data"][0]["id"], "stories260K.gguf");
     assert_eq!(body["data"][0]["object"], "model");
     assert_eq!(body["data"][0]["owned_by"], "kiln");
+    // What vLLM's cards carry besides OpenAI's four fields.
+    let card = &body["data"][0];
+    assert_eq!(card["max_model_len"], 2048);
+    assert_eq!(card["root"], s.state.config.model.path.as_str());
+    assert!(card["parent"].is_null(), "{card}");
+    let perm = &card["permission"][0];
+    assert_eq!(perm["object"], "model_permission");
+    assert_eq!(perm["allow_sampling"], true);
+    assert_eq!(perm["allow_logprobs"], true);
+    assert_eq!(perm["organization"], "*");
+    assert!(perm["id"].as_str().unwrap().starts_with("modelperm-"));
+    assert!(card["created"].as_u64().unwrap() > 1_600_000_000);
 }
 
 #[tokio::test]

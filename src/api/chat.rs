@@ -176,7 +176,8 @@ pub async fn render_prompt(
     tools: Vec<TemplateTool>,
     add_generation_prompt: bool,
 ) -> Result<(Vec<u32>, bool), ApiError> {
-    let (template, tok) = (ready.template.clone(), ready.tokenizer.clone());
+    let template = ready.template_for(!tools.is_empty()).clone();
+    let tok = ready.tokenizer.clone();
     let context = ready.client.max_model_len();
     blocking(move || {
         let text = template.render_with_tools(&msgs, &tools, add_generation_prompt)?;
@@ -248,7 +249,9 @@ pub async fn chat_completions(
     let template_tools = tools.template_tools().to_vec();
     let (ids, thinking) = render_prompt(ready, msgs, template_tools, add_generation_prompt).await?;
     let (parse, tool_constraint) = reply_parsing(&state, ready, &tools, thinking);
-    let constraint = one_constraint(&ready.client, format, tool_constraint).await?;
+    let constraint = one_constraint(&ready.client, format, tool_constraint)
+        .await?
+        .map(|c| after_reasoning(c, parse));
     let stream = ready.client.submit(GenerateRequest {
         prompt_ids: ids,
         prompt_param: "messages",
@@ -291,14 +294,15 @@ fn reply_parsing(
     starts_thinking: bool,
 ) -> (ParseOptions, Option<crate::engine::Constraint>) {
     let model = &state.config.model;
-    let format = ToolFormat::pick(model.tool_call_parser, ready.template.source());
+    let template = ready.template_for(!tools.template_tools().is_empty());
+    let format = ToolFormat::pick(model.tool_call_parser, template.source());
     let parse = ParseOptions {
         tools: tools.parses_calls().then_some(format),
         reasoning: model.reasoning_parser.is_some(),
         starts_thinking,
         single_call: !tools.parallel,
     };
-    (parse, tools.constraint(format))
+    (parse, tools.constraint(format, &ready.tokenizer))
 }
 
 /// The request's one constraint: its `response_format` (or vLLM field), or the tool-call
@@ -324,6 +328,18 @@ async fn one_constraint(
             .await
         }
         (format, None) => Ok(format),
+    }
+}
+
+/// With a reasoning parser, the constraint holds for the answer only: the thinking before
+/// `</think>` stays free (the prompt may already have opened it).
+fn after_reasoning(c: crate::engine::Constraint, parse: ParseOptions) -> crate::engine::Constraint {
+    if !parse.reasoning {
+        return c;
+    }
+    crate::engine::Constraint::AfterReasoning {
+        opened: parse.starts_thinking,
+        answer: Box::new(c),
     }
 }
 

@@ -234,11 +234,13 @@ impl ApiError {
             TokenizerError::UnknownId { .. } | TokenizerError::Encode(_) => {
                 ApiError::invalid(param, e.to_string())
             }
-            TokenizerError::TooLong { .. } => ApiError::invalid_with_code(
-                Some(param.to_string()),
-                format!("{e}, the model's context"),
-                "context_length_exceeded",
-            ),
+            TokenizerError::TooLong { .. } | TokenizerError::TooManyTokens { .. } => {
+                ApiError::invalid_with_code(
+                    Some(param.to_string()),
+                    format!("{e}, the model's context"),
+                    "context_length_exceeded",
+                )
+            }
             other => ApiError::Internal(other.to_string()),
         }
     }

@@ -5,7 +5,7 @@ use actix_web::{HttpResponse, get};
 
 use super::errors::ApiError;
 use super::state::AppState;
-use super::types::{ErrorResponse, ModelCard, ModelList};
+use super::types::{ErrorResponse, ModelCard, ModelList, ModelPermission};
 
 /// List the served models.
 #[utoipa::path(
@@ -29,7 +29,23 @@ pub async fn list_models(state: Data<AppState>) -> Result<HttpResponse, ApiError
             object: "model".into(),
             created: ready.created,
             owned_by: "kiln".into(),
+            root: state.config.model.path.clone(),
+            parent: None,
             max_model_len: ready.client.max_model_len(),
+            permission: vec![ModelPermission {
+                id: format!("modelperm-{}", ready.model_name),
+                object: "model_permission".into(),
+                created: ready.created,
+                allow_create_engine: false,
+                allow_sampling: true,
+                allow_logprobs: true,
+                allow_search_indices: false,
+                allow_view: true,
+                allow_fine_tuning: false,
+                organization: "*".into(),
+                group: None,
+                is_blocking: false,
+            }],
         }],
     }))
 }

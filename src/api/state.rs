@@ -16,6 +16,8 @@ pub struct Ready {
     pub client: EngineClient,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Arc<ChatTemplate>,
+    /// The model's `tool_use` template, for requests with tools (see [`Ready::template_for`]).
+    pub tool_template: Option<Arc<ChatTemplate>>,
     pub token_texts: Arc<TokenTexts>,
     /// The name clients send as `model`.
     pub model_name: String,
@@ -24,6 +26,15 @@ pub struct Ready {
 }
 
 impl Ready {
+    /// The template to render a conversation with: the model's `tool_use` one when the
+    /// request offers tools and the model has one, else the default.
+    pub fn template_for(&self, has_tools: bool) -> &Arc<ChatTemplate> {
+        match &self.tool_template {
+            Some(t) if has_tools => t,
+            _ => &self.template,
+        }
+    }
+
     /// 404 unless `model` is absent or names the served model.
     pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
@@ -84,6 +95,14 @@ impl AppState {
                 ChatTemplate::default_for(&bos.unwrap_or_default(), &eos.unwrap_or_default())?
             }
         };
+        let tool_template = match ChatTemplate::tool_use_for_tokenizer(&tokenizer) {
+            Some(Ok(t)) => Some(Arc::new(t)),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the model's `tool_use` chat template does not compile; requests with tools use the default one");
+                None
+            }
+            None => None,
+        };
         if template.is_default() {
             tracing::info!("the model has no chat template; chat uses the built-in default");
         }
@@ -97,6 +116,7 @@ impl AppState {
             token_texts: Arc::new(TokenTexts::new(&tokenizer)),
             tokenizer,
             template: Arc::new(template),
+            tool_template,
             model_name,
             created: unix_now(),
             client,

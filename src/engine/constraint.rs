@@ -60,6 +60,49 @@ fn token_bytes(tok: &Tokenizer, vocab_size: usize) -> Result<Vec<Vec<u8>>, Strin
 pub(crate) struct Grammars {
     factory: ParserFactory,
     cache: Mutex<Cache>,
+    /// How a grammar writes `<think>` and `</think>` for this vocabulary.
+    think: ThinkMarkers,
+}
+
+/// The reasoning markers as Lark: the special token's id when the vocabulary has the marker
+/// as one special token (`<[151668]>`), else the quoted text.
+#[derive(Debug, Clone)]
+struct ThinkMarkers {
+    open: String,
+    close: String,
+    /// `</think>` is a special token: regular text cannot spell it, so the thought is any text.
+    close_is_token: bool,
+}
+
+impl ThinkMarkers {
+    fn new(tok: &Tokenizer) -> Self {
+        let id = |text: &str| tok.token_to_id(text).filter(|&id| tok.is_special(id));
+        let lark = |text: &str| match id(text) {
+            Some(id) => format!("<[{id}]>"),
+            None => serde_json::Value::from(text).to_string(),
+        };
+        Self {
+            open: lark("<think>"),
+            close: lark("</think>"),
+            close_is_token: id("</think>").is_some(),
+        }
+    }
+
+    /// The grammar in front of the answer (the sub-grammar named `answer`).
+    fn prefix(&self, opened: bool) -> String {
+        let thought = if self.close_is_token {
+            format!("thought: /(?s:.*)/ {}", self.close)
+        } else {
+            "thought[suffix=\"</think>\"]: /(?s:.*)/".to_string()
+        };
+        let start = if opened {
+            "start: thought BLANK @answer".to_string()
+        } else {
+            format!("start: ({} thought BLANK)? @answer", self.open)
+        };
+        // Blanks after the thought are bounded: a weak model could pad forever.
+        format!("{start}\n{thought}\nBLANK: /[ \\t\\r\\n]{{0,4}}/\n")
+    }
 }
 
 impl std::fmt::Debug for Grammars {
@@ -91,6 +134,7 @@ impl Grammars {
         Ok(Self {
             factory,
             cache: Mutex::new(Cache::default()),
+            think: ThinkMarkers::new(tok),
         })
     }
 
@@ -111,7 +155,7 @@ impl Grammars {
             param: Some(param),
             message,
         };
-        let grammar = top_level(c).map_err(invalid)?;
+        let grammar = top_level(c, &self.think).map_err(invalid)?;
         let parser = catch_unwind(AssertUnwindSafe(|| self.factory.create_parser(grammar)))
             .map_err(|_| invalid("the constraint does not compile".into()))?
             .map_err(|e| invalid(format!("the constraint does not compile: {e}")))?;
@@ -142,9 +186,23 @@ impl Grammars {
 }
 
 /// llguidance's grammar for `c`. JSON is compact (no free whitespace between tokens) unless
-/// the schema sets its own `x-guidance` options.
-fn top_level(c: &Constraint) -> Result<TopLevelGrammar, String> {
+/// the schema sets its own `x-guidance` options. A constraint after reasoning is two grammars:
+/// the free thought, then the answer's grammar referenced as `@answer`.
+fn top_level(c: &Constraint, think: &ThinkMarkers) -> Result<TopLevelGrammar, String> {
     Ok(match c {
+        Constraint::AfterReasoning { opened, answer } => {
+            if matches!(**answer, Constraint::AfterReasoning { .. }) {
+                return Err("nested reasoning constraints".into());
+            }
+            let mut inner = top_level(answer, think)?;
+            if inner.grammars.len() != 1 {
+                return Err("the answer's grammar has several parts".into());
+            }
+            inner.grammars[0].name = Some("answer".into());
+            let mut prefix = TopLevelGrammar::from_lark(think.prefix(*opened));
+            prefix.grammars.extend(inner.grammars);
+            prefix
+        }
         Constraint::JsonObject => TopLevelGrammar::from_json_schema(compact(serde_json::json!({
             "type": "object"
         }))),
@@ -336,6 +394,58 @@ mod tests {
             "only EOS"
         );
         assert_eq!(g.consume(eos), Ok(true));
+    }
+
+    /// Whether `g` (after `text`) allows `next` (split greedily over the trie) to start.
+    fn allows_next(gs: &Grammars, g: &Grammar, next: &str) -> bool {
+        let t = gs
+            .factory
+            .tok_env()
+            .tok_trie()
+            .greedy_tokenize(next.as_bytes())[0];
+        let mut g = g.fork();
+        g.compute_mask();
+        allowed(&g, t)
+    }
+
+    #[test]
+    fn constraint_applies_after_the_reasoning() {
+        let (tok, gs) = tiny();
+        let schema = r#"{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false}"#;
+        let answer = Box::new(Constraint::JsonSchema(schema.into()));
+        let eos = tok.eos_ids()[0];
+        // The prompt opened `<think>`: anything (JSON-breaking text too) until `</think>`.
+        let c = Constraint::AfterReasoning {
+            opened: true,
+            answer: answer.clone(),
+        };
+        let mut g = gs.compile(&c, "response_format").unwrap();
+        assert!(!feed(&gs, &mut g, "Hmm, \"a\" is {not} JSON yet... 1 < 2"));
+        assert!(allows_next(&gs, &g, "hello"), "the thought is free text");
+        assert!(!feed(&gs, &mut g, "</think>\n\n"));
+        assert!(!allows_next(&gs, &g, "hello"), "the answer is constrained");
+        let done = feed(&gs, &mut g, r#"{"a":7}"#);
+        g.compute_mask();
+        assert!(done || allowed(&g, eos));
+        // Not opened: an optional `<think>` block, or the answer at once.
+        let c = Constraint::AfterReasoning {
+            opened: false,
+            answer,
+        };
+        let mut g = gs.compile(&c, "response_format").unwrap();
+        assert!(
+            !allows_next(&gs, &g, "hello"),
+            "no free text before `<think>`"
+        );
+        let mut direct = g.fork();
+        feed(&gs, &mut direct, r#"{"a":1}"#);
+        direct.compute_mask();
+        assert!(allowed(&direct, eos));
+        feed(&gs, &mut g, "<think>\nfree } text\n</think>\n");
+        assert!(!allows_next(&gs, &g, "hello"));
+        feed(&gs, &mut g, r#"{"a":2}"#);
+        g.compute_mask();
+        assert!(allowed(&g, eos));
     }
 
     #[test]

@@ -47,6 +47,13 @@ pub enum Constraint {
     Choice(Vec<String>),
     /// A Lark grammar (llguidance's dialect).
     Lark(String),
+    /// `answer` holds after the reasoning: the reply is free text up to `</think>` (the prompt
+    /// opened `<think>` when `opened`; otherwise the reply may open it or answer at once),
+    /// blanks, then what `answer` allows.
+    AfterReasoning {
+        opened: bool,
+        answer: Box<Constraint>,
+    },
 }
 
 impl GenerateRequest {

@@ -147,6 +147,22 @@ impl ChatTemplate {
         }
     }
 
+    /// The tokenizer's `tool_use` template (from a `chat_template` list), if it has one: the
+    /// one to render requests with tools, as Hugging Face's `apply_chat_template` does.
+    pub fn tool_use_for_tokenizer(
+        tokenizer: &Tokenizer,
+    ) -> Option<Result<Self, ChatTemplateError>> {
+        let piece = |id: Option<u32>| {
+            id.and_then(|id| tokenizer.id_to_piece(id))
+                .unwrap_or_default()
+        };
+        let bos = piece(tokenizer.bos_id());
+        let eos = piece(tokenizer.eos_ids().first().copied());
+        tokenizer
+            .tool_use_template()
+            .map(|source| Self::new(source, &bos, &eos))
+    }
+
     /// [`DEFAULT_CHAT_TEMPLATE`] with the given BOS and EOS texts.
     pub fn default_for(bos_token: &str, eos_token: &str) -> Result<Self, ChatTemplateError> {
         let mut t = Self::new(DEFAULT_CHAT_TEMPLATE, bos_token, eos_token)?;

@@ -15,7 +15,8 @@ pub(super) fn has_byte_fallback(decoder: &DecoderWrapper) -> bool {
     }
 }
 
-/// Decodes `ids` (already range-checked) with the tokenizer's own decoder.
+/// Decodes `ids` (already range-checked) with the tokenizer's own decoder; with
+/// `skip_special`, the ids in `skipped` are left out.
 ///
 /// `tokenizers`' `ByteFallback` replaces every byte of a run of byte pieces with U+FFFD as soon
 /// as the run holds one invalid sequence, so a valid character could turn into U+FFFD when more
@@ -24,14 +25,14 @@ pub(super) fn has_byte_fallback(decoder: &DecoderWrapper) -> bool {
 /// `ids + more` whenever it does not end in U+FFFD, which streaming relies on.
 pub(super) fn decode(
     hf: &tokenizers::Tokenizer,
-    special: &HashSet<u32>,
+    skipped: &HashSet<u32>,
     byte_fallback: bool,
     ids: &[u32],
     skip_special: bool,
 ) -> Result<String, TokenizerError> {
     let mut pieces: Vec<String> = ids
         .iter()
-        .filter(|id| !(skip_special && special.contains(id)))
+        .filter(|id| !(skip_special && skipped.contains(id)))
         .filter_map(|&id| hf.id_to_token(id))
         .collect();
     if byte_fallback {

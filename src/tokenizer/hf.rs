@@ -17,12 +17,15 @@ pub(super) struct HfConfig {
     pub eos_token: Option<String>,
     pub add_bos_token: Option<bool>,
     pub chat_template: Option<String>,
+    /// The `tool_use` entry of a `chat_template` list (used when a request has tools).
+    pub tool_use_template: Option<String>,
 }
 
 /// Reads `tokenizer_config.json`.
 ///
 /// Token fields may be a string or an added-token object (`{"content": ...}`); `chat_template`
-/// may be a string or a list of `{name, template}`, from which the `default` one is taken.
+/// may be a string or a list of `{name, template}`, from which the `default` one is taken
+/// (and the `tool_use` one kept for requests with tools).
 pub(super) fn read_config(path: &Path) -> Result<HfConfig, TokenizerError> {
     let value: Value = read_json(path)?;
     let bad = |message: String| TokenizerError::Config {
@@ -37,11 +40,13 @@ pub(super) fn read_config(path: &Path) -> Result<HfConfig, TokenizerError> {
         Some(Value::Bool(b)) => Some(*b),
         Some(other) => return Err(bad(format!("`add_bos_token` is not a boolean: {other}"))),
     };
+    let (chat_template, tool_use_template) = chat_template_field(obj).map_err(bad)?;
     Ok(HfConfig {
         bos_token: token_field(obj, "bos_token").map_err(bad)?,
         eos_token: token_field(obj, "eos_token").map_err(bad)?,
         add_bos_token,
-        chat_template: chat_template_field(obj).map_err(bad)?,
+        chat_template,
+        tool_use_template,
     })
 }
 
@@ -60,21 +65,28 @@ fn token_field(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, St
     }
 }
 
-fn chat_template_field(obj: &Map<String, Value>) -> Result<Option<String>, String> {
+/// The `default` template and the `tool_use` one (a plain string is the default only).
+fn chat_template_field(
+    obj: &Map<String, Value>,
+) -> Result<(Option<String>, Option<String>), String> {
     match obj.get("chat_template") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
+        None | Some(Value::Null) => Ok((None, None)),
+        Some(Value::String(s)) => Ok((Some(s.clone()), None)),
         Some(Value::Array(list)) => {
+            let (mut default, mut tool_use) = (None, None);
             for entry in list {
                 let name = entry.get("name").and_then(Value::as_str);
                 let template = entry.get("template").and_then(Value::as_str);
                 match (name, template) {
-                    (Some("default"), Some(t)) => return Ok(Some(t.to_string())),
+                    (Some("default"), Some(t)) => default = default.or(Some(t.to_string())),
+                    (Some("tool_use"), Some(t)) => tool_use = tool_use.or(Some(t.to_string())),
                     (Some(_), Some(_)) => {}
-                    _ => return Err("`chat_template` list entry lacks `name`/`template`".into()),
+                    _ => {
+                        return Err("`chat_template` list entry lacks `name`/`template`".into());
+                    }
                 }
             }
-            Ok(None)
+            Ok((default, tool_use))
         }
         Some(_) => Err("`chat_template` is neither a string nor a list".into()),
     }

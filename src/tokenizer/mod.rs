@@ -12,10 +12,11 @@ use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::model::gguf::GgufFile;
 
-pub use bound::BPE_CACHE_ENTRIES;
+pub use bound::{BPE_CACHE_ENTRIES, COUNT_CHUNK_BYTES};
 pub use builder::{LLAMA3_PATTERN, PreTokenizer, QWEN2_PATTERN};
 pub use gguf_vocab::{GgufVocab, TokenType, VocabModel, vocab_from_gguf};
 pub use incremental::IncrementalDecoder;
@@ -30,6 +31,19 @@ const END_OF_GENERATION: &[&str] = &[
     "<|end|>",
     "<end_of_turn>",
     "<EOT>",
+];
+
+/// Special tokens that are reply markup rather than control: tool calls (Hermes/Qwen,
+/// Mistral, Llama 3.1) and reasoning (Qwen3, DeepSeek-R1). Decoding keeps them even when
+/// special tokens are skipped, so the tool-call and reasoning parsers see them whether a
+/// vocabulary marks them special or not.
+pub const REPLY_MARKUP: &[&str] = &[
+    "<tool_call>",
+    "</tool_call>",
+    "[TOOL_CALLS]",
+    "<|python_tag|>",
+    "<think>",
+    "</think>",
 ];
 
 /// EOS texts tried when no EOS is declared at all (an HF directory without `tokenizer_config.json`).
@@ -70,6 +84,10 @@ pub enum TokenizerError {
     Decode(String),
     #[error("token id {id} is outside the vocabulary (size {vocab_size})")]
     UnknownId { id: u32, vocab_size: usize },
+    #[error(
+        "the text has more than {max_tokens} tokens ({counted} counted when tokenizing stopped)"
+    )]
+    TooManyTokens { counted: usize, max_tokens: usize },
     #[error("the text is {bytes} bytes; at most {max_bytes} bytes can fit in {max_tokens} tokens")]
     TooLong {
         bytes: usize,
@@ -92,12 +110,17 @@ struct Inner {
     eos_ids: Vec<u32>,
     add_bos_default: bool,
     chat_template: Option<String>,
+    tool_use_template: Option<String>,
     special: HashSet<u32>,
+    /// Special tokens left out by `decode(.., skip_special)`: all but [`REPLY_MARKUP`].
+    skipped: HashSet<u32>,
     /// The decoder turns `<0xXX>` pieces into bytes (see `decode::decode`).
     byte_fallback: bool,
     vocab_size: usize,
     /// Most input bytes one token can stand for; `None` when no bound holds (see `bound`).
     bytes_per_token: Option<usize>,
+    /// Bytes handed to the tokenizer by [`Tokenizer::encode`] and the bounded count.
+    tokenized: AtomicU64,
 }
 
 /// What a loader knows beyond the `tokenizers` pipeline.
@@ -106,6 +129,7 @@ struct Meta {
     eos_ids: Vec<u32>,
     add_bos_default: bool,
     chat_template: Option<String>,
+    tool_use_template: Option<String>,
 }
 
 impl Tokenizer {
@@ -155,6 +179,7 @@ impl Tokenizer {
                     eos_ids,
                     add_bos_default,
                     chat_template,
+                    tool_use_template: cfg.tool_use_template,
                 }
             }
             None => Meta {
@@ -162,6 +187,7 @@ impl Tokenizer {
                 eos_ids: Vec::new(),
                 add_bos_default: post_processor_bos.is_some(),
                 chat_template: hf::sibling_chat_template(tokenizer_json)?,
+                tool_use_template: None,
             },
         };
         Ok(Self::assemble(hf, meta, None))
@@ -186,6 +212,7 @@ impl Tokenizer {
                 .collect(),
             add_bos_default: vocab.add_bos.unwrap_or(vocab.model == VocabModel::Llama),
             chat_template: vocab.chat_template,
+            tool_use_template: None,
         };
         Ok(Self::assemble(hf, meta, Some(vocab.tokens.len())))
     }
@@ -203,6 +230,7 @@ impl Tokenizer {
             eos_ids: Vec::new(),
             add_bos_default: false,
             chat_template: None,
+            tool_use_template: None,
         };
         Ok(Self::assemble(hf, meta, None))
     }
@@ -216,6 +244,11 @@ impl Tokenizer {
             .filter(|(_, t)| t.special)
             .map(|(id, _)| *id)
             .collect();
+        let markup: HashSet<u32> = REPLY_MARKUP
+            .iter()
+            .filter_map(|t| hf.token_to_id(t))
+            .collect();
+        let skipped = special.difference(&markup).copied().collect();
         let by_text = |texts: &[&str]| -> Vec<u32> {
             texts
                 .iter()
@@ -248,9 +281,12 @@ impl Tokenizer {
                 eos_ids: meta.eos_ids,
                 add_bos_default: meta.add_bos_default,
                 chat_template: meta.chat_template,
+                tool_use_template: meta.tool_use_template,
                 special,
+                skipped,
                 vocab_size,
                 bytes_per_token,
+                tokenized: AtomicU64::new(0),
             }),
         }
     }
@@ -258,6 +294,9 @@ impl Tokenizer {
     /// Token ids of `text`, with BOS first when `add_bos` is set and the vocabulary has one.
     /// Special tokens written in the text are parsed as such; nothing else is added.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.inner
+            .tokenized
+            .fetch_add(text.len() as u64, Ordering::Relaxed);
         let encoding = self
             .inner
             .hf
@@ -273,7 +312,10 @@ impl Tokenizer {
 
     /// Like [`Tokenizer::encode`], but text longer than `max_tokens` tokens could ever hold
     /// (see [`Tokenizer::max_text_bytes`]) is refused with [`TokenizerError::TooLong`] before
-    /// any tokenizing, so a huge prompt costs no more than its length check.
+    /// any tokenizing, so a huge prompt costs no more than its length check; and a long text is
+    /// first counted piece by piece, refused with [`TokenizerError::TooManyTokens`] once the
+    /// count passes `max_tokens` (so a long-context model never tokenizes megabytes whole to
+    /// refuse them). The ids of a text within the limit are those of `encode`.
     pub fn encode_within(
         &self,
         text: &str,
@@ -288,7 +330,23 @@ impl Tokenizer {
                 max_tokens,
             });
         }
+        let budget = max_tokens.saturating_sub(usize::from(add_bos));
+        bound::check_token_count(&self.inner.hf, text, budget, &self.inner.tokenized).map_err(
+            |e| match e {
+                bound::TokenCountError::TooMany(counted) => TokenizerError::TooManyTokens {
+                    counted,
+                    max_tokens,
+                },
+                bound::TokenCountError::Encode(m) => TokenizerError::Encode(m),
+            },
+        )?;
         self.encode(text, add_bos)
+    }
+
+    /// Bytes of text tokenized so far (whole encodes and the bounded counts), for tests and
+    /// diagnostics.
+    pub fn bytes_tokenized(&self) -> u64 {
+        self.inner.tokenized.load(Ordering::Relaxed)
     }
 
     /// The longest text (in bytes) that can encode to at most `max_tokens` tokens: `max_tokens`
@@ -300,7 +358,8 @@ impl Tokenizer {
             .map_or(usize::MAX, |b| b.saturating_mul(max_tokens))
     }
 
-    /// The text of `ids`; special tokens are left out when `skip_special` is set. Invalid UTF-8
+    /// The text of `ids`; special tokens are left out when `skip_special` is set, except
+    /// reply markup ([`REPLY_MARKUP`], e.g. `<tool_call>`) that the reply parsers read. Invalid UTF-8
     /// (e.g. an incomplete byte sequence) becomes U+FFFD, valid characters around it stay.
     /// SentencePiece vocabularies drop the one leading space that encoding added, so
     /// `decode(encode(s))` gives back `s`. Ids outside the vocabulary are an error.
@@ -311,7 +370,7 @@ impl Tokenizer {
         let inner = &*self.inner;
         decode::decode(
             &inner.hf,
-            &inner.special,
+            &inner.skipped,
             inner.byte_fallback,
             ids,
             skip_special,
@@ -354,6 +413,12 @@ impl Tokenizer {
     /// The Jinja chat template shipped with the model, if any.
     pub fn chat_template(&self) -> Option<&str> {
         self.inner.chat_template.as_deref()
+    }
+
+    /// The `tool_use` template of a `tokenizer_config.json` that lists several (Hugging Face
+    /// picks it when a request has tools).
+    pub fn tool_use_template(&self) -> Option<&str> {
+        self.inner.tool_use_template.as_deref()
     }
 
     /// The raw vocabulary piece of `id` (e.g. `▁Hello`, `Ġworld`, `<0x0A>`), not decoded text.

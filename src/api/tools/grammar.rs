@@ -20,22 +20,44 @@ fn call_schema(format: ToolFormat, tool: &TemplateTool) -> String {
     )
 }
 
-/// The grammar: one call of any of `tools` (or, with `parallel`, one or more).
+/// How the grammar writes a marker such as `<tool_call>`: a quoted string, or the special
+/// token's id (`<[151657]>`) when the vocabulary has the marker as one special token, so the
+/// model emits that token, as it was trained to, rather than spelling the text.
+pub(crate) fn marker(text: &str, special_id: Option<u32>) -> String {
+    match special_id {
+        Some(id) => format!("<[{id}]>"),
+        None => serde_json::Value::from(text).to_string(),
+    }
+}
+
+/// The grammar: one call of any of `tools` (or, with `parallel`, one or more). `mark` writes
+/// a format marker (see [`marker`]).
 ///
 /// - Hermes: `<tool_call>\n{call}\n</tool_call>`, calls separated by `\n`.
 /// - Llama 3: `{call}`, calls separated by `; `.
 /// - Mistral: `[TOOL_CALLS][{call}, {call}]`.
-pub(super) fn tool_calls(format: ToolFormat, tools: &[&TemplateTool], parallel: bool) -> String {
+pub(super) fn tool_calls(
+    format: ToolFormat,
+    tools: &[&TemplateTool],
+    parallel: bool,
+    mark: &dyn Fn(&str) -> String,
+) -> String {
+    let hermes = format!(
+        "{} \"\\n\" fn \"\\n\" {}",
+        mark("<tool_call>"),
+        mark("</tool_call>")
+    );
+    let mistral = mark("[TOOL_CALLS]");
     let (start, call) = match (format, parallel) {
-        (ToolFormat::Hermes, false) => ("call", "\"<tool_call>\\n\" fn \"\\n</tool_call>\""),
-        (ToolFormat::Hermes, true) => (
-            "call (\"\\n\" call)*",
-            "\"<tool_call>\\n\" fn \"\\n</tool_call>\"",
+        (ToolFormat::Hermes, false) => ("call".to_string(), hermes),
+        (ToolFormat::Hermes, true) => ("call (\"\\n\" call)*".to_string(), hermes),
+        (ToolFormat::Llama3Json, false) => ("call".to_string(), "fn".to_string()),
+        (ToolFormat::Llama3Json, true) => ("call (\"; \" call)*".to_string(), "fn".to_string()),
+        (ToolFormat::Mistral, false) => (format!("{mistral} \"[\" call \"]\""), "fn".to_string()),
+        (ToolFormat::Mistral, true) => (
+            format!("{mistral} \"[\" call (\", \" call)* \"]\""),
+            "fn".to_string(),
         ),
-        (ToolFormat::Llama3Json, false) => ("call", "fn"),
-        (ToolFormat::Llama3Json, true) => ("call (\"; \" call)*", "fn"),
-        (ToolFormat::Mistral, false) => ("\"[TOOL_CALLS][\" call \"]\"", "fn"),
-        (ToolFormat::Mistral, true) => ("\"[TOOL_CALLS][\" call (\", \" call)* \"]\"", "fn"),
     };
     let mut g = format!("start: {start}\ncall: {call}\nfn: ");
     let names: Vec<String> = (0..tools.len()).map(|i| format!("fn_{i}")).collect();
@@ -62,10 +84,10 @@ mod tests {
     #[test]
     fn hermes_grammar() {
         let w = weather();
-        let g = tool_calls(ToolFormat::Hermes, &[&w], false);
+        let g = tool_calls(ToolFormat::Hermes, &[&w], false, &|t| marker(t, None));
         assert_eq!(
             g,
-            "start: call\ncall: \"<tool_call>\\n\" fn \"\\n</tool_call>\"\nfn: fn_0\n\
+            "start: call\ncall: \"<tool_call>\" \"\\n\" fn \"\\n\" \"</tool_call>\"\nfn: fn_0\n\
              fn_0: %json {\"type\": \"object\", \"properties\": {\"name\": {\"const\": \"get_weather\"}, \
              \"arguments\": {\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}, \
              \"required\": [\"name\", \"arguments\"], \"additionalProperties\": false, \"x-guidance\": {\"whitespace_flexible\": false}}\n"
@@ -79,15 +101,23 @@ mod tests {
     fn parallel_and_formats() {
         let (w, mut v) = (weather(), weather());
         v.name = "v".into();
-        let g = tool_calls(ToolFormat::Llama3Json, &[&w, &v], true);
+        let plain = |t: &str| marker(t, None);
+        let g = tool_calls(ToolFormat::Llama3Json, &[&w, &v], true, &plain);
         assert!(
             g.starts_with("start: call (\"; \" call)*\ncall: fn\nfn: fn_0 | fn_1\n"),
             "{g}"
         );
         assert!(g.contains("\"parameters\": {\"type\":\"object\""), "{g}");
-        let g = tool_calls(ToolFormat::Mistral, &[&w], false);
+        let g = tool_calls(ToolFormat::Mistral, &[&w], false, &plain);
         assert!(
-            g.starts_with("start: \"[TOOL_CALLS][\" call \"]\"\n"),
+            g.starts_with("start: \"[TOOL_CALLS]\" \"[\" call \"]\"\n"),
+            "{g}"
+        );
+        // A marker that is one special token is written as that token's id.
+        let special = |t: &str| marker(t, (t == "[TOOL_CALLS]").then_some(5));
+        let g = tool_calls(ToolFormat::Mistral, &[&w], true, &special);
+        assert!(
+            g.starts_with("start: <[5]> \"[\" call (\", \" call)* \"]\"\n"),
             "{g}"
         );
     }

@@ -6,6 +6,7 @@ use super::grammar;
 use crate::api::errors::ApiError;
 use crate::api::types::{ChatCompletionRequest, ToolChoice, ToolDefinition};
 use crate::engine::Constraint;
+use crate::tokenizer::Tokenizer;
 use crate::tokenizer::chat::TemplateTool;
 
 /// What the client allows.
@@ -117,8 +118,9 @@ impl ToolRequest {
         self.choice != ToolChoiceMode::None && !self.tools.is_empty()
     }
 
-    /// The constraint that forces a call in `format` (`required` or a named function).
-    pub fn constraint(&self, format: ToolFormat) -> Option<Constraint> {
+    /// The constraint that forces a call in `format` (`required` or a named function);
+    /// markers that `tok` has as special tokens are written as those tokens.
+    pub fn constraint(&self, format: ToolFormat, tok: &Tokenizer) -> Option<Constraint> {
         let only = match &self.choice {
             ToolChoiceMode::Required => None,
             ToolChoiceMode::Function(name) => Some(name.as_str()),
@@ -130,8 +132,12 @@ impl ToolRequest {
             .filter(|t| only.is_none_or(|n| n == t.name))
             .collect();
         let parallel = self.parallel && only.is_none();
+        let mark = |text: &str| {
+            let id = tok.token_to_id(text).filter(|&id| tok.is_special(id));
+            grammar::marker(text, id)
+        };
         Some(Constraint::Lark(grammar::tool_calls(
-            format, &tools, parallel,
+            format, &tools, parallel, &mark,
         )))
     }
 }

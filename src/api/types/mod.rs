@@ -101,8 +101,34 @@ pub struct ModelCard {
     pub object: String,
     pub created: u64,
     pub owned_by: String,
+    /// The model as given to `--model` (vLLM's `root`: what the served name stands for).
+    pub root: String,
+    /// The model this one derives from (always `null`: no adapters are served).
+    #[schema(value_type = Option<String>)]
+    pub parent: Option<String>,
     /// Prompt plus completion tokens may not exceed this.
     pub max_model_len: usize,
+    /// One entry, as vLLM answers (sampling, logprobs and viewing allowed).
+    pub permission: Vec<ModelPermission>,
+}
+
+/// A model's permissions, in the shape OpenAI once answered and vLLM still does.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ModelPermission {
+    pub id: String,
+    /// Always `model_permission`.
+    pub object: String,
+    pub created: u64,
+    pub allow_create_engine: bool,
+    pub allow_sampling: bool,
+    pub allow_logprobs: bool,
+    pub allow_search_indices: bool,
+    pub allow_view: bool,
+    pub allow_fine_tuning: bool,
+    pub organization: String,
+    #[schema(value_type = Option<String>)]
+    pub group: Option<String>,
+    pub is_blocking: bool,
 }
 
 /// `POST /tokenize`: a prompt, or chat messages rendered with the chat template.
