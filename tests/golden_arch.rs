@@ -248,6 +248,36 @@ fn family_ggufs_match_the_same_reference() {
     }
 }
 
+/// The MoE fixtures as GGUF files (`scripts/gguf_arch.py`: 3-D `ffn_*_exps` tensors,
+/// `expert_*` keys; Mixtral as llama.cpp writes it, arch `llama` with q/k permuted for the
+/// adjacent-pair rope): the same experts and routing read from the metadata, the same
+/// reference logits (qwen3moe's experts stay BF16 and are multiplied in their own type).
+#[test]
+fn moe_ggufs_match_the_same_reference() {
+    for (name, arch) in [("qwen3moe", "qwen3moe"), ("mixtral", "llama")] {
+        let path = repo().join(format!("tests/data/arch-gguf/{name}.gguf"));
+        let files = ModelFiles::open(&path, LoadFormat::Gguf)
+            .unwrap_or_else(|e| panic!("{name}: loading {}: {e}", path.display()));
+        let hf = ModelFiles::open(&repo().join("tests/data/arch").join(name), LoadFormat::Hf)
+            .unwrap()
+            .spec;
+        let g = &files.spec;
+        assert_eq!(g.arch, arch);
+        assert_eq!(g.variant.moe, hf.variant.moe, "{name}");
+        assert_eq!(g.variant.qk_norm, hf.variant.qk_norm, "{name}");
+        assert_eq!(
+            (g.n_layers, g.n_heads, g.n_kv_heads, g.head_dim),
+            (hf.n_layers, hf.n_heads, hf.n_kv_heads, hf.head_dim)
+        );
+        check(
+            &format!("{name}.gguf"),
+            &load(&format!("arch-{name}.json")),
+            &files,
+            16,
+        );
+    }
+}
+
 /// The fixtures stay small and the shard layout stays what the test claims to cover.
 #[test]
 fn fixture_files_are_small_and_sharded_as_described() {
