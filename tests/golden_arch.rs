@@ -134,7 +134,10 @@ fn qwen3moe_eight_experts_top2_normalised_matches_reference() {
         assert_eq!(s.arch, "qwen3moe");
         assert!(s.variant.qk_norm);
         let m = s.variant.moe.expect("moe parsed");
-        assert_eq!((m.n_expert, m.top_k, m.expert_ff, m.norm_topk), (8, 2, 16, true));
+        assert_eq!(
+            (m.n_expert, m.top_k, m.expert_ff, m.norm_topk),
+            (8, 2, 16, true)
+        );
     });
 }
 
@@ -144,7 +147,10 @@ fn mixtral_four_experts_top2_matches_reference() {
         assert_eq!(s.arch, "mixtral");
         assert_eq!(s.variant.window, None);
         let m = s.variant.moe.expect("moe parsed");
-        assert_eq!((m.n_expert, m.top_k, m.expert_ff, m.norm_topk), (4, 2, 24, true));
+        assert_eq!(
+            (m.n_expert, m.top_k, m.expert_ff, m.norm_topk),
+            (4, 2, 24, true)
+        );
     });
 }
 
@@ -163,7 +169,9 @@ fn moe_configs_kiln_does_not_run_are_refused_by_name() {
     ] {
         let mut c = base.clone();
         c[key] = value;
-        let err = ModelSpec::from_hf_config(&c.to_string()).unwrap_err().to_string();
+        let err = ModelSpec::from_hf_config(&c.to_string())
+            .unwrap_err()
+            .to_string();
         let named = err.contains(key) || err.contains("expert");
         assert!(named, "{key}: {err}");
     }

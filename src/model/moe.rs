@@ -18,7 +18,10 @@ pub fn gguf_moe(g: &GgufFile, arch: &str, ff: usize) -> Result<Option<MoeShape>,
     let key = |k: &str| format!("{arch}.{k}");
     let Some(n_expert) = g.meta_u64(&key("expert_count")).filter(|&n| n > 0) else {
         if arch == "qwen3moe" {
-            return Err(spec_err(format!("missing metadata key '{}'", key("expert_count"))));
+            return Err(spec_err(format!(
+                "missing metadata key '{}'",
+                key("expert_count")
+            )));
         }
         return Ok(None);
     };
@@ -36,9 +39,12 @@ pub fn gguf_moe(g: &GgufFile, arch: &str, ff: usize) -> Result<Option<MoeShape>,
             key("expert_shared_count")
         )));
     }
-    let top_k = g
-        .meta_u64(&key("expert_used_count"))
-        .ok_or_else(|| spec_err(format!("missing metadata key '{}'", key("expert_used_count"))))?;
+    let top_k = g.meta_u64(&key("expert_used_count")).ok_or_else(|| {
+        spec_err(format!(
+            "missing metadata key '{}'",
+            key("expert_used_count")
+        ))
+    })?;
     let expert_ff = match arch {
         "qwen3moe" => g
             .meta_u64(&key("expert_feed_forward_length"))

@@ -202,7 +202,14 @@ pub fn hf_name_for(arch: &str, gguf: &str) -> String {
 fn moe_leaf(arch: &str, leaf: &str) -> Option<String> {
     let mixtral = arch == "mixtral";
     if leaf == "ffn_gate_inp.weight" {
-        return Some(if mixtral { "block_sparse_moe.gate.weight" } else { "mlp.gate.weight" }.into());
+        return Some(
+            if mixtral {
+                "block_sparse_moe.gate.weight"
+            } else {
+                "mlp.gate.weight"
+            }
+            .into(),
+        );
     }
     let (kind, rest) = leaf.strip_prefix("ffn_")?.split_once('.')?;
     let e: usize = rest.strip_suffix(".weight")?.parse().ok()?;

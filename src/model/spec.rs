@@ -495,7 +495,10 @@ impl ModelSpec {
         let spec = ModelSpec {
             qkv_bias: arch == "qwen2" || c.attention_bias.unwrap_or(false),
             // llama.cpp's names: `gemma3` for `gemma3_text`, `qwen3moe` for `qwen3_moe`.
-            arch: arch.strip_suffix("_text").unwrap_or(&arch).replace("_moe", "moe"),
+            arch: arch
+                .strip_suffix("_text")
+                .unwrap_or(&arch)
+                .replace("_moe", "moe"),
             hidden: c.hidden_size,
             intermediate: c.intermediate_size,
             n_layers: c.num_hidden_layers,

@@ -20,7 +20,10 @@ fn reference(
     let (ne, f, n) = (s.n_expert, s.expert_ff, x.len() / h);
     let mut out = vec![0.0f32; n * h];
     for t in 0..n {
-        let l: Vec<f64> = logits[t * ne..(t + 1) * ne].iter().map(|&v| v as f64).collect();
+        let l: Vec<f64> = logits[t * ne..(t + 1) * ne]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
         let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let p: Vec<f64> = l.iter().map(|v| (v - max).exp()).collect();
         let sum: f64 = p.iter().sum();
@@ -31,7 +34,11 @@ fn reference(
         let total: f64 = top.iter().map(|&e| p[e] / sum).sum();
         let xt = &x[t * h..(t + 1) * h];
         for &e in top {
-            let w = if s.norm_topk { p[e] / sum / total } else { p[e] / sum };
+            let w = if s.norm_topk {
+                p[e] / sum / total
+            } else {
+                p[e] / sum
+            };
             let dot = |m: &[f32], row: usize, v: &[f32]| -> f64 {
                 let r = &m[row * v.len()..(row + 1) * v.len()];
                 r.iter().zip(v).map(|(a, b)| *a as f64 * *b as f64).sum()
@@ -81,7 +88,12 @@ fn case<B: TestBackend>(
     b.moe_ffn(&bx, &bl, experts, &s, n, &mut out)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     let got = b.to_host(&out, n + 1).unwrap();
-    assert_rows_only(&format!("{} moe_ffn {what}", b.label()), &got, &want, b.tol());
+    assert_rows_only(
+        &format!("{} moe_ffn {what}", b.label()),
+        &got,
+        &want,
+        b.tol(),
+    );
 }
 
 fn moe<B: TestBackend>(b: &mut B) {
@@ -99,17 +111,38 @@ fn moe<B: TestBackend>(b: &mut B) {
         l[t * ne + t % ne] += 6.0;
         l[t * ne + (t + 1) % ne] += 4.0;
     }
-    case(b, &mut rng, "all experts used", shape(8, 2, 48, true), 64, l);
+    case(
+        b,
+        &mut rng,
+        "all experts used",
+        shape(8, 2, 48, true),
+        64,
+        l,
+    );
     // Most experts idle: every row prefers experts 5 and 2.
     let mut l = random(&mut rng, 7 * ne, 0.5);
     for t in 0..7 {
         l[t * ne + 5] += 6.0;
         l[t * ne + 2] += 3.0;
     }
-    case(b, &mut rng, "six experts idle", shape(8, 2, 40, true), 32, l);
+    case(
+        b,
+        &mut rng,
+        "six experts idle",
+        shape(8, 2, 40, true),
+        32,
+        l,
+    );
     // One decode row, raw softmax weights (Qwen3-MoE's norm_topk_prob false).
     let l = random(&mut rng, 16, 3.0);
-    case(b, &mut rng, "one row, unnormalised", shape(16, 4, 32, false), 96, l);
+    case(
+        b,
+        &mut rng,
+        "one row, unnormalised",
+        shape(16, 4, 32, false),
+        96,
+        l,
+    );
     // Exact ties: equal logits pick the lowest indices.
     let mut l = vec![1.0; 3 * 6];
     l[6 + 4] = 2.0;

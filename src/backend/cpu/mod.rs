@@ -14,11 +14,11 @@ pub mod qmatmul;
 use attention::AttnGeom;
 
 use super::quant;
-use super::{MoeExperts, MoeShape};
 use super::{
     AttnShape, Backend, BackendError, BatchPlan, HostData, HostTensor, KvShape, RopeLayout,
     RopeSpec,
 };
+use super::{MoeExperts, MoeShape};
 use crate::sampling::{CpuSampler, SampleRow, Sampled};
 pub use qdot::Kernels;
 use qmatmul::QScratch;

@@ -54,7 +54,10 @@ fn expert_rows(w: &HostTensor, e: usize, rows: usize) -> Result<ExpertRows<'_>, 
                 .ok_or_else(|| bad("expert out of range"))?;
             Ok(ExpertRows::Typed(HostTensor {
                 shape: vec![rows, cols],
-                data: HostData::Raw { ty: *ty, bytes: part },
+                data: HostData::Raw {
+                    ty: *ty,
+                    bytes: part,
+                },
             }))
         }
         HostData::Stacked(parts) => {

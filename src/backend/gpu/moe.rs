@@ -91,7 +91,12 @@ impl<R: Runtime> GpuBackend<R> {
         // Sized once for the activation capacity (the first, eager step), so a recorded
         // step never reallocates.
         let lay = Layout::new(x.rows, s, h, self.dt.size());
-        if self.scratch.moe.as_ref().is_none_or(|b| b.bytes() < lay.bytes) {
+        if self
+            .scratch
+            .moe
+            .as_ref()
+            .is_none_or(|b| b.bytes() < lay.bytes)
+        {
             self.generation += 1;
             self.scratch.moe = Some(self.dev.alloc(lay.bytes, "moe workspace")?);
         }
