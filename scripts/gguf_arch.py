@@ -20,7 +20,12 @@ convert_hf_to_gguf.py names them, written with llama.cpp's gguf-py:
   on global layers). The fixtures hold no tokenizer: a placeholder SentencePiece-style
   vocabulary of vocab_size tokens (t0, t1, ...) is written so the file is complete.
 
-Usage: python3 scripts/gguf_arch.py [path to llama.cpp's gguf-py]
+  MoE (qwen3moe as `qwen3moe`, mixtral as `llama`, its q/k rows permuted for the adjacent-
+  pair rope as the converter does): blk.N.ffn_gate_inp and the 3-D ffn_{gate,up,down}_exps
+  ([n_expert, rows, cols]); keys <arch>.expert_count, expert_used_count,
+  expert_feed_forward_length (qwen3moe).
+
+Usage: python3 scripts/gguf_arch.py [path to llama.cpp's gguf-py [fixture names...]]
 (default: the gguf-py of ../shared/peers/llama.cpp-*-src.tgz unpacked at /tmp/arch-llama)
 """
 
@@ -36,7 +41,29 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else "/tmp/arch-llama/gguf-py")
 import gguf  # noqa: E402
 
-ARCH = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3"}
+ARCH = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3",
+        "qwen3_moe": "qwen3moe", "mixtral": "llama"}
+
+
+def permute(w, n_head):
+    """llama.cpp's converter reorders q/k rows of `llama` files for its adjacent-pair rope
+    (LlamaModel.permute): each head's halves interleaved."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def moe_tensor(hf):
+    """(layer, gguf leaf, expert or None) of a mixture-of-experts tensor, else None."""
+    parts = hf.split(".")
+    if parts[3] == "block_sparse_moe" and parts[4] == "gate":
+        return parts[2], "ffn_gate_inp", None
+    if parts[3] == "mlp" and parts[4] == "gate":
+        return parts[2], "ffn_gate_inp", None
+    if parts[4] == "experts":
+        kind = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate",
+                "up_proj": "up", "down_proj": "down"}[parts[6]]
+        return parts[2], f"ffn_{kind}_exps", int(parts[5])
+    return None
 
 
 def read(d):
@@ -74,6 +101,14 @@ def write(name):
     w.add_head_count_kv(c["num_key_value_heads"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_rope_freq_base(c["rope_theta"])
+    if arch == "qwen3moe":
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    if c["model_type"] == "mixtral":
+        w.add_expert_count(c["num_local_experts"])
+        w.add_expert_used_count(c["num_experts_per_tok"])
+        w.add_rope_dimension_count(hd)
     if arch != "phi3":
         w.add_key_length(hd)
         w.add_value_length(hd)
@@ -115,9 +150,19 @@ def write(name):
             "pre_feedforward_layernorm": "ffn_norm",
             "post_feedforward_layernorm": "post_ffw_norm", "mlp.gate_proj": "ffn_gate",
             "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    experts = {}
     for hf in sorted(t):
         a, dt = t[hf]
-        if hf == "model.embed_tokens.weight":
+        moe = moe_tensor(hf) if hf.startswith("model.layers.") else None
+        if moe and moe[2] is not None:
+            experts.setdefault((moe[0], moe[1]), {})[moe[2]] = (a, dt)
+            continue
+        if arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = nh if "q_proj" in hf else c["num_key_value_heads"]
+            a = permute(a, heads)
+        if moe:
+            g = f"blk.{moe[0]}.{moe[1]}.weight"
+        elif hf == "model.embed_tokens.weight":
             g = "token_embd.weight"
         elif hf == "model.norm.weight":
             g = "output_norm.weight"
@@ -136,6 +181,14 @@ def write(name):
             w.add_tensor(g, np.ascontiguousarray(a), raw_dtype=gguf.GGMLQuantizationType.BF16)
         else:
             w.add_tensor(g, np.ascontiguousarray(a, dtype=np.float32))
+    # llama.cpp's 3-D expert tensors: [n_expert, rows, cols] (ggml ne = cols, rows, n_expert)
+    for (layer, leaf), by_e in sorted(experts.items()):
+        stack = np.stack([by_e[e][0] for e in range(len(by_e))])
+        g = f"blk.{layer}.{leaf}.weight"
+        if by_e[0][1] == "BF16":
+            w.add_tensor(g, np.ascontiguousarray(stack), raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            w.add_tensor(g, np.ascontiguousarray(stack, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -144,5 +197,6 @@ def write(name):
 
 
 if __name__ == "__main__":
-    for m in ["qwen3", "gemma2", "gemma3", "phi3"]:
+    only = sys.argv[2:]
+    for m in only or ["qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral"]:
         write(m)

@@ -20,6 +20,12 @@ tiny random-weight HF directories, each covering a feature those files lack:
                  model.safetensors.index.json (one layer's attention is split
                  across the shards), head_dim 32, MHA.
 
+  qwen3moe       model_type qwen3_moe: 8 experts, top 2, norm_topk_prob true, q/k norms,
+                 BF16; the longest prompt sends tokens to every expert of every layer,
+                 while each decode step leaves 6 of 8 experts without a token.
+  mixtral        model_type mixtral: 4 experts, top 2 (softmax over the top-2 logits),
+                 block_sparse_moe.experts.E.w1/w3/w2, F32, no sliding window.
+
 Written: tests/data/arch/<name>/{config.json, *.safetensors[, index]} (no tokenizer)
 and tests/golden/arch-<name>.json (the schema of tests/golden/*.json).
 
@@ -44,6 +50,7 @@ lowest id), full forward recomputed each step (no KV cache).
 
 Rerun (deterministic: fixed seeds, no timestamps):
     python3 scripts/golden_arch.py          # from anywhere; writes into the repo
+    python3 scripts/golden_arch.py qwen3moe mixtral      # only the named fixtures
 
 requirements (versions used for the checked-in files): python 3.11.7,
 numpy 2.4.6, safetensors 0.8.0 (torch/transformers not used).
@@ -181,6 +188,34 @@ MODELS = [
             bos_token_id=1, eos_token_id=2, pad_token_id=0,
         ),
     ),
+    dict(
+        name="qwen3moe", seed=1012, dtype="BF16", shards=None,
+        config=dict(
+            architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+            hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+            num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            vocab_size=256, max_position_embeddings=512,
+            rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=False,
+            use_sliding_window=False, sliding_window=None, max_window_layers=2,
+            router_aux_loss_coef=0.001, output_router_logits=False,
+            tie_word_embeddings=False, hidden_act="silu", torch_dtype="bfloat16",
+        ),
+    ),
+    dict(
+        name="mixtral", seed=1026, dtype="F32", shards=None,
+        config=dict(
+            architectures=["MixtralForCausalLM"], model_type="mixtral",
+            hidden_size=32, intermediate_size=24, num_local_experts=4,
+            num_experts_per_tok=2, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+            vocab_size=256, max_position_embeddings=512,
+            rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None,
+            router_aux_loss_coef=0.02, router_jitter_noise=0.0,
+            tie_word_embeddings=False, hidden_act="silu", torch_dtype="float32",
+        ),
+    ),
 ]
 
 
@@ -219,7 +254,7 @@ def make_weights(cfg, seed):
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = norm(d)
-        if mt in ("qwen3", "gemma3_text"):
+        if mt in ("qwen3", "gemma3_text", "qwen3_moe"):
             t[p + "self_attn.q_norm.weight"] = norm(hd)
             t[p + "self_attn.k_norm.weight"] = norm(hd)
         if gemma:
@@ -234,12 +269,44 @@ def make_weights(cfg, seed):
             t[p + "self_attn.v_proj.bias"] = vec(nkv * hd)
         t[p + "self_attn.o_proj.weight"] = mat(d, nh * hd)
         t[p + "post_attention_layernorm.weight"] = norm(d)
+        if mt in ("qwen3_moe", "mixtral"):
+            t.update(moe_weights(cfg, p, mat))
+            continue
         t[p + "mlp.gate_proj.weight"] = mat(f, d)
         t[p + "mlp.up_proj.weight"] = mat(f, d)
         t[p + "mlp.down_proj.weight"] = mat(d, f)
     t["model.norm.weight"] = norm(d)
     if not cfg["tie_word_embeddings"]:
         t["lm_head.weight"] = mat(V, d)
+    return t
+
+
+def moe_names(cfg, p, e):
+    """HF names of layer prefix p's router and expert e's gate, up, down."""
+    if cfg["model_type"] == "mixtral":
+        b = p + "block_sparse_moe."
+        x = f"{b}experts.{e}."
+        return b + "gate.weight", x + "w1.weight", x + "w3.weight", x + "w2.weight"
+    x = f"{p}mlp.experts.{e}."
+    return (p + "mlp.gate.weight", x + "gate_proj.weight", x + "up_proj.weight",
+            x + "down_proj.weight")
+
+
+def moe_experts(cfg):
+    """(n_expert, top_k, expert_ff) from config.json."""
+    if cfg["model_type"] == "mixtral":
+        return cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"]
+    return cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
+
+
+def moe_weights(cfg, p, mat):
+    """The router (wider spread, so routes are decisive) and every expert's matrices."""
+    d = cfg["hidden_size"]
+    E, _, f = moe_experts(cfg)
+    t = {moe_names(cfg, p, 0)[0]: 3.0 * mat(E, d)}
+    for e in range(E):
+        _, g, u, dn = moe_names(cfg, p, e)
+        t[g], t[u], t[dn] = mat(f, d), mat(f, d), mat(d, f)
     return t
 
 
@@ -365,7 +432,8 @@ def load_dir(d):
     with open(os.path.join(d, "config.json")) as f:
         c = json.load(f)
     mt = c["model_type"]
-    assert mt in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"), mt
+    assert mt in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3",
+                  "qwen3_moe", "mixtral"), mt
     nh = c["num_attention_heads"]
     hd = c.get("head_dim") or c["hidden_size"] // nh
     sc = c.get("rope_scaling")
@@ -387,7 +455,7 @@ def load_dir(d):
         tied=bool(c.get("tie_word_embeddings", False)),
         qkv_bias=c["model_type"] == "qwen2" or bool(c.get("attention_bias", False)),
     )
-    if mt in ("qwen3", "gemma2", "gemma3_text", "phi3"):
+    if mt in ("qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral"):
         cfg["family"] = family_config(c, hd)
     idx = os.path.join(d, "model.safetensors.index.json")
     if os.path.exists(idx):
@@ -413,7 +481,7 @@ def load_dir(d):
     fam = cfg.get("family", {})
     for i in range(cfg["n_layer"]):
         b = f"model.layers.{i}."
-        if mt in ("gemma2", "gemma3_text", "phi3", "qwen3"):
+        if "family" in cfg:
             W["layers"].append(family_layer(cfg, t, b))
             continue
         L = dict(
@@ -443,12 +511,21 @@ def family_config(c, hd):
     """What Qwen3 / Gemma 2 / Gemma 3 / Phi-3 add, from config.json."""
     mt, n = c["model_type"], c["num_hidden_layers"]
     gemma = mt in ("gemma2", "gemma3_text")
-    fam = dict(qk_norm=mt in ("qwen3", "gemma3_text"), post_norms=gemma,
+    fam = dict(qk_norm=mt in ("qwen3", "gemma3_text", "qwen3_moe"), post_norms=gemma,
                act="gelu_tanh" if gemma else "silu", norm_offset=1.0 if gemma else 0.0,
                embed_scale=math.sqrt(c["hidden_size"]) if gemma else 1.0,
                scale=1.0 / math.sqrt(hd), attn_softcap=None, final_softcap=None,
                window=None, sliding=[False] * n, local_theta=None, global_divisor=None,
-               fused=mt == "phi3", rot_dim=hd)
+               fused=mt == "phi3", rot_dim=hd, moe=None)
+    if mt == "qwen3_moe":
+        assert c["decoder_sparse_step"] == 1 and c["mlp_only_layers"] == []
+        fam["moe"] = dict(n_expert=c["num_experts"], top_k=c["num_experts_per_tok"],
+                          norm=bool(c["norm_topk_prob"]))
+    if mt == "mixtral":
+        # softmax over the top-k router logits = top-k probabilities renormalised
+        assert c.get("sliding_window") is None
+        fam["moe"] = dict(n_expert=c["num_local_experts"], top_k=c["num_experts_per_tok"],
+                          norm=True)
     if gemma:
         assert c["hidden_activation"] == "gelu_pytorch_tanh"
         fam["scale"] = float(c["query_pre_attn_scalar"]) ** -0.5
@@ -492,11 +569,22 @@ def family_layer(cfg, t, b):
         gu = t[b + "mlp.gate_up_proj.weight"]
         L.update(w_gate=gu[:f], w_up=gu[f:])
         derived = 3      # 2 fused tensors give 5 entries
+    elif fam["moe"]:
+        L.update(wq=t[b + "self_attn.q_proj.weight"], wk=t[b + "self_attn.k_proj.weight"],
+                 wv=t[b + "self_attn.v_proj.weight"])
+        E = fam["moe"]["n_expert"]
+        names = [moe_names({"model_type": cfg["model_type"]}, b, e) for e in range(E)]
+        L["router"] = t[names[0][0]]
+        L["exp_gate"] = np.stack([t[n[1]] for n in names])
+        L["exp_up"] = np.stack([t[n[2]] for n in names])
+        L["exp_down"] = np.stack([t[n[3]] for n in names])
+        derived = 4 - (1 + 3 * E)      # 4 entries from 1 + 3E tensors
     else:
         L.update(wq=t[b + "self_attn.q_proj.weight"], wk=t[b + "self_attn.k_proj.weight"],
                  wv=t[b + "self_attn.v_proj.weight"], w_gate=t[b + "mlp.gate_proj.weight"],
                  w_up=t[b + "mlp.up_proj.weight"])
-    L["w_down"] = t[b + "mlp.down_proj.weight"]
+    if not fam["moe"]:
+        L["w_down"] = t[b + "mlp.down_proj.weight"]
     if fam["post_norms"]:
         L.update(post_attn_norm=t[b + "post_attention_layernorm.weight"] + off,
                  ffn_norm=t[b + "pre_feedforward_layernorm.weight"] + off,
@@ -518,8 +606,13 @@ def check_shapes(cfg, W):
     for L in W["layers"]:
         assert L["wq"].shape == (nh * hd, d) and L["wo"].shape == (d, nh * hd)
         assert L["wk"].shape == (nkv * hd, d) and L["wv"].shape == (nkv * hd, d)
-        assert L["w_gate"].shape == (f, d) and L["w_up"].shape == (f, d)
-        assert L["w_down"].shape == (d, f)
+        if "router" in L:
+            E, fe = L["exp_gate"].shape[:2]
+            assert L["router"].shape == (E, d) and L["exp_up"].shape == (E, fe, d)
+            assert L["exp_gate"].shape == (E, fe, d) and L["exp_down"].shape == (E, d, fe)
+        else:
+            assert L["w_gate"].shape == (f, d) and L["w_up"].shape == (f, d)
+            assert L["w_down"].shape == (d, f)
         assert L["attn_norm"].shape == (d,) and L["ffn_norm"].shape == (d,)
         if cfg["qkv_bias"]:
             assert L["bq"].shape == (nh * hd,) and L["bk"].shape == (nkv * hd,)
@@ -692,7 +785,10 @@ def forward_family(cfg, W, ids):
             o = rms_norm(o, L["post_attn_norm"], eps)
         x = x + o
         h = rms_norm(x, L["ffn_norm"], eps)
-        m = (act(h @ L["w_gate"].T) * (h @ L["w_up"].T)) @ L["w_down"].T
+        if fam["moe"]:
+            m = moe_ffn(h, L, fam["moe"])
+        else:
+            m = (act(h @ L["w_gate"].T) * (h @ L["w_up"].T)) @ L["w_down"].T
         if fam["post_norms"]:
             m = rms_norm(m, L["post_ffn_norm"], eps)
         x = x + m
@@ -701,6 +797,53 @@ def forward_family(cfg, W, ids):
     if fam["final_softcap"]:
         lg = fam["final_softcap"] * np.tanh(lg / fam["final_softcap"])
     return lg
+
+
+def moe_ffn(h, L, moe):
+    """Mixture of experts (Qwen3-MoE / Mixtral), token by token:
+        p = softmax(h W_router^T) over all experts
+        top = the top_k experts by p (ties -> lowest index; stable sort)
+        w = p[top], divided by its sum when norm (norm_topk_prob; Mixtral always)
+        out = sum_i w_i * (silu(h Wg_e^T) * (h Wu_e^T)) Wd_e^T   (e = top_i)
+    `moe` may carry sensitivity controls: `top_k`, `norm`, `topk_before_softmax`."""
+    T = h.shape[0]
+    p = softmax(h @ L["router"].T)
+    out = np.zeros_like(h)
+    for t in range(T):
+        top = np.argsort(-p[t], kind="stable")[:moe["top_k"]]
+        w = p[t, top]
+        if moe["norm"]:
+            w = w / np.sum(w)
+        for e, wt in zip(top, w):
+            g, u = h[t] @ L["exp_gate"][e].T, h[t] @ L["exp_up"][e].T
+            out[t] += wt * ((silu(g) * u) @ L["exp_down"][e].T)
+    return out
+
+
+def moe_usage(cfg, W, ids):
+    """Per layer, how many positions of `ids` route to each expert (full forward)."""
+    fam = cfg["family"]
+    counts, gaps = [], []
+    orig = moe_ffn
+
+    def spy(h, L, moe):
+        lg = h @ L["router"].T
+        p = softmax(lg)
+        c = [0] * moe["n_expert"]
+        for t in range(h.shape[0]):
+            o = np.argsort(-p[t], kind="stable")
+            for e in o[:moe["top_k"]]:
+                c[int(e)] += 1
+            gaps.append(lg[t, o[moe["top_k"] - 1]] - lg[t, o[moe["top_k"]]])
+        counts.append(c)
+        return orig(h, L, moe)
+    globals()["moe_ffn"] = spy
+    try:
+        forward_family(cfg, W, ids)
+    finally:
+        globals()["moe_ffn"] = orig
+    assert fam["moe"]
+    return counts, float(min(gaps))
 
 
 def sensitivity(cfg, W, prompt, ref):
@@ -752,6 +895,12 @@ def family_sensitivity(cfg, W, prompt, err):
         out["rope_divisors_ignored"] = err(with_fam(global_divisor=None))
     if fam.get("mscale"):
         out["attention_factor_ignored"] = err(with_fam(scale=1.0 / math.sqrt(cfg["head_dim"])))
+    if fam["moe"]:
+        moe = fam["moe"]
+        out["top_k_minus_one"] = err(with_fam(moe=dict(moe, top_k=moe["top_k"] - 1)))
+        out["norm_topk_flipped"] = err(with_fam(moe=dict(moe, norm=not moe["norm"])))
+        Wr = dict(W, layers=[dict(L, router=L["router"][::-1]) for L in W["layers"]])
+        out["experts_reversed"] = err(forward_last(cfg, Wr, prompt))
     if fam["window"] is not None and len(prompt) > fam["window"]:
         out["window_ignored"] = err(with_fam(window=None))
     for k, v in out.items():
@@ -818,6 +967,17 @@ def run(m, versions):
             logprobs.append(r(lg[g] - logsumexp(lg)))
         exact = next((i for i, mg in enumerate(margins) if mg < 1e-3), N_NEW)
         assert exact >= MIN_EXACT, f"{m['name']} prompt {pi}: near-tie at step {exact}"
+        moe_rec = {}
+        if cfg.get("family", {}).get("moe"):
+            full = pids + gen[:-1]
+            counts, gap = moe_usage(cfg, W, full)
+            # Kiln routes in float32: a near-tie of the k-th and next router logits would
+            # flip a route.
+            assert gap > 2e-3, f"{m['name']} prompt {pi}: router near-tie {gap}"
+            moe_rec = {"moe_expert_tokens_per_layer": counts, "moe_min_router_logit_gap": r(gap)}
+            if pi == len(prompts) - 1:
+                assert all(min(c) > 0 for c in counts), counts     # every expert chosen
+            print(f"    experts chosen per layer {counts}; min k-th gap {gap:.3g}")
         sens = sensitivity(cfg, W, pids, lgs[0])
         print(f"    sensitivity (rel err of plausible mistakes): {sens}")
         recs.append({
@@ -828,6 +988,7 @@ def run(m, versions):
             "top2_margin": margins,
             "generated_logprobs": logprobs,
             "sensitivity": sens,
+            **moe_rec,
             "prompt_logits_last": logits_record(lgs[0]),
             "step_logits": [dict(step=s, position=len(pids) + s - 1, input_token=gen[s - 1],
                                  **logits_record(lgs[s])) for s in STEP_LOGITS_STEPS],
@@ -893,8 +1054,11 @@ def main():
     versions = {"python": platform.python_version(), "numpy": np.__version__,
                 "safetensors": version("safetensors")}
     assert safetensors.__version__
+    import sys
+    only = set(sys.argv[1:])
     for m in MODELS:
-        run(m, versions)
+        if not only or m["name"] in only:
+            run(m, versions)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,58 @@ fn phi3_fused_longrope_window_match_reference() {
     });
 }
 
+#[test]
+fn qwen3moe_eight_experts_top2_normalised_matches_reference() {
+    check_model("qwen3moe", 16, |s| {
+        assert_eq!(s.arch, "qwen3moe");
+        assert!(s.variant.qk_norm);
+        let m = s.variant.moe.expect("moe parsed");
+        assert_eq!(
+            (m.n_expert, m.top_k, m.expert_ff, m.norm_topk),
+            (8, 2, 16, true)
+        );
+    });
+}
+
+#[test]
+fn mixtral_four_experts_top2_matches_reference() {
+    check_model("mixtral", 16, |s| {
+        assert_eq!(s.arch, "mixtral");
+        assert_eq!(s.variant.window, None);
+        let m = s.variant.moe.expect("moe parsed");
+        assert_eq!(
+            (m.n_expert, m.top_k, m.expert_ff, m.norm_topk),
+            (4, 2, 24, true)
+        );
+    });
+}
+
+/// Values Kiln does not implement are refused by name.
+#[test]
+fn moe_configs_kiln_does_not_run_are_refused_by_name() {
+    let dir = repo().join("tests/data/arch/qwen3moe");
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let base: Value = serde_json::from_str(&text).unwrap();
+    for (key, value) in [
+        ("decoder_sparse_step", serde_json::json!(2)),
+        ("mlp_only_layers", serde_json::json!([0])),
+        ("shared_expert_intermediate_size", serde_json::json!(64)),
+        ("num_experts", serde_json::json!(4096)),
+        ("num_experts_per_tok", serde_json::json!(9)),
+    ] {
+        let mut c = base.clone();
+        c[key] = value;
+        let err = ModelSpec::from_hf_config(&c.to_string())
+            .unwrap_err()
+            .to_string();
+        let named = err.contains(key) || err.contains("expert");
+        assert!(named, "{key}: {err}");
+    }
+    let mut c = base.clone();
+    c["model_type"] = "qwen2_moe".into();
+    assert!(ModelSpec::from_hf_config(&c.to_string()).is_err());
+}
+
 /// The same fixtures as GGUF files with llama.cpp's tensor names and metadata keys
 /// (`scripts/gguf_arch.py`): the spec read from the metadata equals the one from
 /// `config.json` (Gemma's `1 + w` already in the norm weights), and the logits match the
@@ -204,6 +256,36 @@ fn family_ggufs_match_the_same_reference() {
     }
 }
 
+/// The MoE fixtures as GGUF files (`scripts/gguf_arch.py`: 3-D `ffn_*_exps` tensors,
+/// `expert_*` keys; Mixtral as llama.cpp writes it, arch `llama` with q/k permuted for the
+/// adjacent-pair rope): the same experts and routing read from the metadata, the same
+/// reference logits (qwen3moe's experts stay BF16 and are multiplied in their own type).
+#[test]
+fn moe_ggufs_match_the_same_reference() {
+    for (name, arch) in [("qwen3moe", "qwen3moe"), ("mixtral", "llama")] {
+        let path = repo().join(format!("tests/data/arch-gguf/{name}.gguf"));
+        let files = ModelFiles::open(&path, LoadFormat::Gguf)
+            .unwrap_or_else(|e| panic!("{name}: loading {}: {e}", path.display()));
+        let hf = ModelFiles::open(&repo().join("tests/data/arch").join(name), LoadFormat::Hf)
+            .unwrap()
+            .spec;
+        let g = &files.spec;
+        assert_eq!(g.arch, arch);
+        assert_eq!(g.variant.moe, hf.variant.moe, "{name}");
+        assert_eq!(g.variant.qk_norm, hf.variant.qk_norm, "{name}");
+        assert_eq!(
+            (g.n_layers, g.n_heads, g.n_kv_heads, g.head_dim),
+            (hf.n_layers, hf.n_heads, hf.n_kv_heads, hf.head_dim)
+        );
+        check(
+            &format!("{name}.gguf"),
+            &load(&format!("arch-{name}.json")),
+            &files,
+            16,
+        );
+    }
+}
+
 /// The fixtures stay small and the shard layout stays what the test claims to cover.
 #[test]
 fn fixture_files_are_small_and_sharded_as_described() {
@@ -217,6 +299,8 @@ fn fixture_files_are_small_and_sharded_as_described() {
         "gemma2",
         "gemma3",
         "phi3",
+        "qwen3moe",
+        "mixtral",
     ] {
         for e in std::fs::read_dir(dir.join(name)).unwrap() {
             let e = e.unwrap();

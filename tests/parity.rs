@@ -13,6 +13,8 @@ mod bench;
 mod harness;
 #[path = "parity/model.rs"]
 mod model;
+#[path = "parity/moe.rs"]
+mod moe;
 #[path = "parity/sampling.rs"]
 mod sampling;
 #[path = "parity/torch_ref.rs"]

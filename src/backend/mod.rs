@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod dtype;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod gpu;
+pub mod moe;
 mod open;
 pub mod quant;
 #[cfg(feature = "rocm")]
@@ -18,6 +19,7 @@ pub mod tensor;
 
 pub use batch::{BatchPlan, KvShape, SeqSlice};
 pub use dtype::DType;
+pub use moe::{MoeExperts, MoeShape};
 pub use open::{DeviceId, GpuOptions, WithBackend, open};
 pub use shape::{AttnShape, Llama3Scaling, RopeLayout, RopeSpec};
 pub use tensor::{HostData, HostTensor};
@@ -251,6 +253,23 @@ pub trait Backend {
     fn softcap(&mut self, x: &mut Self::Tensor, cap: f32, n: usize) -> Result<(), BackendError> {
         let _ = (x, cap, n);
         Err(missing("softcap"))
+    }
+    /// The mixture-of-experts FFN of `n` rows: each row of `x` (`[n, hidden]`) goes to the
+    /// top `shape.top_k` experts of its row of `router_logits` (`[n, n_expert]`, routed by
+    /// [`moe::route_row`]'s rule) and `out[t] = sum_e w_e * down_e(silu(gate_e x) * up_e x)`.
+    /// The work is grouped by expert for the whole batch (each expert's weights are read
+    /// once per call), and the assignment is built where the op runs (no host round trip).
+    fn moe_ffn(
+        &mut self,
+        x: &Self::Tensor,
+        router_logits: &Self::Tensor,
+        experts: MoeExperts<'_, Self::Weight>,
+        shape: &MoeShape,
+        n: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError> {
+        let _ = (x, router_logits, experts, shape, n, out);
+        Err(missing("moe_ffn"))
     }
     /// Copies the rows that need logits (`b`'s logits rows) to the front of `out`.
     fn gather_rows(

@@ -21,6 +21,16 @@ impl SharedBytes {
         (range.start <= range.end && range.end <= len).then_some(Self { owner, range })
     }
 
+    /// The bytes `range` of these bytes, sharing the owner; `None` when out of range.
+    pub fn slice(&self, range: Range<usize>) -> Option<Self> {
+        let start = self.range.start.checked_add(range.start)?;
+        let end = self.range.start.checked_add(range.end)?;
+        (range.start <= range.end && end <= self.range.end).then(|| Self {
+            owner: self.owner.clone(),
+            range: start..end,
+        })
+    }
+
     /// Owns `bytes`.
     pub fn from_vec(bytes: Vec<u8>) -> Self {
         let range = 0..bytes.len();

@@ -2,6 +2,7 @@
 //! them. Loading the weights onto a backend and running them is `runner`'s job.
 
 pub mod gguf;
+pub mod moe;
 pub mod source;
 pub mod spec;
 pub mod variant;

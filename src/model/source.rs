@@ -184,13 +184,49 @@ pub fn hf_name_for(arch: &str, gguf: &str) -> String {
         _ => {
             if let Some(rest) = gguf.strip_prefix("blk.")
                 && let Some((layer, leaf)) = rest.split_once('.')
-                && let Some(hf) = map_leaf(leaf)
             {
-                return format!("model.layers.{layer}.{hf}");
+                if let Some(hf) = map_leaf(leaf) {
+                    return format!("model.layers.{layer}.{hf}");
+                }
+                if let Some(hf) = moe_leaf(arch, leaf) {
+                    return format!("model.layers.{layer}.{hf}");
+                }
             }
             gguf.to_string()
         }
     }
+}
+
+/// The Hugging Face name of a mixture-of-experts leaf: the router (`ffn_gate_inp`) and
+/// one expert's matrices (`ffn_{gate,up,down}.E`, as older GGUF files name them too).
+fn moe_leaf(arch: &str, leaf: &str) -> Option<String> {
+    let mixtral = arch == "mixtral";
+    if leaf == "ffn_gate_inp.weight" {
+        return Some(
+            if mixtral {
+                "block_sparse_moe.gate.weight"
+            } else {
+                "mlp.gate.weight"
+            }
+            .into(),
+        );
+    }
+    let (kind, rest) = leaf.strip_prefix("ffn_")?.split_once('.')?;
+    let e: usize = rest.strip_suffix(".weight")?.parse().ok()?;
+    let name = match (kind, mixtral) {
+        ("gate", true) => "w1",
+        ("up", true) => "w3",
+        ("down", true) => "w2",
+        ("gate", false) => "gate_proj",
+        ("up", false) => "up_proj",
+        ("down", false) => "down_proj",
+        _ => return None,
+    };
+    Some(if mixtral {
+        format!("block_sparse_moe.experts.{e}.{name}.weight")
+    } else {
+        format!("mlp.experts.{e}.{name}.weight")
+    })
 }
 
 impl TensorSource for SafetensorsSource {

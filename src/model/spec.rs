@@ -389,6 +389,7 @@ impl ModelSpec {
             variant: Variant::default(),
         };
         let dims = Dims {
+            ff: spec.intermediate,
             n_layers,
             hidden,
             n_heads,
@@ -419,7 +420,15 @@ impl ModelSpec {
             .map_err(|e| ModelError::Spec(format!("config.json: {e}")))?;
         if !matches!(
             arch.as_str(),
-            "llama" | "mistral" | "qwen2" | "qwen3" | "gemma2" | "gemma3_text" | "phi3"
+            "llama"
+                | "mistral"
+                | "mixtral"
+                | "qwen2"
+                | "qwen3"
+                | "qwen3_moe"
+                | "gemma2"
+                | "gemma3_text"
+                | "phi3"
         ) {
             return Err(ModelError::Spec(format!("unsupported model_type '{arch}'")));
         }
@@ -485,7 +494,11 @@ impl ModelSpec {
         let variant = variant::hf_variant(&raw, &base, &mut rope)?;
         let spec = ModelSpec {
             qkv_bias: arch == "qwen2" || c.attention_bias.unwrap_or(false),
-            arch: arch.strip_suffix("_text").unwrap_or(&arch).to_string(),
+            // llama.cpp's names: `gemma3` for `gemma3_text`, `qwen3moe` for `qwen3_moe`.
+            arch: arch
+                .strip_suffix("_text")
+                .unwrap_or(&arch)
+                .replace("_moe", "moe"),
             hidden: c.hidden_size,
             intermediate: c.intermediate_size,
             n_layers: c.num_hidden_layers,

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::ModelError;
 use super::gguf::GgufFile;
-use crate::backend::{RopeLayout, RopeSpec};
+use crate::backend::{MoeShape, RopeLayout, RopeSpec};
 
 /// The FFN's gate activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,6 +47,8 @@ pub struct Variant {
     pub rope_local: Option<RopeSpec>,
     /// q/k/v in one tensor (`attn_qkv`) and gate/up in one (`ffn_up`), as Phi-3 stores them.
     pub fused_tensors: bool,
+    /// Every layer's FFN is a mixture of experts of this shape (Qwen3-MoE, Mixtral).
+    pub moe: Option<MoeShape>,
 }
 
 impl Variant {
@@ -75,6 +77,9 @@ impl Variant {
         if self.window == Some(0) {
             return Err("sliding_window: 0 tokens".into());
         }
+        if let Some(m) = &self.moe {
+            m.check()?;
+        }
         if !self.sliding.is_empty() && self.sliding.len() != n_layers {
             return Err(format!(
                 "layer_types: {} entries for {n_layers} layers",
@@ -89,7 +94,7 @@ impl Variant {
 pub fn gguf_layout(arch: &str) -> Option<RopeLayout> {
     match arch {
         "llama" | "mistral" => Some(RopeLayout::Interleaved),
-        "qwen2" | "qwen3" | "gemma2" | "gemma3" | "phi3" => Some(RopeLayout::Half),
+        "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" => Some(RopeLayout::Half),
         _ => None,
     }
 }
@@ -108,6 +113,8 @@ pub struct Dims {
     pub n_heads: usize,
     pub head_dim: usize,
     pub max_position: usize,
+    /// `feed_forward_length` (Mixtral's expert width).
+    pub ff: usize,
 }
 
 /// The family part of a GGUF file's spec; `rope` is the global rope, which Gemma 3's
@@ -128,8 +135,9 @@ pub fn gguf_variant(
         .meta_u64(&key("attention.sliding_window"))
         .filter(|&w| w > 0)
         .map(|w| w as usize);
+    v.moe = super::moe::gguf_moe(g, arch, d.ff)?;
     match arch {
-        "qwen3" => v.qk_norm = true,
+        "qwen3" | "qwen3moe" => v.qk_norm = true,
         "gemma2" | "gemma3" => {
             v.act = Activation::GeluTanh;
             v.post_norms = true;
@@ -267,12 +275,13 @@ pub fn hf_variant(c: &Value, b: &HfBase, rope: &mut RopeSpec) -> Result<Variant,
     let act = get_str(c, "hidden_activation").or_else(|| get_str(c, "hidden_act"));
     let window = get_usize(c, "sliding_window")?;
     match b.arch {
-        "llama" | "mistral" => v.window = window,
-        "qwen2" | "qwen3" => {
-            v.qk_norm = b.arch == "qwen3";
+        "llama" | "mistral" | "mixtral" => v.window = window,
+        "qwen2" | "qwen3" | "qwen3_moe" => {
+            v.qk_norm = matches!(b.arch, "qwen3" | "qwen3_moe");
             if c.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
                 return Err(spec_err(
-                    "config.json use_sliding_window: true is not supported for qwen2/qwen3".into(),
+                    "config.json use_sliding_window: true is not supported for qwen2/qwen3/qwen3_moe"
+                        .into(),
                 ));
             }
         }
@@ -312,6 +321,7 @@ pub fn hf_variant(c: &Value, b: &HfBase, rope: &mut RopeSpec) -> Result<Variant,
         }
         other => return Err(spec_err(format!("unsupported model_type '{other}'"))),
     }
+    v.moe = super::moe::hf_moe(c, b.arch)?;
     if !matches!(b.arch, "gemma2" | "gemma3_text")
         && let Some(a) = act.filter(|a| *a != "silu")
     {

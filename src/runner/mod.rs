@@ -4,10 +4,10 @@
 
 pub mod weights;
 
-use crate::backend::{AttnShape, Backend, BackendError, BatchPlan};
+use crate::backend::{AttnShape, Backend, BackendError, BatchPlan, MoeExperts};
 use crate::model::spec::Activation;
 use crate::model::{ModelError, ModelFiles, ModelSpec};
-pub use weights::{LayerWeights, ModelWeights, load_weights};
+pub use weights::{Ffn, LayerWeights, ModelWeights, load_weights};
 
 /// Why a model could not be loaded onto a backend.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +38,8 @@ struct Scratch<T> {
     gate_up: T,
     /// `[T, intermediate]`
     act: T,
+    /// `[T, n_expert]` router logits (MoE models; one element otherwise).
+    router: T,
     /// `[S, hidden]` rows that produce logits.
     last: T,
     /// `[S, vocab]`
@@ -69,6 +71,7 @@ impl<B: Backend> Llama<B> {
         })?;
         let s = &files.spec;
         let (t, sq) = (max_tokens, max_seqs);
+        let dense = |t: usize| if s.variant.moe.is_some() { 1 } else { t };
         let scratch = Scratch {
             x: backend.alloc(t, s.hidden)?,
             h: backend.alloc(t, s.hidden)?,
@@ -76,8 +79,13 @@ impl<B: Backend> Llama<B> {
             attn: backend.alloc(t, s.q_dim())?,
             delta: backend.alloc(t, s.hidden)?,
             post: backend.alloc(if s.variant.post_norms { t } else { 1 }, s.hidden)?,
-            gate_up: backend.alloc(t, 2 * s.intermediate)?,
-            act: backend.alloc(t, s.intermediate)?,
+            // A mixture-of-experts model has no dense FFN: its op keeps its own scratch.
+            gate_up: backend.alloc(dense(t), 2 * s.intermediate)?,
+            act: backend.alloc(dense(t), s.intermediate)?,
+            router: match &s.variant.moe {
+                Some(m) => backend.alloc(t, m.n_expert)?,
+                None => backend.alloc(1, 1)?,
+            },
             last: backend.alloc(sq, s.hidden)?,
             logits: backend.alloc(sq, s.vocab_size)?,
         };
@@ -147,23 +155,7 @@ impl<B: Backend> Llama<B> {
                 post = post_norm(backend, lw.post_attn_norm.as_ref(), eps, n, s)?;
                 let d = if post { &s.post } else { &s.delta };
                 backend.add_rms_norm(d, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
-                match v.act {
-                    Activation::Silu => backend.matmul_silu_mul(
-                        &s.h,
-                        &lw.w_gate_up,
-                        n,
-                        &mut s.gate_up,
-                        &mut s.act,
-                    )?,
-                    Activation::GeluTanh => backend.matmul_gelu_tanh_mul(
-                        &s.h,
-                        &lw.w_gate_up,
-                        n,
-                        &mut s.gate_up,
-                        &mut s.act,
-                    )?,
-                }
-                backend.matmul(&s.act, &lw.w_down, None, n, &mut s.delta)?;
+                ffn(backend, &lw.ffn, v, n, s)?;
                 post = post_norm(backend, lw.post_ffn_norm.as_ref(), eps, n, s)?;
             }
             if n_logits > 0 {
@@ -195,5 +187,45 @@ fn post_norm<B: Backend>(
             Ok(true)
         }
         None => Ok(false),
+    }
+}
+
+/// The FFN of one layer from `s.h` into `s.delta`: dense (SwiGLU or GeGLU) or a mixture of
+/// experts (router matmul, then the grouped expert op).
+fn ffn<B: Backend>(
+    backend: &mut B,
+    w: &Ffn<B::Weight>,
+    v: &crate::model::spec::Variant,
+    n: usize,
+    s: &mut Scratch<B::Tensor>,
+) -> Result<(), BackendError> {
+    match (w, &v.moe) {
+        (Ffn::Dense { w_gate_up, w_down }, _) => {
+            match v.act {
+                Activation::Silu => {
+                    backend.matmul_silu_mul(&s.h, w_gate_up, n, &mut s.gate_up, &mut s.act)?
+                }
+                Activation::GeluTanh => {
+                    backend.matmul_gelu_tanh_mul(&s.h, w_gate_up, n, &mut s.gate_up, &mut s.act)?
+                }
+            }
+            backend.matmul(&s.act, w_down, None, n, &mut s.delta)
+        }
+        (
+            Ffn::Moe {
+                router,
+                gate,
+                up,
+                down,
+            },
+            Some(shape),
+        ) => {
+            backend.matmul(&s.h, router, None, n, &mut s.router)?;
+            let experts = MoeExperts { gate, up, down };
+            backend.moe_ffn(&s.h, &s.router, experts, shape, n, &mut s.delta)
+        }
+        (Ffn::Moe { .. }, None) => Err(BackendError::InvalidBatch(
+            "expert weights without a mixture-of-experts spec".into(),
+        )),
     }
 }

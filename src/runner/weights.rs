@@ -4,7 +4,7 @@
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::HostTensor;
-use crate::model::{ModelError, ModelFiles};
+use crate::model::{ModelError, ModelFiles, TensorSource};
 
 /// One decoder layer's weights. Matrices are `[out, in]`.
 #[derive(Debug, Clone)]
@@ -19,16 +19,59 @@ pub struct LayerWeights<W> {
     pub wo: W,
     /// `[hidden]`
     pub ffn_norm: W,
-    /// `[2 * intermediate, hidden]`: gate then up.
-    pub w_gate_up: W,
-    /// `[hidden, intermediate]`
-    pub w_down: W,
+    /// The feed-forward block: one dense FFN or a mixture of experts.
+    pub ffn: Ffn<W>,
     /// `[head_dim]` each: per-head norms of q and k (Qwen3, Gemma 3).
     pub q_norm: Option<W>,
     pub k_norm: Option<W>,
     /// `[hidden]` each: norms of the attention and FFN outputs (Gemma 2 / 3).
     pub post_attn_norm: Option<W>,
     pub post_ffn_norm: Option<W>,
+}
+
+/// A layer's feed-forward weights.
+#[derive(Debug, Clone)]
+pub enum Ffn<W> {
+    /// A SwiGLU / GeGLU FFN.
+    Dense {
+        /// `[2 * intermediate, hidden]`: gate then up.
+        w_gate_up: W,
+        /// `[hidden, intermediate]`
+        w_down: W,
+    },
+    /// A mixture of experts (`f` = the expert width, `E` = the expert count).
+    Moe {
+        /// `[E, hidden]`
+        router: W,
+        /// `[E * f, hidden]`: expert `e`'s gate rows are `e * f..(e + 1) * f`.
+        gate: W,
+        /// `[E * f, hidden]`
+        up: W,
+        /// `[E * hidden, f]`
+        down: W,
+    },
+}
+
+impl<W> Ffn<W> {
+    fn try_map<U, E>(&self, f: &mut impl FnMut(&W) -> Result<U, E>) -> Result<Ffn<U>, E> {
+        Ok(match self {
+            Ffn::Dense { w_gate_up, w_down } => Ffn::Dense {
+                w_gate_up: f(w_gate_up)?,
+                w_down: f(w_down)?,
+            },
+            Ffn::Moe {
+                router,
+                gate,
+                up,
+                down,
+            } => Ffn::Moe {
+                router: f(router)?,
+                gate: f(gate)?,
+                up: f(up)?,
+                down: f(down)?,
+            },
+        })
+    }
 }
 
 /// All weights of a Llama-family model.
@@ -57,8 +100,7 @@ impl<W> ModelWeights<W> {
                 bqkv: l.bqkv.as_ref().map(&mut f).transpose()?,
                 wo: f(&l.wo)?,
                 ffn_norm: f(&l.ffn_norm)?,
-                w_gate_up: f(&l.w_gate_up)?,
-                w_down: f(&l.w_down)?,
+                ffn: l.ffn.try_map(&mut f)?,
                 q_norm: l.q_norm.as_ref().map(&mut f).transpose()?,
                 k_norm: l.k_norm.as_ref().map(&mut f).transpose()?,
                 post_attn_norm: l.post_attn_norm.as_ref().map(&mut f).transpose()?,
@@ -147,14 +189,27 @@ where
         } else {
             None
         };
-        let w_gate_up = if v.fused_tensors {
-            get(&n("ffn_up.weight"), vec![2 * ff, h])?
-        } else {
-            HostTensor::concat_rows(vec![
-                get(&n("ffn_gate.weight"), vec![ff, h])?,
-                get(&n("ffn_up.weight"), vec![ff, h])?,
-            ])
-            .map_err(ModelError::from)?
+        let ffn = match &v.moe {
+            Some(m) => Ffn::Moe {
+                router: upload(get(&n("ffn_gate_inp.weight"), vec![m.n_expert, h])?)?,
+                gate: upload(experts(src, i, "gate", m.n_expert, m.expert_ff, h)?)?,
+                up: upload(experts(src, i, "up", m.n_expert, m.expert_ff, h)?)?,
+                down: upload(experts(src, i, "down", m.n_expert, h, m.expert_ff)?)?,
+            },
+            None if v.fused_tensors => Ffn::Dense {
+                w_gate_up: upload(get(&n("ffn_up.weight"), vec![2 * ff, h])?)?,
+                w_down: upload(get(&n("ffn_down.weight"), vec![h, ff])?)?,
+            },
+            None => Ffn::Dense {
+                w_gate_up: upload(
+                    HostTensor::concat_rows(vec![
+                        get(&n("ffn_gate.weight"), vec![ff, h])?,
+                        get(&n("ffn_up.weight"), vec![ff, h])?,
+                    ])
+                    .map_err(ModelError::from)?,
+                )?,
+                w_down: upload(get(&n("ffn_down.weight"), vec![h, ff])?)?,
+            },
         };
         let hd = s.head_dim;
         let (q_norm, k_norm) = if v.qk_norm {
@@ -179,8 +234,7 @@ where
             bqkv,
             wo: upload(get(&n("attn_output.weight"), vec![h, q])?)?,
             ffn_norm: upload(get_norm(&n("ffn_norm.weight"), h)?)?,
-            w_gate_up: upload(w_gate_up)?,
-            w_down: upload(get(&n("ffn_down.weight"), vec![h, ff])?)?,
+            ffn,
             q_norm,
             k_norm,
             post_attn_norm,
@@ -202,4 +256,33 @@ where
         norm,
         output,
     })
+}
+
+/// Layer `layer`'s `kind` (`gate`, `up`, `down`) matrices of all `n_expert` experts as one
+/// `[n_expert * rows, cols]` tensor in the file's type: llama.cpp's 3-D
+/// `ffn_{kind}_exps` (`[n_expert, rows, cols]`) or one `ffn_{kind}.{e}` per expert (older
+/// GGUF files, Hugging Face directories), stacked without converting.
+fn experts(
+    src: &dyn TensorSource,
+    layer: usize,
+    kind: &str,
+    n_expert: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<HostTensor, ModelError> {
+    let all = format!("blk.{layer}.ffn_{kind}_exps.weight");
+    if let Some(t) = src.fetch_host(&all, &[n_expert, rows, cols])? {
+        return Ok(HostTensor {
+            shape: vec![n_expert * rows, cols],
+            ..t
+        });
+    }
+    let parts = (0..n_expert)
+        .map(|e| {
+            let name = format!("blk.{layer}.ffn_{kind}.{e}.weight");
+            src.fetch_host(&name, &[rows, cols])?
+                .ok_or_else(|| ModelError::Missing(format!("{all} (or {name})")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(HostTensor::concat_rows(parts)?)
 }

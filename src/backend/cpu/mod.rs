@@ -4,6 +4,7 @@
 //! activations quantized to 8 bits per block; f16/bf16 rows are widened on the fly.
 
 mod attention;
+mod moe;
 pub mod ops;
 pub mod qdot;
 #[cfg(target_arch = "x86_64")]
@@ -17,6 +18,7 @@ use super::{
     AttnShape, Backend, BackendError, BatchPlan, HostData, HostTensor, KvShape, RopeLayout,
     RopeSpec,
 };
+use super::{MoeExperts, MoeShape};
 use crate::sampling::{CpuSampler, SampleRow, Sampled};
 pub use qdot::Kernels;
 use qmatmul::QScratch;
@@ -58,6 +60,7 @@ pub struct CpuBackend {
     /// Dequantize every weight to f32 at upload (the exact f32 reference path).
     f32_weights: bool,
     qscratch: QScratch,
+    moe: moe::MoeScratch,
 }
 
 impl Default for CpuBackend {
@@ -83,6 +86,7 @@ impl CpuBackend {
             kernels,
             f32_weights: false,
             qscratch: QScratch::default(),
+            moe: moe::MoeScratch::default(),
         }
     }
 
@@ -425,6 +429,29 @@ impl Backend for CpuBackend {
             .iter_mut()
             .for_each(|v| *v = cap * (*v / cap).tanh());
         Ok(())
+    }
+
+    fn moe_ffn(
+        &mut self,
+        x: &CpuTensor,
+        router_logits: &CpuTensor,
+        experts: MoeExperts<'_, HostTensor>,
+        shape: &MoeShape,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        let kern = self.kernels;
+        moe::moe_ffn(
+            &kern,
+            &mut self.qscratch,
+            &mut self.moe,
+            x,
+            router_logits,
+            experts,
+            shape,
+            n,
+            out,
+        )
     }
 
     fn gather_rows(

@@ -191,6 +191,27 @@ kernel_args! {
     ScaleRowsArgs (Kernel::ScaleRows) { x: ptr, s: f32, total: u64 }
     /// `softcap_<dt>`: `x = cap * tanh(x / cap)` over `total` elements.
     SoftcapArgs (Kernel::Softcap) { x: ptr, cap: f32, total: u64 }
+    /// `moe_route_<dt>`: top-k expert ids and weights of each of `n` rows.
+    MoeRouteArgs (Kernel::MoeRoute) {
+        logits: ptr, n: i32, ne: i32, k: i32, norm: i32, ids: ptr, wts: ptr,
+    }
+    /// `moe_align`: assignments sorted by expert and padded to tiles (one block).
+    MoeAlignArgs (Kernel::MoeAlign) {
+        ids: ptr, total: i32, ne: i32, sorted: ptr, tile_expert: ptr, inv: ptr, max_tiles: i32,
+    }
+    /// `moe_gate_up_<dt>`: `act[slot] = silu(Wg_e x) * (Wu_e x)` per tile of one expert.
+    MoeGateUpArgs (Kernel::MoeGateUp) {
+        x: ptr, wg: ptr, wu: ptr, sorted: ptr, tile_expert: ptr, k: i32, h: i32, f: i32,
+        cols: i32, act: ptr,
+    }
+    /// `moe_down_<dt>`: `y[slot] = Wd_e act[slot]` per tile of one expert.
+    MoeDownArgs (Kernel::MoeDown) {
+        act: ptr, wd: ptr, sorted: ptr, tile_expert: ptr, f: i32, h: i32, cols: i32, y: ptr,
+    }
+    /// `moe_combine_<dt>`: `out[t] = sum_j w[t, j] * y[inv[t, j]]` over `total` outputs.
+    MoeCombineArgs (Kernel::MoeCombine) {
+        y: ptr, inv: ptr, wts: ptr, k: i32, h: i32, total: u64, out: ptr,
+    }
 }
 
 #[cfg(test)]

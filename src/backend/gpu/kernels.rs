@@ -35,10 +35,12 @@ pub enum Source {
     Gemv,
     /// The model-family ops (`arch.cu`).
     Arch,
+    /// The mixture-of-experts FFN (`moe.cu`).
+    Moe,
 }
 
 impl Source {
-    const ALL: [Source; 11] = [
+    const ALL: [Source; 12] = [
         Source::Embed,
         Source::Norm,
         Source::Rope,
@@ -50,6 +52,7 @@ impl Source {
         Source::Sample,
         Source::Gemv,
         Source::Arch,
+        Source::Moe,
     ];
 
     fn file(self) -> &'static str {
@@ -65,6 +68,7 @@ impl Source {
             Source::Sample => "sample.cu",
             Source::Gemv => "gemv.cu",
             Source::Arch => "arch.cu",
+            Source::Moe => "moe.cu",
         }
     }
 
@@ -101,6 +105,7 @@ impl Source {
             Source::Sample => include_str!("../../../kernels/sample.cu"),
             Source::Gemv => include_str!("../../../kernels/gemv.cu"),
             Source::Arch => include_str!("../../../kernels/arch.cu"),
+            Source::Moe => include_str!("../../../kernels/moe.cu"),
         }
     }
 }
@@ -220,6 +225,16 @@ pub enum Kernel {
     ScaleRows,
     /// `x = cap * tanh(x / cap)`.
     Softcap,
+    /// MoE: top-k experts and weights per row (`moe.cu`).
+    MoeRoute,
+    /// MoE: assignments sorted by expert, padded to tiles (one block, any dtype).
+    MoeAlign,
+    /// MoE: grouped gate/up matmuls and SiLU-mul.
+    MoeGateUp,
+    /// MoE: grouped down matmul.
+    MoeDown,
+    /// MoE: weighted sum of each token's expert outputs.
+    MoeCombine,
 }
 
 /// Most input rows of the streaming matmul kernels (`kernels/gemv.cu`).
@@ -252,6 +267,11 @@ impl Kernel {
             Kernel::GeluTanhMul,
             Kernel::ScaleRows,
             Kernel::Softcap,
+            Kernel::MoeRoute,
+            Kernel::MoeAlign,
+            Kernel::MoeGateUp,
+            Kernel::MoeDown,
+            Kernel::MoeCombine,
         ];
         for rows in 1..=GEMV_MAX_ROWS as u32 {
             v.push(Kernel::Gemv { rows });
@@ -312,6 +332,11 @@ impl Kernel {
             Kernel::GeluTanhMul => "gelu_tanh_mul",
             Kernel::ScaleRows => "scale_rows",
             Kernel::Softcap => "softcap",
+            Kernel::MoeRoute => "moe_route",
+            Kernel::MoeAlign => "moe_align",
+            Kernel::MoeGateUp => "moe_gate_up",
+            Kernel::MoeDown => "moe_down",
+            Kernel::MoeCombine => "moe_combine",
         }
     }
 
@@ -337,6 +362,11 @@ impl Kernel {
             Kernel::HeadRmsNorm | Kernel::GeluTanhMul | Kernel::ScaleRows | Kernel::Softcap => {
                 Source::Arch
             }
+            Kernel::MoeRoute
+            | Kernel::MoeAlign
+            | Kernel::MoeGateUp
+            | Kernel::MoeDown
+            | Kernel::MoeCombine => Source::Moe,
         }
     }
 
@@ -352,7 +382,7 @@ impl Kernel {
             Kernel::SiluMulVec => format!("silu_mul_vec_{d}"),
             Kernel::RmsNormVec => format!("rms_norm_vec_{d}"),
             Kernel::AddRmsNormVec => format!("add_rms_norm_vec_{d}"),
-            Kernel::SampleTopN | Kernel::SamplePenalty | Kernel::SampleMask => {
+            Kernel::SampleTopN | Kernel::SamplePenalty | Kernel::SampleMask | Kernel::MoeAlign => {
                 self.op().to_string()
             }
             _ => format!("{}_{d}", self.op()),

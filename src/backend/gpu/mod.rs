@@ -27,6 +27,7 @@ pub mod hip_rt;
 pub mod kernels;
 mod matmul;
 mod meta;
+mod moe;
 mod norm;
 mod rope;
 pub mod runtime;
@@ -90,6 +91,8 @@ struct Scratch {
     rope: Vec<(RopeSpec, DevBuf)>,
     /// Split-K attention partials.
     attn_ws: Option<DevBuf>,
+    /// The mixture-of-experts routes, sorted assignments and expert outputs (`moe.rs`).
+    moe: Option<DevBuf>,
     /// Largest activation allocated, in elements (sizes the sampling workspace estimate).
     largest_alloc: usize,
 }
@@ -476,6 +479,18 @@ impl<R: Runtime> Backend for GpuBackend<R> {
 
     fn softcap(&mut self, x: &mut GpuTensor, cap: f32, n: usize) -> Result<(), BackendError> {
         self.launch_softcap(x, cap, n)
+    }
+
+    fn moe_ffn(
+        &mut self,
+        x: &GpuTensor,
+        router_logits: &GpuTensor,
+        experts: super::MoeExperts<'_, GpuWeight>,
+        shape: &super::MoeShape,
+        n: usize,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        self.launch_moe_ffn(x, router_logits, experts, shape, n, out)
     }
 
     fn sample(

@@ -1,0 +1,188 @@
+//! The mixture-of-experts FFN on the CPU: route every row (`moe::route_row`), sort the
+//! (token, expert) assignments by expert (counting sort, stable), then per expert with any
+//! token: gather its rows, gate/up matmuls against that expert's slice of the stacked
+//! weights (in the file's type, through `qmatmul`), SiLU, down matmul, and a weighted add
+//! into each token's output row.
+
+use super::qmatmul::{self, QScratch};
+use super::{CpuTensor, Kernels, check_cols, ops};
+use crate::backend::moe::{MoeExperts, MoeShape, route_row};
+use crate::backend::{BackendError, HostData, HostTensor};
+
+/// Scratch of the MoE op, grown to the largest step seen (kept between calls).
+#[derive(Debug, Default)]
+pub struct MoeScratch {
+    /// `[n * k]` (expert, weight) per assignment, token-major.
+    route: Vec<(u32, f32)>,
+    /// Assignment indices (`t * k + j`) sorted by expert, then by index.
+    order: Vec<u32>,
+    /// `[n_expert + 1]` start of each expert's run in `order`.
+    starts: Vec<usize>,
+    /// `[rows, hidden]` gathered inputs of one expert.
+    xs: Vec<f32>,
+    /// `[rows, f]` gate products (then the activations) and up products.
+    g: Vec<f32>,
+    u: Vec<f32>,
+    /// `[rows, hidden]` expert outputs.
+    y: Vec<f32>,
+}
+
+/// Rows `e * rows..(e + 1) * rows` of a stacked expert weight, as the matmuls take them.
+enum ExpertRows<'a> {
+    F32(&'a [f32]),
+    Typed(HostTensor),
+}
+
+fn expert_rows(w: &HostTensor, e: usize, rows: usize) -> Result<ExpertRows<'_>, BackendError> {
+    let cols = w.cols();
+    let bad = |why: &str| {
+        BackendError::InvalidBatch(format!(
+            "expert weight {:?} ({}): {why}",
+            w.shape,
+            w.type_label()
+        ))
+    };
+    match &w.data {
+        HostData::F32(v) => v
+            .get(e * rows * cols..(e + 1) * rows * cols)
+            .map(ExpertRows::F32)
+            .ok_or_else(|| bad("expert out of range")),
+        HostData::Raw { ty, bytes } => {
+            let rb = ty.byte_size(cols as u64)? as usize;
+            let part = bytes
+                .slice(e * rows * rb..(e + 1) * rows * rb)
+                .ok_or_else(|| bad("expert out of range"))?;
+            Ok(ExpertRows::Typed(HostTensor {
+                shape: vec![rows, cols],
+                data: HostData::Raw {
+                    ty: *ty,
+                    bytes: part,
+                },
+            }))
+        }
+        HostData::Stacked(parts) => {
+            // Hugging Face experts arrive one part per expert.
+            let p = parts
+                .get(e)
+                .filter(|p| parts.len() * rows == w.rows() && p.rows() == rows)
+                .ok_or_else(|| bad("stacked parts are not one per expert"))?;
+            match &p.data {
+                HostData::F32(v) => Ok(ExpertRows::F32(v)),
+                HostData::Raw { .. } => Ok(ExpertRows::Typed(p.clone())),
+                HostData::Stacked(_) => Err(bad("nested stack")),
+            }
+        }
+    }
+}
+
+/// `out[rows, m] = x[rows, k] @ w^T` for one expert's rows of a stacked weight.
+fn expert_matmul(
+    kern: &Kernels,
+    qs: &mut QScratch,
+    x: &[f32],
+    w: &HostTensor,
+    e: usize,
+    (rows, m, k): (usize, usize, usize),
+    out: &mut [f32],
+) -> Result<(), BackendError> {
+    match expert_rows(w, e, m)? {
+        ExpertRows::F32(v) => ops::matmul(x, v, None, rows, k, m, out),
+        ExpertRows::Typed(t) => qmatmul::matmul(kern, qs, x, &t, rows, out)?,
+    }
+    Ok(())
+}
+
+/// Checks the operands of [`moe_ffn`] against `shape` and `hidden`.
+fn check(
+    x: &CpuTensor,
+    logits: &CpuTensor,
+    w: &MoeExperts<'_, HostTensor>,
+    shape: &MoeShape,
+    out: &CpuTensor,
+) -> Result<(), BackendError> {
+    shape.check().map_err(BackendError::InvalidBatch)?;
+    let (h, e, f) = (x.cols, shape.n_expert, shape.expert_ff);
+    check_cols("moe router logits", logits.cols, e)?;
+    check_cols("moe output", out.cols, h)?;
+    for (what, t, rows, cols) in [
+        ("moe gate experts", w.gate, e * f, h),
+        ("moe up experts", w.up, e * f, h),
+        ("moe down experts", w.down, e * h, f),
+    ] {
+        if t.shape != [rows, cols] {
+            return Err(BackendError::InvalidBatch(format!(
+                "{what}: shape {:?}, expected [{rows}, {cols}]",
+                t.shape
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The MoE FFN of `n` rows (see `Backend::moe_ffn`).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_ffn(
+    kern: &Kernels,
+    qs: &mut QScratch,
+    s: &mut MoeScratch,
+    x: &CpuTensor,
+    logits: &CpuTensor,
+    w: MoeExperts<'_, HostTensor>,
+    shape: &MoeShape,
+    n: usize,
+    out: &mut CpuTensor,
+) -> Result<(), BackendError> {
+    check(x, logits, &w, shape, out)?;
+    let (h, ne, f, k) = (x.cols, shape.n_expert, shape.expert_ff, shape.top_k);
+    s.route.resize(n * k, (0, 0.0));
+    for (t, r) in s.route.chunks_exact_mut(k).enumerate() {
+        route_row(&logits.data[t * ne..(t + 1) * ne], k, shape.norm_topk, r);
+    }
+    // Counting sort of the assignments by expert (stable: token order within an expert).
+    s.starts.clear();
+    s.starts.resize(ne + 1, 0);
+    for &(e, _) in &s.route {
+        s.starts[e as usize + 1] += 1;
+    }
+    for e in 0..ne {
+        s.starts[e + 1] += s.starts[e];
+    }
+    s.order.resize(n * k, 0);
+    let mut next = s.starts.clone();
+    for (a, &(e, _)) in s.route.iter().enumerate() {
+        s.order[next[e as usize]] = a as u32;
+        next[e as usize] += 1;
+    }
+    out.data[..n * h].fill(0.0);
+    for e in 0..ne {
+        let run = s.starts[e]..s.starts[e + 1];
+        let rows = run.len();
+        if rows == 0 {
+            continue;
+        }
+        s.xs.resize(rows * h, 0.0);
+        for (i, &a) in s.order[run.clone()].iter().enumerate() {
+            let t = a as usize / k;
+            s.xs[i * h..(i + 1) * h].copy_from_slice(&x.data[t * h..(t + 1) * h]);
+        }
+        s.g.resize(rows * f, 0.0);
+        s.u.resize(rows * f, 0.0);
+        s.y.resize(rows * h, 0.0);
+        expert_matmul(kern, qs, &s.xs, w.gate, e, (rows, f, h), &mut s.g)?;
+        expert_matmul(kern, qs, &s.xs, w.up, e, (rows, f, h), &mut s.u)?;
+        // silu(g) * u in place, as `ops::silu_mul_row` computes it.
+        for (g, &u) in s.g.iter_mut().zip(&s.u) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+        expert_matmul(kern, qs, &s.g, w.down, e, (rows, h, f), &mut s.y)?;
+        for (i, &a) in s.order[run].iter().enumerate() {
+            let (t, wt) = (a as usize / k, s.route[a as usize].1);
+            let y = &s.y[i * h..(i + 1) * h];
+            out.data[t * h..(t + 1) * h]
+                .iter_mut()
+                .zip(y)
+                .for_each(|(o, v)| *o += wt * v);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! Launcher of the mixture-of-experts FFN (`kernels/moe.cu`): route, sort the assignments
+//! by expert on the device, grouped gate/up and down matmuls over tiles of one expert,
+//! then each token's weighted sum. Five launches per layer whatever the batch; every size
+//! comes from the step's row count, so decode steps record into graphs.
+
+use super::args::{MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
+use super::kernels::Kernel;
+use super::runtime::{Grid, Runtime};
+use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
+use crate::backend::{BackendError, MoeExperts, MoeShape};
+
+/// Assignment slots per tile (`MOE_TILE` in `moe.cu`).
+const TILE: usize = 8;
+/// Output columns per block of the grouped matmuls.
+const COLS: usize = 64;
+
+/// Where each part of the MoE workspace starts, in bytes, for `rows` rows.
+struct Layout {
+    ids: usize,
+    wts: usize,
+    inv: usize,
+    sorted: usize,
+    tile_expert: usize,
+    act: usize,
+    y: usize,
+    bytes: usize,
+}
+
+/// Tiles a step of `total` assignments over `ne` experts can need.
+fn max_tiles(total: usize, ne: usize) -> usize {
+    (total + ne * (TILE - 1)).div_ceil(TILE)
+}
+
+impl Layout {
+    fn new(rows: usize, s: &MoeShape, h: usize, elem: usize) -> Self {
+        let total = rows * s.top_k;
+        let tiles = max_tiles(total, s.n_expert);
+        let slots = tiles * TILE;
+        let align = |b: usize| b.next_multiple_of(256);
+        let ids = 0;
+        let wts = align(ids + 4 * total);
+        let inv = align(wts + 4 * total);
+        let sorted = align(inv + 4 * total);
+        let tile_expert = align(sorted + 4 * slots);
+        let act = align(tile_expert + 4 * tiles);
+        let y = align(act + elem * slots * s.expert_ff);
+        Layout {
+            ids,
+            wts,
+            inv,
+            sorted,
+            tile_expert,
+            act,
+            y,
+            bytes: y + elem * slots * h,
+        }
+    }
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_moe_ffn(
+        &mut self,
+        x: &GpuTensor,
+        logits: &GpuTensor,
+        w: MoeExperts<'_, GpuWeight>,
+        s: &MoeShape,
+        n: usize,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        s.check().map_err(invalid)?;
+        let (h, ne, f, k) = (x.cols, s.n_expert, s.expert_ff, s.top_k);
+        check_cols("moe router logits", logits.cols, ne)?;
+        check_cols("moe output", out.cols, h)?;
+        check_rows("moe_ffn", n, x.rows.min(logits.rows).min(out.rows))?;
+        for (what, t, rows, cols) in [
+            ("moe gate experts", w.gate, ne * f, h),
+            ("moe up experts", w.up, ne * f, h),
+            ("moe down experts", w.down, ne * h, f),
+        ] {
+            if (t.rows, t.cols) != (rows, cols) {
+                return Err(invalid(format!(
+                    "{what}: [{}, {}], expected [{rows}, {cols}]",
+                    t.rows, t.cols
+                )));
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        // Sized once for the activation capacity (the first, eager step), so a recorded
+        // step never reallocates.
+        let lay = Layout::new(x.rows, s, h, self.dt.size());
+        if self
+            .scratch
+            .moe
+            .as_ref()
+            .is_none_or(|b| b.bytes() < lay.bytes)
+        {
+            self.generation += 1;
+            self.scratch.moe = Some(self.dev.alloc(lay.bytes, "moe workspace")?);
+        }
+        let base = self.scratch.moe.as_ref().map_or(0, |b| b.ptr());
+        let at = |off: usize| base + off as u64;
+        let total = n * k;
+        let tiles = max_tiles(total, ne);
+        let route = MoeRouteArgs {
+            logits: logits.buf.ptr(),
+            n: n as i32,
+            ne: ne as i32,
+            k: k as i32,
+            norm: s.norm_topk as i32,
+            ids: at(lay.ids),
+            wts: at(lay.wts),
+        };
+        let grid = |blocks: (usize, usize), threads: u32| Grid {
+            blocks: (blocks.0 as u32, blocks.1 as u32, 1),
+            threads,
+        };
+        self.launch_with(Kernel::MoeRoute, grid((n.div_ceil(128), 1), 128), &route)?;
+        let align = MoeAlignArgs {
+            ids: at(lay.ids),
+            total: total as i32,
+            ne: ne as i32,
+            sorted: at(lay.sorted),
+            tile_expert: at(lay.tile_expert),
+            inv: at(lay.inv),
+            max_tiles: tiles as i32,
+        };
+        self.launch_with(Kernel::MoeAlign, grid((1, 1), 256), &align)?;
+        let gate_up = MoeGateUpArgs {
+            x: x.buf.ptr(),
+            wg: w.gate.buf.ptr(),
+            wu: w.up.buf.ptr(),
+            sorted: at(lay.sorted),
+            tile_expert: at(lay.tile_expert),
+            k: k as i32,
+            h: h as i32,
+            f: f as i32,
+            cols: COLS as i32,
+            act: at(lay.act),
+        };
+        let g = grid((tiles, f.div_ceil(COLS)), 256);
+        self.launch_with(Kernel::MoeGateUp, g, &gate_up)?;
+        let down = MoeDownArgs {
+            act: at(lay.act),
+            wd: w.down.buf.ptr(),
+            sorted: at(lay.sorted),
+            tile_expert: at(lay.tile_expert),
+            f: f as i32,
+            h: h as i32,
+            cols: COLS as i32,
+            y: at(lay.y),
+        };
+        self.launch_with(Kernel::MoeDown, grid((tiles, h.div_ceil(COLS)), 256), &down)?;
+        let combine = MoeCombineArgs {
+            y: at(lay.y),
+            inv: at(lay.inv),
+            wts: at(lay.wts),
+            k: k as i32,
+            h: h as i32,
+            total: (n * h) as u64,
+            out: out.buf.ptr(),
+        };
+        let blocks = (n * h).div_ceil(256).clamp(1, 65535);
+        self.launch_with(Kernel::MoeCombine, grid((blocks, 1), 256), &combine)
+    }
+}

@@ -1,0 +1,154 @@
+//! Parity of the mixture-of-experts FFN (`Backend::moe_ffn`) against a naive per-token
+//! reference written here (f64, experts looped token by token): batches in which every
+//! expert gets a token, in which most get none, exact router ties (lowest index wins) and
+//! both weightings (renormalised top-k and raw softmax probabilities).
+
+use kiln::backend::{MoeExperts, MoeShape};
+use rand_chacha::ChaCha8Rng;
+
+use crate::harness::*;
+use crate::parity_test;
+
+/// `out[t] = sum over the top-k experts of softmax(logits[t]) of w * down(silu(gate x) * up x)`.
+fn reference(
+    x: &[f32],
+    logits: &[f32],
+    (gate, up, down): (&[f32], &[f32], &[f32]),
+    s: &MoeShape,
+    h: usize,
+) -> Vec<f32> {
+    let (ne, f, n) = (s.n_expert, s.expert_ff, x.len() / h);
+    let mut out = vec![0.0f32; n * h];
+    for t in 0..n {
+        let l: Vec<f64> = logits[t * ne..(t + 1) * ne]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = l.iter().map(|v| (v - max).exp()).collect();
+        let sum: f64 = p.iter().sum();
+        let mut order: Vec<usize> = (0..ne).collect();
+        // Stable: equal probabilities keep the lower index first.
+        order.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
+        let top = &order[..s.top_k];
+        let total: f64 = top.iter().map(|&e| p[e] / sum).sum();
+        let xt = &x[t * h..(t + 1) * h];
+        for &e in top {
+            let w = if s.norm_topk {
+                p[e] / sum / total
+            } else {
+                p[e] / sum
+            };
+            let dot = |m: &[f32], row: usize, v: &[f32]| -> f64 {
+                let r = &m[row * v.len()..(row + 1) * v.len()];
+                r.iter().zip(v).map(|(a, b)| *a as f64 * *b as f64).sum()
+            };
+            let act: Vec<f32> = (0..f)
+                .map(|j| {
+                    let g = dot(gate, e * f + j, xt);
+                    (g / (1.0 + (-g).exp()) * dot(up, e * f + j, xt)) as f32
+                })
+                .collect();
+            for i in 0..h {
+                out[t * h + i] += (w * dot(down, e * h + i, &act)) as f32;
+            }
+        }
+    }
+    out
+}
+
+/// Runs one case on `b` and checks it against [`reference`].
+fn case<B: TestBackend>(
+    b: &mut B,
+    rng: &mut ChaCha8Rng,
+    what: &str,
+    s: MoeShape,
+    h: usize,
+    logits: Vec<f32>,
+) {
+    let (ne, f) = (s.n_expert, s.expert_ff);
+    let n = logits.len() / ne;
+    let q = |b: &B, v: Vec<f32>| b.quantize(&v);
+    let x = q(b, random(rng, n * h, 1.0));
+    let logits = q(b, logits);
+    let gate = q(b, random(rng, ne * f * h, 0.3));
+    let up = q(b, random(rng, ne * f * h, 0.3));
+    let down = q(b, random(rng, ne * h * f, 0.3));
+    let want = reference(&x, &logits, (&gate, &up, &down), &s, h);
+    let (bx, bl) = (tensor(b, n, h, &x), tensor(b, n, ne, &logits));
+    let wg = weight(b, vec![ne * f, h], &gate);
+    let wu = weight(b, vec![ne * f, h], &up);
+    let wd = weight(b, vec![ne * h, f], &down);
+    let mut out = poisoned(b, n + 1, h);
+    let experts = MoeExperts {
+        gate: &wg,
+        up: &wu,
+        down: &wd,
+    };
+    b.moe_ffn(&bx, &bl, experts, &s, n, &mut out)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let got = b.to_host(&out, n + 1).unwrap();
+    assert_rows_only(
+        &format!("{} moe_ffn {what}", b.label()),
+        &got,
+        &want,
+        b.tol(),
+    );
+}
+
+fn moe<B: TestBackend>(b: &mut B) {
+    let mut rng = rng("moe_ffn");
+    let shape = |n_expert, top_k, expert_ff, norm_topk| MoeShape {
+        n_expert,
+        top_k,
+        expert_ff,
+        norm_topk,
+    };
+    // Every expert chosen: row t prefers experts t and t + 1 (mod 8) by a wide margin.
+    let (n, ne) = (19, 8);
+    let mut l = random(&mut rng, n * ne, 0.5);
+    for t in 0..n {
+        l[t * ne + t % ne] += 6.0;
+        l[t * ne + (t + 1) % ne] += 4.0;
+    }
+    case(
+        b,
+        &mut rng,
+        "all experts used",
+        shape(8, 2, 48, true),
+        64,
+        l,
+    );
+    // Most experts idle: every row prefers experts 5 and 2.
+    let mut l = random(&mut rng, 7 * ne, 0.5);
+    for t in 0..7 {
+        l[t * ne + 5] += 6.0;
+        l[t * ne + 2] += 3.0;
+    }
+    case(
+        b,
+        &mut rng,
+        "six experts idle",
+        shape(8, 2, 40, true),
+        32,
+        l,
+    );
+    // One decode row, raw softmax weights (Qwen3-MoE's norm_topk_prob false).
+    let l = random(&mut rng, 16, 3.0);
+    case(
+        b,
+        &mut rng,
+        "one row, unnormalised",
+        shape(16, 4, 32, false),
+        96,
+        l,
+    );
+    // Exact ties: equal logits pick the lowest indices.
+    let mut l = vec![1.0; 3 * 6];
+    l[6 + 4] = 2.0;
+    case(b, &mut rng, "ties", shape(6, 3, 24, true), 32, l);
+    // Mixtral's shape class, top 1 and a wide batch.
+    let l = random(&mut rng, 67 * 4, 4.0);
+    case(b, &mut rng, "67 rows top 1", shape(4, 1, 56, false), 48, l);
+}
+parity_test!(moe_ffn_grouped_experts, moe);
