@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::device::Device;
+use super::qweight::QType;
 use super::runtime::{DeviceInfo, Runtime, dev_err};
 use crate::backend::{BackendError, DType};
 
@@ -33,10 +34,12 @@ pub enum Source {
     AttentionDecode,
     Sample,
     Gemv,
+    /// Quantized weights: streaming matmuls, dequantization, F16/BF16 conversion.
+    Qgemv,
 }
 
 impl Source {
-    const ALL: [Source; 10] = [
+    const ALL: [Source; 11] = [
         Source::Embed,
         Source::Norm,
         Source::Rope,
@@ -47,6 +50,7 @@ impl Source {
         Source::AttentionDecode,
         Source::Sample,
         Source::Gemv,
+        Source::Qgemv,
     ];
 
     fn file(self) -> &'static str {
@@ -61,6 +65,7 @@ impl Source {
             Source::AttentionDecode => "attention_decode.cu",
             Source::Sample => "sample.cu",
             Source::Gemv => "gemv.cu",
+            Source::Qgemv => "qgemv.cu",
         }
     }
 
@@ -96,6 +101,7 @@ impl Source {
             Source::AttentionDecode => include_str!("../../../kernels/attention_decode.cu"),
             Source::Sample => include_str!("../../../kernels/sample.cu"),
             Source::Gemv => include_str!("../../../kernels/gemv.cu"),
+            Source::Qgemv => include_str!("../../../kernels/qgemv.cu"),
         }
     }
 }
@@ -207,7 +213,30 @@ pub enum Kernel {
     GemvSiluMul {
         rows: u32,
     },
+    /// Matmul of up to `rows` (one of [`QGEMV_ROWS`]) input rows with a quantized weight
+    /// part, dequantized in registers.
+    Qgemv {
+        q: QType,
+        rows: u32,
+    },
+    /// Gate/up matmul of quantized gate and up parts and SiLU-mul in one pass.
+    QgemvSilu {
+        q: QType,
+        rows: u32,
+    },
+    /// Rows of a quantized weight part to the compute type (embedding; GEMM scratch).
+    Dequant {
+        q: QType,
+    },
+    /// F16 (or BF16) elements to the compute type.
+    Convert {
+        bf16: bool,
+    },
 }
+
+/// Row buckets of the quantized streaming matmuls (`kernels/qgemv.cu`): a step of `n` rows
+/// runs the smallest bucket of at least `n`.
+pub const QGEMV_ROWS: [u32; 4] = [1, 2, 4, 8];
 
 /// Most input rows of the streaming matmul kernels (`kernels/gemv.cu`).
 pub const GEMV_MAX_ROWS: usize = 2;
@@ -240,6 +269,15 @@ impl Kernel {
             v.push(Kernel::Gemv { rows });
             v.push(Kernel::GemvSiluMul { rows });
         }
+        for q in QType::ALL {
+            for rows in QGEMV_ROWS {
+                v.push(Kernel::Qgemv { q, rows });
+                v.push(Kernel::QgemvSilu { q, rows });
+            }
+            v.push(Kernel::Dequant { q });
+        }
+        v.push(Kernel::Convert { bf16: false });
+        v.push(Kernel::Convert { bf16: true });
         for head in [
             AttnHead::D64,
             AttnHead::D80,
@@ -289,8 +327,10 @@ impl Kernel {
             Kernel::SampleMask => "sample_mask",
             Kernel::SamplePick => "sample_pick",
             Kernel::SampleGreedy => "sample_greedy",
-            Kernel::Gemv { .. } => "matmul",
-            Kernel::GemvSiluMul { .. } => "matmul_silu_mul",
+            Kernel::Gemv { .. } | Kernel::Qgemv { .. } => "matmul",
+            Kernel::GemvSiluMul { .. } | Kernel::QgemvSilu { .. } => "matmul_silu_mul",
+            Kernel::Dequant { .. } => "dequant",
+            Kernel::Convert { .. } => "convert",
         }
     }
 
@@ -313,6 +353,10 @@ impl Kernel {
             | Kernel::SamplePick
             | Kernel::SampleGreedy => Source::Sample,
             Kernel::Gemv { .. } | Kernel::GemvSiluMul { .. } => Source::Gemv,
+            Kernel::Qgemv { .. }
+            | Kernel::QgemvSilu { .. }
+            | Kernel::Dequant { .. }
+            | Kernel::Convert { .. } => Source::Qgemv,
         }
     }
 
@@ -325,6 +369,10 @@ impl Kernel {
             Kernel::AttentionDecode { head, qv } => format!("attn_{d}_d{}_dec{qv}", head.tag()),
             Kernel::Gemv { rows } => format!("gemv_{d}_m{rows}"),
             Kernel::GemvSiluMul { rows } => format!("gemv_silu_mul_{d}_m{rows}"),
+            Kernel::Qgemv { q, rows } => format!("qgemv_{}_{d}_m{rows}", q.tag()),
+            Kernel::QgemvSilu { q, rows } => format!("qgemv_silu_{}_{d}_m{rows}", q.tag()),
+            Kernel::Dequant { q } => format!("dequant_{}_{d}", q.tag()),
+            Kernel::Convert { bf16 } => format!("convert_{}_{d}", if bf16 { "bf16" } else { "f16" }),
             Kernel::SiluMulVec => format!("silu_mul_vec_{d}"),
             Kernel::RmsNormVec => format!("rms_norm_vec_{d}"),
             Kernel::AddRmsNormVec => format!("add_rms_norm_vec_{d}"),
