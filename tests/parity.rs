@@ -9,6 +9,8 @@ mod bench;
 mod harness;
 #[path = "parity/model.rs"]
 mod model;
+#[path = "parity/quant.rs"]
+mod quant;
 #[path = "parity/sampling.rs"]
 mod sampling;
 #[path = "parity/torch_ref.rs"]
