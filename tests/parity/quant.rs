@@ -191,3 +191,57 @@ fn quant_embed<B: TestBackend>(b: &mut B) {
     }
 }
 crate::parity_test!(quantized_embedding_rows, quant_embed);
+
+/// The fixture directory: `KILN_MODELS_DIR` (device runs carry the files), else `../shared/models`.
+fn models_dir() -> std::path::PathBuf {
+    std::env::var_os("KILN_MODELS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models")
+        })
+}
+
+/// Greedy ids of 48 tokens after each prompt.
+fn greedy_ids<B: Backend>(backend: B, files: &kiln::model::ModelFiles) -> Vec<Vec<u32>> {
+    use kiln::generate::{GenerateOptions, SingleGenerator};
+    let tok = files.tokenizer.as_ref().expect("fixture tokenizer");
+    let mut g = SingleGenerator::new(backend, files, 256, 7, 4).expect("load");
+    let opts = GenerateOptions {
+        max_tokens: 48,
+        params: kiln::sampling::SamplingParams::greedy(),
+        stop_ids: vec![],
+        chunk: 7,
+        block_size: 4,
+        record_logits: 0,
+    };
+    ["Once upon a time", "The little dog", "Lily and Ben went to the park"]
+        .iter()
+        .map(|p| {
+            g.generate(&tok.encode(p, true).unwrap(), &opts, |_| {})
+                .expect("generate")
+                .token_ids
+        })
+        .collect()
+}
+
+/// stories260K in Q8_0 and Q4_0: a GPU in f32 (weights quantized on the device) gives the
+/// greedy ids of the CPU on the same weights dequantized to f32.
+#[test]
+fn stories260k_quantized_greedy_matches_cpu() {
+    use kiln::model::{LoadFormat, ModelFiles};
+    for name in ["stories260K-Q8_0.gguf", "stories260K-Q4_0.gguf"] {
+        let files = ModelFiles::open(&models_dir().join(name), LoadFormat::Gguf)
+            .unwrap_or_else(|e| panic!("{name} fixture: {e}"));
+        let want = greedy_ids(CpuBackend::with_f32_weights(), &files);
+        assert!(want.iter().all(|ids| ids.len() == 48), "{name}: cpu ids");
+        #[cfg(feature = "cuda")]
+        if let Some(b) = cuda(kiln::backend::DType::F32) {
+            assert_eq!(greedy_ids(b, &files), want, "{name}: cuda f32 greedy ids");
+            eprintln!("{name}: cuda f32 greedy ids match the cpu's");
+        }
+        #[cfg(feature = "rocm")]
+        if let Some(b) = rocm(kiln::backend::DType::F32) {
+            assert_eq!(greedy_ids(b, &files), want, "{name}: rocm f32 greedy ids");
+        }
+    }
+}
