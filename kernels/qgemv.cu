@@ -27,10 +27,16 @@ __device__ __forceinline__ size_t plane_align(size_t b) { return (b + 255) & ~(s
 
 // IEEE half to float (exact; inf/NaN kept).
 __device__ __forceinline__ float half_to_f(u32 h) {
+#if defined(KILN_CUDA)
+    float f;
+    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"((u16)h));
+    return f;
+#else
     const u32 sign = (h & 0x8000u) << 16;
     const u32 mag = h & 0x7fffu;
     if (mag >= 0x7c00u) return __uint_as_float(sign | 0x7f800000u | ((mag & 0x3ffu) << 13));
     return __uint_as_float(sign | __float_as_uint(__uint_as_float(mag << 13) * 5.192296858534828e33f));
+#endif
 }
 
 // A quant chunk read once: past L1 on NVIDIA (never reused by this SM).
@@ -56,38 +62,43 @@ __device__ __forceinline__ float byte_f(u32 v, int i) {
 #endif
 }
 
-// Four weights from the four bytes of v: scale * (byte - bias) + add.
-__device__ __forceinline__ void dec4(u32 v, float bias, float scale, float add, float* w) {
+// The four bytes of v less bias, as exact floats.
+__device__ __forceinline__ void q4(u32 v, float bias, float* q) {
     const float b = 8388608.0f + bias;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = fmaf(scale, byte_f(v, i) - b, add);
+    for (int i = 0; i < 4; ++i) q[i] = byte_f(v, i) - b;
 }
 
 __device__ __forceinline__ u32 word(const vec4u& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Byte i (0..15) of a 16-byte vector.
-__device__ __forceinline__ u32 byte_of(const vec4u& v, int i) { return (word(v, i >> 2) >> (8 * (i & 3))) & 0xffu; }
 
-// The 6-bit (scale, min) of sub-block j of a k-quant block's 16-byte meta (d, dmin, scales[12]).
+// The 6-bit (scale, min) of sub-block j of a k-quant block's 16-byte meta (d, dmin,
+// scales[12]: words y, z, w); j is the same for every unit of a lane, so the shifts are too.
 __device__ __forceinline__ void kq_scale_min(const vec4u& meta, int j, float& sc, float& mn) {
-    // scales[i] is byte 4 + i of the meta.
+    const int sh = 8 * (j & 3);
+    const u32 ys = meta.y >> sh, zs = meta.z >> sh, ws = meta.w >> sh;
     u32 s, m;
     if (j < 4) {
-        s = byte_of(meta, 4 + j) & 63u;
-        m = byte_of(meta, 8 + j) & 63u;
+        s = ys & 63u;
+        m = zs & 63u;
     } else {
-        s = (byte_of(meta, 8 + j) & 0x0fu) | ((byte_of(meta, j) >> 6) << 4);
-        m = (byte_of(meta, 8 + j) >> 4) | ((byte_of(meta, 4 + j) >> 6) << 4);
+        s = (ws & 15u) | ((ys >> 2) & 0x30u);
+        m = ((ws >> 4) & 15u) | ((zs >> 2) & 0x30u);
     }
     sc = (float)s;
     mn = (float)m;
 }
 
+// Each type: UNIT weights per unit in RUNS runs of 16; run() gives a run's 16 quants as exact
+// floats q and the run's (scale, add): weight = scale * q + add (add is 0 unless MIN).
+// `lo` has the unit index's low 3 bits (the lane's: units step by whole warps).
+
 // ---- Q8_0: unit = half a block, 16 quants (1 run) ---------------------------------------
 struct Q8_0 {
     static constexpr int UNIT = 16, RUNS = 1;
+    static constexpr bool MIN = false;
     struct Row {
         const u8* qs;
         const u16* d;
@@ -104,16 +115,18 @@ struct Q8_0 {
         return Raw{ld_stream(reinterpret_cast<const vec4u*>(r.qs) + u), r.d[u >> 1]};
     }
     static __device__ __forceinline__ int xoff(int u, int) { return 16 * u; }
-    static __device__ __forceinline__ void run(const Raw& raw, int, int, float* w) {
-        const float d = half_to_f(raw.d);
+    static __device__ __forceinline__ void run(const Raw& raw, int, int, float* q, float& sc, float& add) {
+        sc = half_to_f(raw.d);
+        add = 0.f;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) dec4(word(raw.q, i) ^ 0x80808080u, 128.f, d, 0.f, w + 4 * i);
+        for (int i = 0; i < 4; ++i) q4(word(raw.q, i) ^ 0x80808080u, 128.f, q + 4 * i);
     }
 };
 
 // ---- Q4_0: unit = one block of 32 (low nibbles: run 0, high: run 1) -----------------------
 struct Q4_0 {
     static constexpr int UNIT = 32, RUNS = 2;
+    static constexpr bool MIN = false;
     struct Row {
         const u8* qs;
         const u16* d;
@@ -130,13 +143,11 @@ struct Q4_0 {
         return Raw{ld_stream(reinterpret_cast<const vec4u*>(r.qs) + u), r.d[u]};
     }
     static __device__ __forceinline__ int xoff(int u, int ri) { return 32 * u + 16 * ri; }
-    static __device__ __forceinline__ void run(const Raw& raw, int, int ri, float* w) {
-        const float d = half_to_f(raw.d);
+    static __device__ __forceinline__ void run(const Raw& raw, int, int ri, float* q, float& sc, float& add) {
+        sc = half_to_f(raw.d);
+        add = 0.f;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 v = (word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu;
-            dec4(v, 8.f, d, 0.f, w + 4 * i);
-        }
+        for (int i = 0; i < 4; ++i) q4((word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu, 8.f, q + 4 * i);
     }
 };
 
@@ -145,6 +156,7 @@ struct Q4_0 {
 template <bool Q5>
 struct QK45 {
     static constexpr int UNIT = 32, RUNS = 2;
+    static constexpr bool MIN = true;
     struct Row {
         const u8* qs;
         const u8* qh;
@@ -170,17 +182,17 @@ struct QK45 {
     static __device__ __forceinline__ int xoff(int u, int ri) {
         return 256 * (u >> 3) + 64 * ((u & 7) >> 1) + 16 * (u & 1) + 32 * ri;
     }
-    static __device__ __forceinline__ void run(const Raw& raw, int u, int ri, float* w) {
-        const int sub = 2 * ((u & 7) >> 1) + ri;
-        float sc, mn;
-        kq_scale_min(raw.meta, sub, sc, mn);
-        const float d = half_to_f(raw.meta.x & 0xffffu) * sc;
-        const float m = -half_to_f(raw.meta.x >> 16) * mn;
+    static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
+        const int sub = 2 * ((lo & 7) >> 1) + ri;
+        float s, m;
+        kq_scale_min(raw.meta, sub, s, m);
+        sc = half_to_f(raw.meta.x & 0xffffu) * s;
+        add = -half_to_f(raw.meta.x >> 16) * m;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             u32 v = (word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu;
             if (Q5) v |= ((word(raw.h, i) >> sub) & 0x01010101u) << 4;
-            dec4(v, 0.f, d, m, w + 4 * i);
+            q4(v, 0.f, q + 4 * i);
         }
     }
 };
@@ -190,6 +202,7 @@ typedef QK45<true> Q5_K;
 // ---- Q6_K: unit = l0..l0+16 of one half h of a super-block: 4 runs, one scale each --------
 struct Q6_K {
     static constexpr int UNIT = 64, RUNS = 4;
+    static constexpr bool MIN = false;
     struct Row {
         const u8* ql;
         const u8* qh;
@@ -224,16 +237,19 @@ struct Q6_K {
     static __device__ __forceinline__ int xoff(int u, int ri) {
         return 256 * (u >> 2) + 128 * ((u >> 1) & 1) + 16 * (u & 1) + 32 * ri;
     }
-    static __device__ __forceinline__ void run(const Raw& raw, int u, int ri, float* w) {
-        const int h = (u >> 1) & 1, c = u & 1;
-        const int s = (int)(signed char)byte_of(raw.sc, 8 * h + c + 2 * ri);
-        const float d = half_to_f(raw.d) * (float)s;
+    static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
+        const int h = (lo >> 1) & 1, c = lo & 1;
+        // scales[8h + c + 2ri]: word 2h (ri < 2) or 2h + 1, byte (c + 2ri) & 3.
+        const u32 wsel = ri < 2 ? (h ? raw.sc.z : raw.sc.x) : (h ? raw.sc.w : raw.sc.y);
+        const int s = (int)(signed char)((wsel >> (8 * ((c + 2 * ri) & 3))) & 0xffu);
+        sc = half_to_f(raw.d) * (float)s;
+        add = 0.f;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const u32 lo = word(ri & 1 ? raw.b : raw.a, i);
-            const u32 q = (ri < 2 ? lo : lo >> 4) & 0x0f0f0f0fu;
+            const u32 lw = word(ri & 1 ? raw.b : raw.a, i);
+            const u32 qq = (ri < 2 ? lw : lw >> 4) & 0x0f0f0f0fu;
             const u32 hb = ((word(raw.h, i) >> (2 * ri)) & 0x03030303u) << 4;
-            dec4(q | hb, 32.f, d, 0.f, w + 4 * i);
+            q4(qq | hb, 32.f, q + 4 * i);
         }
     }
 };
@@ -285,18 +301,30 @@ __device__ __forceinline__ void qgemv_impl(const u8* __restrict__ w, const u8* _
 #pragma unroll
             for (int run = 0; run < Q::RUNS; ++run) {
                 if (u >= nu) continue;
-                float wf[R][16];
+                float qv[R][16], sc[R], ad[R];
 #pragma unroll
-                for (int r = 0; r < R; ++r) Q::run(raw[t][r], u, run, wf[r]);
+                for (int r = 0; r < R; ++r) Q::run(raw[t][r], lane, run, qv[r], sc[r], ad[r]);
                 const int off = Q::xoff(u, run);
 #pragma unroll
                 for (int m = 0; m < M; ++m) {
                     float xf[16];
                     load_x16<T>(xr[m], off, xf);
+                    float sx = 0.f;
+                    if (Q::MIN) {
 #pragma unroll
-                    for (int r = 0; r < R; ++r)
+                        for (int e = 0; e < 16; ++e) sx += xf[e];
+                    }
 #pragma unroll
-                        for (int e = 0; e < 16; ++e) acc[m][r] = fmaf(xf[e], wf[r][e], acc[m][r]);
+                    for (int r = 0; r < R; ++r) {
+                        float d0 = 0.f, d1 = 0.f;
+#pragma unroll
+                        for (int e = 0; e < 16; e += 2) {
+                            d0 = fmaf(xf[e], qv[r][e], d0);
+                            d1 = fmaf(xf[e + 1], qv[r][e + 1], d1);
+                        }
+                        acc[m][r] = fmaf(sc[r], d0 + d1, acc[m][r]);
+                        if (Q::MIN) acc[m][r] = fmaf(ad[r], sx, acc[m][r]);
+                    }
                 }
             }
         }
@@ -334,8 +362,10 @@ __device__ __forceinline__ void dequant_impl(const u8* __restrict__ w, const u32
         const typename Q::Raw raw = Q::load(wr, u);
 #pragma unroll
         for (int run = 0; run < Q::RUNS; ++run) {
-            float wf[16];
-            Q::run(raw, u, run, wf);
+            float wf[16], sc, ad;
+            Q::run(raw, threadIdx.x, run, wf, sc, ad);
+#pragma unroll
+            for (int e = 0; e < 16; ++e) wf[e] = fmaf(sc, wf[e], ad);
             typename C::Raw* p = reinterpret_cast<typename C::Raw*>(o + Q::xoff(u, run));
 #pragma unroll
             for (int c = 0; c < 16 / C::E; ++c) p[c] = C::pack(wf + c * C::E);
@@ -365,7 +395,7 @@ __device__ __forceinline__ void convert_impl(const u16* __restrict__ src, T* __r
         qgemv_impl<Q, T, M, 2, U, true>(wg, wu, x, nullptr, y, k, f, rows, ldy);                    \
     }
 #define KILN_QGEMV_T(QN, Q, N, T)                                                                   \
-    KILN_QGEMV_M(QN, Q, N, T, 1, 1, 4)                                                              \
+    KILN_QGEMV_M(QN, Q, N, T, 1, 2, 2)                                                              \
     KILN_QGEMV_M(QN, Q, N, T, 2, 2, 2)                                                              \
     KILN_QGEMV_M(QN, Q, N, T, 4, 2, 1)                                                              \
     KILN_QGEMV_M(QN, Q, N, T, 8, 2, 1)                                                              \

@@ -154,7 +154,8 @@ impl<R: Runtime> GpuBackend<R> {
         let (m, k) = (w.rows, w.cols);
         let size = self.dt.size() as u64;
         if let Some(rows) = self.qgemv_rows(n, x, w) {
-            let per_block = GEMV_WARPS * if rows == 1 { 1 } else { 2 };
+            // Two weight rows per warp at every row bucket (`KILN_QGEMV_T` in kernels/qgemv.cu).
+            let per_block = GEMV_WARPS * 2;
             for p in &w.parts {
                 let Some(q) = p.q else { continue };
                 let args = QgemvArgs {
