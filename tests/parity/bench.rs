@@ -55,15 +55,17 @@ struct FastDummy(Mix);
 
 /// Fills `out` with xorshift bytes seeded by `salt`, in parallel.
 fn random_bytes(out: &mut [u8], salt: u64) {
-    out.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
-        let mut x = salt ^ ((c as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
-        for o in chunk.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            o.copy_from_slice(&x.to_le_bytes()[..o.len()]);
-        }
-    });
+    out.par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut x = salt ^ ((c as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
+            for o in chunk.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                o.copy_from_slice(&x.to_le_bytes()[..o.len()]);
+            }
+        });
 }
 
 /// Random blocks of `ty` with sane f16 scales (the block layouts of `backend::quant`).

@@ -214,14 +214,18 @@ fn greedy_ids<B: Backend>(backend: B, files: &kiln::model::ModelFiles) -> Vec<Ve
         block_size: 4,
         record_logits: 0,
     };
-    ["Once upon a time", "The little dog", "Lily and Ben went to the park"]
-        .iter()
-        .map(|p| {
-            g.generate(&tok.encode(p, true).unwrap(), &opts, |_| {})
-                .expect("generate")
-                .token_ids
-        })
-        .collect()
+    [
+        "Once upon a time",
+        "The little dog",
+        "Lily and Ben went to the park",
+    ]
+    .iter()
+    .map(|p| {
+        g.generate(&tok.encode(p, true).unwrap(), &opts, |_| {})
+            .expect("generate")
+            .token_ids
+    })
+    .collect()
 }
 
 /// stories260K in Q8_0 and Q4_0: a GPU in f32 (weights quantized on the device) gives the

@@ -372,7 +372,9 @@ impl Kernel {
             Kernel::Qgemv { q, rows } => format!("qgemv_{}_{d}_m{rows}", q.tag()),
             Kernel::QgemvSilu { q, rows } => format!("qgemv_silu_{}_{d}_m{rows}", q.tag()),
             Kernel::Dequant { q } => format!("dequant_{}_{d}", q.tag()),
-            Kernel::Convert { bf16 } => format!("convert_{}_{d}", if bf16 { "bf16" } else { "f16" }),
+            Kernel::Convert { bf16 } => {
+                format!("convert_{}_{d}", if bf16 { "bf16" } else { "f16" })
+            }
             Kernel::SiluMulVec => format!("silu_mul_vec_{d}"),
             Kernel::RmsNormVec => format!("rms_norm_vec_{d}"),
             Kernel::AddRmsNormVec => format!("add_rms_norm_vec_{d}"),

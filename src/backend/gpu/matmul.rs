@@ -32,8 +32,7 @@ impl<R: Runtime> GpuBackend<R> {
             && x.cols == w.cols
             && w.cols <= i32::MAX as usize
             && w.rows <= i32::MAX as usize
-            && w
-                .dense()
+            && w.dense()
                 .is_some_and(|b| self.whole_chunks(w.cols, &[x.buf.ptr(), b.ptr()]))
     }
 
@@ -101,7 +100,15 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// `out[n, m] = x[n, k] @ w[m, k]^T` on the BLAS (device addresses).
-    fn gemm(&mut self, x: u64, w: u64, out: u64, n: usize, k: usize, m: usize) -> Result<(), BackendError> {
+    fn gemm(
+        &mut self,
+        x: u64,
+        w: u64,
+        out: u64,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
         if n == 0 || m == 0 {
             return Ok(());
         }

@@ -41,9 +41,9 @@ pub use graphs::GraphStats;
 
 pub use super::open::GpuOptions;
 use kernels::{Kernel, Kernels};
+pub use qweight::QType;
 use runtime::{Grid, Runtime};
 pub use timing::KernelTiming;
-pub use qweight::QType;
 pub use types::{GpuBatch, GpuKv, GpuTensor, GpuWeight};
 
 pub use super::DType;
@@ -288,7 +288,12 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         let w = GpuWeight { parts, rows, cols };
         if w.dense().is_none() {
             let bytes = rows * cols * self.dt.size();
-            if self.scratch.dequant.as_ref().is_none_or(|b| b.bytes() < bytes) {
+            if self
+                .scratch
+                .dequant
+                .as_ref()
+                .is_none_or(|b| b.bytes() < bytes)
+            {
                 self.scratch.dequant = None;
                 self.scratch.dequant = Some(self.dev.alloc(bytes, "dequant scratch")?);
             }

@@ -176,16 +176,12 @@ impl<R: Runtime> GpuBackend<R> {
             let HostData::Raw { ty, bytes } = &p.data else {
                 return Err(unsupported(
                     R::NAME,
-                    format!(
-                    "a stack of quantized and plain parts ({})",
-                    p.type_label()
-                )));
+                    format!("a stack of quantized and plain parts ({})", p.type_label()),
+                ));
             };
             let q = QType::of(*ty).ok_or_else(|| unsupported(R::NAME, ty.to_string()))?;
             if !cols.is_multiple_of(q.block().0) || cols > i32::MAX as usize {
-                return Err(unsupported(
-                    R::NAME,
-                    format!("{ty} with {cols} columns")));
+                return Err(unsupported(R::NAME, format!("{ty} with {cols} columns")));
             }
             let packed = q.repack(bytes, n, cols);
             let buf = self.dev.alloc(packed.len(), "weight")?;
@@ -229,7 +225,9 @@ impl<R: Runtime> GpuBackend<R> {
         if bf16 && self.dt == crate::backend::DType::Bf16 {
             return self.dev.upload(buf, offset, bytes);
         }
-        let stage = self.dev.alloc(bytes.len().min(STAGE_BYTES), "weight staging")?;
+        let stage = self
+            .dev
+            .alloc(bytes.len().min(STAGE_BYTES), "weight staging")?;
         let size = self.dt.size() as u64;
         for (i, chunk) in bytes.chunks(STAGE_BYTES).enumerate() {
             self.dev.upload(&stage, 0, chunk)?;
@@ -261,9 +259,8 @@ impl<R: Runtime> GpuBackend<R> {
         out: u64,
         ldo: usize,
     ) -> Result<(), BackendError> {
-        let q = p
-            .q
-            .ok_or_else(|| invalid("dequant of a plain weight".into()))?;
+        let q =
+            p.q.ok_or_else(|| invalid("dequant of a plain weight".into()))?;
         if count == 0 {
             return Ok(());
         }
@@ -301,7 +298,9 @@ mod tests {
             let (elems, bb) = q.block();
             let (rows, k) = (3, 2 * 256);
             let nb = k / elems;
-            let bytes: Vec<u8> = (0..rows * nb * bb).map(|i| (i * 7 + i / 251) as u8).collect();
+            let bytes: Vec<u8> = (0..rows * nb * bb)
+                .map(|i| (i * 7 + i / 251) as u8)
+                .collect();
             let packed = q.repack(&bytes, rows, k);
             let (planes, total) = q.planes(rows, k);
             assert_eq!(packed.len(), total);
