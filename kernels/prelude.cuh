@@ -14,6 +14,7 @@ constexpr int WARP = KILN_WARP_SIZE;
 // Most warps of a 1024-thread block; sizes the scratch of block reductions.
 constexpr int MAX_WARPS = 1024 / WARP;
 
+typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef int i32;

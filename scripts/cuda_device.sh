@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root, with target/device/ staged by
 # scripts/cuda_stage.sh. Usage: scripts/cuda_device.sh [parity [ROUNDS] | bench | torchref | all |
-# profile CASES KERNEL_REGEX [SKIP [COUNT]]]
-# Logs go to $OUT (or /tmp/kiln-out).
+# qbench [MIXES] | profile CASES KERNEL_REGEX [SKIP [COUNT]]]
+# Logs go to $OUT (or /tmp/kiln-out). KILN_DEV_DIR overrides the staged directory.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-dev=target/device
+dev=${KILN_DEV_DIR:-target/device}
 out=${OUT:-/tmp/kiln-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
@@ -36,6 +36,13 @@ bench() {
     echo "bench exit $?"
     grep -E "BENCH|BREAKDOWN|RESOURCES Attention|loaded|panicked|error" "$out/bench.log" | head -40
 }
+qbench() {
+    # Quantized weights (Q4_K_M-like, Q8_0): decode b1/b32/b64, prefill 2048.
+    KILN_BENCH_MIX=${1:-q4_k_m,q8_0} "$dev/parity" --ignored --exact bench::bench_llama3_8b_quant \
+        --nocapture > "$out/qbench.log" 2>&1
+    echo "qbench exit $?"
+    grep -E "BENCH|BREAKDOWN|loaded|panicked|error" "$out/qbench.log" | head -60
+}
 torchref() {
     # Kiln against PyTorch/transformers (issue 5): model and reference logits made here, on
     # this GPU, by transformers (scripts/torch_reference.py); 0.6 GB, kept out of $out.
@@ -65,6 +72,7 @@ profile() {
 case "${1:-parity}" in
     parity) parity "${2:-1}" ;;
     bench) bench ;;
+    qbench) qbench "${2:-}" ;;
     torchref) torchref ;;
     all) parity "${2:-1}"; bench; torchref ;;
     profile) shift; profile "$@" ;;

@@ -15,6 +15,8 @@ mod harness;
 mod model;
 #[path = "parity/moe.rs"]
 mod moe;
+#[path = "parity/quant.rs"]
+mod quant;
 #[path = "parity/sampling.rs"]
 mod sampling;
 #[path = "parity/torch_ref.rs"]

@@ -1,5 +1,7 @@
 //! Speed at a real shape (ignored: run on a GPU with `--ignored bench_`). Dummy weights in the
-//! Llama-3-8B shape, bf16; prints median step times next to the bandwidth floor.
+//! Llama-3-8B shape, bf16, or (`bench_llama3_8b_quant`) random quantized blocks laid out as a
+//! Q4_K_M file (Q4_K, with Q6_K for attn_v, ffn_down and the output head) or all Q8_0;
+//! prints median step times next to the bandwidth floor.
 //! Layers default to 32 and can be cut with `KILN_BENCH_LAYERS` (the floor scales with them).
 
 #![cfg(feature = "cuda")]
@@ -7,17 +9,107 @@
 use std::time::Instant;
 
 use kiln::backend::cuda::{CudaBackend, CudaOptions, DType};
-use kiln::backend::{Backend, BatchPlan, KvShape, SeqSlice};
+use kiln::backend::quant::GgmlType;
+use kiln::backend::{Backend, BatchPlan, HostTensor, KvShape, SeqSlice};
 use kiln::model::spec::Llama3Scaling;
 use kiln::model::{ModelError, ModelFiles, ModelSpec, RopeLayout, RopeSpec, TensorSource};
 use kiln::runner::Llama;
 use kiln::sampling::{Penalties, SampleRow, SamplingParams};
 use rayon::prelude::*;
 
+/// Weight types of a benchmark model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mix {
+    /// f32 values uploaded as the backend's bf16.
+    Plain,
+    /// Q4_K, with Q6_K for attn_v, ffn_down and the output head (llama.cpp's Q4_K_M).
+    Q4KM,
+    /// Every matrix Q8_0.
+    Q8_0,
+}
+
+impl Mix {
+    /// The type of matrix `name` (`None`: plain f32 values).
+    fn ty(self, name: &str) -> Option<GgmlType> {
+        match self {
+            Mix::Plain => None,
+            Mix::Q8_0 => Some(GgmlType::Q8_0),
+            Mix::Q4KM if name.contains("attn_v") || name.contains("ffn_down") => {
+                Some(GgmlType::Q6K)
+            }
+            Mix::Q4KM if name.starts_with("output.") => Some(GgmlType::Q6K),
+            Mix::Q4KM => Some(GgmlType::Q4K),
+        }
+    }
+
+    /// Bytes per weight of `name`.
+    fn bytes_per_weight(self, name: &str) -> f64 {
+        self.ty(name).map_or(2.0, |t| {
+            t.block_bytes().unwrap_or(0) as f64 / t.block_size().unwrap_or(1) as f64
+        })
+    }
+}
+
 /// Random weights, generated in parallel (speed does not depend on the values).
-struct FastDummy;
+struct FastDummy(Mix);
+
+/// Fills `out` with xorshift bytes seeded by `salt`, in parallel.
+fn random_bytes(out: &mut [u8], salt: u64) {
+    out.par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut x = salt ^ ((c as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
+            for o in chunk.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                o.copy_from_slice(&x.to_le_bytes()[..o.len()]);
+            }
+        });
+}
+
+/// Random blocks of `ty` with sane f16 scales (the block layouts of `backend::quant`).
+fn random_quant(ty: GgmlType, rows: usize, cols: usize, salt: u64) -> Vec<u8> {
+    let (be, bb) = (
+        ty.block_size().unwrap_or(1) as usize,
+        ty.block_bytes().unwrap_or(1) as usize,
+    );
+    let mut bytes = vec![0u8; rows * cols / be * bb];
+    random_bytes(&mut bytes, salt);
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    bytes.par_chunks_mut(bb).for_each(|blk| match ty {
+        GgmlType::Q8_0 => blk[..2].copy_from_slice(&f16(0.002)),
+        GgmlType::Q4K => {
+            blk[..2].copy_from_slice(&f16(0.001));
+            blk[2..4].copy_from_slice(&f16(0.001));
+        }
+        GgmlType::Q6K => blk[208..210].copy_from_slice(&f16(0.0002)),
+        _ => {}
+    });
+    bytes
+}
+
+fn salt_of(name: &str) -> u64 {
+    name.bytes().fold(0x9e37_79b9_7f4a_7c15u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
 
 impl TensorSource for FastDummy {
+    fn fetch_host(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, ModelError> {
+        match (self.0.ty(name), shape) {
+            (Some(ty), &[rows, cols]) => {
+                let bytes = random_quant(ty, rows, cols, salt_of(name));
+                let t = HostTensor::raw(shape.to_vec(), ty, bytes)
+                    .map_err(|e| ModelError::Shape(e.to_string()))?;
+                Ok(Some(t))
+            }
+            _ => Ok(self
+                .fetch(name, shape)?
+                .map(|v| HostTensor::new(shape.to_vec(), v))),
+        }
+    }
+
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
         let n: usize = shape.iter().product();
         if name.ends_with("norm.weight") {
@@ -27,9 +119,7 @@ impl TensorSource for FastDummy {
             return Ok(None);
         }
         let a = 1.0 / (*shape.last().unwrap_or(&1) as f32).sqrt();
-        let salt = name.bytes().fold(0x9e37_79b9_7f4a_7c15u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
+        let salt = salt_of(name);
         let mut v = vec![0.0f32; n];
         v.par_chunks_mut(1 << 16)
             .enumerate()
@@ -77,6 +167,7 @@ fn llama3_8b(layers: usize) -> ModelSpec {
 }
 
 struct Rig {
+    mix: Mix,
     b: CudaBackend,
     model: Llama<CudaBackend>,
     kv: <CudaBackend as Backend>::Kv,
@@ -107,7 +198,7 @@ fn plan(seqs: &[(u32, u32)], first_seq: usize, bps: usize, block_size: u32) -> B
 }
 
 impl Rig {
-    fn new(num_blocks: usize, max_seqs: usize) -> Rig {
+    fn new(num_blocks: usize, max_seqs: usize, mix: Mix) -> Rig {
         let layers = std::env::var("KILN_BENCH_LAYERS")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -117,7 +208,7 @@ impl Rig {
             name: "llama-3-8b-dummy".into(),
             spec: spec.clone(),
             tokenizer: None,
-            source: Box::new(FastDummy),
+            source: Box::new(FastDummy(mix)),
         };
         let mut b = CudaBackend::new(
             0,
@@ -138,11 +229,15 @@ impl Rig {
             head_dim: 128,
         };
         let kv = b.alloc_kv(&shape).expect("kv");
+        let (device, file) = b.weight_bytes();
         eprintln!(
-            "loaded {layers} layers in {:.1}s",
-            t0.elapsed().as_secs_f64()
+            "loaded {layers} layers ({mix:?}) in {:.1}s: weights {:.3} GB on the device, {:.3} GB in the source",
+            t0.elapsed().as_secs_f64(),
+            device as f64 / 1e9,
+            file as f64 / 1e9
         );
         Rig {
+            mix,
             b,
             model,
             kv,
@@ -193,7 +288,7 @@ impl Rig {
         let spec = self.model.spec.clone();
         let kv_bytes =
             2.0 * 2.0 * (spec.n_layers * spec.kv_dim()) as f64 * batch as f64 * ctx as f64;
-        let floor = (weight_bytes(&spec) + kv_bytes) / 3.0e12;
+        let floor = (weight_bytes(&spec, self.mix) + kv_bytes) / 3.0e12;
         for graphs in [false, true] {
             self.b.set_graphs(graphs);
             let mut times = Vec::new();
@@ -209,7 +304,8 @@ impl Rig {
                 &plan(&seqs, 0, bps, 16),
             );
             eprintln!(
-                "BENCH decode batch {batch} ctx {ctx} layers {} {mode}: {:.3} ms/step, {:.0} tok/s; bandwidth floor {:.3} ms ({:.0}% of floor)",
+                "BENCH {:?} decode batch {batch} ctx {ctx} layers {} {mode}: {:.3} ms/step, {:.0} tok/s; bandwidth floor {:.3} ms ({:.0}% of floor)",
+                self.mix,
                 spec.n_layers,
                 t * 1e3,
                 batch as f64 / t,
@@ -233,9 +329,10 @@ impl Rig {
         let t = median((0..5).map(|_| self.step(&p)).collect());
         let _ = self.breakdown("prefill 2048", &p);
         let s = &self.model.spec;
-        let floor = 2.0 * weight_bytes(s) / 2.0 * 2048.0 / 800e12;
+        let floor = 2.0 * weight_bytes(s, Mix::Plain) / 2.0 * 2048.0 / 800e12;
         eprintln!(
-            "BENCH prefill 2048 layers {}: {:.1} ms; GEMM floor {:.1} ms ({:.0}% of floor)",
+            "BENCH {:?} prefill 2048 layers {}: {:.1} ms; GEMM floor {:.1} ms ({:.0}% of floor)",
+            self.mix,
             s.n_layers,
             t * 1e3,
             floor * 1e3,
@@ -282,9 +379,17 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn weight_bytes(s: &ModelSpec) -> f64 {
-    let per_layer = s.qkv_dim() * s.hidden + s.hidden * s.q_dim() + 3 * s.intermediate * s.hidden;
-    2.0 * (s.n_layers * per_layer + s.vocab_size * s.hidden) as f64
+/// Weight bytes a decode step reads (every layer matrix and the output head).
+fn weight_bytes(s: &ModelSpec, mix: Mix) -> f64 {
+    let b = |name: &str, n: usize| mix.bytes_per_weight(name) * n as f64;
+    let (h, kv) = (s.hidden, s.kv_dim());
+    let per_layer = b("attn_q", s.q_dim() * h)
+        + b("attn_k", kv * h)
+        + b("attn_v", kv * h)
+        + b("attn_output", h * s.q_dim())
+        + b("ffn_gate", 2 * s.intermediate * h)
+        + b("ffn_down", s.intermediate * h);
+    s.n_layers as f64 * per_layer + b("output.weight", s.vocab_size * h)
 }
 
 /// Prefill of 2048 tokens, then decode at batch 1 (ctx 512), 32 (ctx 2048), 256 (ctx 512)
@@ -292,7 +397,7 @@ fn weight_bytes(s: &ModelSpec) -> f64 {
 #[test]
 #[ignore]
 fn bench_llama3_8b_shape() {
-    let mut rig = Rig::new(64 * (4096 + 64) / 16, 256);
+    let mut rig = Rig::new(64 * (4096 + 64) / 16, 256, Mix::Plain);
     for (k, regs, local, shared) in rig.b.kernel_resources() {
         eprintln!("RESOURCES {k:?}: {regs} regs, {local} B local, {shared} B shared");
     }
@@ -305,6 +410,32 @@ fn bench_llama3_8b_shape() {
     for (batch, ctx) in [(1, 512), (32, 2048), (256, 512), (64, 4096)] {
         if on(&format!("{batch}x{ctx}")) {
             rig.decode(batch, ctx);
+        }
+    }
+}
+
+/// Quantized weights (`KILN_BENCH_MIX`: `q4_k_m`, `q8_0` or both, the default): prefill of
+/// 2048 tokens, decode at batch 1 (ctx 512), 32 and 64 (ctx 2048).
+#[test]
+#[ignore]
+fn bench_llama3_8b_quant() {
+    let mixes = std::env::var("KILN_BENCH_MIX").unwrap_or_else(|_| "q4_k_m,q8_0".into());
+    let only = std::env::var("KILN_BENCH_CASES").ok();
+    let on = |c: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == c));
+    for m in mixes.split(',') {
+        let mix = match m {
+            "q4_k_m" => Mix::Q4KM,
+            "q8_0" => Mix::Q8_0,
+            other => panic!("KILN_BENCH_MIX: unknown mix {other}"),
+        };
+        let mut rig = Rig::new(64 * (2048 + 64) / 16 + 64, 64, mix);
+        if on("prefill") {
+            rig.prefill();
+        }
+        for (batch, ctx) in [(1, 512), (32, 2048), (64, 2048)] {
+            if on(&format!("{batch}x{ctx}")) {
+                rig.decode(batch, ctx);
+            }
         }
     }
 }

@@ -232,3 +232,38 @@ pub fn block_tables(
         })
         .collect()
 }
+
+/// Random valid blocks of quantized type `ty` for a `[rows, cols]` matrix: random quants and
+/// scale bytes, with the f16 super-scales (`d`, `dmin`) set to sane values, so dequantized
+/// weights are of order 0.1 (the speed and parity of the kernels do not depend on values).
+pub fn random_blocks(
+    rng: &mut impl rand::Rng,
+    ty: kiln::backend::quant::GgmlType,
+    rows: usize,
+    cols: usize,
+) -> Vec<u8> {
+    use kiln::backend::quant::GgmlType;
+    let (be, bb) = (
+        ty.block_size().expect("a known type") as usize,
+        ty.block_bytes().expect("a known type") as usize,
+    );
+    let mut bytes = vec![0u8; rows * cols / be * bb];
+    rng.fill_bytes(&mut bytes);
+    let mut f16 = |lo: f32, hi: f32| {
+        let v = lo + (hi - lo) * (rng.next_u32() as f32 / u32::MAX as f32);
+        half::f16::from_f32(v).to_le_bytes()
+    };
+    for blk in bytes.chunks_exact_mut(bb) {
+        match ty {
+            GgmlType::Q8_0 => blk[..2].copy_from_slice(&f16(0.001, 0.004)),
+            GgmlType::Q4_0 => blk[..2].copy_from_slice(&f16(0.01, 0.05)),
+            GgmlType::Q4K | GgmlType::Q5K => {
+                blk[..2].copy_from_slice(&f16(0.0005, 0.002));
+                blk[2..4].copy_from_slice(&f16(0.0005, 0.002));
+            }
+            GgmlType::Q6K => blk[208..210].copy_from_slice(&f16(0.0001, 0.0004)),
+            _ => {}
+        }
+    }
+    bytes
+}

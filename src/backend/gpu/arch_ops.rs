@@ -43,8 +43,8 @@ impl<R: Runtime> GpuBackend<R> {
         let args = HeadRmsNormArgs {
             qkv: qkv.buf.ptr(),
             stride: qkv.cols as i32,
-            qw: q_w.buf.ptr(),
-            kw: k_w.buf.ptr(),
+            qw: q_w.dense_for("head_rms_norm")?.ptr(),
+            kw: k_w.dense_for("head_rms_norm")?.ptr(),
             n_heads: shape.n_heads as i32,
             head_dim: hd as i32,
             eps,

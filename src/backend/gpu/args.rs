@@ -165,6 +165,19 @@ kernel_args! {
     GemvArgs (Kernel::Gemv { .. }) { x: ptr, w: ptr, bias: ptr, y: ptr, k: i32, n: i32 }
     /// `gemv_silu_mul_<dt>_m<rows>`: the gate/up product and SiLU-mul, `f` outputs.
     GemvSiluMulArgs (Kernel::GemvSiluMul { .. }) { x: ptr, w: ptr, y: ptr, k: i32, f: i32 }
+    /// `qgemv_<q>_<dt>_m<rows>`: `y[:, ..n] = x @ w^T (+ bias)` for `rows` rows of `x`, `y`'s row
+    /// stride `ldy` (a part writes its columns of a stacked weight's output).
+    QgemvArgs (Kernel::Qgemv { .. }) {
+        w: ptr, x: ptr, bias: ptr, y: ptr, k: i32, n: i32, rows: i32, ldy: i32,
+    }
+    /// `qgemv_silu_<q>_<dt>_m<rows>`: gate part `wg`, up part `wu` (`f` rows each), SiLU-mul.
+    QgemvSiluArgs (Kernel::QgemvSilu { .. }) {
+        wg: ptr, wu: ptr, x: ptr, y: ptr, k: i32, f: i32, rows: i32, ldy: i32,
+    }
+    /// `dequant_<q>_<dt>`: rows `ids[i]` (all rows when `ids` is 0) of a part of `n` rows.
+    DequantArgs (Kernel::Dequant { .. }) { w: ptr, ids: ptr, out: ptr, k: i32, n: i32, ldo: i32 }
+    /// `convert_f16_<dt>`, `convert_bf16_<dt>`: `total` elements to the compute type.
+    ConvertArgs (Kernel::Convert { .. }) { src: ptr, dst: ptr, total: u64 }
     /// `sample_prep_<dt>`: logits copied to f32 `work` and each row's log-sum-exp.
     SamplePrepArgs (Kernel::SamplePrep) { logits: ptr, v: i32, work: ptr, lse: ptr }
     /// `sample_topn`: each row's top-N log-probabilities on the raw values.

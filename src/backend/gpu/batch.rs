@@ -96,12 +96,19 @@ impl<R: Runtime> GpuBackend<R> {
                 l.max_token, table.rows
             )));
         }
+        let Some(dense) = table.dense() else {
+            let [part] = table.parts.as_slice() else {
+                return Err(invalid("embed: a stacked table".into()));
+            };
+            let ids = self.meta_ptr(l.tokens);
+            return self.launch_dequant(part, table.cols, ids, l.n_tokens, out.buf.ptr(), out.cols);
+        };
         let grid = Grid {
             blocks: (l.n_tokens as u32, 1, 1),
             threads: 256,
         };
         let args = EmbedArgs {
-            table: table.buf.ptr(),
+            table: dense.ptr(),
             ids: self.meta_ptr(l.tokens),
             out: out.buf.ptr(),
             cols: table.cols as i32,

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::device::Device;
+use super::qweight::QType;
 use super::runtime::{DeviceInfo, Runtime, dev_err};
 use crate::backend::{BackendError, DType};
 
@@ -37,10 +38,12 @@ pub enum Source {
     Arch,
     /// The mixture-of-experts FFN (`moe.cu`).
     Moe,
+    /// Quantized weights: streaming matmuls, dequantization, F16/BF16 conversion.
+    Qgemv,
 }
 
 impl Source {
-    const ALL: [Source; 12] = [
+    const ALL: [Source; 13] = [
         Source::Embed,
         Source::Norm,
         Source::Rope,
@@ -53,6 +56,7 @@ impl Source {
         Source::Gemv,
         Source::Arch,
         Source::Moe,
+        Source::Qgemv,
     ];
 
     fn file(self) -> &'static str {
@@ -69,6 +73,7 @@ impl Source {
             Source::Gemv => "gemv.cu",
             Source::Arch => "arch.cu",
             Source::Moe => "moe.cu",
+            Source::Qgemv => "qgemv.cu",
         }
     }
 
@@ -106,6 +111,7 @@ impl Source {
             Source::Gemv => include_str!("../../../kernels/gemv.cu"),
             Source::Arch => include_str!("../../../kernels/arch.cu"),
             Source::Moe => include_str!("../../../kernels/moe.cu"),
+            Source::Qgemv => include_str!("../../../kernels/qgemv.cu"),
         }
     }
 }
@@ -235,7 +241,30 @@ pub enum Kernel {
     MoeDown,
     /// MoE: weighted sum of each token's expert outputs.
     MoeCombine,
+    /// Matmul of up to `rows` (one of [`QGEMV_ROWS`]) input rows with a quantized weight
+    /// part, dequantized in registers.
+    Qgemv {
+        q: QType,
+        rows: u32,
+    },
+    /// Gate/up matmul of quantized gate and up parts and SiLU-mul in one pass.
+    QgemvSilu {
+        q: QType,
+        rows: u32,
+    },
+    /// Rows of a quantized weight part to the compute type (embedding; GEMM scratch).
+    Dequant {
+        q: QType,
+    },
+    /// F16 (or BF16) elements to the compute type.
+    Convert {
+        bf16: bool,
+    },
 }
+
+/// Row buckets of the quantized streaming matmuls (`kernels/qgemv.cu`): a step of `n` rows
+/// runs the smallest bucket of at least `n`.
+pub const QGEMV_ROWS: [u32; 4] = [1, 2, 4, 8];
 
 /// Most input rows of the streaming matmul kernels (`kernels/gemv.cu`).
 pub const GEMV_MAX_ROWS: usize = 2;
@@ -277,6 +306,15 @@ impl Kernel {
             v.push(Kernel::Gemv { rows });
             v.push(Kernel::GemvSiluMul { rows });
         }
+        for q in QType::ALL {
+            for rows in QGEMV_ROWS {
+                v.push(Kernel::Qgemv { q, rows });
+                v.push(Kernel::QgemvSilu { q, rows });
+            }
+            v.push(Kernel::Dequant { q });
+        }
+        v.push(Kernel::Convert { bf16: false });
+        v.push(Kernel::Convert { bf16: true });
         for head in [
             AttnHead::D64,
             AttnHead::D80,
@@ -326,8 +364,6 @@ impl Kernel {
             Kernel::SampleMask => "sample_mask",
             Kernel::SamplePick => "sample_pick",
             Kernel::SampleGreedy => "sample_greedy",
-            Kernel::Gemv { .. } => "matmul",
-            Kernel::GemvSiluMul { .. } => "matmul_silu_mul",
             Kernel::HeadRmsNorm => "head_rms_norm",
             Kernel::GeluTanhMul => "gelu_tanh_mul",
             Kernel::ScaleRows => "scale_rows",
@@ -337,6 +373,10 @@ impl Kernel {
             Kernel::MoeGateUp => "moe_gate_up",
             Kernel::MoeDown => "moe_down",
             Kernel::MoeCombine => "moe_combine",
+            Kernel::Gemv { .. } | Kernel::Qgemv { .. } => "matmul",
+            Kernel::GemvSiluMul { .. } | Kernel::QgemvSilu { .. } => "matmul_silu_mul",
+            Kernel::Dequant { .. } => "dequant",
+            Kernel::Convert { .. } => "convert",
         }
     }
 
@@ -367,6 +407,10 @@ impl Kernel {
             | Kernel::MoeGateUp
             | Kernel::MoeDown
             | Kernel::MoeCombine => Source::Moe,
+            Kernel::Qgemv { .. }
+            | Kernel::QgemvSilu { .. }
+            | Kernel::Dequant { .. }
+            | Kernel::Convert { .. } => Source::Qgemv,
         }
     }
 
@@ -379,6 +423,12 @@ impl Kernel {
             Kernel::AttentionDecode { head, qv } => format!("attn_{d}_d{}_dec{qv}", head.tag()),
             Kernel::Gemv { rows } => format!("gemv_{d}_m{rows}"),
             Kernel::GemvSiluMul { rows } => format!("gemv_silu_mul_{d}_m{rows}"),
+            Kernel::Qgemv { q, rows } => format!("qgemv_{}_{d}_m{rows}", q.tag()),
+            Kernel::QgemvSilu { q, rows } => format!("qgemv_silu_{}_{d}_m{rows}", q.tag()),
+            Kernel::Dequant { q } => format!("dequant_{}_{d}", q.tag()),
+            Kernel::Convert { bf16 } => {
+                format!("convert_{}_{d}", if bf16 { "bf16" } else { "f16" })
+            }
             Kernel::SiluMulVec => format!("silu_mul_vec_{d}"),
             Kernel::RmsNormVec => format!("rms_norm_vec_{d}"),
             Kernel::AddRmsNormVec => format!("add_rms_norm_vec_{d}"),

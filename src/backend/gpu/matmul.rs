@@ -1,9 +1,16 @@
 //! Matmul launchers: one or two rows stream the weights through `kernels/gemv.cu` (faster
 //! than the BLAS there), more rows go to the vendor BLAS GEMM plus a bias kernel; the
 //! SwiGLU activation, alone or fused into the gate/up streaming matmul.
+//!
+//! Quantized weights: up to 8 rows stream each part through `kernels/qgemv.cu`
+//! (dequantized in registers, each part writing its columns of the output); more rows
+//! dequantize the weight into the backend's one scratch of the compute type, then the BLAS
+//! GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 
-use super::args::{AddBiasArgs, GemvArgs, GemvSiluMulArgs, SiluMulArgs, SiluMulVecArgs};
-use super::kernels::{GEMV_MAX_ROWS, Kernel};
+use super::args::{
+    AddBiasArgs, GemvArgs, GemvSiluMulArgs, QgemvArgs, QgemvSiluArgs, SiluMulArgs, SiluMulVecArgs,
+};
+use super::kernels::{GEMV_MAX_ROWS, Kernel, QGEMV_ROWS};
 use super::runtime::{self, Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
 use crate::backend::BackendError;
@@ -25,7 +32,22 @@ impl<R: Runtime> GpuBackend<R> {
             && x.cols == w.cols
             && w.cols <= i32::MAX as usize
             && w.rows <= i32::MAX as usize
-            && self.whole_chunks(w.cols, &[x.buf.ptr(), w.buf.ptr()])
+            && w.dense()
+                .is_some_and(|b| self.whole_chunks(w.cols, &[x.buf.ptr(), b.ptr()]))
+    }
+
+    /// The row bucket of `kernels/qgemv.cu` for `n` rows of `x` times quantized `w`, when
+    /// the streaming kernels take it.
+    fn qgemv_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
+        let fits = self.switches.gemv
+            && x.cols == w.cols
+            && w.rows <= i32::MAX as usize
+            && w.parts.iter().all(|p| p.q.is_some())
+            && self.whole_chunks(w.cols, &[x.buf.ptr()]);
+        QGEMV_ROWS
+            .into_iter()
+            .find(|&r| r as usize >= n)
+            .filter(|_| fits && n > 0)
     }
 
     fn gemv_grid(&self, blocks: usize) -> Grid {
@@ -47,15 +69,22 @@ impl<R: Runtime> GpuBackend<R> {
         check_cols("matmul input", x.cols, k)?;
         check_cols("matmul output", out.cols, m)?;
         check_rows("matmul", n, x.rows.min(out.rows))?;
+        let bias = match bias {
+            Some(b) => {
+                check_cols("matmul bias", b.rows * b.cols, m)?;
+                Some(b.dense_for("matmul bias")?.ptr())
+            }
+            None => None,
+        };
+        let Some(wbuf) = w.dense() else {
+            return self.launch_qmatmul(x, w, bias, n, out);
+        };
         if m > 0 && self.gemv_fits(n, x, w) {
-            let bias = bias.map_or(Ok(0), |b| {
-                check_cols("matmul bias", b.rows * b.cols, m).map(|_| b.buf.ptr())
-            })?;
             let per_block = GEMV_WARPS * gemv_rows_per_warp(n);
             let args = GemvArgs {
                 x: x.buf.ptr(),
-                w: w.buf.ptr(),
-                bias,
+                w: wbuf.ptr(),
+                bias: bias.unwrap_or(0),
                 y: out.buf.ptr(),
                 k: k as i32,
                 n: m as i32,
@@ -66,34 +95,113 @@ impl<R: Runtime> GpuBackend<R> {
                 &args,
             );
         }
-        if n > 0 && m > 0 {
-            if [n, k, m].iter().any(|&v| v > i32::MAX as usize) {
-                return Err(invalid(format!("GEMM {n}x{k}x{m} too large")));
+        self.gemm(x.buf.ptr(), wbuf.ptr(), out.buf.ptr(), n, k, m)?;
+        self.add_bias(out, bias, n, m)
+    }
+
+    /// `out[n, m] = x[n, k] @ w[m, k]^T` on the BLAS (device addresses).
+    fn gemm(
+        &mut self,
+        x: u64,
+        w: u64,
+        out: u64,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
+        if n == 0 || m == 0 {
+            return Ok(());
+        }
+        if [n, k, m].iter().any(|&v| v > i32::MAX as usize) {
+            return Err(invalid(format!("GEMM {n}x{k}x{m} too large")));
+        }
+        let (blas, dt) = (&self.blas, self.dt);
+        // SAFETY: the callers pass x of n*k, w of m*k and out of n*m elements of `dt` (shapes
+        // checked by them); all three buffers are live.
+        self.dev.timed("matmul", |rt| unsafe {
+            rt.gemm(blas, dt, x, w, out, n, k, m)
+                .map_err(runtime::dev_err("matmul"))
+        })
+    }
+
+    fn add_bias(
+        &mut self,
+        out: &GpuTensor,
+        bias: Option<u64>,
+        n: usize,
+        m: usize,
+    ) -> Result<(), BackendError> {
+        let Some(bias) = bias else { return Ok(()) };
+        let total = n * m;
+        if total == 0 {
+            return Ok(());
+        }
+        let grid = Grid {
+            blocks: (total.div_ceil(256).min(65535) as u32, 1, 1),
+            threads: 256,
+        };
+        let args = AddBiasArgs {
+            x: out.buf.ptr(),
+            bias,
+            cols: m as i32,
+            total: total as u64,
+        };
+        self.launch_with(Kernel::AddBias, grid, &args)
+    }
+
+    /// [`GpuBackend::launch_matmul`] of a quantized weight (shapes checked by the caller).
+    fn launch_qmatmul(
+        &mut self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        bias: Option<u64>,
+        n: usize,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        let (m, k) = (w.rows, w.cols);
+        let size = self.dt.size() as u64;
+        if let Some(rows) = self.qgemv_rows(n, x, w) {
+            // Two weight rows per warp at every row bucket (`KILN_QGEMV_T` in kernels/qgemv.cu).
+            let per_block = GEMV_WARPS * 2;
+            for p in &w.parts {
+                let Some(q) = p.q else { continue };
+                let args = QgemvArgs {
+                    w: p.buf.ptr(),
+                    x: x.buf.ptr(),
+                    bias: bias.map_or(0, |b| b + p.row0 as u64 * size),
+                    y: out.buf.ptr() + p.row0 as u64 * size,
+                    k: k as i32,
+                    n: p.rows as i32,
+                    rows: n as i32,
+                    ldy: m as i32,
+                };
+                let grid = self.gemv_grid(p.rows.div_ceil(per_block));
+                self.launch_with(Kernel::Qgemv { q, rows }, grid, &args)?;
             }
-            let (blas, dt) = (&self.blas, self.dt);
-            // SAFETY: x holds n*k, w m*k and out n*m elements of `dt` (shapes checked above);
-            // all three buffers are live.
-            self.dev.timed("matmul", |rt| unsafe {
-                rt.gemm(blas, dt, x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), n, k, m)
-                    .map_err(runtime::dev_err("matmul"))
-            })?;
+            return Ok(());
         }
-        if let Some(b) = bias {
-            check_cols("matmul bias", b.rows * b.cols, m)?;
-            let total = n * m;
-            let grid = Grid {
-                blocks: (total.div_ceil(256).min(65535) as u32, 1, 1),
-                threads: 256,
-            };
-            let args = AddBiasArgs {
-                x: out.buf.ptr(),
-                bias: b.buf.ptr(),
-                cols: m as i32,
-                total: total as u64,
-            };
-            self.launch_with(Kernel::AddBias, grid, &args)?;
+        if n == 0 || m == 0 {
+            return Ok(());
         }
-        Ok(())
+        let scratch = self.dequantize_into_scratch(w)?;
+        self.gemm(x.buf.ptr(), scratch, out.buf.ptr(), n, k, m)?;
+        self.add_bias(out, bias, n, m)
+    }
+
+    /// Dequantizes every part of `w` into the scratch (`[rows, cols]` of the compute type);
+    /// returns its device address.
+    fn dequantize_into_scratch(&mut self, w: &GpuWeight) -> Result<u64, BackendError> {
+        let (m, k) = (w.rows, w.cols);
+        let size = self.dt.size();
+        let scratch = match &self.scratch.dequant {
+            Some(b) if b.bytes() >= m * k * size => b.ptr(),
+            _ => return Err(invalid(format!("no dequant scratch for a {m}x{k} weight"))),
+        };
+        for p in &w.parts {
+            let at = scratch + (p.row0 * k * size) as u64;
+            self.launch_dequant(p, k, 0, p.rows, at, k)?;
+        }
+        Ok(scratch)
     }
 
     pub(super) fn launch_silu_mul(
@@ -142,6 +250,9 @@ impl<R: Runtime> GpuBackend<R> {
         act: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         let f = act.cols;
+        if w_gate_up.dense().is_none() {
+            return self.launch_qmatmul_silu_mul(x, w_gate_up, n, gate_up, act);
+        }
         if !self.gemv_fits(n, x, w_gate_up) {
             self.launch_matmul(x, w_gate_up, None, n, gate_up)?;
             return self.launch_silu_mul(gate_up, n, act);
@@ -151,7 +262,7 @@ impl<R: Runtime> GpuBackend<R> {
         check_rows("matmul_silu_mul", n, x.rows.min(act.rows))?;
         let args = GemvSiluMulArgs {
             x: x.buf.ptr(),
-            w: w_gate_up.buf.ptr(),
+            w: w_gate_up.dense().map_or(0, |b| b.ptr()),
             y: act.buf.ptr(),
             k: w_gate_up.cols as i32,
             f: f as i32,
@@ -159,6 +270,46 @@ impl<R: Runtime> GpuBackend<R> {
         // One warp per output column (a gate row and its up row).
         self.launch_with(
             Kernel::GemvSiluMul { rows: n as u32 },
+            self.gemv_grid(f.div_ceil(GEMV_WARPS)),
+            &args,
+        )
+    }
+
+    /// [`GpuBackend::launch_matmul_silu_mul`] of a quantized weight: gate and up parts of one
+    /// type stream through the fused kernel; anything else runs the matmul, then SiLU-mul.
+    fn launch_qmatmul_silu_mul(
+        &mut self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        n: usize,
+        gate_up: &mut GpuTensor,
+        act: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        let f = act.cols;
+        check_cols("matmul_silu_mul input", x.cols, w.cols)?;
+        check_cols("matmul_silu_mul weight", w.rows, 2 * f)?;
+        check_rows("matmul_silu_mul", n, x.rows.min(act.rows))?;
+        let rows = self.qgemv_rows(n, x, w);
+        let (Some(rows), [g, u]) = (rows, w.parts.as_slice()) else {
+            self.launch_matmul(x, w, None, n, gate_up)?;
+            return self.launch_silu_mul(gate_up, n, act);
+        };
+        let (Some(q), true) = (g.q, g.q == u.q && g.rows == f && u.rows == f) else {
+            self.launch_matmul(x, w, None, n, gate_up)?;
+            return self.launch_silu_mul(gate_up, n, act);
+        };
+        let args = QgemvSiluArgs {
+            wg: g.buf.ptr(),
+            wu: u.buf.ptr(),
+            x: x.buf.ptr(),
+            y: act.buf.ptr(),
+            k: w.cols as i32,
+            f: f as i32,
+            rows: n as i32,
+            ldy: f as i32,
+        };
+        self.launch_with(
+            Kernel::QgemvSilu { q, rows },
             self.gemv_grid(f.div_ceil(GEMV_WARPS)),
             &args,
         )

@@ -29,6 +29,7 @@ mod matmul;
 mod meta;
 mod moe;
 mod norm;
+mod qweight;
 mod rope;
 pub mod runtime;
 mod sample;
@@ -42,6 +43,7 @@ pub use graphs::GraphStats;
 
 pub use super::open::GpuOptions;
 use kernels::{Kernel, Kernels};
+pub use qweight::QType;
 use runtime::{Grid, Runtime};
 pub use timing::KernelTiming;
 pub use types::{GpuBatch, GpuKv, GpuTensor, GpuWeight};
@@ -95,6 +97,11 @@ struct Scratch {
     moe: Option<DevBuf>,
     /// Largest activation allocated, in elements (sizes the sampling workspace estimate).
     largest_alloc: usize,
+    /// A quantized weight dequantized for a BLAS GEMM of a batch step: sized at upload for
+    /// the largest quantized matrix, so graphs can address it.
+    dequant: Option<DevBuf>,
+    /// Weight bytes on the device and in the file (the load log).
+    weight_bytes: (usize, usize),
 }
 
 fn invalid(m: String) -> BackendError {
@@ -179,6 +186,11 @@ impl<R: Runtime> GpuBackend<R> {
             sample_pack: sample::SamplePack::default(),
             dev,
         })
+    }
+
+    /// Bytes of the weights uploaded so far: (on the device, in the file's tensors).
+    pub fn weight_bytes(&self) -> (usize, usize) {
+        self.scratch.weight_bytes
     }
 
     /// Storage type of this backend.
@@ -276,12 +288,26 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         let (rows, cols) = (w.rows(), w.cols());
         // New buffers (a new model, new scratch) retire recorded graphs.
         self.generation += 1;
-        let buf = self.dev.alloc(rows * cols * self.dt.size(), "weight")?;
-        let w = w.into_f32()?;
-        let bytes = self.dt.encode(w.values().unwrap_or_default());
-        drop(w);
-        self.dev.upload(&buf, 0, &bytes)?;
-        Ok(GpuWeight { buf, rows, cols })
+        let (label, file) = (w.type_label(), w.byte_len());
+        let parts = self.upload_parts(w)?;
+        let w = GpuWeight { parts, rows, cols };
+        if w.dense().is_none() {
+            let bytes = rows * cols * self.dt.size();
+            if self
+                .scratch
+                .dequant
+                .as_ref()
+                .is_none_or(|b| b.bytes() < bytes)
+            {
+                self.scratch.dequant = None;
+                self.scratch.dequant = Some(self.dev.alloc(bytes, "dequant scratch")?);
+            }
+        }
+        let device = w.device_bytes();
+        self.scratch.weight_bytes.0 += device;
+        self.scratch.weight_bytes.1 += file;
+        tracing::debug!(rows, cols, types = %label, device, file, "weight uploaded");
+        Ok(w)
     }
 
     fn alloc(&mut self, rows: usize, cols: usize) -> Result<GpuTensor, BackendError> {
@@ -296,6 +322,14 @@ impl<R: Runtime> Backend for GpuBackend<R> {
 
     fn alloc_kv(&mut self, shape: &KvShape) -> Result<GpuKv, BackendError> {
         self.generation += 1;
+        let (device, file) = self.scratch.weight_bytes;
+        let scratch = self.scratch.dequant.as_ref().map_or(0, DevBuf::bytes);
+        tracing::info!(
+            weights_device_bytes = device,
+            weights_file_bytes = file,
+            dequant_scratch_bytes = scratch,
+            "weights on the device"
+        );
         let hd = shape.head_dim;
         if kernels::AttnHead::for_head_dim(hd) == kernels::AttnHead::Any
             && hd > kernels::AttnHead::MAX_ANY

@@ -85,6 +85,12 @@ impl<R: Runtime> GpuBackend<R> {
                 )));
             }
         }
+        // The grouped kernels stream compute-type experts; quantized experts are refused.
+        let (wg, wu, wd) = (
+            w.gate.dense_for("moe_ffn (quantized experts)")?.ptr(),
+            w.up.dense_for("moe_ffn (quantized experts)")?.ptr(),
+            w.down.dense_for("moe_ffn (quantized experts)")?.ptr(),
+        );
         if n == 0 {
             return Ok(());
         }
@@ -130,8 +136,8 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch_with(Kernel::MoeAlign, grid((1, 1), 256), &align)?;
         let gate_up = MoeGateUpArgs {
             x: x.buf.ptr(),
-            wg: w.gate.buf.ptr(),
-            wu: w.up.buf.ptr(),
+            wg,
+            wu,
             sorted: at(lay.sorted),
             tile_expert: at(lay.tile_expert),
             k: k as i32,
@@ -144,7 +150,7 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch_with(Kernel::MoeGateUp, g, &gate_up)?;
         let down = MoeDownArgs {
             act: at(lay.act),
-            wd: w.down.buf.ptr(),
+            wd,
             sorted: at(lay.sorted),
             tile_expert: at(lay.tile_expert),
             f: f as i32,

@@ -25,7 +25,8 @@ impl<R: Runtime> GpuBackend<R> {
         check_rows("rms_norm", n, x.rows.min(out.rows))?;
         // Whole warps: block_sum reduces warp by warp (64 lanes on CDNA).
         let warp = self.dev.info.warp_size;
-        let ptrs = [x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), resid.unwrap_or(0)];
+        let wb = w.dense_for("rms_norm")?.ptr();
+        let ptrs = [x.buf.ptr(), wb, out.buf.ptr(), resid.unwrap_or(0)];
         let (vec, threads) = if self.whole_chunks(h, &ptrs) {
             let chunk = 16 / self.dt.size();
             // Two 16-byte chunks per thread stay in registers between the two passes.
@@ -43,7 +44,7 @@ impl<R: Runtime> GpuBackend<R> {
             blocks: (n as u32, 1, 1),
             threads: threads as u32,
         };
-        let (x, w, out, h) = (x.buf.ptr(), w.buf.ptr(), out.buf.ptr(), h as i32);
+        let (x, w, out, h) = (x.buf.ptr(), wb, out.buf.ptr(), h as i32);
         match resid {
             None => {
                 let k = if vec {

@@ -1,0 +1,322 @@
+//! Weights on the device in their file's type: GGUF quantized blocks repacked once at load
+//! into planes (`kernels/qgemv.cu` documents the layout; the bits per weight stay the
+//! file's), F16/BF16 converted on the device to the compute type, F32 as values. A stacked
+//! weight (fused qkv, gate/up) keeps one part per file tensor, each in its own type; nothing
+//! is dequantized into a full-size buffer except the one reused matmul scratch of batch
+//! steps (`matmul.rs`).
+
+use rayon::prelude::*;
+
+use super::args::{ConvertArgs, DequantArgs};
+use super::device::DevBuf;
+use super::runtime::{Grid, Runtime};
+use super::{GpuBackend, invalid};
+use crate::backend::quant::GgmlType;
+use crate::backend::{BackendError, HostData, HostTensor};
+
+/// A quantized weight type with device kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QType {
+    Q8_0,
+    Q4_0,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+/// Bytes of each plane start are aligned to this (`plane_align` in `kernels/qgemv.cu`).
+const PLANE_ALIGN: usize = 256;
+
+impl QType {
+    /// Every quantized type, in kernel load order.
+    pub const ALL: [QType; 5] = [QType::Q8_0, QType::Q4_0, QType::Q4K, QType::Q5K, QType::Q6K];
+
+    /// The device type of a file type; `None` for plain types (F32, F16, BF16) and types
+    /// without kernels.
+    pub fn of(ty: GgmlType) -> Option<QType> {
+        match ty {
+            GgmlType::Q8_0 => Some(QType::Q8_0),
+            GgmlType::Q4_0 => Some(QType::Q4_0),
+            GgmlType::Q4K => Some(QType::Q4K),
+            GgmlType::Q5K => Some(QType::Q5K),
+            GgmlType::Q6K => Some(QType::Q6K),
+            _ => None,
+        }
+    }
+
+    /// The kernel name piece (`q4k`; one alphanumeric run).
+    pub fn tag(self) -> &'static str {
+        match self {
+            QType::Q8_0 => "q80",
+            QType::Q4_0 => "q40",
+            QType::Q4K => "q4k",
+            QType::Q5K => "q5k",
+            QType::Q6K => "q6k",
+        }
+    }
+
+    #[cfg(test)]
+    fn ggml(self) -> GgmlType {
+        match self {
+            QType::Q8_0 => GgmlType::Q8_0,
+            QType::Q4_0 => GgmlType::Q4_0,
+            QType::Q4K => GgmlType::Q4K,
+            QType::Q5K => GgmlType::Q5K,
+            QType::Q6K => GgmlType::Q6K,
+        }
+    }
+
+    /// (elements, bytes) of one file block.
+    fn block(self) -> (usize, usize) {
+        match self {
+            QType::Q8_0 => (32, 34),
+            QType::Q4_0 => (32, 18),
+            QType::Q4K => (256, 144),
+            QType::Q5K => (256, 176),
+            QType::Q6K => (256, 210),
+        }
+    }
+
+    /// The byte ranges of a file block that go to each plane, in plane order.
+    fn pieces(self) -> &'static [(usize, usize)] {
+        match self {
+            QType::Q8_0 => &[(2, 32), (0, 2)],
+            QType::Q4_0 => &[(2, 16), (0, 2)],
+            QType::Q4K => &[(16, 128), (0, 16)],
+            QType::Q5K => &[(48, 128), (16, 32), (0, 16)],
+            QType::Q6K => &[(0, 128), (128, 64), (192, 16), (208, 2)],
+        }
+    }
+
+    /// (start, bytes per row) of each plane of a `[rows, k]` matrix, and the total bytes.
+    pub fn planes(self, rows: usize, k: usize) -> (Vec<(usize, usize)>, usize) {
+        let nb = k / self.block().0;
+        let mut at = 0usize;
+        let mut planes = Vec::new();
+        for &(_, len) in self.pieces() {
+            at = at.next_multiple_of(PLANE_ALIGN);
+            planes.push((at, nb * len));
+            at += rows * nb * len;
+        }
+        (planes, at)
+    }
+
+    /// The device layout of `bytes`, a `[rows, k]` matrix of file blocks.
+    pub fn repack(self, bytes: &[u8], rows: usize, k: usize) -> Vec<u8> {
+        let (elems, bb) = self.block();
+        let nb = k / elems;
+        let (planes, total) = self.planes(rows, k);
+        let mut out = vec![0u8; total];
+        let mut rest = out.as_mut_slice();
+        let mut consumed = 0;
+        for (&(start, row_bytes), &(from, len)) in planes.iter().zip(self.pieces()) {
+            let (_, tail) = rest.split_at_mut(start - consumed);
+            let (plane, tail) = tail.split_at_mut(rows * row_bytes);
+            consumed = start + rows * row_bytes;
+            rest = tail;
+            if row_bytes == 0 {
+                continue;
+            }
+            plane
+                .par_chunks_mut(row_bytes)
+                .enumerate()
+                .for_each(|(j, row)| {
+                    let src = &bytes[j * nb * bb..(j + 1) * nb * bb];
+                    for (dst, block) in row.chunks_exact_mut(len).zip(src.chunks_exact(bb)) {
+                        dst.copy_from_slice(&block[from..from + len]);
+                    }
+                });
+        }
+        out
+    }
+}
+
+/// One row range of a weight, in one storage.
+#[derive(Debug)]
+pub struct WeightPart {
+    pub(super) buf: DevBuf,
+    /// `None`: the compute type's elements, row-major.
+    pub(super) q: Option<QType>,
+    pub(super) row0: usize,
+    pub(super) rows: usize,
+}
+
+/// Largest staging buffer of an on-device F16/BF16 conversion.
+const STAGE_BYTES: usize = 32 << 20;
+
+impl<R: Runtime> GpuBackend<R> {
+    /// Uploads `w`'s parts: one dense buffer when every part is plain (F32/F16/BF16), else one
+    /// part per file tensor, each quantized type in its device layout. A vector is plain.
+    pub(super) fn upload_parts(&mut self, w: HostTensor) -> Result<Vec<WeightPart>, BackendError> {
+        let (rows, cols) = (w.rows(), w.cols());
+        let parts = match w.data {
+            HostData::Stacked(parts) => parts,
+            _ => vec![w],
+        };
+        let plain = |p: &HostTensor| QType::of(p.weight_type()).is_none();
+        if parts.iter().all(plain) || parts.iter().any(|p| p.shape.len() < 2) {
+            let buf = self.dev.alloc(rows * cols * self.dt.size(), "weight")?;
+            let mut row0 = 0;
+            for p in parts {
+                let n = p.rows();
+                self.upload_plain(&buf, row0 * cols * self.dt.size(), p)?;
+                row0 += n;
+            }
+            return Ok(vec![WeightPart {
+                buf,
+                q: None,
+                row0: 0,
+                rows,
+            }]);
+        }
+        let mut out = Vec::with_capacity(parts.len());
+        let mut row0 = 0;
+        for p in parts {
+            let n = p.rows();
+            let HostData::Raw { ty, bytes } = &p.data else {
+                return Err(unsupported(
+                    R::NAME,
+                    format!("a stack of quantized and plain parts ({})", p.type_label()),
+                ));
+            };
+            let q = QType::of(*ty).ok_or_else(|| unsupported(R::NAME, ty.to_string()))?;
+            if !cols.is_multiple_of(q.block().0) || cols > i32::MAX as usize {
+                return Err(unsupported(R::NAME, format!("{ty} with {cols} columns")));
+            }
+            let packed = q.repack(bytes, n, cols);
+            let buf = self.dev.alloc(packed.len(), "weight")?;
+            self.dev.upload(&buf, 0, &packed)?;
+            out.push(WeightPart {
+                buf,
+                q: Some(q),
+                row0,
+                rows: n,
+            });
+            row0 += n;
+        }
+        Ok(out)
+    }
+
+    /// Writes plain tensor `p` as compute-type elements at byte `offset` of `buf`.
+    fn upload_plain(
+        &mut self,
+        buf: &DevBuf,
+        offset: usize,
+        p: HostTensor,
+    ) -> Result<(), BackendError> {
+        let ty = p.weight_type();
+        let bf16 = match (&p.data, ty) {
+            (HostData::Raw { .. }, GgmlType::F16) => false,
+            (HostData::Raw { .. }, GgmlType::BF16) => true,
+            (HostData::F32(v), _) => {
+                let bytes = self.dt.encode(v);
+                return self.dev.upload(buf, offset, &bytes);
+            }
+            _ => {
+                // Quantized vectors (never seen in practice) are tiny: values on the host.
+                let v = p.into_f32()?;
+                let bytes = self.dt.encode(v.values().unwrap_or_default());
+                return self.dev.upload(buf, offset, &bytes);
+            }
+        };
+        let HostData::Raw { bytes, .. } = &p.data else {
+            return Err(unsupported(R::NAME, ty.to_string()));
+        };
+        if bf16 && self.dt == crate::backend::DType::Bf16 {
+            return self.dev.upload(buf, offset, bytes);
+        }
+        let stage = self
+            .dev
+            .alloc(bytes.len().min(STAGE_BYTES), "weight staging")?;
+        let size = self.dt.size() as u64;
+        for (i, chunk) in bytes.chunks(STAGE_BYTES).enumerate() {
+            self.dev.upload(&stage, 0, chunk)?;
+            let total = (chunk.len() / 2) as u64;
+            let first = (i * STAGE_BYTES / 2) as u64;
+            let args = ConvertArgs {
+                src: stage.ptr(),
+                dst: buf.ptr() + offset as u64 + first * size,
+                total,
+            };
+            let grid = Grid {
+                blocks: (total.div_ceil(256).min(65535) as u32, 1, 1),
+                threads: 256,
+            };
+            self.launch_with(super::Kernel::Convert { bf16 }, grid, &args)?;
+        }
+        // The staging buffer is reused by the next chunk and freed here: wait for the work.
+        self.dev.sync("convert")
+    }
+
+    /// Dequantizes rows `ids[i]` (or all rows, `ids` 0) of quantized part `p` (`k` columns)
+    /// into rows of `out` (device address, row stride `ldo` elements); `count` rows.
+    pub(super) fn launch_dequant(
+        &mut self,
+        p: &WeightPart,
+        k: usize,
+        ids: u64,
+        count: usize,
+        out: u64,
+        ldo: usize,
+    ) -> Result<(), BackendError> {
+        let q =
+            p.q.ok_or_else(|| invalid("dequant of a plain weight".into()))?;
+        if count == 0 {
+            return Ok(());
+        }
+        let args = DequantArgs {
+            w: p.buf.ptr(),
+            ids,
+            out,
+            k: k as i32,
+            n: p.rows as i32,
+            ldo: ldo as i32,
+        };
+        let grid = Grid {
+            blocks: (count as u32, 1, 1),
+            threads: 128,
+        };
+        self.launch_with(super::Kernel::Dequant { q }, grid, &args)
+    }
+}
+
+fn unsupported(backend: &'static str, what: String) -> BackendError {
+    BackendError::Unsupported {
+        backend,
+        op: "upload_weight",
+        dtype: what,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repacked_planes_keep_every_byte() {
+        for q in QType::ALL {
+            let (elems, bb) = q.block();
+            let (rows, k) = (3, 2 * 256);
+            let nb = k / elems;
+            let bytes: Vec<u8> = (0..rows * nb * bb)
+                .map(|i| (i * 7 + i / 251) as u8)
+                .collect();
+            let packed = q.repack(&bytes, rows, k);
+            let (planes, total) = q.planes(rows, k);
+            assert_eq!(packed.len(), total);
+            assert!(total < rows * nb * bb + planes.len() * PLANE_ALIGN, "{q:?}");
+            // Every source byte sits at its plane position.
+            for j in 0..rows {
+                for b in 0..nb {
+                    let block = &bytes[(j * nb + b) * bb..][..bb];
+                    for (&(start, rb), &(from, len)) in planes.iter().zip(q.pieces()) {
+                        let at = start + j * rb + b * len;
+                        assert_eq!(&packed[at..at + len], &block[from..from + len], "{q:?}");
+                    }
+                }
+            }
+            assert_eq!(q.ggml().block_bytes(), Some(bb as u64));
+            assert!(planes.iter().all(|p| p.0 % PLANE_ALIGN == 0));
+        }
+    }
+}

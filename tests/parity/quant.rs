@@ -1,0 +1,251 @@
+//! Quantized weights (GGUF Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, and F16) against the f32 matmul of
+//! the same weights dequantized on the CPU: every type at decode (1, 2, 7 rows: the
+//! streaming kernels) and batch (16, 64, 300 rows: dequantized scratch and GEMM) sizes, the
+//! fused gate/up SiLU, stacked parts of mixed types, quantized embedding tables. The CPU runs
+//! the small shapes (CI); a GPU also the 4096x4096 ones.
+
+use kiln::backend::cpu::CpuBackend;
+use kiln::backend::quant::GgmlType;
+use kiln::backend::{Backend, HostTensor, KvShape};
+use rand::RngExt;
+
+use crate::harness::*;
+
+const TYPES: [GgmlType; 5] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+const ROWS: [usize; 6] = [1, 2, 7, 16, 64, 300];
+
+/// Relative error allowed: the backend's, widened on the CPU (whose quantized matmul
+/// quantizes activations to 8 bits, as llama.cpp does).
+fn qtol<B: TestBackend>(b: &B) -> f64 {
+    if b.label() == "cpu" { 3e-2 } else { b.tol() }
+}
+
+fn gpu<B: TestBackend>(b: &B) -> bool {
+    b.label() != "cpu"
+}
+
+fn raw(rng: &mut rand_chacha::ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -> HostTensor {
+    HostTensor::raw(vec![rows, cols], ty, random_blocks(rng, ty, rows, cols)).expect("blocks")
+}
+
+/// `x @ w^T (+ bias)` for each row count of `rows`, backend against the f32 reference.
+fn check_matmul<B: TestBackend>(
+    b: &mut B,
+    rng: &mut rand_chacha::ChaCha8Rng,
+    w: HostTensor,
+    with_bias: bool,
+    rows: &[usize],
+    what: &str,
+) {
+    let mut reference = CpuBackend::with_f32_weights();
+    let (m, k) = (w.rows(), w.cols());
+    let bw = b.upload_weight(w.clone()).expect("upload");
+    let rw = reference.upload_weight(w).expect("upload");
+    let bias = random(rng, m, 1.0);
+    let (bb, rb) = (
+        weight(b, vec![m], &bias),
+        weight(&mut reference, vec![m], &b.quantize(&bias)),
+    );
+    for &n in rows {
+        let x = b.quantize(&random(rng, n * k, 1.0));
+        let bx = tensor(b, n, k, &x);
+        let rx = tensor(&mut reference, n, k, &x);
+        let mut out = poisoned(b, n + 1, m);
+        let mut rout = reference.alloc(n, m).unwrap();
+        let (bias_b, bias_r) = if with_bias {
+            (Some(&bb), Some(&rb))
+        } else {
+            (None, None)
+        };
+        b.matmul(&bx, &bw, bias_b, n, &mut out).expect("matmul");
+        reference.matmul(&rx, &rw, bias_r, n, &mut rout).unwrap();
+        assert_rows_only(
+            &format!("{} {what} {n}x{k}x{m}", b.label()),
+            &b.to_host(&out, n + 1).unwrap(),
+            &reference.to_host(&rout, n).unwrap(),
+            qtol(b),
+        );
+    }
+}
+
+fn quant_matmuls<B: TestBackend>(b: &mut B) {
+    let mut rng = rng("quant_matmuls");
+    let mut shapes = vec![(37, 768)];
+    if gpu(b) {
+        shapes.push((4096, 4096));
+    }
+    for ty in TYPES {
+        for &(m, k) in &shapes {
+            let w = raw(&mut rng, ty, m, k);
+            check_matmul(b, &mut rng, w, m == 37, &ROWS, &ty.to_string());
+        }
+    }
+    // F16 weights, converted to the compute type on the device.
+    let bytes: Vec<u8> = random(&mut rng, 45 * 512, 1.0)
+        .into_iter()
+        .flat_map(|v| half::f16::from_f32(v).to_le_bytes())
+        .collect();
+    let w = HostTensor::raw(vec![45, 512], GgmlType::F16, bytes).unwrap();
+    check_matmul(b, &mut rng, w, true, &[1, 7, 64], "F16");
+}
+crate::parity_test!(quantized_matmul_every_type, quant_matmuls);
+
+/// Stacked parts of mixed types (fused qkv of a Q4_K_M file: Q4_K, Q4_K, Q6_K).
+fn quant_stacked<B: TestBackend>(b: &mut B) {
+    let mut rng = rng("quant_stacked");
+    let mut shapes = vec![(64, 32, 512)];
+    if gpu(b) {
+        shapes.push((4096, 1024, 4096));
+    }
+    for (q, kv, k) in shapes {
+        let parts = vec![
+            raw(&mut rng, GgmlType::Q4K, q, k),
+            raw(&mut rng, GgmlType::Q4K, kv, k),
+            raw(&mut rng, GgmlType::Q6K, kv, k),
+        ];
+        let w = HostTensor::concat_rows(parts).unwrap();
+        check_matmul(b, &mut rng, w, true, &ROWS, "Q4_K+Q6_K stack");
+    }
+}
+crate::parity_test!(quantized_matmul_stacked_mixed_types, quant_stacked);
+
+/// The fused gate/up SiLU over quantized parts (same type: one kernel; mixed: matmul then
+/// SiLU-mul).
+fn quant_glu<B: TestBackend>(b: &mut B) {
+    let mut rng = rng("quant_glu");
+    let mut reference = CpuBackend::with_f32_weights();
+    let mut cases: Vec<(GgmlType, GgmlType, usize, usize)> =
+        TYPES.iter().map(|&t| (t, t, 96, 512)).collect();
+    cases.push((GgmlType::Q4K, GgmlType::Q6K, 96, 512));
+    if gpu(b) {
+        cases.push((GgmlType::Q4K, GgmlType::Q4K, 1024, 4096));
+    }
+    for (tg, tu, f, k) in cases {
+        let w = HostTensor::concat_rows(vec![raw(&mut rng, tg, f, k), raw(&mut rng, tu, f, k)])
+            .unwrap();
+        let bw = b.upload_weight(w.clone()).expect("upload");
+        let rw = reference.upload_weight(w).unwrap();
+        for n in [1, 2, 7, 16, 64] {
+            let x = b.quantize(&random(&mut rng, n * k, 1.0));
+            let bx = tensor(b, n, k, &x);
+            let rx = tensor(&mut reference, n, k, &x);
+            let mut gu = poisoned(b, n, 2 * f);
+            let mut out = poisoned(b, n + 1, f);
+            let mut rgu = reference.alloc(n, 2 * f).unwrap();
+            let mut rout = reference.alloc(n, f).unwrap();
+            b.matmul_silu_mul(&bx, &bw, n, &mut gu, &mut out)
+                .expect("matmul_silu_mul");
+            reference
+                .matmul_silu_mul(&rx, &rw, n, &mut rgu, &mut rout)
+                .unwrap();
+            assert_rows_only(
+                &format!("{} matmul_silu_mul {tg}+{tu} {n}x{k}x{f}", b.label()),
+                &b.to_host(&out, n + 1).unwrap(),
+                &reference.to_host(&rout, n).unwrap(),
+                qtol(b),
+            );
+        }
+    }
+}
+crate::parity_test!(quantized_matmul_silu_mul, quant_glu);
+
+/// Embedding rows of quantized tables (dequantized by token id on the device).
+fn quant_embed<B: TestBackend>(b: &mut B) {
+    let mut rng = rng("quant_embed");
+    let mut reference = CpuBackend::with_f32_weights();
+    let shape = KvShape {
+        num_layers: 1,
+        num_blocks: 8,
+        block_size: 4,
+        n_kv_heads: 1,
+        head_dim: 8,
+    };
+    b.alloc_kv(&shape).unwrap();
+    reference.alloc_kv(&shape).unwrap();
+    let (vocab, h) = (300, 512);
+    for ty in TYPES {
+        let table = raw(&mut rng, ty, vocab, h);
+        let bt = b.upload_weight(table.clone()).expect("upload");
+        let rt = reference.upload_weight(table).unwrap();
+        let ids: Vec<u32> = (0..9).map(|_| rng.random_range(0..vocab as u32)).collect();
+        let tables = block_tables(&mut rng, &[9], 4, 8);
+        let p = plan(&[(9, 9, tables[0].clone())], 4, |i| ids[i]);
+        let (bb, rb) = (b.prepare(&p).unwrap(), reference.prepare(&p).unwrap());
+        let mut out = poisoned(b, 10, h);
+        let mut rout = reference.alloc(9, h).unwrap();
+        b.embed(&bt, &bb, &mut out).expect("embed");
+        reference.embed(&rt, &rb, &mut rout).unwrap();
+        // Exact up to the compute type's rounding.
+        assert_rows_only(
+            &format!("{} embed {ty}", b.label()),
+            &b.to_host(&out, 10).unwrap(),
+            &reference.to_host(&rout, 9).unwrap(),
+            b.tol().min(1e-2),
+        );
+    }
+}
+crate::parity_test!(quantized_embedding_rows, quant_embed);
+
+/// The fixture directory: `KILN_MODELS_DIR` (device runs carry the files), else `../shared/models`.
+fn models_dir() -> std::path::PathBuf {
+    std::env::var_os("KILN_MODELS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models")
+        })
+}
+
+/// Greedy ids of 48 tokens after each prompt.
+fn greedy_ids<B: Backend>(backend: B, files: &kiln::model::ModelFiles) -> Vec<Vec<u32>> {
+    use kiln::generate::{GenerateOptions, SingleGenerator};
+    let tok = files.tokenizer.as_ref().expect("fixture tokenizer");
+    let mut g = SingleGenerator::new(backend, files, 256, 7, 4).expect("load");
+    let opts = GenerateOptions {
+        max_tokens: 48,
+        params: kiln::sampling::SamplingParams::greedy(),
+        stop_ids: vec![],
+        chunk: 7,
+        block_size: 4,
+        record_logits: 0,
+    };
+    [
+        "Once upon a time",
+        "The little dog",
+        "Lily and Ben went to the park",
+    ]
+    .iter()
+    .map(|p| {
+        g.generate(&tok.encode(p, true).unwrap(), &opts, |_| {})
+            .expect("generate")
+            .token_ids
+    })
+    .collect()
+}
+
+/// stories260K in Q8_0 and Q4_0: a GPU in f32 (weights quantized on the device) gives the
+/// greedy ids of the CPU on the same weights dequantized to f32.
+#[test]
+fn stories260k_quantized_greedy_matches_cpu() {
+    use kiln::model::{LoadFormat, ModelFiles};
+    for name in ["stories260K-Q8_0.gguf", "stories260K-Q4_0.gguf"] {
+        let files = ModelFiles::open(&models_dir().join(name), LoadFormat::Gguf)
+            .unwrap_or_else(|e| panic!("{name} fixture: {e}"));
+        let want = greedy_ids(CpuBackend::with_f32_weights(), &files);
+        assert!(want.iter().all(|ids| ids.len() == 48), "{name}: cpu ids");
+        #[cfg(feature = "cuda")]
+        if let Some(b) = cuda(kiln::backend::DType::F32) {
+            assert_eq!(greedy_ids(b, &files), want, "{name}: cuda f32 greedy ids");
+            eprintln!("{name}: cuda f32 greedy ids match the cpu's");
+        }
+        #[cfg(feature = "rocm")]
+        if let Some(b) = rocm(kiln::backend::DType::F32) {
+            assert_eq!(greedy_ids(b, &files), want, "{name}: rocm f32 greedy ids");
+        }
+    }
+}
