@@ -5,6 +5,8 @@
 
 #[path = "parity/arch.rs"]
 mod arch;
+#[path = "parity/arch_models.rs"]
+mod arch_models;
 #[path = "parity/attn_window.rs"]
 mod attn_window;
 #[path = "parity/bench.rs"]

@@ -1,0 +1,131 @@
+//! The model-family fixtures (`tests/data/arch/<name>/` and their GGUF versions in
+//! `tests/data/arch-gguf/`: Qwen3, Gemma 2 and 3, Phi-3, Qwen3-MoE, Mixtral, ...) run whole on
+//! the GPU against the CPU: f32 gives the CPU's greedy ids with logits within 1e-4 (relative
+//! L2), bf16 stays within bf16 tolerance up to its first differing id. The CPU itself is
+//! checked against the NumPy reference in `tests/golden_arch.rs`; this adds the GPU's ops
+//! (q/k norms, GeGLU, soft caps, sliding windows, local ropes, grouped experts) end to end.
+#![cfg(feature = "cuda")]
+
+use std::path::PathBuf;
+
+use kiln::backend::Backend;
+use kiln::backend::cpu::CpuBackend;
+use kiln::backend::cuda::DType;
+use kiln::generate::{GenerateOptions, Generation, SingleGenerator};
+use kiln::model::{LoadFormat, ModelFiles};
+use kiln::sampling::SamplingParams;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The fixtures and where they live: (name, HF directory, GGUF file if any).
+const FAMILIES: [(&str, bool); 10] = [
+    ("qwen3", true),
+    ("gemma2", true),
+    ("gemma3", true),
+    ("phi3", true),
+    ("qwen3moe", true),
+    ("mixtral", true),
+    ("qwen2-tied", false),
+    ("mistral-bf16", false),
+    ("llama3-scaled", false),
+    ("llama-sharded", false),
+];
+
+/// The prompts of the family's golden file (token ids; the fixtures have no tokenizer).
+fn prompts(name: &str) -> Vec<Vec<u32>> {
+    let p = repo().join(format!("tests/golden/arch-{name}.json"));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    v["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p["prompt_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect()
+}
+
+fn generate<B: Backend>(backend: B, files: &ModelFiles, prompts: &[Vec<u32>]) -> Vec<Generation> {
+    let mut g = SingleGenerator::new(backend, files, 256, 7, 4).expect("load");
+    let opts = GenerateOptions {
+        max_tokens: 24,
+        params: SamplingParams::greedy(),
+        stop_ids: vec![],
+        chunk: 7,
+        block_size: 4,
+        record_logits: 24,
+    };
+    prompts
+        .iter()
+        .map(|p| g.generate(p, &opts, |_| {}).expect("generate"))
+        .collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// Logits of every step up to the first differing id within `tol` (`2 * tol` after the
+/// prompt); ids identical when `exact`. Returns (agreeing ids, worst error).
+fn compare(label: &str, got: &[Generation], want: &[Generation], exact: bool, tol: f64) -> (usize, f64) {
+    let (mut same, mut worst) = (0, 0.0f64);
+    for (p, (g, w)) in got.iter().zip(want).enumerate() {
+        let agree = g
+            .token_ids
+            .iter()
+            .zip(&w.token_ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if exact {
+            assert_eq!(g.token_ids, w.token_ids, "{label}: greedy ids of prompt {p}");
+        }
+        for step in 0..=agree.min(g.step_logits.len() - 1) {
+            let err = rel_l2(&g.step_logits[step], &w.step_logits[step]);
+            let limit = if step == 0 { tol } else { 2.0 * tol };
+            assert!(err < limit, "{label}: prompt {p} step {step} logits error {err:.3e}");
+            worst = worst.max(err);
+        }
+        same += agree;
+    }
+    (same, worst)
+}
+
+#[test]
+fn family_fixtures_on_the_gpu_match_the_cpu() {
+    if crate::harness::cuda(DType::F32).is_none() {
+        return;
+    }
+    for (name, has_gguf) in FAMILIES {
+        let mut sources = vec![(repo().join("tests/data/arch").join(name), LoadFormat::Hf)];
+        if has_gguf {
+            let f = repo().join(format!("tests/data/arch-gguf/{name}.gguf"));
+            sources.push((f, LoadFormat::Gguf));
+        }
+        let prompts = prompts(name);
+        for (path, format) in sources {
+            let files = ModelFiles::open(&path, format).expect("fixture");
+            let want = generate(CpuBackend::with_f32_weights(), &files, &prompts);
+            let n: usize = want.iter().map(|g| g.token_ids.len()).sum();
+            for (dt, exact, tol) in [(DType::F32, true, 1e-4), (DType::Bf16, false, 3e-2)] {
+                let label = format!("{} {dt:?}", path.file_name().unwrap().to_string_lossy());
+                let b = crate::harness::cuda(dt).expect("a CUDA device");
+                let (same, worst) = compare(&label, &generate(b, &files, &prompts), &want, exact, tol);
+                eprintln!("{label}: {same}/{n} greedy ids agree; worst logits error {worst:.2e}");
+            }
+        }
+    }
+}
