@@ -36,6 +36,14 @@ bench() {
     echo "bench exit $?"
     grep -E "BENCH|BREAKDOWN|RESOURCES Attention|loaded|panicked|error" "$out/bench.log" | head -40
 }
+bencharch() {
+    # Issue 17's speed section: Qwen3-8B next to Llama-3-8B, Gemma-3-12B at context 8192, and
+    # the decode attention with and without a window (one layer, split-K merge included).
+    "$dev/parity" --ignored --test-threads=1 bench_arch bench_window_decode_attention --nocapture \
+        > "$out/bencharch.log" 2>&1
+    echo "bencharch exit $?"
+    grep -E "^BENCH|BREAKDOWN|loaded|panicked|error" "$out/bencharch.log" | head -60
+}
 torchref() {
     # Kiln against PyTorch/transformers (issue 5): model and reference logits made here, on
     # this GPU, by transformers (scripts/torch_reference.py); 0.6 GB, kept out of $out.
@@ -65,6 +73,7 @@ profile() {
 case "${1:-parity}" in
     parity) parity "${2:-1}" ;;
     bench) bench ;;
+    bencharch) bencharch ;;
     torchref) torchref ;;
     all) parity "${2:-1}"; bench; torchref ;;
     profile) shift; profile "$@" ;;

@@ -9,6 +9,8 @@ mod arch;
 mod attn_window;
 #[path = "parity/bench.rs"]
 mod bench;
+#[path = "parity/bench_arch.rs"]
+mod bench_arch;
 #[path = "parity/harness.rs"]
 mod harness;
 #[path = "parity/model.rs"]

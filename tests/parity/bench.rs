@@ -15,7 +15,7 @@ use kiln::sampling::{Penalties, SampleRow, SamplingParams};
 use rayon::prelude::*;
 
 /// Random weights, generated in parallel (speed does not depend on the values).
-struct FastDummy;
+pub(crate) struct FastDummy;
 
 impl TensorSource for FastDummy {
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
@@ -46,7 +46,7 @@ impl TensorSource for FastDummy {
     }
 }
 
-fn llama3_8b(layers: usize) -> ModelSpec {
+pub(crate) fn llama3_8b(layers: usize) -> ModelSpec {
     ModelSpec {
         arch: "llama".into(),
         hidden: 4096,
@@ -84,7 +84,12 @@ struct Rig {
 }
 
 /// A plan where sequence `i` owns blocks `i * bps ..`, each with (new tokens, context).
-fn plan(seqs: &[(u32, u32)], first_seq: usize, bps: usize, block_size: u32) -> BatchPlan {
+pub(crate) fn plan(
+    seqs: &[(u32, u32)],
+    first_seq: usize,
+    bps: usize,
+    block_size: u32,
+) -> BatchPlan {
     let mut p = BatchPlan {
         block_size,
         ..Default::default()
@@ -277,12 +282,12 @@ impl Rig {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-fn weight_bytes(s: &ModelSpec) -> f64 {
+pub(crate) fn weight_bytes(s: &ModelSpec) -> f64 {
     let per_layer = s.qkv_dim() * s.hidden + s.hidden * s.q_dim() + 3 * s.intermediate * s.hidden;
     2.0 * (s.n_layers * per_layer + s.vocab_size * s.hidden) as f64
 }
