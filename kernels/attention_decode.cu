@@ -46,7 +46,10 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
     constexpr int RPW = WARP / TPR;                   // rows (streams) per warp
     constexpr int NW = ATTN_WARPS;
     constexpr int S = NW * RPW;                       // streams per block
-    constexpr int U = QV * CPL <= 4 ? 4 : 2;          // positions per stream and step
+    // Positions per stream and step: 8 chunks of K/V per thread and step for up to 4
+    // vectors of one-chunk lanes (head 128 bf16); 2 positions for wider lanes (head 256
+    // bf16: the same 8 chunks, so three stages fit the shared memory).
+    constexpr int U = CPL > 1 ? 2 : QV <= 4 ? 4 : 2;
     static_assert(NCH % TPR == 0 && WARP % TPR == 0, "decode attention: head size");
     // Stages of K/V staged ahead in shared memory (cp.async), each thread's U x 2 x CPL
     // chunks per stage in its own slots; 0 loads straight into registers (AMD, pre-sm_80,
