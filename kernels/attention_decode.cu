@@ -46,7 +46,10 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
     constexpr int RPW = WARP / TPR;                   // rows (streams) per warp
     constexpr int NW = ATTN_WARPS;
     constexpr int S = NW * RPW;                       // streams per block
-    constexpr int U = QV * CPL <= 4 ? 4 : 2;          // positions per stream and step
+    // Positions per stream and step: 8 chunks of K/V per thread and step for up to 4
+    // vectors of one-chunk lanes (head 128 bf16); 2 positions for wider lanes (head 256
+    // bf16: the same 8 chunks, so three stages fit the shared memory).
+    constexpr int U = CPL > 1 ? 2 : QV <= 4 ? 4 : 2;
     static_assert(NCH % TPR == 0 && WARP % TPR == 0, "decode attention: head size");
     // Stages of K/V staged ahead in shared memory (cp.async), each thread's U x 2 x CPL
     // chunks per stage in its own slots; 0 loads straight into registers (AMD, pre-sm_80,
@@ -361,28 +364,97 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
     }
 }
 
-// Merges split-K partials. splits: 3 words per row (row, first part, number of parts).
-// Grid (split rows, n_heads).
+// Split-K merge (flash-decoding's second pass). One block per (split row, query head): the
+// parts' (max, sum) pairs are read once, reduced over the block and turned into weights in
+// shared memory; then the threads cover (part group, head-dim vector): thread (g, v) sums
+// parts g, g + NG, ... of VW consecutive dims with its loads independent (several in flight),
+// and the NG groups' sums meet in shared memory. No loop over the parts one after another.
+// splits: 3 words per row (row, first part, number of parts). Grid (split rows, n_heads),
+// COMBINE_THREADS threads.
+constexpr int COMBINE_THREADS = 128;
+// Parts whose weights stay in shared memory; further ones (never, with the host's cap of
+// 64 parts) are weighed from global memory.
+constexpr int COMBINE_PARTS = 256;
+
+// Part k's weight: exp(m_k - mx), 0 for a part that saw no position.
+__device__ __forceinline__ float combine_weight(const float* __restrict__ ml, size_t ml_stride, int k, float mx) {
+    const float m = ml[(size_t)k * ml_stride];
+    return m == -KILN_INF ? 0.f : expf(m - mx);
+}
+
+template <typename T, int VW>
+__device__ __forceinline__ void combine_dims(const float* __restrict__ acc, size_t acc_stride,
+                                            const float* __restrict__ ml, size_t ml_stride, const float* w_s,
+                                            float mx, int np, int hd, float inv, T* __restrict__ o) {
+    __shared__ __align__(16) float o_s[COMBINE_THREADS * VW];
+    const int nvec = hd / VW;
+    const int nt = min((int)blockDim.x, COMBINE_THREADS);
+    const int nvt = min(nvec, nt), ng = nt / nvt;
+    const int g = threadIdx.x / nvt, vi = threadIdx.x % nvt;
+    for (int v = vi; v < nvec; v += nvt) {
+        float a[VW];
+#pragma unroll
+        for (int j = 0; j < VW; ++j) a[j] = 0.f;
+        if (g < ng) {
+            // An empty part's partial is zeros (written all the same), so its weight 0
+            // needs no branch around the load.
+#pragma unroll 4
+            for (int k = g; k < np; k += ng) {
+                const float w = k < COMBINE_PARTS ? w_s[k] : combine_weight(ml, ml_stride, k, mx);
+                float x[VW];
+                load_n<VW>(acc + (size_t)k * acc_stride + v * VW, x);
+#pragma unroll
+                for (int j = 0; j < VW; ++j) a[j] += w * x[j];
+            }
+        }
+        if (ng == 1) {
+#pragma unroll
+            for (int j = 0; j < VW; ++j) o[v * VW + j] = from_f<T>(a[j] * inv);
+        } else if (g < ng) {
+            // ng > 1 only when nvec <= nt: one pass, ng * hd <= nt * VW floats.
+#pragma unroll
+            for (int j = 0; j < VW; ++j) o_s[g * hd + v * VW + j] = a[j];
+        }
+    }
+    if (ng > 1) {
+        __syncthreads();
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float s = 0.f;
+            for (int k = 0; k < ng; ++k) s += o_s[k * hd + d];
+            o[d] = from_f<T>(s * inv);
+        }
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                   const u32* __restrict__ splits, T* __restrict__ out, int n_heads, int hd) {
+    __shared__ float w_s[COMBINE_PARTS];
+    __shared__ float red_s[MAX_WARPS];
     const u32* sp = splits + 3 * (size_t)blockIdx.x;
     const size_t row = sp[0];
     const int p0 = sp[1], np = sp[2], h = blockIdx.y;
-    float mx = -KILN_INF;
-    for (int k = 0; k < np; ++k) mx = fmaxf(mx, part_ml[((size_t)(p0 + k) * n_heads + h) * 2]);
-    float sum = 0.f;
-    for (int k = 0; k < np; ++k) {
-        const float* ml = part_ml + ((size_t)(p0 + k) * n_heads + h) * 2;
-        sum += ml[0] == -KILN_INF ? 0.f : ml[1] * expf(ml[0] - mx);
+    const size_t ml_stride = 2 * (size_t)n_heads;
+    const float* ml = part_ml + ((size_t)p0 * n_heads + h) * 2;
+    float m = -KILN_INF;
+    for (int k = threadIdx.x; k < np; k += blockDim.x) m = fmaxf(m, ml[(size_t)k * ml_stride]);
+    const float mx = block_max(m, red_s);
+    float s = 0.f;
+    for (int k = threadIdx.x; k < np; k += blockDim.x) {
+        const float w = combine_weight(ml, ml_stride, k, mx);
+        if (k < COMBINE_PARTS) w_s[k] = w;
+        s += w * ml[(size_t)k * ml_stride + 1];
     }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.f;
-        for (int k = 0; k < np; ++k) {
-            const float mk = part_ml[((size_t)(p0 + k) * n_heads + h) * 2];
-            if (mk != -KILN_INF) o += part_acc[((size_t)(p0 + k) * n_heads + h) * hd + d] * expf(mk - mx);
-        }
-        out[row * n_heads * hd + (size_t)h * hd + d] = from_f<T>(o / sum);
+    // block_sum's barriers also publish w_s.
+    const float sum = block_sum(s, red_s);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float* acc = part_acc + ((size_t)p0 * n_heads + h) * hd;
+    const size_t acc_stride = (size_t)n_heads * hd;
+    T* o = out + row * n_heads * hd + (size_t)h * hd;
+    if (hd % 4 == 0) {
+        combine_dims<T, 4>(acc, acc_stride, ml, ml_stride, w_s, mx, np, hd, inv, o);
+    } else {
+        combine_dims<T, 1>(acc, acc_stride, ml, ml_stride, w_s, mx, np, hd, inv, o);
     }
 }
 
@@ -406,9 +478,12 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
     }
 #define KILN_ATTN_DEC_D(N, T, D) \
     KILN_ATTN_DEC(N, T, D, 1) KILN_ATTN_DEC(N, T, D, 2) KILN_ATTN_DEC(N, T, D, 4) KILN_ATTN_DEC(N, T, D, 8)
+// Head size 256 (Gemma): up to 4 vectors per pass (8 would not fit the registers).
+#define KILN_ATTN_DEC_256(N, T) KILN_ATTN_DEC(N, T, 256, 1) KILN_ATTN_DEC(N, T, 256, 2) KILN_ATTN_DEC(N, T, 256, 4)
 #define KILN_ATTN_DECODE(N, T)                                                                       \
     KILN_ATTN_DEC_D(N, T, 64)                                                                        \
     KILN_ATTN_DEC_D(N, T, 128)                                                                       \
+    KILN_ATTN_DEC_256(N, T)                                                                          \
     extern "C" __global__ void attn_combine_##N(const float* part_acc, const float* part_ml,         \
                                                 const u32* splits, T* out, int n_heads, int hd) {    \
         attn_combine_impl<T>(part_acc, part_ml, splits, out, n_heads, hd);                           \

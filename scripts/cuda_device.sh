@@ -43,6 +43,18 @@ qbench() {
     echo "qbench exit $?"
     grep -E "BENCH|BREAKDOWN|loaded|panicked|error" "$out/qbench.log" | head -60
 }
+bencharch() {
+    # Issue 17's speed section: Qwen3-8B next to Llama-3-8B, Gemma-3-12B at context 8192, and
+    # the decode attention with and without a window (one layer, split-K merge included).
+    # One benchmark at a time (they would share the GPU otherwise).
+    : > "$out/bencharch.log"
+    for t in bench_arch::bench_arch_qwen3_8b_vs_llama3_8b bench_arch::bench_arch_gemma3_12b_ctx8192 \
+        attn_window::bench_window_decode_attention; do
+        "$dev/parity" --ignored --exact "$t" --nocapture >> "$out/bencharch.log" 2>&1
+        echo "$t exit $?"
+    done
+    grep -E "^BENCH|BREAKDOWN|loaded|panicked|error" "$out/bencharch.log" | head -60
+}
 torchref() {
     # Kiln against PyTorch/transformers (issue 5): model and reference logits made here, on
     # this GPU, by transformers (scripts/torch_reference.py); 0.6 GB, kept out of $out.
@@ -73,6 +85,7 @@ case "${1:-parity}" in
     parity) parity "${2:-1}" ;;
     bench) bench ;;
     qbench) qbench "${2:-}" ;;
+    bencharch) bencharch ;;
     torchref) torchref ;;
     all) parity "${2:-1}"; bench; torchref ;;
     profile) shift; profile "$@" ;;

@@ -11,6 +11,8 @@ mod arch_models;
 mod attn_window;
 #[path = "parity/bench.rs"]
 mod bench;
+#[path = "parity/bench_arch.rs"]
+mod bench_arch;
 #[path = "parity/harness.rs"]
 mod harness;
 #[path = "parity/model.rs"]

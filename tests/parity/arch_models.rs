@@ -81,7 +81,13 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 
 /// Logits of every step up to the first differing id within `tol` (`2 * tol` after the
 /// prompt); ids identical when `exact`. Returns (agreeing ids, worst error).
-fn compare(label: &str, got: &[Generation], want: &[Generation], exact: bool, tol: f64) -> (usize, f64) {
+fn compare(
+    label: &str,
+    got: &[Generation],
+    want: &[Generation],
+    exact: bool,
+    tol: f64,
+) -> (usize, f64) {
     let (mut same, mut worst) = (0, 0.0f64);
     for (p, (g, w)) in got.iter().zip(want).enumerate() {
         let agree = g
@@ -91,12 +97,18 @@ fn compare(label: &str, got: &[Generation], want: &[Generation], exact: bool, to
             .take_while(|(a, b)| a == b)
             .count();
         if exact {
-            assert_eq!(g.token_ids, w.token_ids, "{label}: greedy ids of prompt {p}");
+            assert_eq!(
+                g.token_ids, w.token_ids,
+                "{label}: greedy ids of prompt {p}"
+            );
         }
         for step in 0..=agree.min(g.step_logits.len() - 1) {
             let err = rel_l2(&g.step_logits[step], &w.step_logits[step]);
             let limit = if step == 0 { tol } else { 2.0 * tol };
-            assert!(err < limit, "{label}: prompt {p} step {step} logits error {err:.3e}");
+            assert!(
+                err < limit,
+                "{label}: prompt {p} step {step} logits error {err:.3e}"
+            );
             worst = worst.max(err);
         }
         same += agree;
@@ -123,7 +135,8 @@ fn family_fixtures_on_the_gpu_match_the_cpu() {
             for (dt, exact, tol) in [(DType::F32, true, 1e-4), (DType::Bf16, false, 3e-2)] {
                 let label = format!("{} {dt:?}", path.file_name().unwrap().to_string_lossy());
                 let b = crate::harness::cuda(dt).expect("a CUDA device");
-                let (same, worst) = compare(&label, &generate(b, &files, &prompts), &want, exact, tol);
+                let (same, worst) =
+                    compare(&label, &generate(b, &files, &prompts), &want, exact, tol);
                 eprintln!("{label}: {same}/{n} greedy ids agree; worst logits error {worst:.2e}");
             }
         }

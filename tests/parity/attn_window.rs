@@ -79,6 +79,19 @@ fn windows<B: TestBackend>(b: &mut B) {
         // Windows wider than the context, and one narrower than a block.
         case((8, 4), 128, 16, &[(1, 100), (20, 50)], window(5000)),
         case((4, 4), 64, 8, &[(1, 2500), (1, 33)], window(17)),
+        // Head size 256 decode (the thread-group variant): Gemma 3's GQA 2 with split rows,
+        // one query head per KV head.
+        case(
+            (16, 8),
+            256,
+            16,
+            &[(1, 3000), (1, 700), (1, 1)],
+            window(1024),
+        ),
+        case((8, 8), 256, 16, &decode_rows(6), window(300)),
+        // One KV head, one long row: the most parts a row is split into (64 parts of 128
+        // positions on a GPU of 32 SMs or more), all merged.
+        case((8, 1), 128, 16, &[(1, 8190)], window(5000)),
     ];
     for c in &cases {
         attention_case(b, c, &mut rng);
@@ -132,6 +145,18 @@ fn scores<B: TestBackend>(b: &mut B) {
             &[(70, 2000), (1, 3000)],
             s(Some(512), Some(50.0), Some(0.0625)),
         ),
+        // Gemma 2's cap and scale at head size 256 on decode rows (the decode variant).
+        case(
+            (16, 8),
+            256,
+            16,
+            &decode_rows(12),
+            s(None, Some(50.0), Some(0.0625)),
+        ),
+        // 64 parts over the whole context (as above); a head size that is not a multiple of 4 (the
+        // merge's scalar path).
+        case((8, 1), 128, 16, &[(1, 8190)], s(None, None, None)),
+        case((4, 2), 50, 16, &[(1, 3000)], s(None, None, Some(0.3))),
     ];
     for c in &cases {
         attention_case(b, c, &mut rng);
@@ -197,23 +222,29 @@ fn bench_window_decode_attention() {
             }
             b.to_host(&out, 1).expect("sync");
             b.set_timing_period(None);
-            let mut t: Vec<f64> = Vec::new();
+            // (attention + merge, merge) per launch.
+            let mut t: Vec<(f64, f64)> = Vec::new();
             for k in b.take_kernel_timings().expect("timings") {
                 match k.kernel {
-                    "attention" => t.push(k.seconds),
-                    "attn_combine" => *t.last_mut().expect("attention first") += k.seconds,
+                    "attention" => t.push((k.seconds, 0.0)),
+                    "attn_combine" => {
+                        let last = t.last_mut().expect("attention first");
+                        last.0 += k.seconds;
+                        last.1 = k.seconds;
+                    }
                     _ => {}
                 }
             }
-            t.sort_by(f64::total_cmp);
-            let med = t[t.len() / 2];
+            t.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (med, merge) = t[t.len() / 2];
             let read = window.map_or(ctx, |w| (w as u32).min(ctx)) as f64;
             let bytes = 2.0 * 2.0 * read * full.kv_dim() as f64 * batch as f64;
             eprintln!(
                 "BENCH attention decode batch {batch} ctx {ctx} window {window:?} ({} split layout): \
-                 {:.1} us per layer, {:.1} MB of KV to read, {:.0} GB/s",
+                 {:.1} us per layer (merge {:.1} us), {:.1} MB of KV to read, {:.0} GB/s",
                 if graphs { "graph" } else { "eager" },
                 med * 1e6,
+                merge * 1e6,
                 bytes / 1e6,
                 bytes / med / 1e9
             );

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 /// Weight types of a benchmark model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mix {
+pub(crate) enum Mix {
     /// f32 values uploaded as the backend's bf16.
     Plain,
     /// Q4_K, with Q6_K for attn_v, ffn_down and the output head (llama.cpp's Q4_K_M).
@@ -51,7 +51,7 @@ impl Mix {
 }
 
 /// Random weights, generated in parallel (speed does not depend on the values).
-struct FastDummy(Mix);
+pub(crate) struct FastDummy(pub(crate) Mix);
 
 /// Fills `out` with xorshift bytes seeded by `salt`, in parallel.
 fn random_bytes(out: &mut [u8], salt: u64) {
@@ -136,7 +136,7 @@ impl TensorSource for FastDummy {
     }
 }
 
-fn llama3_8b(layers: usize) -> ModelSpec {
+pub(crate) fn llama3_8b(layers: usize) -> ModelSpec {
     ModelSpec {
         arch: "llama".into(),
         hidden: 4096,
@@ -175,7 +175,12 @@ struct Rig {
 }
 
 /// A plan where sequence `i` owns blocks `i * bps ..`, each with (new tokens, context).
-fn plan(seqs: &[(u32, u32)], first_seq: usize, bps: usize, block_size: u32) -> BatchPlan {
+pub(crate) fn plan(
+    seqs: &[(u32, u32)],
+    first_seq: usize,
+    bps: usize,
+    block_size: u32,
+) -> BatchPlan {
     let mut p = BatchPlan {
         block_size,
         ..Default::default()
@@ -374,13 +379,13 @@ impl Rig {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
 /// Weight bytes a decode step reads (every layer matrix and the output head).
-fn weight_bytes(s: &ModelSpec, mix: Mix) -> f64 {
+pub(crate) fn weight_bytes(s: &ModelSpec, mix: Mix) -> f64 {
     let b = |name: &str, n: usize| mix.bytes_per_weight(name) * n as f64;
     let (h, kv) = (s.hidden, s.kv_dim());
     let per_layer = b("attn_q", s.q_dim() * h)

@@ -10,6 +10,8 @@ use crate::backend::{AttnShape, BackendError};
 
 /// Warps per attention block (`ATTN_WARPS` in `kernels/attention.cuh`).
 const ATTN_WARPS: usize = 4;
+/// Threads per split-K merge block (`COMBINE_THREADS` in `kernels/attention_decode.cu`).
+const COMBINE_THREADS: u32 = 128;
 
 impl<R: Runtime> GpuBackend<R> {
     pub(super) fn launch_attention(
@@ -84,7 +86,7 @@ impl<R: Runtime> GpuBackend<R> {
         if l.n_splits > 0 {
             let grid = Grid {
                 blocks: (l.n_splits as u32, n_heads as u32, 1),
-                threads: 128,
+                threads: COMBINE_THREADS,
             };
             let args = AttnCombineArgs {
                 part_acc,

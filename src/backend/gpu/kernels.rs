@@ -150,11 +150,15 @@ impl AttnHead {
     }
     /// Whether the head size has a decode variant (`Kernel::AttentionDecode`).
     pub fn has_decode(self) -> bool {
-        matches!(self, AttnHead::D64 | AttnHead::D128)
+        matches!(self, AttnHead::D64 | AttnHead::D128 | AttnHead::D256)
     }
-    /// Query vectors per pass of the decode variant, largest last.
+    /// Query vectors per pass of the decode variant, largest last (head size 256: at most
+    /// 4, whose registers fit).
     pub fn decode_sizes(self) -> &'static [u32] {
-        &[1, 2, 4, 8]
+        match self {
+            AttnHead::D256 => &[1, 2, 4],
+            _ => &[1, 2, 4, 8],
+        }
     }
     /// Query vectors per pass the variant is instantiated for, largest last.
     pub fn group_sizes(self) -> &'static [u32] {

@@ -1,0 +1,428 @@
+//! Speed of issue 17's model families at real shapes, bf16 dummy weights (ignored: run on a GPU
+//! with `--ignored bench_arch`, or `scripts/cuda_device.sh bencharch`):
+//! - Qwen3-8B next to Llama-3-8B in the same run: prefill 2048, decode batch 1 (ctx 512) and
+//!   32 (ctx 2048), eager and graph-replayed, with the Qwen3 / Llama time ratio.
+//! - Gemma-3-12B at context 8192, decode batch 1 and 32: step time, tokens/s, the bytes a step
+//!   must read (weights, and the KV its sliding-window layers actually read) and the ratio of
+//!   the step time to that floor at 3.0 TB/s.
+//!
+//! `KILN_BENCH_LAYERS` caps every model's layers (quick runs). When a case's weights and KV do
+//! not fit the device (Gemma batch 32 x 8192 needs ~125 GB), its layers are cut to a multiple
+//! of the model's layer pattern that fits, and the line says so: the floor is for the layers
+//! that ran.
+
+#![cfg(feature = "cuda")]
+
+use std::time::Instant;
+
+use kiln::backend::cuda::{CudaBackend, CudaOptions, DType};
+use kiln::backend::{Backend, BatchPlan, KvShape};
+use kiln::model::spec::{Activation, Variant};
+use kiln::model::{ModelFiles, ModelSpec, RopeLayout, RopeSpec};
+use kiln::runner::Llama;
+use kiln::sampling::{Penalties, SampleRow, SamplingParams};
+
+use crate::bench::{FastDummy, Mix, llama3_8b, median, plan, weight_bytes};
+
+/// Bandwidth the floors assume (H100 SXM HBM3, bytes per second).
+const BANDWIDTH: f64 = 3.0e12;
+
+fn rope(theta: f32, dim: usize) -> RopeSpec {
+    RopeSpec {
+        theta,
+        dim,
+        layout: RopeLayout::Half,
+        llama3: None,
+        freq_factors: None,
+    }
+}
+
+/// Qwen3-8B: Llama's block with per-head q/k RMSNorm, 36 layers, FFN 12288, vocab 151936.
+fn qwen3_8b(layers: usize) -> ModelSpec {
+    ModelSpec {
+        arch: "qwen3".into(),
+        hidden: 4096,
+        intermediate: 12288,
+        n_layers: layers,
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+        vocab_size: 151936,
+        max_position: 40960,
+        rms_eps: 1e-6,
+        rope: rope(1e6, 128),
+        tied_embeddings: false,
+        qkv_bias: false,
+        variant: Variant {
+            qk_norm: true,
+            ..Variant::default()
+        },
+    }
+}
+
+/// Gemma-3-12B (text): head size 256, GeGLU, q/k norms, post-norms, tied embeddings, a
+/// window of 1024 on five of every six layers (their own rope base).
+fn gemma3_12b(layers: usize) -> ModelSpec {
+    ModelSpec {
+        arch: "gemma3".into(),
+        hidden: 3840,
+        intermediate: 15360,
+        n_layers: layers,
+        n_heads: 16,
+        n_kv_heads: 8,
+        head_dim: 256,
+        vocab_size: 262144,
+        max_position: 131072,
+        rms_eps: 1e-6,
+        rope: rope(1e6, 256),
+        tied_embeddings: true,
+        qkv_bias: false,
+        variant: Variant {
+            act: Activation::GeluTanh,
+            qk_norm: true,
+            post_norms: true,
+            embed_scale: Some((3840f32).sqrt()),
+            window: Some(1024),
+            sliding: (0..layers).map(|l| (l + 1) % 6 != 0).collect(),
+            rope_local: Some(rope(1e4, 256)),
+            ..Variant::default()
+        },
+    }
+}
+
+/// Layers of every model, capped by `KILN_BENCH_LAYERS`.
+fn layer_cap(full: usize) -> usize {
+    std::env::var("KILN_BENCH_LAYERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(full, |c: usize| c.clamp(1, full))
+}
+
+fn backend() -> CudaBackend {
+    CudaBackend::new(
+        0,
+        CudaOptions {
+            dtype: DType::Bf16,
+            kernel_cache: kiln::engine::default_kernel_cache_dir(),
+            ..CudaOptions::default()
+        },
+    )
+    .expect("cuda")
+}
+
+/// The most layers (at most `full`, a multiple of `pattern`) whose weights and KV of
+/// `kv_tokens` cache slots fit on `b`'s device next to the model's fixed weights.
+fn fitting_layers(
+    b: &CudaBackend,
+    make: fn(usize) -> ModelSpec,
+    full: usize,
+    pattern: usize,
+    kv_tokens: usize,
+) -> usize {
+    let fixed = weight_bytes(&make(0), Mix::Plain);
+    let s1 = make(1);
+    let per_layer =
+        weight_bytes(&s1, Mix::Plain) - fixed + (kv_tokens * 2 * s1.kv_dim() * 2) as f64;
+    // Scratch, cuBLAS and graph memory besides the weights and KV.
+    let margin = 3.0e9;
+    let budget = b.kv_budget_bytes(0.95).unwrap_or(0) as f64;
+    let n = ((budget - fixed - margin) / per_layer).max(0.0) as usize;
+    (n.min(full) / pattern * pattern).max(pattern.min(full))
+}
+
+struct ArchRig {
+    name: &'static str,
+    b: CudaBackend,
+    model: Llama<CudaBackend>,
+    kv: <CudaBackend as Backend>::Kv,
+}
+
+/// Step times of one case: (eager, graph-replayed) seconds.
+type Times = (f64, f64);
+
+impl ArchRig {
+    /// Loads `spec` with a KV pool of `num_blocks` blocks of 16 slots on backend `b`.
+    fn new(name: &'static str, mut b: CudaBackend, spec: ModelSpec, num_blocks: usize) -> ArchRig {
+        let files = ModelFiles {
+            name: format!("{name}-dummy"),
+            spec: spec.clone(),
+            tokenizer: None,
+            source: Box::new(FastDummy(Mix::Plain)),
+        };
+        let t0 = Instant::now();
+        let model = Llama::load(&mut b, &files, 2048, 32).expect("load");
+        let shape = KvShape {
+            num_layers: spec.n_layers,
+            num_blocks,
+            block_size: 16,
+            n_kv_heads: spec.n_kv_heads,
+            head_dim: spec.head_dim,
+        };
+        let kv = b.alloc_kv(&shape).expect("kv");
+        eprintln!(
+            "loaded {name}: {} layers in {:.1}s",
+            spec.n_layers,
+            t0.elapsed().as_secs_f64()
+        );
+        ArchRig { name, b, model, kv }
+    }
+
+    /// One forward + greedy sample; returns seconds (synchronized by the sample download).
+    fn step(&mut self, p: &BatchPlan) -> f64 {
+        let greedy = SamplingParams::greedy();
+        let rows: Vec<SampleRow<'_>> = (0..p.seqs.len())
+            .map(|_| SampleRow {
+                params: &greedy,
+                uniform: 0.5,
+                penalties: Penalties::none(),
+                mask: None,
+            })
+            .collect();
+        let t = Instant::now();
+        let logits = self
+            .model
+            .forward(&mut self.b, &mut self.kv, p)
+            .expect("forward");
+        self.b.sample(logits, &rows).expect("sample");
+        t.elapsed().as_secs_f64()
+    }
+
+    /// Median time of a 2048-token prefill (a graph never applies).
+    fn prefill(&mut self) -> f64 {
+        let p = plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16);
+        self.b.set_graphs(false);
+        self.step(&p);
+        median((0..5).map(|_| self.step(&p)).collect())
+    }
+
+    /// Median decode step times at `batch` rows of context `ctx`. Contexts up to 2048 are
+    /// prefilled first; longer ones decode over unwritten cache (its values do not change
+    /// a step's time, its length does).
+    fn decode(&mut self, batch: usize, ctx: u32) -> Times {
+        let bps = (ctx as usize + 64).div_ceil(16);
+        if ctx <= 2048 {
+            let per_step = (2048 / ctx as usize).max(1);
+            self.b.set_graphs(false);
+            for first in (0..batch).step_by(per_step) {
+                let k = per_step.min(batch - first);
+                self.step(&plan(&vec![(ctx, ctx); k], first, bps, 16));
+            }
+        }
+        let mut t = [0.0; 2];
+        for (graphs, slot) in [(false, 0), (true, 1)] {
+            self.b.set_graphs(graphs);
+            let times = (0..20u32)
+                .map(|i| {
+                    let seqs: Vec<(u32, u32)> = (0..batch).map(|_| (1, ctx + 1 + i)).collect();
+                    self.step(&plan(&seqs, 0, bps, 16))
+                })
+                .collect();
+            t[slot] = median(times);
+        }
+        self.b.set_graphs(false);
+        (t[0], t[1])
+    }
+
+    /// Kernel time of one eager decode step by op, and the attention time (with its split-K
+    /// merge) of the sliding and the global layers; prints the ops.
+    fn breakdown(&mut self, label: &str, batch: usize, ctx: u32) -> (f64, f64) {
+        let bps = (ctx as usize + 64).div_ceil(16);
+        let seqs: Vec<(u32, u32)> = (0..batch).map(|_| (1, ctx + 21)).collect();
+        let p = plan(&seqs, 0, bps, 16);
+        self.b.set_graphs(false);
+        self.b.set_timing_period(Some(1));
+        let wall = self.step(&p);
+        self.b.set_timing_period(None);
+        let spec = &self.model.spec;
+        let mut by_op: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
+        let (mut layer, mut attn) = (0usize, [0.0f64; 2]);
+        let mut kind = 0;
+        for t in self.b.take_kernel_timings().expect("timings") {
+            let e = by_op.entry(t.kernel).or_default();
+            e.0 += 1;
+            e.1 += t.seconds;
+            // Attention launches come in layer order, each merge right after its launch.
+            match t.kernel {
+                "attention" => {
+                    kind = usize::from(!spec.variant.is_sliding(layer));
+                    layer += 1;
+                    attn[kind] += t.seconds;
+                }
+                "attn_combine" => attn[kind] += t.seconds,
+                _ => {}
+            }
+        }
+        let total: f64 = by_op.values().map(|v| v.1).sum();
+        let mut rows: Vec<_> = by_op.into_iter().collect();
+        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+        let ops: Vec<String> = rows
+            .iter()
+            .map(|(op, (n, t))| format!("{op} {:.3}ms/{n}", t * 1e3))
+            .collect();
+        eprintln!(
+            "BREAKDOWN {} {label}: wall {:.3} ms, kernels {:.3} ms: {}",
+            self.name,
+            wall * 1e3,
+            total * 1e3,
+            ops.join(", ")
+        );
+        (attn[0], attn[1])
+    }
+}
+
+/// Bytes of K and V one decode step reads at context `ctx`: every layer its window of it.
+fn kv_read_bytes(s: &ModelSpec, batch: usize, ctx: usize) -> f64 {
+    (0..s.n_layers)
+        .map(|l| {
+            let seen = s.layer_shape(l).window.map_or(ctx, |w| w.min(ctx));
+            (2 * 2 * s.kv_dim() * seen * batch) as f64
+        })
+        .sum()
+}
+
+/// Qwen3-8B against Llama-3-8B, same run, same cases: prefill 2048, decode batch 1 at ctx
+/// 512 and batch 32 at ctx 2048.
+#[test]
+#[ignore]
+fn bench_arch_qwen3_8b_vs_llama3_8b() {
+    if !kiln::backend::cuda::device_available() {
+        return;
+    }
+    let cases = [(1usize, 512u32), (32, 2048)];
+    let models: [(&'static str, ModelSpec); 2] = [
+        ("llama-3-8b", llama3_8b(layer_cap(32))),
+        ("qwen3-8b", qwen3_8b(layer_cap(36))),
+    ];
+    // (prefill, decode cases) per model.
+    let mut results: Vec<(f64, Vec<Times>)> = Vec::new();
+    for (name, spec) in &models {
+        let blocks = 32 * (2048 + 64) / 16;
+        let mut rig = ArchRig::new(name, backend(), spec.clone(), blocks);
+        let pre = rig.prefill();
+        eprintln!(
+            "BENCH {name} prefill 2048 layers {}: {:.1} ms",
+            spec.n_layers,
+            pre * 1e3
+        );
+        let mut dec = Vec::new();
+        for &(batch, ctx) in &cases {
+            let t = rig.decode(batch, ctx);
+            rig.breakdown(&format!("decode batch {batch} ctx {ctx}"), batch, ctx);
+            eprintln!(
+                "BENCH {name} decode batch {batch} ctx {ctx} layers {}: eager {:.3} ms, graph {:.3} ms/step, {:.0} tok/s",
+                spec.n_layers,
+                t.0 * 1e3,
+                t.1 * 1e3,
+                batch as f64 / t.1
+            );
+            dec.push(t);
+        }
+        results.push((pre, dec));
+    }
+    let (l, q) = (&results[0], &results[1]);
+    let floors = |s: &ModelSpec, batch: usize, ctx: u32| {
+        (weight_bytes(s, Mix::Plain) + kv_read_bytes(s, batch, ctx as usize)) / BANDWIDTH
+    };
+    eprintln!(
+        "BENCH qwen3-8b vs llama-3-8b prefill 2048: {:.1} ms vs {:.1} ms (qwen3/llama {:.3}; weights {:.3})",
+        q.0 * 1e3,
+        l.0 * 1e3,
+        q.0 / l.0,
+        weight_bytes(&models[1].1, Mix::Plain) / weight_bytes(&models[0].1, Mix::Plain)
+    );
+    for (i, &(batch, ctx)) in cases.iter().enumerate() {
+        let (lt, qt) = (l.1[i], q.1[i]);
+        let (lf, qf) = (
+            floors(&models[0].1, batch, ctx),
+            floors(&models[1].1, batch, ctx),
+        );
+        eprintln!(
+            "BENCH qwen3-8b vs llama-3-8b decode batch {batch} ctx {ctx}: graph {:.3} ms vs {:.3} ms \
+             (qwen3/llama {:.3}; floors {:.3} vs {:.3} ms, ratio {:.3}); eager {:.3} vs {:.3} ms ({:.3})",
+            qt.1 * 1e3,
+            lt.1 * 1e3,
+            qt.1 / lt.1,
+            qf * 1e3,
+            lf * 1e3,
+            qf / lf,
+            qt.0 * 1e3,
+            lt.0 * 1e3,
+            qt.0 / lt.0
+        );
+    }
+}
+
+/// Gemma-3-12B decode at context 8192, batch 1 and 32: time, tokens/s, bytes per step with
+/// the sliding-window layers reading only their window, and the ratio to the floor.
+#[test]
+#[ignore]
+fn bench_arch_gemma3_12b_ctx8192() {
+    if !kiln::backend::cuda::device_available() {
+        return;
+    }
+    let ctx = 8192u32;
+    let full = layer_cap(48);
+    for batch in [1usize, 32] {
+        let bps = (ctx as usize + 64).div_ceil(16);
+        let blocks = batch * bps;
+        let b = backend();
+        let layers = fitting_layers(&b, gemma3_12b, full, 6, blocks * 16);
+        let spec = gemma3_12b(layers);
+        let mut rig = ArchRig::new("gemma-3-12b", b, spec.clone(), blocks);
+        let (eager, graph) = rig.decode(batch, ctx);
+        let (slide, global) = rig.breakdown(&format!("decode batch {batch} ctx {ctx}"), batch, ctx);
+        let w = weight_bytes(&spec, Mix::Plain);
+        let kv = kv_read_bytes(&spec, batch, ctx as usize);
+        let kv_full = (2 * 2 * spec.kv_dim() * ctx as usize * batch * layers) as f64;
+        let floor = (w + kv) / BANDWIDTH;
+        let cut = if layers < 48 {
+            " (cut from 48 to fit the device)".to_string()
+        } else {
+            String::new()
+        };
+        let n_slide = (0..layers).filter(|&l| spec.variant.is_sliding(l)).count();
+        eprintln!(
+            "BENCH gemma-3-12b decode batch {batch} ctx {ctx} layers {layers}{cut}: eager {:.3} ms, graph {:.3} ms/step, \
+             {:.0} tok/s; reads {:.2} GB/step ({:.2} GB weights + {:.3} GB KV; {:.3} GB KV without windows); \
+             floor {:.3} ms at {:.1} TB/s: {:.2}x the floor ({:.0}% of it)",
+            eager * 1e3,
+            graph * 1e3,
+            batch as f64 / graph,
+            (w + kv) / 1e9,
+            w / 1e9,
+            kv / 1e9,
+            kv_full / 1e9,
+            floor * 1e3,
+            BANDWIDTH / 1e12,
+            graph / floor,
+            100.0 * floor / graph
+        );
+        // KV each kind of layer reads (the window's slots on sliding layers).
+        let per = |sliding: bool| {
+            (0..layers)
+                .filter(|&l| spec.variant.is_sliding(l) == sliding)
+                .map(|l| kv_read_bytes(&gemma_one(&spec, l), batch, ctx as usize))
+                .sum::<f64>()
+        };
+        let (kv_s, kv_g) = (per(true), per(false));
+        eprintln!(
+            "BENCH gemma-3-12b attention batch {batch} ctx {ctx} (eager): {n_slide} sliding layers {:.3} ms \
+             ({:.1} MB KV, {:.0} GB/s), {} global layers {:.3} ms ({:.1} MB KV, {:.0} GB/s)",
+            slide * 1e3,
+            kv_s / 1e6,
+            kv_s / slide.max(1e-12) / 1e9,
+            layers - n_slide,
+            global * 1e3,
+            kv_g / 1e6,
+            kv_g / global.max(1e-12) / 1e9
+        );
+    }
+}
+
+/// Layer `l` of `s` alone (for its KV bytes).
+fn gemma_one(s: &ModelSpec, l: usize) -> ModelSpec {
+    let mut one = s.clone();
+    one.n_layers = 1;
+    one.variant.sliding = vec![s.variant.is_sliding(l)];
+    one
+}
