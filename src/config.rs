@@ -85,6 +85,10 @@ pub struct ServerConfig {
     /// Open connections served at once (all workers together); more wait in the listen
     /// backlog. Lowered at start to fit the process's file-descriptor limit.
     pub max_connections: usize,
+    /// Requests in flight at once, from headers read to response body ended (streams until
+    /// their end or their client leaves); past it 503 with `Retry-After` at once, never a
+    /// queue. `/health` and `/metrics` are exempt. Kept below `max_connections`.
+    pub max_in_flight: usize,
     /// Threads that tokenize and render templates (all workers together); 0 means one per
     /// CPU core. Each keeps its own tokenizer cache, so this also bounds their memory.
     pub blocking_threads: usize,
@@ -105,6 +109,7 @@ impl Default for ServerConfig {
             allowed_hosts: Vec::new(),
             body_timeout_s: 30.0,
             max_connections: 8192,
+            max_in_flight: 4096,
             blocking_threads: 0,
         }
     }
@@ -274,6 +279,9 @@ pub struct ServeArgs {
     /// Reasoning format whose thinking goes to `reasoning_content` (think).
     #[arg(long, value_enum, env = "KILN_REASONING_PARSER")]
     pub reasoning_parser: Option<ReasoningParser>,
+    /// Requests in flight at once before 503 with Retry-After [default: 4096].
+    #[arg(long, env = "KILN_MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<usize>,
     /// Allowed CORS origin; repeat for several.
     #[arg(
         long = "cors-allowed-origin",
@@ -340,6 +348,7 @@ impl Config {
         set(&mut s.host, &args.host);
         set(&mut s.port, &args.port);
         set(&mut s.workers, &args.workers);
+        set(&mut s.max_in_flight, &args.max_in_flight);
         set_list(&mut s.api_keys, &args.api_keys);
         set_list(&mut s.cors_allowed_origins, &args.cors_allowed_origins);
         set(&mut e.max_num_seqs, &args.max_num_seqs);
@@ -387,6 +396,9 @@ impl Config {
         if self.server.max_connections == 0 {
             return invalid("server.max_connections", "must be positive");
         }
+        if self.server.max_in_flight == 0 {
+            return invalid("server.max_in_flight", "must be positive");
+        }
         let l = &self.limits;
         if l.max_n == 0 || l.max_prompts == 0 || l.max_messages == 0 {
             return invalid(
@@ -425,10 +437,12 @@ mod tests {
             port: Some(1234),
             api_keys: vec!["k1".into(), "k2".into()],
             kv_blocks: Some(64),
+            max_in_flight: Some(7),
             ..ServeArgs::default()
         };
         cfg.apply(&args);
         assert_eq!(cfg.server.port, 1234);
+        assert_eq!(cfg.server.max_in_flight, 7);
         assert_eq!(cfg.server.host, "0.0.0.0");
         assert_eq!(cfg.server.api_keys, ["k1", "k2"]);
         assert_eq!(cfg.engine.kv_blocks, Some(64));

@@ -31,6 +31,8 @@ pub mod names {
     pub const E2E: &str = "kiln_e2e_request_latency_seconds";
     pub const QUEUE_TIME: &str = "kiln_request_queue_time_seconds";
     pub const CLIENT_DISCONNECTS: &str = "kiln_http_requests_client_disconnected_total";
+    pub const IN_FLIGHT: &str = "kiln_http_requests_in_flight";
+    pub const OVERLOADED: &str = "kiln_http_requests_overloaded_total";
     pub const BUILD_INFO: &str = "kiln_build_info";
     pub const STEP_DURATION: &str = "kiln_step_duration_seconds";
     pub const KERNEL_DURATION: &str = "kiln_kernel_duration_seconds";
@@ -74,6 +76,8 @@ pub struct Metrics {
     success: IntCounterVec,
     errors: IntCounterVec,
     disconnects: IntCounter,
+    in_flight: IntGauge,
+    overloaded: IntCounter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -131,6 +135,15 @@ impl Metrics {
                 CLIENT_DISCONNECTS,
                 "Requests whose client went away before the end.",
             ),
+            in_flight: IntGauge::new(
+                IN_FLIGHT,
+                "Requests in flight (all but /health and /metrics), bounded by server.max_in_flight.",
+            )
+            .expect("static gauge"),
+            overloaded: counter(
+                OVERLOADED,
+                "Requests refused at once with 503 because server.max_in_flight were in flight.",
+            ),
         };
         let build_info = IntGaugeVec::new(
             Opts::new(BUILD_INFO, "Kiln version and compiled backends."),
@@ -150,6 +163,8 @@ impl Metrics {
             Box::new(m.success.clone()),
             Box::new(m.errors.clone()),
             Box::new(m.disconnects.clone()),
+            Box::new(m.in_flight.clone()),
+            Box::new(m.overloaded.clone()),
             Box::new(build_info),
         ];
         for c in collectors {
@@ -184,6 +199,16 @@ impl Metrics {
     /// A client went away before its response ended.
     pub fn observe_disconnect(&self) {
         self.disconnects.inc();
+    }
+
+    /// A request refused because `server.max_in_flight` requests were in flight.
+    pub fn observe_overloaded(&self) {
+        self.overloaded.inc();
+    }
+
+    /// The requests in flight now (set at scrape time).
+    pub fn set_in_flight(&self, n: usize) {
+        self.in_flight.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Prometheus text exposition of everything, engine gauges read from `stats`.
@@ -357,6 +382,8 @@ mod tests {
         m.observe_finish(FinishReason::Length);
         m.observe_error("invalid_request_error");
         m.observe_disconnect();
+        m.observe_overloaded();
+        m.set_in_flight(3);
         let stats = EngineStats {
             lanes: vec![LaneStats {
                 device: "cpu".into(),
@@ -386,6 +413,8 @@ mod tests {
             "kiln_request_success_total{finished_reason=\"length\"} 1",
             "kiln_request_errors_total{type=\"invalid_request_error\"} 1",
             "kiln_http_requests_client_disconnected_total 1",
+            "kiln_http_requests_overloaded_total 1",
+            "kiln_http_requests_in_flight 3",
             "kiln_time_to_first_token_seconds_count 1",
             "kiln_inter_token_latency_seconds_count 3",
             "kiln_e2e_request_latency_seconds_count 1",

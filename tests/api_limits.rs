@@ -250,3 +250,93 @@ async fn long_context_prompts_stop_tokenizing_past_the_limit() {
     let got: Vec<u32> = serde_json::from_value(body["tokens"].clone()).unwrap();
     assert_eq!(got, want);
 }
+
+/// Polls the in-flight gauge of `/metrics` (exempt, so reading it takes no place) until it
+/// reads `want`.
+async fn wait_in_flight(base: &str, want: f64) {
+    let text = wait_metrics(base, Duration::from_secs(20), |t| {
+        metric(t, "kiln_http_requests_in_flight") == Some(want)
+    })
+    .await;
+    assert_eq!(
+        metric(&text, "kiln_http_requests_in_flight"),
+        Some(want),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn past_max_in_flight_requests_get_503_at_once_and_places_free_when_streams_end() {
+    let mut cfg = test_config();
+    cfg.server.max_in_flight = 2;
+    cfg.engine.stream_buffer_events = 8;
+    cfg.engine.stream_stall_timeout_s = 120.0;
+    let s = start(cfg);
+    assert_eq!(s.state.in_flight.cap(), 2);
+    // Two streams whose clients never read: they stay in flight until their clients leave.
+    let holder = json!({"prompt": "Once", "n": 16, "logprobs": 20, "max_tokens": 2000,
+                        "ignore_eos": true, "stream": true});
+    let mut held: Vec<TcpStream> = (0..2)
+        .map(|_| non_reading_stream(&s.base, &holder))
+        .collect();
+    wait_in_flight(&s.base, 2.0).await;
+
+    let short = json!({"prompt": "Once", "max_tokens": 4});
+    let t0 = std::time::Instant::now();
+    let (status, headers, body) = post(&s.base, C, &short).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "refused at once, not queued"
+    );
+    assert_error(status, &body, 503, "server_overloaded", None);
+    assert_eq!(body["error"]["code"], "max_in_flight_exceeded", "{body}");
+    assert_eq!(headers.get("retry-after").unwrap(), "1");
+    let mut streamed = short.clone();
+    streamed["stream"] = json!(true);
+    let (status, headers, body) = post(
+        &s.base,
+        CHAT,
+        &json!({
+        "messages": [{"role": "user", "content": "Hi"}], "stream": true}),
+    )
+    .await;
+    assert_error(status, &body, 503, "server_overloaded", None);
+    assert!(headers.get("retry-after").is_some());
+    assert_eq!(
+        get(&s.base, "/v1/models").await.0,
+        503,
+        "every counted route"
+    );
+    assert_eq!(get(&s.base, "/health").await.0, 200, "monitoring is exempt");
+    let (status, text) = get(&s.base, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        metric(&text, "kiln_http_requests_overloaded_total"),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "kiln_http_requests_in_flight"),
+        Some(2.0),
+        "refusals take no place"
+    );
+
+    // A client that leaves mid-stream frees its place.
+    drop(held.pop());
+    wait_in_flight(&s.base, 1.0).await;
+    let (status, _, body) = post(&s.base, C, &short).await;
+    assert_eq!(status, 200, "{body}");
+    // Streams read to their end free their place before the client sees the end: one free
+    // place serves request after request.
+    for _ in 0..3 {
+        let sse = stream(&s.base, C, &streamed).await;
+        assert_eq!(sse.status, 200);
+        assert_eq!(sse.data.last().map(String::as_str), Some("[DONE]"));
+        let (status, _, body) = post(&s.base, C, &short).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    drop(held);
+    wait_in_flight(&s.base, 0.0).await;
+    let (a, b) = tokio::join!(stream(&s.base, C, &streamed), post(&s.base, C, &short));
+    assert_eq!((a.status, b.0), (200, 200), "both places free again");
+}

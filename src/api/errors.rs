@@ -51,6 +51,14 @@ pub enum ApiError {
     /// 429: too many requests are waiting.
     #[error("the server is overloaded ({waiting} requests waiting); retry after {retry_after_s} s")]
     Overloaded { waiting: usize, retry_after_s: u64 },
+    /// 503: `server.max_in_flight` requests are in flight; answered at once, never queued.
+    #[error(
+        "the server is overloaded ({max_in_flight} requests in flight); retry after {retry_after_s} s"
+    )]
+    ServerOverloaded {
+        max_in_flight: usize,
+        retry_after_s: u64,
+    },
     /// 503: the model is still loading, a lane failed, or the server is stopping.
     #[error("{message}")]
     Unavailable { message: String, code: &'static str },
@@ -103,6 +111,7 @@ impl ApiError {
             ApiError::Unauthorized => "authentication_error",
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => "not_found_error",
             ApiError::Overloaded { .. } => "rate_limit_error",
+            ApiError::ServerOverloaded { .. } => "server_overloaded",
             ApiError::Unavailable { .. } => "service_unavailable_error",
             ApiError::Internal(_) => "server_error",
         }
@@ -122,6 +131,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::HeadersTooLarge { .. } => "headers_too_large",
             ApiError::Overloaded { .. } => "overloaded",
+            ApiError::ServerOverloaded { .. } => "max_in_flight_exceeded",
             ApiError::Internal(_) => "internal_error",
         }
     }
@@ -164,14 +174,18 @@ impl ResponseError for ApiError {
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable { .. } | ApiError::ServerOverloaded { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     fn error_response(&self) -> HttpResponse {
         let mut res = HttpResponse::build(self.status_code()).json(self.body());
-        if let ApiError::Overloaded { retry_after_s, .. } = self {
+        if let ApiError::Overloaded { retry_after_s, .. }
+        | ApiError::ServerOverloaded { retry_after_s, .. } = self
+        {
             res.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(*retry_after_s));
         }
@@ -263,6 +277,21 @@ mod tests {
         assert_eq!(body["error"]["type"], "rate_limit_error");
         assert_eq!(body["error"]["code"], "overloaded");
         assert!(body["error"]["param"].is_null());
+    }
+
+    #[test]
+    fn server_overloaded_is_503_with_retry_after() {
+        let e = ApiError::ServerOverloaded {
+            max_in_flight: 2,
+            retry_after_s: 1,
+        };
+        let res = e.error_response();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(res.headers().get(RETRY_AFTER).unwrap(), "1");
+        let body = serde_json::to_value(e.body()).unwrap();
+        assert_eq!(body["error"]["type"], "server_overloaded");
+        assert_eq!(body["error"]["code"], "max_in_flight_exceeded");
+        assert!(body["error"]["message"].as_str().unwrap().contains('2'));
     }
 
     #[test]

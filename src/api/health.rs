@@ -46,6 +46,7 @@ pub async fn health(state: Data<AppState>) -> Result<HttpResponse, ApiError> {
 #[get("/metrics")]
 pub async fn metrics(state: Data<AppState>) -> HttpResponse {
     let stats = state.ready().ok().map(|r| r.client.stats());
+    state.metrics.set_in_flight(state.in_flight.current());
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render(stats.as_ref()))

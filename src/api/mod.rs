@@ -9,6 +9,7 @@ pub mod extract;
 pub mod fdlimit;
 pub mod generation;
 pub mod health;
+pub mod inflight;
 pub mod logprobs;
 pub mod models;
 pub mod openapi;
@@ -186,7 +187,8 @@ impl Server {
                         if let Some(h) = &hosts {
                             app = app.app_data(h.clone());
                         }
-                        app.wrap(from_fn(auth::guard))
+                        app.wrap(from_fn(inflight::limit))
+                            .wrap(from_fn(auth::guard))
                             .wrap(Condition::new(cors_on, cors(&factory_cfg)))
                             .configure(routes)
                             .default_service(web::to(not_found))

@@ -4,6 +4,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::errors::ApiError;
+use super::fdlimit;
+use super::inflight::InFlight;
 use super::logprobs::TokenTexts;
 use crate::config::Config;
 use crate::engine::EngineClient;
@@ -49,6 +51,8 @@ impl Ready {
 pub struct AppState {
     pub config: Config,
     pub metrics: Metrics,
+    /// Requests in flight, bounded by `server.max_in_flight` (see [`super::inflight`]).
+    pub in_flight: InFlight,
     ready: OnceLock<Ready>,
 }
 
@@ -69,8 +73,21 @@ pub fn unix_now() -> u64 {
 
 impl AppState {
     /// State with no engine yet: every model route answers 503 until [`AppState::set_engine`].
+    /// `server.max_in_flight` is lowered, with a warning, to stay below the connection bound.
     pub fn new(config: Config) -> Self {
+        let server = &config.server;
+        let connections = fdlimit::connection_bound(server.max_connections);
+        let cap = InFlight::effective_cap(server.max_in_flight, connections);
+        if cap < server.max_in_flight {
+            tracing::warn!(
+                max_in_flight = cap,
+                configured = server.max_in_flight,
+                max_connections = connections,
+                "server.max_in_flight lowered to stay below the connection bound"
+            );
+        }
         Self {
+            in_flight: InFlight::new(cap),
             config,
             metrics: Metrics::new(),
             ready: OnceLock::new(),

@@ -94,6 +94,9 @@ pub struct GgufVocab {
     pub add_space_prefix: Option<bool>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
+    /// `tokenizer.chat_template.tool_use` (llama.cpp's name for the template variant used
+    /// when a request has tools).
+    pub tool_use_template: Option<String>,
 }
 
 impl GgufVocab {
@@ -116,6 +119,7 @@ impl GgufVocab {
             add_eos: None,
             add_space_prefix: None,
             chat_template: None,
+            tool_use_template: None,
         }
     }
 
@@ -231,6 +235,9 @@ pub fn vocab_from_gguf(file: &GgufFile) -> Result<GgufVocab, TokenizerError> {
     vocab.add_eos = file.meta_bool("tokenizer.ggml.add_eos_token");
     vocab.add_space_prefix = file.meta_bool("tokenizer.ggml.add_space_prefix");
     vocab.chat_template = file.meta_str("tokenizer.chat_template").map(str::to_owned);
+    vocab.tool_use_template = file
+        .meta_str("tokenizer.chat_template.tool_use")
+        .map(str::to_owned);
     vocab.validate()?;
     Ok(vocab)
 }
@@ -257,5 +264,71 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> TokenizerError {
     TokenizerError::InvalidMetadata {
         key,
         reason: reason.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::Tokenizer;
+
+    /// A GGUF string: u64 length, then the bytes.
+    fn gguf_str(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+
+    /// A tensor-less GGUF v3 image with a five-token SentencePiece vocabulary and these
+    /// string metadata entries.
+    fn vocab_file(strings: &[(&str, &str)]) -> GgufFile {
+        const STRING: u32 = 8;
+        const ARRAY: u32 = 9;
+        const F32: u32 = 6;
+        let tokens = ["<unk>", "<s>", "</s>", "a", "b"];
+        let mut kvs = Vec::new();
+        for (key, value) in [("tokenizer.ggml.model", "llama")].iter().chain(strings) {
+            gguf_str(&mut kvs, key);
+            kvs.extend(STRING.to_le_bytes());
+            gguf_str(&mut kvs, value);
+        }
+        gguf_str(&mut kvs, "tokenizer.ggml.tokens");
+        kvs.extend(ARRAY.to_le_bytes());
+        kvs.extend(STRING.to_le_bytes());
+        kvs.extend((tokens.len() as u64).to_le_bytes());
+        for t in tokens {
+            gguf_str(&mut kvs, t);
+        }
+        gguf_str(&mut kvs, "tokenizer.ggml.scores");
+        kvs.extend(ARRAY.to_le_bytes());
+        kvs.extend(F32.to_le_bytes());
+        kvs.extend((tokens.len() as u64).to_le_bytes());
+        for i in 0..tokens.len() {
+            kvs.extend((-(i as f32)).to_le_bytes());
+        }
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend(0u64.to_le_bytes());
+        out.extend((strings.len() as u64 + 3).to_le_bytes());
+        out.extend(kvs);
+        GgufFile::from_vec(out).expect("a valid GGUF image")
+    }
+
+    #[test]
+    fn tool_use_chat_template_is_read_from_its_own_key() {
+        let file = vocab_file(&[
+            ("tokenizer.chat_template", "DEFAULT"),
+            ("tokenizer.chat_template.tool_use", "TOOLS"),
+        ]);
+        let vocab = vocab_from_gguf(&file).unwrap();
+        assert_eq!(vocab.chat_template.as_deref(), Some("DEFAULT"));
+        assert_eq!(vocab.tool_use_template.as_deref(), Some("TOOLS"));
+        let tok = Tokenizer::from_gguf_vocab(vocab).unwrap();
+        assert_eq!(tok.chat_template(), Some("DEFAULT"));
+        assert_eq!(tok.tool_use_template(), Some("TOOLS"));
+
+        let plain = vocab_from_gguf(&vocab_file(&[("tokenizer.chat_template", "DEFAULT")]));
+        let tok = Tokenizer::from_gguf_vocab(plain.unwrap()).unwrap();
+        assert_eq!(tok.chat_template(), Some("DEFAULT"));
+        assert_eq!(tok.tool_use_template(), None);
     }
 }

@@ -212,7 +212,7 @@ impl Tokenizer {
                 .collect(),
             add_bos_default: vocab.add_bos.unwrap_or(vocab.model == VocabModel::Llama),
             chat_template: vocab.chat_template,
-            tool_use_template: None,
+            tool_use_template: vocab.tool_use_template,
         };
         Ok(Self::assemble(hf, meta, Some(vocab.tokens.len())))
     }
@@ -415,8 +415,8 @@ impl Tokenizer {
         self.inner.chat_template.as_deref()
     }
 
-    /// The `tool_use` template of a `tokenizer_config.json` that lists several (Hugging Face
-    /// picks it when a request has tools).
+    /// The `tool_use` template of a `tokenizer_config.json` that lists several, or a GGUF's
+    /// `tokenizer.chat_template.tool_use` (Hugging Face picks it when a request has tools).
     pub fn tool_use_template(&self) -> Option<&str> {
         self.inner.tool_use_template.as_deref()
     }
