@@ -16,8 +16,15 @@ use kiln::model::{LoadFormat, ModelFiles};
 use kiln::sampling::SamplingParams;
 use serde_json::Value;
 
+/// The repository: where this binary was built, else the working directory (a GPU machine
+/// runs the carried binary from its own copy of the repository root).
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if built.join("tests/data/arch").is_dir() {
+        built
+    } else {
+        std::env::current_dir().expect("working directory")
+    }
 }
 
 /// The fixtures and where they live: (name, HF directory, GGUF file if any).
