@@ -73,7 +73,10 @@ impl<R: Runtime> GpuBackend<R> {
             && w.parts.iter().all(|p| p.q.is_some())
             && self.whole_chunks(w.cols, &[x.buf.ptr()]);
         let last = QMMA_ROWS[QMMA_ROWS.len() - 1];
-        let tile = QMMA_ROWS.into_iter().find(|&r| r as usize >= n).unwrap_or(last);
+        let tile = QMMA_ROWS
+            .into_iter()
+            .find(|&r| r as usize >= n)
+            .unwrap_or(last);
         Some(tile).filter(|_| fits && n > 0 && n <= QMMA_MAX_ROWS)
     }
 
