@@ -1,6 +1,7 @@
 //! Quantized weights (GGUF Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, and F16) against the f32 matmul of
 //! the same weights dequantized on the CPU: every type at decode (1, 2, 7 rows: the
-//! streaming kernels) and batch (16, 64, 300 rows: dequantized scratch and GEMM) sizes, the
+//! streaming kernels), batch (9, 16, 33, 64 rows: the tiled kernel in bf16) and prefill (300
+//! rows: dequantized scratch and GEMM) sizes, the
 //! fused gate/up SiLU, stacked parts of mixed types, quantized embedding tables. The CPU runs
 //! the small shapes (CI); a GPU also the 4096x4096 ones.
 
@@ -18,7 +19,7 @@ const TYPES: [GgmlType; 5] = [
     GgmlType::Q5K,
     GgmlType::Q6K,
 ];
-const ROWS: [usize; 6] = [1, 2, 7, 16, 64, 300];
+const ROWS: [usize; 8] = [1, 2, 7, 9, 16, 33, 64, 300];
 
 /// Relative error allowed: the backend's, widened on the CPU (whose quantized matmul
 /// quantizes activations to 8 bits, as llama.cpp does).
@@ -131,7 +132,7 @@ fn quant_glu<B: TestBackend>(b: &mut B) {
             .unwrap();
         let bw = b.upload_weight(w.clone()).expect("upload");
         let rw = reference.upload_weight(w).unwrap();
-        for n in [1, 2, 7, 16, 64] {
+        for n in [1, 2, 7, 9, 16, 33, 64] {
             let x = b.quantize(&random(&mut rng, n * k, 1.0));
             let bx = tensor(b, n, k, &x);
             let rx = tensor(&mut reference, n, k, &x);

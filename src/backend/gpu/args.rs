@@ -176,6 +176,11 @@ kernel_args! {
     }
     /// `dequant_<q>_<dt>`: rows `ids[i]` (all rows when `ids` is 0) of a part of `n` rows.
     DequantArgs (Kernel::Dequant { .. }) { w: ptr, ids: ptr, out: ptr, k: i32, n: i32, ldo: i32 }
+    /// `qmma_<q>_bf16_m<rows>`: `y[:, ..n] = x @ w^T (+ bias)` for `rows` rows of `x` in
+    /// blocks of the kernel's row tile (`y`'s row stride `ldy`, as [`QgemvArgs`]).
+    QmmaArgs (Kernel::Qmma { .. }) {
+        w: ptr, x: ptr, bias: ptr, y: ptr, k: i32, n: i32, rows: i32, ldy: i32,
+    }
     /// `convert_f16_<dt>`, `convert_bf16_<dt>`: `total` elements to the compute type.
     ConvertArgs (Kernel::Convert { .. }) { src: ptr, dst: ptr, total: u64 }
     /// `sample_prep_<dt>`: logits copied to f32 `work` and each row's log-sum-exp.

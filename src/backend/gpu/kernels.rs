@@ -17,6 +17,8 @@ const ATTENTION_HEADER: (&str, &str) = (
     "attention.cuh",
     include_str!("../../../kernels/attention.cuh"),
 );
+/// The quantized block types shared by the streaming and the tiled quantized matmuls.
+const QUANT_HEADER: (&str, &str) = ("quant.cuh", include_str!("../../../kernels/quant.cuh"));
 
 /// A kernel source file under `kernels/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -40,10 +42,12 @@ pub enum Source {
     Moe,
     /// Quantized weights: streaming matmuls, dequantization, F16/BF16 conversion.
     Qgemv,
+    /// Quantized weights: the tiled tensor-core matmul of batches (`qmma.cu`, bf16 only).
+    Qmma,
 }
 
 impl Source {
-    const ALL: [Source; 13] = [
+    const ALL: [Source; 14] = [
         Source::Embed,
         Source::Norm,
         Source::Rope,
@@ -57,6 +61,7 @@ impl Source {
         Source::Arch,
         Source::Moe,
         Source::Qgemv,
+        Source::Qmma,
     ];
 
     fn file(self) -> &'static str {
@@ -74,6 +79,7 @@ impl Source {
             Source::Arch => "arch.cu",
             Source::Moe => "moe.cu",
             Source::Qgemv => "qgemv.cu",
+            Source::Qmma => "qmma.cu",
         }
     }
 
@@ -83,6 +89,7 @@ impl Source {
             Source::AttentionPrefill | Source::AttentionTc | Source::AttentionDecode => {
                 std::slice::from_ref(&ATTENTION_HEADER)
             }
+            Source::Qgemv | Source::Qmma => std::slice::from_ref(&QUANT_HEADER),
             _ => &[],
         }
     }
@@ -112,6 +119,7 @@ impl Source {
             Source::Arch => include_str!("../../../kernels/arch.cu"),
             Source::Moe => include_str!("../../../kernels/moe.cu"),
             Source::Qgemv => include_str!("../../../kernels/qgemv.cu"),
+            Source::Qmma => include_str!("../../../kernels/qmma.cu"),
         }
     }
 }
@@ -264,7 +272,17 @@ pub enum Kernel {
     Convert {
         bf16: bool,
     },
+    /// Tiled matmul of a quantized weight part with `rows` (one of [`QMMA_ROWS`]) input
+    /// rows per block on tensor cores (bf16 compute only: [`Kernel::available`]).
+    Qmma {
+        q: QType,
+        rows: u32,
+    },
 }
+
+/// Row tiles of the tiled quantized matmul (`kernels/qmma.cu`): a step runs the smallest
+/// tile of at least its rows, or blocks of the largest.
+pub const QMMA_ROWS: [u32; 3] = [16, 32, 64];
 
 /// Row buckets of the quantized streaming matmuls (`kernels/qgemv.cu`): a step of `n` rows
 /// runs the smallest bucket of at least `n`.
@@ -316,6 +334,7 @@ impl Kernel {
                 v.push(Kernel::QgemvSilu { q, rows });
             }
             v.push(Kernel::Dequant { q });
+            v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
         }
         v.push(Kernel::Convert { bf16: false });
         v.push(Kernel::Convert { bf16: true });
@@ -377,7 +396,7 @@ impl Kernel {
             Kernel::MoeGateUp => "moe_gate_up",
             Kernel::MoeDown => "moe_down",
             Kernel::MoeCombine => "moe_combine",
-            Kernel::Gemv { .. } | Kernel::Qgemv { .. } => "matmul",
+            Kernel::Gemv { .. } | Kernel::Qgemv { .. } | Kernel::Qmma { .. } => "matmul",
             Kernel::GemvSiluMul { .. } | Kernel::QgemvSilu { .. } => "matmul_silu_mul",
             Kernel::Dequant { .. } => "dequant",
             Kernel::Convert { .. } => "convert",
@@ -415,7 +434,14 @@ impl Kernel {
             | Kernel::QgemvSilu { .. }
             | Kernel::Dequant { .. }
             | Kernel::Convert { .. } => Source::Qgemv,
+            Kernel::Qmma { .. } => Source::Qmma,
         }
+    }
+
+    /// Whether the kernel exists for storage type `dt` (the tensor-core quantized matmul
+    /// is bf16 only; f32 batches dequantize and run the f32 GEMM).
+    pub fn available(self, dt: DType) -> bool {
+        !matches!(self, Kernel::Qmma { .. }) || dt == DType::Bf16
     }
 
     /// Entry point name for storage type `dt`.
@@ -430,6 +456,7 @@ impl Kernel {
             Kernel::Qgemv { q, rows } => format!("qgemv_{}_{d}_m{rows}", q.tag()),
             Kernel::QgemvSilu { q, rows } => format!("qgemv_silu_{}_{d}_m{rows}", q.tag()),
             Kernel::Dequant { q } => format!("dequant_{}_{d}", q.tag()),
+            Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
             Kernel::Convert { bf16 } => {
                 format!("convert_{}_{d}", if bf16 { "bf16" } else { "f16" })
             }
@@ -491,7 +518,7 @@ impl<R: Runtime> Kernels<R> {
             modules.insert(*src, module);
         }
         let mut funcs = HashMap::new();
-        for k in Kernel::all() {
+        for k in Kernel::all().into_iter().filter(|k| k.available(dt)) {
             let f = dev
                 .rt
                 .function(&modules[&k.source()], &k.entry(dt))
@@ -553,7 +580,7 @@ pub fn sources(dt: DType) -> Vec<(&'static str, String, Vec<String>)> {
         .map(|&src| {
             let entries = Kernel::all()
                 .into_iter()
-                .filter(|k| k.source() == src)
+                .filter(|k| k.source() == src && k.available(dt))
                 .map(|k| k.entry(dt))
                 .collect();
             (src.file(), src.full_text(), entries)

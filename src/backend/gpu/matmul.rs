@@ -3,20 +3,31 @@
 //! SwiGLU activation, alone or fused into the gate/up streaming matmul.
 //!
 //! Quantized weights: up to 8 rows stream each part through `kernels/qgemv.cu`
-//! (dequantized in registers, each part writing its columns of the output); more rows
-//! dequantize the weight into the backend's one scratch of the compute type, then the BLAS
-//! GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
+//! (dequantized in registers, each part writing its columns of the output); batches of up
+//! to [`QMMA_MAX_ROWS`] rows (bf16) run the tiled kernel of `kernels/qmma.cu` (weight tiles
+//! dequantized into shared memory, tensor-core products, no full-size copy); more rows
+//! (prefill) and f32 dequantize the weight into the backend's one scratch of the compute
+//! type, then the BLAS GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 
 use super::args::{
-    AddBiasArgs, GemvArgs, GemvSiluMulArgs, QgemvArgs, QgemvSiluArgs, SiluMulArgs, SiluMulVecArgs,
+    AddBiasArgs, GemvArgs, GemvSiluMulArgs, QgemvArgs, QgemvSiluArgs, QmmaArgs, SiluMulArgs,
+    SiluMulVecArgs,
 };
-use super::kernels::{GEMV_MAX_ROWS, Kernel, QGEMV_ROWS};
+use super::kernels::{GEMV_MAX_ROWS, Kernel, QGEMV_ROWS, QMMA_ROWS};
 use super::runtime::{self, Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
 use crate::backend::BackendError;
 
 /// Warps per block of the streaming matmul kernels (`GEMV_WARPS` in `kernels/gemv.cu`).
 const GEMV_WARPS: usize = 4;
+
+/// Most rows of a step on the tiled quantized matmul; more dequantize for the BLAS GEMM.
+pub const QMMA_MAX_ROWS: usize = 256;
+/// Weight rows (output columns) per block of `qmma_*` (`QMMA_BN` in `kernels/qmma.cu`).
+const QMMA_BN: usize = 64;
+/// Threads per block of `qmma_*`; `QMMA_BK`, the k-tile every k must be a multiple of.
+const QMMA_THREADS: u32 = 128;
+const QMMA_BK: usize = 128;
 
 /// Weight rows per warp of `gemv_*_m{n}` (the instantiations in `kernels/gemv.cu`).
 fn gemv_rows_per_warp(n: usize) -> usize {
@@ -48,6 +59,25 @@ impl<R: Runtime> GpuBackend<R> {
             .into_iter()
             .find(|&r| r as usize >= n)
             .filter(|_| fits && n > 0)
+    }
+
+    /// The row tile of `kernels/qmma.cu` for `n` rows of `x` times quantized `w`, when the
+    /// tiled kernel takes it (bf16 compute, a warp of 32, whole k-tiles).
+    fn qmma_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
+        let fits = self.switches.gemv
+            && self.dt == crate::backend::DType::Bf16
+            && self.dev.info.warp_size == 32
+            && x.cols == w.cols
+            && w.cols.is_multiple_of(QMMA_BK)
+            && w.rows <= i32::MAX as usize
+            && w.parts.iter().all(|p| p.q.is_some())
+            && self.whole_chunks(w.cols, &[x.buf.ptr()]);
+        let last = QMMA_ROWS[QMMA_ROWS.len() - 1];
+        let tile = QMMA_ROWS
+            .into_iter()
+            .find(|&r| r as usize >= n)
+            .unwrap_or(last);
+        Some(tile).filter(|_| fits && n > 0 && n <= QMMA_MAX_ROWS)
     }
 
     fn gemv_grid(&self, blocks: usize) -> Grid {
@@ -181,6 +211,31 @@ impl<R: Runtime> GpuBackend<R> {
             return Ok(());
         }
         if n == 0 || m == 0 {
+            return Ok(());
+        }
+        if let Some(rows) = self.qmma_rows(n, x, w) {
+            for p in &w.parts {
+                let Some(q) = p.q else { continue };
+                let args = QmmaArgs {
+                    w: p.buf.ptr(),
+                    x: x.buf.ptr(),
+                    bias: bias.map_or(0, |b| b + p.row0 as u64 * size),
+                    y: out.buf.ptr() + p.row0 as u64 * size,
+                    k: k as i32,
+                    n: p.rows as i32,
+                    rows: n as i32,
+                    ldy: m as i32,
+                };
+                let grid = Grid {
+                    blocks: (
+                        p.rows.div_ceil(QMMA_BN) as u32,
+                        n.div_ceil(rows as usize) as u32,
+                        1,
+                    ),
+                    threads: QMMA_THREADS,
+                };
+                self.launch_with(Kernel::Qmma { q, rows }, grid, &args)?;
+            }
             return Ok(());
         }
         let scratch = self.dequantize_into_scratch(w)?;

@@ -1,0 +1,248 @@
+// Quantized GGUF block types on the device (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K): the repacked
+// plane layout and each type's decoding of one "unit" into runs of 16 exact quants plus
+// (scale, add). Shared by qgemv.cu (streaming GEMV) and qmma.cu (tiled tensor-core GEMM).
+//
+// Device layout: the host repacks each GGUF matrix once at load into planes, back to back,
+// each plane 256-byte aligned and row-major with a fixed byte count per row, so that every
+// lane reads its quants with 16-byte loads (the bits per weight are the file's):
+//   q8_0: qs[n][k] i8                | d[n][k/32] f16
+//   q4_0: qs[n][k/32][16]            | d[n][k/32] f16                (ggml nibble order)
+//   q4_k: qs[n][k/256][128]          | meta[n][k/256][16]            (d, dmin, scales[12])
+//   q5_k: qs[n][k/256][128]          | qh[n][k/256][32] | meta[n][k/256][16]
+//   q6_k: ql[n][k/256][128]          | qh[n][k/256][64] | sc[n][k/256][16] i8 | d[n][k/256] f16
+// (src/backend/gpu/qweight.rs writes the same layout.)
+//
+// A "unit" is what one thread decodes at a time: RUNS runs of 16 weights, each run
+// multiplying 16 consecutive elements of x (at xoff); bytes become exact floats through the
+// exponent trick.
+
+__device__ __forceinline__ size_t plane_align(size_t b) { return (b + 255) & ~(size_t)255; }
+
+// IEEE half to float (exact; inf/NaN kept).
+__device__ __forceinline__ float half_to_f(u32 h) {
+#if defined(KILN_CUDA)
+    float f;
+    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"((u16)h));
+    return f;
+#else
+    const u32 sign = (h & 0x8000u) << 16;
+    const u32 mag = h & 0x7fffu;
+    if (mag >= 0x7c00u) return __uint_as_float(sign | 0x7f800000u | ((mag & 0x3ffu) << 13));
+    return __uint_as_float(sign | __float_as_uint(__uint_as_float(mag << 13) * 5.192296858534828e33f));
+#endif
+}
+
+// A quant chunk read once: past L1 on NVIDIA (never reused by this SM).
+__device__ __forceinline__ vec4u ld_stream(const vec4u* p) {
+#if defined(KILN_CUDA)
+    vec4u r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+#else
+    return *p;
+#endif
+}
+
+// 2^23 + byte i of v, as a float (the byte lands in the mantissa); subtracting 2^23 + bias
+// gives byte - bias exactly.
+__device__ __forceinline__ float byte_f(u32 v, int i) {
+#if defined(KILN_CUDA)
+    return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440u | (u32)i));
+#else
+    return __uint_as_float(((v >> (8 * i)) & 0xffu) | 0x4B000000u);
+#endif
+}
+
+// The four bytes of v less bias, as exact floats.
+__device__ __forceinline__ void q4(u32 v, float bias, float* q) {
+    const float b = 8388608.0f + bias;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q[i] = byte_f(v, i) - b;
+}
+
+__device__ __forceinline__ u32 word(const vec4u& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+
+// The 6-bit (scale, min) of sub-block j of a k-quant block's 16-byte meta (d, dmin,
+// scales[12]: words y, z, w); j is the same for every unit of a lane, so the shifts are too.
+__device__ __forceinline__ void kq_scale_min(const vec4u& meta, int j, float& sc, float& mn) {
+    const int sh = 8 * (j & 3);
+    const u32 ys = meta.y >> sh, zs = meta.z >> sh, ws = meta.w >> sh;
+    u32 s, m;
+    if (j < 4) {
+        s = ys & 63u;
+        m = zs & 63u;
+    } else {
+        s = (ws & 15u) | ((ys >> 2) & 0x30u);
+        m = ((ws >> 4) & 15u) | ((zs >> 2) & 0x30u);
+    }
+    sc = (float)s;
+    mn = (float)m;
+}
+
+// Each type: UNIT weights per unit in RUNS runs of 16; run() gives a run's 16 quants as exact
+// floats q and the run's (scale, add): weight = scale * q + add (add is 0 unless MIN).
+// `lo` has the unit index's low 3 bits (the lane's: units step by whole warps).
+
+// ---- Q8_0: unit = half a block, 16 quants (1 run) ---------------------------------------
+struct Q8_0 {
+    static constexpr int UNIT = 16, RUNS = 1;
+    static constexpr bool MIN = false;
+    struct Row {
+        const u8* qs;
+        const u16* d;
+    };
+    struct Raw {
+        vec4u q;
+        u32 d;
+    };
+    static __device__ __forceinline__ Row row(const u8* w, int n, int k, int j) {
+        const size_t qs = plane_align((size_t)n * k);
+        return Row{w + (size_t)j * k, reinterpret_cast<const u16*>(w + qs) + (size_t)j * (k / 32)};
+    }
+    static __device__ __forceinline__ Raw load(const Row& r, int u) {
+        return Raw{ld_stream(reinterpret_cast<const vec4u*>(r.qs) + u), r.d[u >> 1]};
+    }
+    static __device__ __forceinline__ int xoff(int u, int) { return 16 * u; }
+    static __device__ __forceinline__ void run(const Raw& raw, int, int, float* q, float& sc, float& add) {
+        sc = half_to_f(raw.d);
+        add = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q4(word(raw.q, i) ^ 0x80808080u, 128.f, q + 4 * i);
+    }
+};
+
+// ---- Q4_0: unit = one block of 32 (low nibbles: run 0, high: run 1) -----------------------
+struct Q4_0 {
+    static constexpr int UNIT = 32, RUNS = 2;
+    static constexpr bool MIN = false;
+    struct Row {
+        const u8* qs;
+        const u16* d;
+    };
+    struct Raw {
+        vec4u q;
+        u32 d;
+    };
+    static __device__ __forceinline__ Row row(const u8* w, int n, int k, int j) {
+        const size_t qs = plane_align((size_t)n * (k / 2));
+        return Row{w + (size_t)j * (k / 2), reinterpret_cast<const u16*>(w + qs) + (size_t)j * (k / 32)};
+    }
+    static __device__ __forceinline__ Raw load(const Row& r, int u) {
+        return Raw{ld_stream(reinterpret_cast<const vec4u*>(r.qs) + u), r.d[u]};
+    }
+    static __device__ __forceinline__ int xoff(int u, int ri) { return 32 * u + 16 * ri; }
+    static __device__ __forceinline__ void run(const Raw& raw, int, int ri, float* q, float& sc, float& add) {
+        sc = half_to_f(raw.d);
+        add = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q4((word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu, 8.f, q + 4 * i);
+    }
+};
+
+// ---- Q4_K / Q5_K: unit = 16 quant bytes of one 32-byte group g of a super-block: elements
+// 16h..16h+16 of sub-blocks 2g (low nibbles, run 0) and 2g+1 (high nibbles, run 1) ----------
+template <bool Q5>
+struct QK45 {
+    static constexpr int UNIT = 32, RUNS = 2;
+    static constexpr bool MIN = true;
+    struct Row {
+        const u8* qs;
+        const u8* qh;
+        const vec4u* meta;
+    };
+    struct Raw {
+        vec4u q, h, meta;
+    };
+    static __device__ __forceinline__ Row row(const u8* w, int n, int k, int j) {
+        const int nb = k / 256;
+        const size_t qs = plane_align((size_t)n * nb * 128);
+        const size_t qh = Q5 ? plane_align((size_t)n * nb * 32) : 0;
+        return Row{w + (size_t)j * nb * 128, w + qs + (size_t)j * nb * 32,
+                   reinterpret_cast<const vec4u*>(w + qs + qh) + (size_t)j * nb};
+    }
+    static __device__ __forceinline__ Raw load(const Row& r, int u) {
+        Raw raw;
+        raw.q = ld_stream(reinterpret_cast<const vec4u*>(r.qs) + u);
+        raw.meta = r.meta[u >> 3];
+        if (Q5) raw.h = reinterpret_cast<const vec4u*>(r.qh)[2 * (u >> 3) + (u & 1)];
+        return raw;
+    }
+    static __device__ __forceinline__ int xoff(int u, int ri) {
+        return 256 * (u >> 3) + 64 * ((u & 7) >> 1) + 16 * (u & 1) + 32 * ri;
+    }
+    static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
+        const int sub = 2 * ((lo & 7) >> 1) + ri;
+        float s, m;
+        kq_scale_min(raw.meta, sub, s, m);
+        sc = half_to_f(raw.meta.x & 0xffffu) * s;
+        add = -half_to_f(raw.meta.x >> 16) * m;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            u32 v = (word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu;
+            if (Q5) v |= ((word(raw.h, i) >> sub) & 0x01010101u) << 4;
+            q4(v, 0.f, q + 4 * i);
+        }
+    }
+};
+typedef QK45<false> Q4_K;
+typedef QK45<true> Q5_K;
+
+// ---- Q6_K: unit = l0..l0+16 of one half h of a super-block: 4 runs, one scale each --------
+struct Q6_K {
+    static constexpr int UNIT = 64, RUNS = 4;
+    static constexpr bool MIN = false;
+    struct Row {
+        const u8* ql;
+        const u8* qh;
+        const vec4u* sc;
+        const u16* d;
+    };
+    struct Raw {
+        vec4u a, b, h, sc;
+        u32 d;
+    };
+    static __device__ __forceinline__ Row row(const u8* w, int n, int k, int j) {
+        const int nb = k / 256;
+        const size_t ql = plane_align((size_t)n * nb * 128);
+        const size_t qh = plane_align((size_t)n * nb * 64);
+        const size_t sc = plane_align((size_t)n * nb * 16);
+        return Row{w + (size_t)j * nb * 128, w + ql + (size_t)j * nb * 64,
+                   reinterpret_cast<const vec4u*>(w + ql + qh) + (size_t)j * nb,
+                   reinterpret_cast<const u16*>(w + ql + qh + sc) + (size_t)j * nb};
+    }
+    // u: super-block u/4, half h = (u/2)&1, l0 = 16 (u&1).
+    static __device__ __forceinline__ Raw load(const Row& r, int u) {
+        const int b = u >> 2, h = (u >> 1) & 1, c = u & 1;
+        const vec4u* ql = reinterpret_cast<const vec4u*>(r.ql) + 8 * b + 4 * h + c;
+        Raw raw;
+        raw.a = ld_stream(ql);
+        raw.b = ld_stream(ql + 2);
+        raw.h = ld_stream(reinterpret_cast<const vec4u*>(r.qh) + 4 * b + 2 * h + c);
+        raw.sc = r.sc[b];
+        raw.d = r.d[b];
+        return raw;
+    }
+    static __device__ __forceinline__ int xoff(int u, int ri) {
+        return 256 * (u >> 2) + 128 * ((u >> 1) & 1) + 16 * (u & 1) + 32 * ri;
+    }
+    static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
+        const int h = (lo >> 1) & 1, c = lo & 1;
+        // scales[8h + c + 2ri]: word 2h (ri < 2) or 2h + 1, byte (c + 2ri) & 3.
+        const u32 wsel = ri < 2 ? (h ? raw.sc.z : raw.sc.x) : (h ? raw.sc.w : raw.sc.y);
+        const int s = (int)(signed char)((wsel >> (8 * ((c + 2 * ri) & 3))) & 0xffu);
+        sc = half_to_f(raw.d) * (float)s;
+        add = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 lw = word(ri & 1 ? raw.b : raw.a, i);
+            const u32 qq = (ri < 2 ? lw : lw >> 4) & 0x0f0f0f0fu;
+            const u32 hb = ((word(raw.h, i) >> (2 * ri)) & 0x03030303u) << 4;
+            q4(qq | hb, 32.f, q + 4 * i);
+        }
+    }
+};
