@@ -29,7 +29,7 @@ kiln=$work/kiln
 gunzip -c "$here/kiln.gz" > "$kiln" && chmod +x "$kiln"
 lcpp=$work/lcpp
 mkdir -p "$lcpp" && tar xzf "$here/llama.cpp-c392e50-src.tgz" -C "$lcpp"
-src=$(dirname "$(find "$lcpp" -maxdepth 2 -name CMakeLists.txt | head -1)")
+src=$lcpp; [ -f "$src/CMakeLists.txt" ] || src=$(dirname "$(ls "$lcpp"/*/CMakeLists.txt | head -1)")
 t0=$(date +%s)
 (cd "$src" && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release > "$out/cmake.log" 2>&1 \
