@@ -49,7 +49,7 @@ pub type Dot4Fn<A> = fn(w: &[u8], a: [&[A]; 4]) -> [f32; 4];
 /// One dot kernel per weight type, all for the same instruction set.
 #[derive(Debug, Clone, Copy)]
 pub struct Kernels {
-    /// `portable` or `avx2`.
+    /// `portable`, `avx2` or `avx512`.
     pub name: &'static str,
     pub q8_0: DotFn<BlockQ8_0>,
     pub q4_0: DotFn<BlockQ8_0>,
@@ -105,11 +105,18 @@ impl Kernels {
 
     /// The fastest kernels this CPU runs, detected at run time.
     pub fn detect() -> Kernels {
+        Self::available().pop().unwrap_or(Kernels::PORTABLE)
+    }
+
+    /// Every kernel table this CPU runs, slowest first: `portable`, then `avx2` and
+    /// `avx512` where detected.
+    pub fn available() -> Vec<Kernels> {
+        let mut all = vec![Kernels::PORTABLE];
         #[cfg(target_arch = "x86_64")]
-        if let Some(k) = super::qdot_avx2::kernels() {
-            return k;
-        }
-        Kernels::PORTABLE
+        all.extend(super::qdot_avx2::kernels());
+        #[cfg(target_arch = "x86_64")]
+        all.extend(super::qdot_avx512::kernels());
+        all
     }
 }
 
