@@ -209,10 +209,11 @@ mod imp {
         acc.map(|v| _mm512_reduce_add_ps(v))
     }
 
-    /// The 8 scales and 8 mins (6 bits each) of a Q4_K/Q5_K block's 12 scale bytes.
+    /// The 8 scales (low 8 bytes) and 8 mins (high 8 bytes) of a Q4_K/Q5_K block's 12
+    /// scale bytes, 6 bits each.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    fn k_scales(s: &[u8]) -> (__m128i, __m128i) {
+    fn k_scales(s: &[u8]) -> __m128i {
         let u = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
         let (s0, s1, s2) = (u(0), u(1), u(2));
         // Sub-blocks 0..4 take the low 6 bits of bytes 0..4 (scales) and 4..8 (mins); 4..8
@@ -220,12 +221,18 @@ mod imp {
         let (m6, m4, m2) = (0x3f3f_3f3f, 0x0f0f_0f0f, 0x0303_0303);
         let sc = [s0 & m6, (s2 & m4) | (((s0 >> 6) & m2) << 4)];
         let mn = [s1 & m6, ((s2 >> 4) & m4) | (((s1 >> 6) & m2) << 4)];
-        let widen = |v: [u32; 2]| {
-            _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
-                (u64::from(v[1]) << 32 | u64::from(v[0])) as i64,
-            ))
-        };
-        (widen(sc), widen(mn))
+        let join = |v: [u32; 2]| (u64::from(v[1]) << 32 | u64::from(v[0])) as i64;
+        _mm_set_epi64x(join(mn), join(sc))
+    }
+
+    /// A `vpshufb` control that zero-extends byte `lo` into every 16-bit lane of the lower
+    /// 256 bits and byte `hi` into those of the upper 256 bits.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    fn spread(lo: i16, hi: i16) -> __m512i {
+        // Each 16-bit lane: its low byte picks the source byte, its high byte (0x80) zeroes.
+        let lane = |b: i16| _mm512_set1_epi16(b | (0x80u16 << 8) as i16);
+        _mm512_mask_blend_epi16(HI16, lane(lo), lane(hi))
     }
 
     /// Q4_K and Q5_K (the fifth bits in `qh` at bytes 16..48 when `Q5`).
@@ -237,15 +244,13 @@ mod imp {
     ) -> [f32; R] {
         let m4 = _mm512_set1_epi8(15);
         // Scale lanes: the lower half of vector t holds sub-block 2t, the upper 2t + 1.
-        let sc_idx: [__m512i; 4] = std::array::from_fn(|t| {
-            _mm512_mask_blend_epi16(
-                HI16,
-                _mm512_set1_epi16(2 * t as i16),
-                _mm512_set1_epi16(2 * t as i16 + 1),
-            )
-        });
-        // Min lanes: bsums 2j and 2j + 1 belong to sub-block j.
-        let mn_idx = _mm256_set_epi16(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+        let sc_idx: [__m512i; 4] = std::array::from_fn(|t| spread(2 * t as i16, 2 * t as i16 + 1));
+        // Min lanes (bytes 8..16 of the scales): bsums 2j and 2j + 1 belong to sub-block j.
+        let z = -128i8;
+        let mn_idx = _mm256_setr_epi8(
+            8, z, 8, z, 9, z, 9, z, 10, z, 10, z, 11, z, 11, z, 12, z, 12, z, 13, z, 13, z, 14, z,
+            14, z, 15, z, 15, z,
+        );
         // Q5: the fifth bit of sub-block j is bit j of qh.
         let bit: [__m512i; 4] = std::array::from_fn(|t| {
             _mm512_mask_blend_epi8(
@@ -257,11 +262,9 @@ mod imp {
         let (mut acc, mut mins) = ([_mm512_setzero_ps(); R], [_mm256_setzero_ps(); R]);
         let q_at = if Q5 { 48 } else { 16 };
         for (i, wb) in w.as_chunks::<B>().0.iter().enumerate() {
-            let (sc, mn) = k_scales(&wb[4..16]);
-            let sc = _mm512_castsi128_si512(sc);
-            let scv: [__m512i; 4] =
-                std::array::from_fn(|t| _mm512_permutexvar_epi16(sc_idx[t], sc));
-            let mnv = _mm256_permutexvar_epi16(mn_idx, _mm256_castsi128_si256(mn));
+            let sc = _mm512_broadcast_i32x4(k_scales(&wb[4..16]));
+            let scv: [__m512i; 4] = std::array::from_fn(|t| _mm512_shuffle_epi8(sc, sc_idx[t]));
+            let mnv = _mm256_shuffle_epi8(_mm512_castsi512_si256(sc), mn_idx);
             // SAFETY: for Q5, wb[16..48] is the 32-byte qh (never read otherwise).
             let qh = _mm512_broadcast_i64x4(if Q5 {
                 unsafe { load32(&wb[16..]) }
@@ -297,13 +300,14 @@ mod imp {
                 mins[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * ab.d), m, mins[r]);
             }
         }
-        std::array::from_fn(|r| _mm512_reduce_add_ps(acc[r]) - hsum256(mins[r]))
+        std::array::from_fn(|r| minus_reduce(acc[r], mins[r]))
     }
 
+    /// The sum of `acc`'s lanes minus the sum of `minus`'s (one reduction).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    fn hsum256(v: __m256) -> f32 {
-        _mm512_reduce_add_ps(_mm512_castps256_ps512(v))
+    fn minus_reduce(acc: __m512, minus: __m256) -> f32 {
+        _mm512_reduce_add_ps(_mm512_sub_ps(acc, _mm512_zextps256_ps512(minus)))
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
@@ -369,7 +373,7 @@ mod imp {
                 offs[r] = _mm256_fmadd_ps(_mm256_set1_ps(32.0 * dd), o, offs[r]);
             }
         }
-        std::array::from_fn(|r| _mm512_reduce_add_ps(acc[r]) - hsum256(offs[r]))
+        std::array::from_fn(|r| minus_reduce(acc[r], offs[r]))
     }
 
     /// 16 f16 (or bf16 when `BF16`) widened to f32.
