@@ -1,7 +1,8 @@
 //! AVX-512 (F/BW/VL + VNNI) versions of the dot kernels of `qdot` (same inputs, same
-//! results up to float summation order). Integer products go 64 bytes at a time: `vpdpbusd`
-//! (u8 x i8, four products summed into each i32) for Q8_0/Q4_0, and `vpmaddubsw` followed by
-//! `vpdpwssd` (the products of a pair times the sub-block's scale) for the k-quants. They are
+//! results up to float summation order). Integer products by `vpdpbusd` (u8 x i8, four
+//! products summed into each i32; 32 bytes, one block at a time) for Q8_0/Q4_0, and 64 bytes
+//! at a time by `vpmaddubsw` followed by `vpdpwssd` (the products of a pair times the
+//! sub-block's scale) for the k-quants; f16/bf16 widened 16 at a time. They are
 //! handed out only after run-time detection of every feature they are compiled for, which is
 //! what makes calling them sound.
 
@@ -103,75 +104,48 @@ mod imp {
         unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
     }
 
-    /// Two 32-byte halves in one vector.
+    /// `acc[r] += d * a[r][i].d * dot(w, a[r][i].qs)` for one block of 32 signed weights:
+    /// the sign of `w` moves onto the activations, so `vpdpbusd` multiplies `|w|` (u8) by
+    /// them (i8). 256 bits wide: the block is 32 bytes.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    fn join(lo: __m256i, hi: __m256i) -> __m512i {
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-    }
-
-    /// `acc + sum of w[i] * a[i]` over each 4 neighbouring signed bytes, given `|w|` and the
-    /// mask of `w`'s negative bytes (the sign moves onto `a`, so `vpdpbusd` applies).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    fn signed_dot(acc: __m512i, w_abs: __m512i, w_neg: __mmask64, a: __m512i) -> __m512i {
-        let a = _mm512_mask_sub_epi8(a, w_neg, _mm512_setzero_si512(), a);
-        _mm512_dpbusd_epi32(acc, w_abs, a)
-    }
-
-    /// Two blocks of 32 signed weights (`w`) against the activation blocks `i` and `i + 1`
-    /// of each row (`pair`) or block `i` alone (upper half zero), scaled by `d0`/`d1`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    fn q8_pair<const R: usize>(
-        acc: &mut [__m512; R],
-        w: __m512i,
-        (d0, d1): (f32, f32),
+    fn q8_block<const R: usize>(
+        acc: &mut [__m256; R],
+        w: __m256i,
+        d: f32,
         a: &[&[BlockQ8_0]; R],
         i: usize,
-        pair: bool,
     ) {
-        let (w_abs, w_neg) = (_mm512_abs_epi8(w), _mm512_movepi8_mask(w));
+        let (w_abs, w_neg) = (_mm256_abs_epi8(w), _mm256_movepi8_mask(w));
         for r in 0..R {
-            let (a0, qa) = (&a[r][i], _mm512_setzero_si512());
-            // SAFETY: each `qs` holds 32 bytes.
-            let (lo, (hi, d_hi)) = unsafe {
-                let lo = load32(&a0.qs[..]);
-                let hi = if pair {
-                    (load32(&a[r][i + 1].qs[..]), d1 * a[r][i + 1].d)
-                } else {
-                    (_mm256_setzero_si256(), 0.0)
-                };
-                (lo, hi)
-            };
-            let p = signed_dot(qa, w_abs, w_neg, join(lo, hi));
-            let s = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d0 * a0.d), _mm512_set1_ps(d_hi));
-            acc[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[r]);
+            let ab = &a[r][i];
+            // SAFETY: `qs` holds 32 bytes.
+            let x = unsafe { load32(&ab.qs[..]) };
+            let x = _mm256_mask_sub_epi8(x, w_neg, _mm256_setzero_si256(), x);
+            let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w_abs, x);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), _mm256_cvtepi32_ps(p), acc[r]);
         }
+    }
+
+    /// The sums of the even- and odd-block accumulators.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    fn reduce2<const R: usize>(acc: [[__m256; R]; 2]) -> [f32; R] {
+        std::array::from_fn(|r| {
+            _mm512_reduce_add_ps(_mm512_zextps256_ps512(_mm256_add_ps(acc[0][r], acc[1][r])))
+        })
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
     pub unsafe fn q8_0<const R: usize>(w: &[u8], a: [&[BlockQ8_0]; R]) -> [f32; R] {
-        let mut acc = [_mm512_setzero_ps(); R];
-        let (pairs, tail) = w.as_chunks::<68>();
-        for (p, wb) in pairs.iter().enumerate() {
-            // SAFETY: wb[2..34] and wb[36..68] hold 32 bytes each.
-            let q = unsafe { join(load32(&wb[2..]), load32(&wb[36..])) };
-            q8_pair(&mut acc, q, (half(wb, 0), half(wb, 34)), &a, 2 * p, true);
+        // Two accumulators per row (even and odd blocks) halve the chain of additions.
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
+        for (i, wb) in w.as_chunks::<34>().0.iter().enumerate() {
+            // SAFETY: wb[2..34] holds 32 bytes.
+            let q = unsafe { load32(&wb[2..]) };
+            q8_block(&mut acc[i % 2], q, half(wb, 0), &a, i);
         }
-        if tail.len() >= 34 {
-            // SAFETY: tail[2..34] holds 32 bytes.
-            let q = unsafe { _mm512_castsi256_si512(load32(&tail[2..])) };
-            q8_pair(
-                &mut acc,
-                q,
-                (half(tail, 0), 0.0),
-                &a,
-                2 * pairs.len(),
-                false,
-            );
-        }
-        acc.map(|v| _mm512_reduce_add_ps(v))
+        reduce2(acc)
     }
 
     /// The 32 weights of one Q4_0 block minus 8, in element order.
@@ -189,24 +163,11 @@ mod imp {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
     pub unsafe fn q4_0<const R: usize>(w: &[u8], a: [&[BlockQ8_0]; R]) -> [f32; R] {
-        let mut acc = [_mm512_setzero_ps(); R];
-        let (pairs, tail) = w.as_chunks::<36>();
-        for (p, wb) in pairs.iter().enumerate() {
-            let q = join(q4_0_block(wb), q4_0_block(&wb[18..]));
-            q8_pair(&mut acc, q, (half(wb, 0), half(wb, 18)), &a, 2 * p, true);
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
+        for (i, wb) in w.as_chunks::<18>().0.iter().enumerate() {
+            q8_block(&mut acc[i % 2], q4_0_block(wb), half(wb, 0), &a, i);
         }
-        if tail.len() >= 18 {
-            let q = _mm512_castsi256_si512(q4_0_block(tail));
-            q8_pair(
-                &mut acc,
-                q,
-                (half(tail, 0), 0.0),
-                &a,
-                2 * pairs.len(),
-                false,
-            );
-        }
-        acc.map(|v| _mm512_reduce_add_ps(v))
+        reduce2(acc)
     }
 
     /// The 8 scales (low 8 bytes) and 8 mins (high 8 bytes) of a Q4_K/Q5_K block's 12
