@@ -147,6 +147,16 @@ fn check_shapes(shapes: &[(usize, usize, usize)]) {
             eprintln!("{ty} n={n} m={m} k={k}: portable rel err {e:.2e}");
             assert!(e < limit(ty), "{ty} [{n}x{k}] x [{m}x{k}]^T: rel err {e}");
             for fast in &tables[1..] {
+                // The portable kernels on the same path (kernels or dequantized GEMM).
+                let same = Kernels {
+                    gemm_min_rows: fast.gemm_min_rows,
+                    ..Kernels::PORTABLE
+                };
+                let portable = quantized(&same, &x, &w, n);
+                assert!(
+                    rel_err(&portable, &want) < limit(ty),
+                    "{ty} n={n}: portable"
+                );
                 let ev = rel_err(&quantized(fast, &x, &w, n), &portable);
                 eprintln!("  {} vs portable {ev:.2e}", fast.name);
                 assert!(

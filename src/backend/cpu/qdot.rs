@@ -51,6 +51,9 @@ pub type Dot4Fn<A> = fn(w: &[u8], a: [&[A]; 4]) -> [f32; 4];
 pub struct Kernels {
     /// `portable`, `avx2` or `avx512`.
     pub name: &'static str,
+    /// Activation rows from which a quantized matmul dequantizes weight tiles and runs the
+    /// f32 GEMM instead of these kernels (`usize::MAX`: never).
+    pub gemm_min_rows: usize,
     pub q8_0: DotFn<BlockQ8_0>,
     pub q4_0: DotFn<BlockQ8_0>,
     pub q4_k: DotFn<BlockQ8K>,
@@ -87,6 +90,7 @@ impl Kernels {
     /// The plain-Rust kernels (any CPU).
     pub const PORTABLE: Kernels = Kernels {
         name: "portable",
+        gemm_min_rows: 32,
         q8_0: dot_q8_0,
         q4_0: dot_q4_0,
         q4_k: dot_q4_k,

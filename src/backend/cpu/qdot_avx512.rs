@@ -20,6 +20,7 @@ pub fn kernels() -> Option<Kernels> {
         && is_x86_feature_detected!("f16c");
     ok.then_some(Kernels {
         name: "avx512",
+        gemm_min_rows: usize::MAX,
         q8_0,
         q4_0,
         q4_k,
