@@ -137,7 +137,7 @@ fn check_shapes(shapes: &[(usize, usize, usize)]) {
     for &(n, m, k) in shapes {
         let x = random_acts(n * k, &mut rng);
         for ty in TYPES {
-            if k as u64 % ty.block_size().unwrap() != 0 {
+            if !(k as u64).is_multiple_of(ty.block_size().unwrap()) {
                 continue;
             }
             let w = HostTensor::raw(vec![m, k], ty, random_weight(ty, m, k, &mut rng)).unwrap();
