@@ -9,6 +9,8 @@ pub mod ops;
 pub mod qdot;
 #[cfg(target_arch = "x86_64")]
 mod qdot_avx2;
+#[cfg(target_arch = "x86_64")]
+mod qdot_avx512;
 pub mod qmatmul;
 
 use attention::AttnGeom;

@@ -49,8 +49,11 @@ pub type Dot4Fn<A> = fn(w: &[u8], a: [&[A]; 4]) -> [f32; 4];
 /// One dot kernel per weight type, all for the same instruction set.
 #[derive(Debug, Clone, Copy)]
 pub struct Kernels {
-    /// `portable` or `avx2`.
+    /// `portable`, `avx2` or `avx512`.
     pub name: &'static str,
+    /// Activation rows from which a quantized matmul dequantizes weight tiles and runs the
+    /// f32 GEMM instead of these kernels (`usize::MAX`: never).
+    pub gemm_min_rows: usize,
     pub q8_0: DotFn<BlockQ8_0>,
     pub q4_0: DotFn<BlockQ8_0>,
     pub q4_k: DotFn<BlockQ8K>,
@@ -87,6 +90,7 @@ impl Kernels {
     /// The plain-Rust kernels (any CPU).
     pub const PORTABLE: Kernels = Kernels {
         name: "portable",
+        gemm_min_rows: 32,
         q8_0: dot_q8_0,
         q4_0: dot_q4_0,
         q4_k: dot_q4_k,
@@ -105,11 +109,18 @@ impl Kernels {
 
     /// The fastest kernels this CPU runs, detected at run time.
     pub fn detect() -> Kernels {
+        Self::available().pop().unwrap_or(Kernels::PORTABLE)
+    }
+
+    /// Every kernel table this CPU runs, slowest first: `portable`, then `avx2` and
+    /// `avx512` where detected.
+    pub fn available() -> Vec<Kernels> {
+        let mut all = vec![Kernels::PORTABLE];
         #[cfg(target_arch = "x86_64")]
-        if let Some(k) = super::qdot_avx2::kernels() {
-            return k;
-        }
-        Kernels::PORTABLE
+        all.extend(super::qdot_avx2::kernels());
+        #[cfg(target_arch = "x86_64")]
+        all.extend(super::qdot_avx512::kernels());
+        all
     }
 }
 

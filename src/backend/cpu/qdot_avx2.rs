@@ -13,6 +13,7 @@ pub fn kernels() -> Option<Kernels> {
         && is_x86_feature_detected!("f16c");
     ok.then_some(Kernels {
         name: "avx2",
+        gemm_min_rows: 32,
         q8_0,
         q4_0,
         q4_k,
