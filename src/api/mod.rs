@@ -13,6 +13,7 @@ pub mod inflight;
 pub mod logprobs;
 pub mod models;
 pub mod openapi;
+pub mod overload;
 pub mod serve;
 pub mod sse;
 pub mod state;
@@ -187,7 +188,7 @@ impl Server {
                         if let Some(h) = &hosts {
                             app = app.app_data(h.clone());
                         }
-                        app.wrap(from_fn(inflight::limit))
+                        app.wrap(from_fn(overload::limit))
                             .wrap(from_fn(auth::guard))
                             .wrap(Condition::new(cors_on, cors(&factory_cfg)))
                             .configure(routes)

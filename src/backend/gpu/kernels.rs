@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::device::Device;
-use super::qweight::QType;
+use super::qtype::QType;
 use super::runtime::{DeviceInfo, Runtime, dev_err};
 use crate::backend::{BackendError, DType};
 

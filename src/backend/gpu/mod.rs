@@ -29,6 +29,7 @@ mod matmul;
 mod meta;
 mod moe;
 mod norm;
+mod qtype;
 mod qweight;
 mod rope;
 pub mod runtime;
@@ -43,7 +44,7 @@ pub use graphs::GraphStats;
 
 pub use super::open::GpuOptions;
 use kernels::{Kernel, Kernels};
-pub use qweight::QType;
+pub use qtype::QType;
 use runtime::{Grid, Runtime};
 pub use timing::KernelTiming;
 pub use types::{GpuBatch, GpuKv, GpuTensor, GpuWeight};

@@ -5,131 +5,13 @@
 //! is dequantized into a full-size buffer except the one reused matmul scratch of batch
 //! steps (`matmul.rs`).
 
-use rayon::prelude::*;
-
 use super::args::{ConvertArgs, DequantArgs};
 use super::device::DevBuf;
+use super::qtype::QType;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, invalid};
 use crate::backend::quant::GgmlType;
 use crate::backend::{BackendError, HostData, HostTensor};
-
-/// A quantized weight type with device kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QType {
-    Q8_0,
-    Q4_0,
-    Q4K,
-    Q5K,
-    Q6K,
-}
-
-/// Bytes of each plane start are aligned to this (`plane_align` in `kernels/qgemv.cu`).
-const PLANE_ALIGN: usize = 256;
-
-impl QType {
-    /// Every quantized type, in kernel load order.
-    pub const ALL: [QType; 5] = [QType::Q8_0, QType::Q4_0, QType::Q4K, QType::Q5K, QType::Q6K];
-
-    /// The device type of a file type; `None` for plain types (F32, F16, BF16) and types
-    /// without kernels.
-    pub fn of(ty: GgmlType) -> Option<QType> {
-        match ty {
-            GgmlType::Q8_0 => Some(QType::Q8_0),
-            GgmlType::Q4_0 => Some(QType::Q4_0),
-            GgmlType::Q4K => Some(QType::Q4K),
-            GgmlType::Q5K => Some(QType::Q5K),
-            GgmlType::Q6K => Some(QType::Q6K),
-            _ => None,
-        }
-    }
-
-    /// The kernel name piece (`q4k`; one alphanumeric run).
-    pub fn tag(self) -> &'static str {
-        match self {
-            QType::Q8_0 => "q80",
-            QType::Q4_0 => "q40",
-            QType::Q4K => "q4k",
-            QType::Q5K => "q5k",
-            QType::Q6K => "q6k",
-        }
-    }
-
-    #[cfg(test)]
-    fn ggml(self) -> GgmlType {
-        match self {
-            QType::Q8_0 => GgmlType::Q8_0,
-            QType::Q4_0 => GgmlType::Q4_0,
-            QType::Q4K => GgmlType::Q4K,
-            QType::Q5K => GgmlType::Q5K,
-            QType::Q6K => GgmlType::Q6K,
-        }
-    }
-
-    /// (elements, bytes) of one file block.
-    fn block(self) -> (usize, usize) {
-        match self {
-            QType::Q8_0 => (32, 34),
-            QType::Q4_0 => (32, 18),
-            QType::Q4K => (256, 144),
-            QType::Q5K => (256, 176),
-            QType::Q6K => (256, 210),
-        }
-    }
-
-    /// The byte ranges of a file block that go to each plane, in plane order.
-    fn pieces(self) -> &'static [(usize, usize)] {
-        match self {
-            QType::Q8_0 => &[(2, 32), (0, 2)],
-            QType::Q4_0 => &[(2, 16), (0, 2)],
-            QType::Q4K => &[(16, 128), (0, 16)],
-            QType::Q5K => &[(48, 128), (16, 32), (0, 16)],
-            QType::Q6K => &[(0, 128), (128, 64), (192, 16), (208, 2)],
-        }
-    }
-
-    /// (start, bytes per row) of each plane of a `[rows, k]` matrix, and the total bytes.
-    pub fn planes(self, rows: usize, k: usize) -> (Vec<(usize, usize)>, usize) {
-        let nb = k / self.block().0;
-        let mut at = 0usize;
-        let mut planes = Vec::new();
-        for &(_, len) in self.pieces() {
-            at = at.next_multiple_of(PLANE_ALIGN);
-            planes.push((at, nb * len));
-            at += rows * nb * len;
-        }
-        (planes, at)
-    }
-
-    /// The device layout of `bytes`, a `[rows, k]` matrix of file blocks.
-    pub fn repack(self, bytes: &[u8], rows: usize, k: usize) -> Vec<u8> {
-        let (elems, bb) = self.block();
-        let nb = k / elems;
-        let (planes, total) = self.planes(rows, k);
-        let mut out = vec![0u8; total];
-        let mut rest = out.as_mut_slice();
-        let mut consumed = 0;
-        for (&(start, row_bytes), &(from, len)) in planes.iter().zip(self.pieces()) {
-            let (_, tail) = rest.split_at_mut(start - consumed);
-            let (plane, tail) = tail.split_at_mut(rows * row_bytes);
-            consumed = start + rows * row_bytes;
-            rest = tail;
-            if row_bytes == 0 {
-                continue;
-            }
-            plane
-                .par_chunks_mut(row_bytes)
-                .enumerate()
-                .for_each(|(j, row)| {
-                    let src = &bytes[j * nb * bb..(j + 1) * nb * bb];
-                    for (dst, block) in row.chunks_exact_mut(len).zip(src.chunks_exact(bb)) {
-                        dst.copy_from_slice(&block[from..from + len]);
-                    }
-                });
-        }
-        out
-    }
-}
 
 /// One row range of a weight, in one storage.
 #[derive(Debug)]
@@ -291,6 +173,7 @@ fn unsupported(backend: &'static str, what: String) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::gpu::qtype::PLANE_ALIGN;
 
     #[test]
     fn repacked_planes_keep_every_byte() {

@@ -2,7 +2,8 @@
 
 use super::device::DevBuf;
 use super::meta;
-use super::qweight::{QType, WeightPart};
+use super::qtype::QType;
+use super::qweight::WeightPart;
 use crate::backend::BackendError;
 use crate::backend::KvShape;
 
