@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use rand::{RngExt, SeedableRng};
@@ -10,6 +11,8 @@ use safetensors::{Dtype, SafeTensors};
 use super::ModelError;
 use super::gguf::GgufFile;
 use crate::backend::HostTensor;
+use crate::backend::quant::GgmlType;
+use crate::backend::tensor::SharedBytes;
 
 /// A source of named tensors. Names are GGUF-style (`blk.0.attn_q.weight`); shapes are
 /// row-major `[rows, cols]` (GGUF `[ne0, ne1]` reversed) or `[len]`.
@@ -80,7 +83,8 @@ impl TensorSource for GgufFile {
 
 /// A Hugging Face directory's safetensors files, memory-mapped.
 pub struct SafetensorsSource {
-    maps: Vec<Mmap>,
+    /// Shared so that raw tensors handed out by `fetch_host` can borrow the mapping.
+    maps: Vec<Arc<Mmap>>,
     /// HF tensor name -> index into `maps`.
     index: HashMap<String, usize>,
     /// The spec's architecture (tensor names differ by family).
@@ -114,7 +118,7 @@ impl SafetensorsSource {
             for name in st.names() {
                 index.insert(name.to_string(), i);
             }
-            maps.push(map);
+            maps.push(Arc::new(map));
         }
         Ok(Self {
             maps,
@@ -229,8 +233,15 @@ fn moe_leaf(arch: &str, leaf: &str) -> Option<String> {
     })
 }
 
-impl TensorSource for SafetensorsSource {
-    fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+impl SafetensorsSource {
+    /// Runs `f` on GGUF tensor `name`'s HF name, dtype, bytes (inside the mapping) and
+    /// file index, after checking its shape; `None` when the directory has no such tensor.
+    fn with_view<T>(
+        &self,
+        name: &str,
+        shape: &[usize],
+        f: impl FnOnce(&str, Dtype, &[u8], usize) -> Result<T, ModelError>,
+    ) -> Result<Option<T>, ModelError> {
         let Some((hf, i)) = self.resolve(name) else {
             return Ok(None);
         };
@@ -242,27 +253,56 @@ impl TensorSource for SafetensorsSource {
         if view.shape() != shape {
             return Err(shape_error(&hf, shape, view.shape()));
         }
-        let bytes = view.data();
-        let out: Vec<f32> = match view.dtype() {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(ModelError::Format(format!(
-                    "tensor '{hf}': unsupported dtype {other:?}"
-                )));
-            }
-        };
-        Ok(Some(out))
+        f(&hf, view.dtype(), view.data(), i).map(Some)
+    }
+}
+
+fn unsupported_dtype(hf: &str, dtype: Dtype) -> ModelError {
+    ModelError::Format(format!("tensor '{hf}': unsupported dtype {dtype:?}"))
+}
+
+impl TensorSource for SafetensorsSource {
+    fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+        self.with_view(name, shape, |hf, dtype, bytes, _| {
+            Ok(match dtype {
+                Dtype::F32 => bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                Dtype::F16 => bytes
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+                Dtype::BF16 => bytes
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+                other => return Err(unsupported_dtype(hf, other)),
+            })
+        })
+    }
+
+    /// F16 and BF16 tensors as their bytes shared with the file's mapping (no copy); F32 as
+    /// values.
+    fn fetch_host(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, ModelError> {
+        self.with_view(name, shape, |hf, dtype, bytes, i| {
+            let ty = match dtype {
+                Dtype::F32 => GgmlType::F32,
+                Dtype::F16 => GgmlType::F16,
+                Dtype::BF16 => GgmlType::BF16,
+                other => return Err(unsupported_dtype(hf, other)),
+            };
+            let map = &self.maps[i];
+            // `bytes` lies inside `map` (the parser's view of it): its offset there.
+            let outside = || ModelError::Format(format!("tensor '{hf}': data outside the file"));
+            let start = (bytes.as_ptr() as usize)
+                .checked_sub(map.as_ptr() as usize)
+                .ok_or_else(outside)?;
+            let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = map.clone();
+            let shared = SharedBytes::new(owner, start..start + bytes.len()).ok_or_else(outside)?;
+            HostTensor::raw_shared(shape.to_vec(), ty, shared)
+                .map_err(|e| ModelError::Format(format!("tensor '{hf}': {e}")))
+        })
     }
 }
 
