@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use rand::{RngExt, SeedableRng};
@@ -10,6 +11,8 @@ use safetensors::{Dtype, SafeTensors};
 use super::ModelError;
 use super::gguf::GgufFile;
 use crate::backend::HostTensor;
+use crate::backend::quant::GgmlType;
+use crate::backend::tensor::SharedBytes;
 
 /// A source of named tensors. Names are GGUF-style (`blk.0.attn_q.weight`); shapes are
 /// row-major `[rows, cols]` (GGUF `[ne0, ne1]` reversed) or `[len]`.
@@ -80,7 +83,8 @@ impl TensorSource for GgufFile {
 
 /// A Hugging Face directory's safetensors files, memory-mapped.
 pub struct SafetensorsSource {
-    maps: Vec<Mmap>,
+    /// Shared so that raw tensors handed out by `fetch_host` can borrow the mapping.
+    maps: Vec<Arc<Mmap>>,
     /// HF tensor name -> index into `maps`.
     index: HashMap<String, usize>,
     /// The spec's architecture (tensor names differ by family).
@@ -114,7 +118,7 @@ impl SafetensorsSource {
             for name in st.names() {
                 index.insert(name.to_string(), i);
             }
-            maps.push(map);
+            maps.push(Arc::new(map));
         }
         Ok(Self {
             maps,
@@ -229,8 +233,15 @@ fn moe_leaf(arch: &str, leaf: &str) -> Option<String> {
     })
 }
 
-impl TensorSource for SafetensorsSource {
-    fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+impl SafetensorsSource {
+    /// Runs `f` on GGUF tensor `name`'s HF name, dtype, bytes (inside the mapping) and
+    /// file index, after checking its shape; `None` when the directory has no such tensor.
+    fn with_view<T>(
+        &self,
+        name: &str,
+        shape: &[usize],
+        f: impl FnOnce(&str, Dtype, &[u8], usize) -> Result<T, ModelError>,
+    ) -> Result<Option<T>, ModelError> {
         let Some((hf, i)) = self.resolve(name) else {
             return Ok(None);
         };
@@ -242,27 +253,56 @@ impl TensorSource for SafetensorsSource {
         if view.shape() != shape {
             return Err(shape_error(&hf, shape, view.shape()));
         }
-        let bytes = view.data();
-        let out: Vec<f32> = match view.dtype() {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(ModelError::Format(format!(
-                    "tensor '{hf}': unsupported dtype {other:?}"
-                )));
-            }
-        };
-        Ok(Some(out))
+        f(&hf, view.dtype(), view.data(), i).map(Some)
+    }
+}
+
+fn unsupported_dtype(hf: &str, dtype: Dtype) -> ModelError {
+    ModelError::Format(format!("tensor '{hf}': unsupported dtype {dtype:?}"))
+}
+
+impl TensorSource for SafetensorsSource {
+    fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+        self.with_view(name, shape, |hf, dtype, bytes, _| {
+            Ok(match dtype {
+                Dtype::F32 => bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                Dtype::F16 => bytes
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+                Dtype::BF16 => bytes
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+                other => return Err(unsupported_dtype(hf, other)),
+            })
+        })
+    }
+
+    /// F16 and BF16 tensors as their bytes shared with the file's mapping (no copy); F32 as
+    /// values.
+    fn fetch_host(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, ModelError> {
+        self.with_view(name, shape, |hf, dtype, bytes, i| {
+            let ty = match dtype {
+                Dtype::F32 => GgmlType::F32,
+                Dtype::F16 => GgmlType::F16,
+                Dtype::BF16 => GgmlType::BF16,
+                other => return Err(unsupported_dtype(hf, other)),
+            };
+            let map = &self.maps[i];
+            // `bytes` lies inside `map` (the parser's view of it): its offset there.
+            let outside = || ModelError::Format(format!("tensor '{hf}': data outside the file"));
+            let start = (bytes.as_ptr() as usize)
+                .checked_sub(map.as_ptr() as usize)
+                .ok_or_else(outside)?;
+            let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = map.clone();
+            let shared = SharedBytes::new(owner, start..start + bytes.len()).ok_or_else(outside)?;
+            HostTensor::raw_shared(shape.to_vec(), ty, shared)
+                .map_err(|e| ModelError::Format(format!("tensor '{hf}': {e}")))
+        })
     }
 }
 
@@ -288,5 +328,167 @@ impl TensorSource for DummySource {
         });
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ name_hash);
         Ok(Some((0..n).map(|_| rng.random_range(-a..a)).collect()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::HostData;
+    use crate::model::{LoadFormat, ModelFiles};
+    use safetensors::tensor::TensorView;
+
+    /// Every raw leaf of `t` (the parts of a stack, or `t` itself).
+    fn leaves(t: &HostTensor) -> Vec<&HostTensor> {
+        match &t.data {
+            HostData::Stacked(parts) => parts.iter().flat_map(leaves).collect(),
+            _ => vec![t],
+        }
+    }
+
+    #[test]
+    fn half_tensors_arrive_raw_from_the_mapping_and_f32_as_values() {
+        let bf: Vec<u8> = [1.5f32, -2.0, 0.25, 3.0, 7.0, -0.5, 0.0, 1.0]
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        let f16: Vec<u8> = [0.5f32, 2.0, -4.0, 1.0]
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        let f32b: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let i64b = vec![0u8; 16];
+        let q = "model.layers.0.self_attn.q_proj.weight";
+        let file = safetensors::serialize(
+            [
+                (q, TensorView::new(Dtype::BF16, vec![2, 4], &bf).unwrap()),
+                (
+                    "model.layers.0.self_attn.k_proj.weight",
+                    TensorView::new(Dtype::F16, vec![1, 4], &f16).unwrap(),
+                ),
+                (
+                    "model.norm.weight",
+                    TensorView::new(Dtype::F32, vec![2], &f32b).unwrap(),
+                ),
+                (
+                    "model.layers.0.self_attn.v_proj.weight",
+                    TensorView::new(Dtype::I64, vec![1, 2], &i64b).unwrap(),
+                ),
+            ],
+            None,
+        )
+        .unwrap();
+        let dir = std::env::temp_dir().join(format!("kiln-st-raw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("model.safetensors"), &file).unwrap();
+        let src = SafetensorsSource::open(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let t = src
+            .fetch_host("blk.0.attn_q.weight", &[2, 4])
+            .unwrap()
+            .unwrap();
+        let HostData::Raw { ty, bytes } = &t.data else {
+            panic!("bf16 arrived as {}", t.type_label());
+        };
+        assert_eq!(
+            (*ty, t.shape.clone(), &bytes[..]),
+            (GgmlType::BF16, vec![2, 4], &bf[..])
+        );
+        // The bytes are the mapping's own, not a copy.
+        let map = src.maps[0].as_ptr_range();
+        assert!(map.contains(&bytes.as_ptr()));
+        assert_eq!(t.byte_len(), bf.len());
+        let f32_values = src.fetch("blk.0.attn_q.weight", &[2, 4]).unwrap().unwrap();
+        assert_eq!(t.into_f32().unwrap().values().unwrap(), &f32_values[..]);
+
+        let k = src
+            .fetch_host("blk.0.attn_k.weight", &[1, 4])
+            .unwrap()
+            .unwrap();
+        assert_eq!((k.weight_type(), k.byte_len()), (GgmlType::F16, 8));
+        assert_eq!(
+            k.into_f32().unwrap().values().unwrap(),
+            &[0.5, 2.0, -4.0, 1.0]
+        );
+        let norm = src.fetch_host("output_norm.weight", &[2]).unwrap().unwrap();
+        assert_eq!(norm.values().unwrap(), &[1.0, 2.0]);
+
+        assert!(src.fetch_host("blk.0.attn_q.weight", &[4, 2]).is_err());
+        let err = src.fetch_host("blk.0.attn_v.weight", &[1, 2]).unwrap_err();
+        assert!(err.to_string().contains("I64"), "{err}");
+        assert!(
+            src.fetch_host("blk.1.attn_q.weight", &[2, 4])
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    /// Loads `tests/data/arch/<name>` as the loader hands it to a backend: every matrix in
+    /// the file's type, so the host holds exactly the file's matrix bytes (vectors, which
+    /// the loader may transform, as f32).
+    fn check_weights_are_the_files_bytes(name: &str, ty: GgmlType) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/arch")
+            .join(name);
+        let files = ModelFiles::open(&dir, LoadFormat::Hf).unwrap();
+        let weights = crate::runner::load_weights(&files, Ok::<_, ModelError>).unwrap();
+        let mut loaded = Vec::new();
+        weights
+            .try_map(|t| {
+                loaded.push(t.clone());
+                Ok::<_, ModelError>(())
+            })
+            .unwrap();
+        let (mut host_matrices, mut vector_elems) = (0, 0);
+        for t in &loaded {
+            if t.shape.len() == 1 {
+                assert!(t.values().is_some(), "{name}: vector as {}", t.type_label());
+                vector_elems += t.shape[0];
+                continue;
+            }
+            for leaf in leaves(t) {
+                assert!(
+                    matches!(leaf.data, HostData::Raw { ty: got, .. } if got == ty)
+                        || (ty == GgmlType::F32 && leaf.values().is_some()),
+                    "{name}: a {:?} matrix arrived as {}",
+                    leaf.shape,
+                    leaf.type_label()
+                );
+            }
+            host_matrices += t.byte_len();
+        }
+        let (mut file_matrices, mut file_vector_elems) = (0, 0);
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|x| x != "safetensors") {
+                continue;
+            }
+            let bytes = std::fs::read(&path).unwrap();
+            let st = SafeTensors::deserialize(&bytes).unwrap();
+            for (_, view) in st.tensors() {
+                match view.shape().len() {
+                    1 => file_vector_elems += view.shape()[0],
+                    _ => file_matrices += view.data().len(),
+                }
+            }
+        }
+        assert_eq!(host_matrices, file_matrices, "{name}: matrix bytes");
+        assert_eq!(vector_elems, file_vector_elems, "{name}: vector elements");
+        let host: usize = loaded.iter().map(HostTensor::byte_len).sum();
+        assert_eq!(
+            host,
+            file_matrices + 4 * file_vector_elems,
+            "{name}: host bytes"
+        );
+    }
+
+    #[test]
+    fn bf16_checkpoints_load_in_the_files_bytes() {
+        for name in ["mistral-bf16", "qwen3", "gemma2", "qwen3moe"] {
+            check_weights_are_the_files_bytes(name, GgmlType::BF16);
+        }
+        // Sharded f32: values, as before, from both shards.
+        check_weights_are_the_files_bytes("llama-sharded", GgmlType::F32);
     }
 }
