@@ -16,6 +16,8 @@ use kiln::model::{LoadFormat, ModelFiles};
 use kiln::sampling::SamplingParams;
 use serde_json::Value;
 
+use crate::model::rel_l2;
+
 /// The repository: where this binary was built, else the working directory (a GPU machine
 /// runs the carried binary from its own copy of the repository root).
 fn repo() -> PathBuf {
@@ -74,16 +76,6 @@ fn generate<B: Backend>(backend: B, files: &ModelFiles, prompts: &[Vec<u32>]) ->
         .iter()
         .map(|p| g.generate(p, &opts, |_| {}).expect("generate"))
         .collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 /// Logits of every step up to the first differing id within `tol` (`2 * tol` after the

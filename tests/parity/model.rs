@@ -47,7 +47,8 @@ fn generate<B: Backend>(backend: B, files: &ModelFiles) -> Vec<Generation> {
         .collect()
 }
 
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+/// Relative L2 error of `a` against `b`.
+pub(crate) fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a
         .iter()
         .zip(b)

@@ -370,15 +370,7 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        let f = out.cols;
-        check_cols("silu_mul", gate_up.cols, 2 * f)?;
-        for (gu, o) in gate_up.data[..n * 2 * f]
-            .chunks_exact(2 * f)
-            .zip(out.data.chunks_exact_mut(f))
-        {
-            ops::silu_mul_row(&gu[..f], &gu[f..], o);
-        }
-        Ok(())
+        glu_rows("silu_mul", gate_up, n, out, ops::silu_mul_row)
     }
 
     fn head_rms_norm(
@@ -410,15 +402,7 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        let f = out.cols;
-        check_cols("gelu_tanh_mul", gate_up.cols, 2 * f)?;
-        for (gu, o) in gate_up.data[..n * 2 * f]
-            .chunks_exact(2 * f)
-            .zip(out.data.chunks_exact_mut(f))
-        {
-            ops::gelu_tanh_mul_row(&gu[..f], &gu[f..], o);
-        }
-        Ok(())
+        glu_rows("gelu_tanh_mul", gate_up, n, out, ops::gelu_tanh_mul_row)
     }
 
     fn scale(&mut self, x: &mut CpuTensor, s: f32, n: usize) -> Result<(), BackendError> {
@@ -487,4 +471,24 @@ impl Backend for CpuBackend {
     fn to_host(&mut self, x: &CpuTensor, n: usize) -> Result<Vec<f32>, BackendError> {
         Ok(x.data[..n * x.cols].to_vec())
     }
+}
+
+/// `out[r] = act(gate) * up` for each of the first `n` rows of a fused `[gate | up]` tensor
+/// (width `2f`), with `row` the activation's row kernel.
+fn glu_rows(
+    op: &'static str,
+    gate_up: &CpuTensor,
+    n: usize,
+    out: &mut CpuTensor,
+    row: fn(&[f32], &[f32], &mut [f32]),
+) -> Result<(), BackendError> {
+    let f = out.cols;
+    check_cols(op, gate_up.cols, 2 * f)?;
+    for (gu, o) in gate_up.data[..n * 2 * f]
+        .chunks_exact(2 * f)
+        .zip(out.data.chunks_exact_mut(f))
+    {
+        row(&gu[..f], &gu[f..], o);
+    }
+    Ok(())
 }
