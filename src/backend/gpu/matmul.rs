@@ -5,7 +5,9 @@
 //! Quantized weights: up to 8 rows stream each part through `kernels/qgemv.cu`
 //! (dequantized in registers, each part writing its columns of the output); batches of up
 //! to [`QMMA_MAX_ROWS`] rows (bf16) run the tiled kernel of `kernels/qmma.cu` (weight tiles
-//! dequantized into shared memory, tensor-core products, no full-size copy); more rows
+//! dequantized into shared memory, tensor-core products, no full-size copy; k split over
+//! the grid when the blocks would not fill the SMs, the f32 partials summed in the dequant
+//! scratch by `qmma_reduce_bf16`); more rows
 //! (prefill) and f32 dequantize the weight into the backend's one scratch of the compute
 //! type, then the BLAS GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 
