@@ -1,9 +1,13 @@
 // Tiled matmul of a batch of rows with a quantized weight part, without a dequantized copy
 // of the weight (bf16 compute only; f32 keeps the dequant + GEMM path):
 //   qmma_<q>_bf16_m<BM>:  y[m, j] = sum_k x[m, k] * W[j, k] (+ bias[j])   m < rows, j < n
+//   qmma_reduce_bf16:     y[m, j] = sum_z ws[z][m][j] (+ bias[j])          (split-k partials)
 //
-// Grid (ceil(n / QMMA_BN), ceil(rows / BM)), QMMA_THREADS threads. Per k-tile of QMMA_BK
-// columns a block
+// Grid (ceil(n / QMMA_BN), ceil(rows / BM), splits), QMMA_THREADS threads. Split z of the k
+// range takes k-tiles [z * per, min(nt, (z + 1) * per)), per = ceil(nt / splits); with one
+// split the block writes y, else f32 partial sums to ws[z * rows * n + m * n + j] (no bias),
+// which qmma_reduce_bf16 sums into y. A 4096-row weight at a batch of 32 is 64 blocks: the
+// splits fill the SMs and keep more loads in flight. Per k-tile of QMMA_BK columns a block
 //   - decodes QMMA_BN weight rows (units of quant.cuh, in registers; fetched one tile ahead
 //     so the loads of tile t + 1 fly during the products of tile t) into w_s as bf16,
 //   - copies BM rows of x into x_s (rows past `rows` zero),
@@ -47,7 +51,7 @@ __device__ __forceinline__ u32 qmma_pack(float lo, float hi) {
 template <typename Q, int BM>
 __device__ __forceinline__ void qmma_impl(const u8* __restrict__ w, const bf16* __restrict__ x,
                                           const bf16* __restrict__ bias, bf16* __restrict__ y,
-                                          int k, int n, int rows, int ldy) {
+                                          float* __restrict__ ws, int k, int n, int rows, int ldy) {
     constexpr int UPR = QMMA_BK / Q::UNIT;                // units per weight row per tile
     constexpr int UPT = QMMA_BN * UPR / QMMA_THREADS;     // units per thread per tile
     constexpr int XC = QMMA_BK / 8;                       // 16-byte chunks per x row per tile
@@ -104,9 +108,19 @@ __device__ __forceinline__ void qmma_impl(const u8* __restrict__ w, const bf16* 
     for (int i = 0; i < BM / RSTEP; ++i) acc[i] = 0.f;
 #endif
 
-    const int nt = k / QMMA_BK;
-    fetch(0);
-    for (int kt = 0; kt < nt; ++kt) {
+    const int per = (k / QMMA_BK + (int)gridDim.z - 1) / (int)gridDim.z;
+    const int kt0 = (int)blockIdx.z * per, nt = min(k / QMMA_BK, kt0 + per);
+    if (gridDim.z > 1) ws += (size_t)blockIdx.z * rows * n;
+    // One split stores bf16 (+ bias) at y[r * ldy + col]; several store f32 partials.
+    auto store = [&](int r, int col, float v) {
+        if (r >= rows || col >= n) return;
+        if (gridDim.z > 1)
+            ws[(size_t)r * n + col] = v;
+        else
+            y[(size_t)r * ldy + col] = from_f<bf16>(v + (bias ? to_f(bias[col]) : 0.f));
+    };
+    if (kt0 < nt) fetch(kt0);
+    for (int kt = kt0; kt < nt; ++kt) {
         __syncthreads();  // the previous tile's products are done with w_s, x_s
 #pragma unroll
         for (int s = 0; s < UPT; ++s) {
@@ -170,25 +184,20 @@ __device__ __forceinline__ void qmma_impl(const u8* __restrict__ w, const bf16* 
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = m0 + mt * 16 + g + (e >= 2 ? 8 : 0);
-                const int col = n0 + warp * 16 + j * 8 + 2 * c + (e & 1);
-                if (r < rows && col < n)
-                    y[(size_t)r * ldy + col] = from_f<bf16>(acc[mt][j][e] + (bias ? to_f(bias[col]) : 0.f));
+                store(r, n0 + warp * 16 + j * 8 + 2 * c + (e & 1), acc[mt][j][e]);
             }
 #else
     const int col = n0 + pc;
 #pragma unroll
-    for (int i = 0; i < BM / RSTEP; ++i) {
-        const int r = m0 + pr + i * RSTEP;
-        if (r < rows && col < n) y[(size_t)r * ldy + col] = from_f<bf16>(acc[i] + (bias ? to_f(bias[col]) : 0.f));
-    }
+    for (int i = 0; i < BM / RSTEP; ++i) store(m0 + pr + i * RSTEP, col, acc[i]);
 #endif
 }
 
 #define KILN_QMMA_M(QN, Q, BM)                                                                      \
     extern "C" __global__ void __launch_bounds__(QMMA_THREADS)                                      \
-        qmma_##QN##_bf16_m##BM(const u8* w, const bf16* x, const bf16* bias, bf16* y, int k, int n, \
-                               int rows, int ldy) {                                                 \
-        qmma_impl<Q, BM>(w, x, bias, y, k, n, rows, ldy);                                           \
+        qmma_##QN##_bf16_m##BM(const u8* w, const bf16* x, const bf16* bias, bf16* y, float* ws, int k, \
+                               int n, int rows, int ldy) {                                          \
+        qmma_impl<Q, BM>(w, x, bias, y, ws, k, n, rows, ldy);                                       \
     }
 #define KILN_QMMA(QN, Q) KILN_QMMA_M(QN, Q, 16) KILN_QMMA_M(QN, Q, 32) KILN_QMMA_M(QN, Q, 64)
 
@@ -198,4 +207,18 @@ KILN_QMMA(q40, Q4_0)
 KILN_QMMA(q4k, Q4_K)
 KILN_QMMA(q5k, Q5_K)
 KILN_QMMA(q6k, Q6_K)
+
+// Grid (ceil(n / 256), rows), 256 threads: sums the `splits` f32 partials of each output
+// (ws[z][r][j], n columns) in split order, adds the bias, stores bf16 at y[r * ldy + j].
+extern "C" __global__ void __launch_bounds__(256)
+    qmma_reduce_bf16(const float* __restrict__ ws, const bf16* __restrict__ bias, bf16* __restrict__ y, int n,
+                     int rows, int ldy, int splits) {
+    const int j = blockIdx.x * 256 + threadIdx.x, r = blockIdx.y;
+    if (j >= n || r >= rows) return;
+    const size_t plane = (size_t)rows * n;
+    const float* p = ws + (size_t)r * n + j;
+    float s = 0.f;
+    for (int z = 0; z < splits; ++z) s += p[z * plane];
+    y[(size_t)r * ldy + j] = from_f<bf16>(s + (bias ? to_f(bias[j]) : 0.f));
+}
 #endif

@@ -278,6 +278,8 @@ pub enum Kernel {
         q: QType,
         rows: u32,
     },
+    /// Sums the split-k partials of [`Kernel::Qmma`] (+ bias) into the output (bf16 only).
+    QmmaReduce,
 }
 
 /// Row tiles of the tiled quantized matmul (`kernels/qmma.cu`): a step runs the smallest
@@ -336,6 +338,7 @@ impl Kernel {
             v.push(Kernel::Dequant { q });
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
         }
+        v.push(Kernel::QmmaReduce);
         v.push(Kernel::Convert { bf16: false });
         v.push(Kernel::Convert { bf16: true });
         for head in [
@@ -396,7 +399,10 @@ impl Kernel {
             Kernel::MoeGateUp => "moe_gate_up",
             Kernel::MoeDown => "moe_down",
             Kernel::MoeCombine => "moe_combine",
-            Kernel::Gemv { .. } | Kernel::Qgemv { .. } | Kernel::Qmma { .. } => "matmul",
+            Kernel::Gemv { .. }
+            | Kernel::Qgemv { .. }
+            | Kernel::Qmma { .. }
+            | Kernel::QmmaReduce => "matmul",
             Kernel::GemvSiluMul { .. } | Kernel::QgemvSilu { .. } => "matmul_silu_mul",
             Kernel::Dequant { .. } => "dequant",
             Kernel::Convert { .. } => "convert",
@@ -434,14 +440,14 @@ impl Kernel {
             | Kernel::QgemvSilu { .. }
             | Kernel::Dequant { .. }
             | Kernel::Convert { .. } => Source::Qgemv,
-            Kernel::Qmma { .. } => Source::Qmma,
+            Kernel::Qmma { .. } | Kernel::QmmaReduce => Source::Qmma,
         }
     }
 
     /// Whether the kernel exists for storage type `dt` (the tensor-core quantized matmul
     /// is bf16 only; f32 batches dequantize and run the f32 GEMM).
     pub fn available(self, dt: DType) -> bool {
-        !matches!(self, Kernel::Qmma { .. }) || dt == DType::Bf16
+        !matches!(self, Kernel::Qmma { .. } | Kernel::QmmaReduce) || dt == DType::Bf16
     }
 
     /// Entry point name for storage type `dt`.
@@ -457,6 +463,7 @@ impl Kernel {
             Kernel::QgemvSilu { q, rows } => format!("qgemv_silu_{}_{d}_m{rows}", q.tag()),
             Kernel::Dequant { q } => format!("dequant_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
+            Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
             Kernel::Convert { bf16 } => {
                 format!("convert_{}_{d}", if bf16 { "bf16" } else { "f16" })
             }

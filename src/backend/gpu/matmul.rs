@@ -5,13 +5,15 @@
 //! Quantized weights: up to 8 rows stream each part through `kernels/qgemv.cu`
 //! (dequantized in registers, each part writing its columns of the output); batches of up
 //! to [`QMMA_MAX_ROWS`] rows (bf16) run the tiled kernel of `kernels/qmma.cu` (weight tiles
-//! dequantized into shared memory, tensor-core products, no full-size copy); more rows
+//! dequantized into shared memory, tensor-core products, no full-size copy; k split over
+//! the grid when the blocks would not fill the SMs, the f32 partials summed in the dequant
+//! scratch by `qmma_reduce_bf16`); more rows
 //! (prefill) and f32 dequantize the weight into the backend's one scratch of the compute
 //! type, then the BLAS GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 
 use super::args::{
-    AddBiasArgs, GemvArgs, GemvSiluMulArgs, QgemvArgs, QgemvSiluArgs, QmmaArgs, SiluMulArgs,
-    SiluMulVecArgs,
+    AddBiasArgs, GemvArgs, GemvSiluMulArgs, QgemvArgs, QgemvSiluArgs, QmmaArgs, QmmaReduceArgs,
+    SiluMulArgs, SiluMulVecArgs,
 };
 use super::kernels::{GEMV_MAX_ROWS, Kernel, QGEMV_ROWS, QMMA_ROWS};
 use super::runtime::{self, Grid, Runtime};
@@ -28,6 +30,11 @@ const QMMA_BN: usize = 64;
 /// Threads per block of `qmma_*`; `QMMA_BK`, the k-tile every k must be a multiple of.
 const QMMA_THREADS: u32 = 128;
 const QMMA_BK: usize = 128;
+/// Blocks per SM a `qmma_*` launch aims for by splitting k (memory latency hides behind them).
+const QMMA_WAVES: usize = 4;
+/// Fewest k-tiles per split, and most splits, of a `qmma_*` launch.
+const QMMA_MIN_SPLIT_TILES: usize = 2;
+const QMMA_MAX_SPLITS: usize = 16;
 
 /// Weight rows per warp of `gemv_*_m{n}` (the instantiations in `kernels/gemv.cu`).
 fn gemv_rows_per_warp(n: usize) -> usize {
@@ -78,6 +85,22 @@ impl<R: Runtime> GpuBackend<R> {
             .find(|&r| r as usize >= n)
             .unwrap_or(last);
         Some(tile).filter(|_| fits && n > 0 && n <= QMMA_MAX_ROWS)
+    }
+
+    /// How many k-ranges (grid z) a `qmma_*` launch of `blocks` blocks splits `k` into: enough
+    /// for [`QMMA_WAVES`] blocks per SM, each split at least [`QMMA_MIN_SPLIT_TILES`] k-tiles,
+    /// at most [`QMMA_MAX_SPLITS`], and the f32 partials of `outputs` values each fitting the
+    /// dequant scratch (free during these launches; 1 without it).
+    fn qmma_splits(&self, blocks: usize, k: usize, outputs: usize) -> usize {
+        let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes()) / (4 * outputs.max(1));
+        let want = (QMMA_WAVES * self.dev.info.sm_count).div_ceil(blocks.max(1));
+        let most = (k / QMMA_BK / QMMA_MIN_SPLIT_TILES)
+            .min(QMMA_MAX_SPLITS)
+            .min(room);
+        let splits = want.min(most).max(1);
+        // Equal ranges of whole tiles: no split is left empty.
+        let per = (k / QMMA_BK).div_ceil(splits);
+        (k / QMMA_BK).div_ceil(per.max(1)).max(1)
     }
 
     fn gemv_grid(&self, blocks: usize) -> Grid {
@@ -216,25 +239,41 @@ impl<R: Runtime> GpuBackend<R> {
         if let Some(rows) = self.qmma_rows(n, x, w) {
             for p in &w.parts {
                 let Some(q) = p.q else { continue };
+                let tiles = (p.rows.div_ceil(QMMA_BN), n.div_ceil(rows as usize));
+                let splits = self.qmma_splits(tiles.0 * tiles.1, k, n * p.rows);
                 let args = QmmaArgs {
                     w: p.buf.ptr(),
                     x: x.buf.ptr(),
                     bias: bias.map_or(0, |b| b + p.row0 as u64 * size),
                     y: out.buf.ptr() + p.row0 as u64 * size,
+                    ws: self.scratch.dequant.as_ref().map_or(0, |b| b.ptr()),
                     k: k as i32,
                     n: p.rows as i32,
                     rows: n as i32,
                     ldy: m as i32,
                 };
                 let grid = Grid {
-                    blocks: (
-                        p.rows.div_ceil(QMMA_BN) as u32,
-                        n.div_ceil(rows as usize) as u32,
-                        1,
-                    ),
+                    blocks: (tiles.0 as u32, tiles.1 as u32, splits as u32),
                     threads: QMMA_THREADS,
                 };
                 self.launch_with(Kernel::Qmma { q, rows }, grid, &args)?;
+                if splits > 1 {
+                    // The stream orders this before the next part's partials reuse `ws`.
+                    let reduce = QmmaReduceArgs {
+                        ws: args.ws,
+                        bias: args.bias,
+                        y: args.y,
+                        n: args.n,
+                        rows: args.rows,
+                        ldy: args.ldy,
+                        splits: splits as i32,
+                    };
+                    let grid = Grid {
+                        blocks: (p.rows.div_ceil(256) as u32, n as u32, 1),
+                        threads: 256,
+                    };
+                    self.launch_with(Kernel::QmmaReduce, grid, &reduce)?;
+                }
             }
             return Ok(());
         }
