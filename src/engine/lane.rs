@@ -129,6 +129,17 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
             head_dim: s.head_dim,
         };
         let kv = backend.alloc_kv(&shape)?;
+        let elem = backend.kv_element_bytes();
+        let pool_bytes = 2 * s.n_layers * num_blocks * cfg.block_size * s.kv_dim() * elem;
+        tracing::info!(
+            lane = index,
+            device = %backend.name(),
+            blocks = num_blocks,
+            tokens = num_blocks * cfg.block_size,
+            bytes = pool_bytes,
+            budget_bytes = budget,
+            "KV pool sized from the model and the memory budget"
+        );
         let sched_cfg = SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
