@@ -342,19 +342,16 @@ impl<B: Backend> Lane<B> {
         for s in self.sched.running() {
             s.request.mark_scheduled(now);
         }
-        // The token masks of constrained rows are computed on other threads while the
-        // device runs the forward; the sampler needs them only afterwards.
+        // The token masks of constrained rows are computed on the rayon pool's long-lived
+        // threads while the device runs the forward on this one; the sampler needs them only
+        // afterwards (the scope waits for them, and a panic there resumes here).
         let grammars = self.sched.grammars_to_mask(step);
         let (model, backend, kv) = (&mut self.model, &mut self.backend, &mut self.kv);
-        let logits = std::thread::scope(|scope| {
-            let masks = (!grammars.is_empty()).then(|| scope.spawn(|| compute_masks(grammars)));
-            let logits = model.forward(backend, kv, &step.plan);
-            if let Some(h) = masks
-                && let Err(panic) = h.join()
-            {
-                std::panic::resume_unwind(panic);
+        let logits = rayon::in_place_scope(|scope| {
+            if !grammars.is_empty() {
+                scope.spawn(|_| compute_masks(grammars));
             }
-            logits
+            model.forward(backend, kv, &step.plan)
         })?;
         let sampled = self.backend.sample(logits, &self.sched.sample_rows(step))?;
         for out in self.sched.update(step, sampled) {
