@@ -437,6 +437,11 @@ async fn bad_constraints_are_400_naming_the_field() {
         (json!({"guided_json": "{not json"}), "guided_json"),
         (json!({"guided_json": [1, 2]}), "guided_json"),
         (json!({"guided_regex": "(unclosed"}), "guided_regex"),
+        (json!({"guided_regex": 5}), "guided_regex"),
+        (
+            json!({"structured_outputs": {"choice": "a"}}),
+            "structured_outputs.choice",
+        ),
         (json!({"guided_choice": []}), "guided_choice"),
         (json!({"guided_grammar": "start: ???"}), "guided_grammar"),
         (

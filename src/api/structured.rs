@@ -3,6 +3,7 @@
 //! anything is queued (a constraint that does not compile is a 400 naming its field).
 
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use utoipa::ToSchema;
 
@@ -59,22 +60,64 @@ pub struct StructuredOutputs {
     pub json_object: Option<bool>,
 }
 
-/// The structured-output fields of a request, as sent.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct StructuredFields<'a> {
-    pub response_format: Option<&'a Value>,
-    pub guided_json: Option<&'a Value>,
-    pub guided_regex: Option<&'a str>,
-    pub guided_choice: Option<&'a [String]>,
-    pub guided_grammar: Option<&'a str>,
-    pub structured_outputs: Option<&'a StructuredOutputs>,
+// Each field is kept as the JSON sent and typed by `parse`: serde loses a field's path inside a
+// flattened struct, and a wrong-typed field must still be a 400 naming it.
+/// The structured-output fields chat and completion requests share: at most one may constrain
+/// the output.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct StructuredFields {
+    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema",
+    /// "json_schema": {"name", "schema", "strict"}}`: the output is JSON (fitting the schema).
+    #[serde(default)]
+    #[schema(value_type = Option<ResponseFormat>)]
+    pub response_format: Option<Value>,
+    /// vLLM: the output fits this JSON Schema (an object, or its JSON text).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub guided_json: Option<Value>,
+    /// vLLM: the output matches this regular expression.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub guided_regex: Option<Value>,
+    /// vLLM: the output is exactly one of these strings.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<String>>)]
+    pub guided_choice: Option<Value>,
+    /// vLLM: the output follows this Lark grammar (llguidance's dialect).
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub guided_grammar: Option<Value>,
+    /// vLLM: one structured-output constraint (`json`, `regex`, `choice`, `grammar` or
+    /// `json_object`).
+    #[serde(default)]
+    #[schema(value_type = Option<StructuredOutputs>)]
+    pub structured_outputs: Option<Value>,
+}
+
+/// `v` as a `T`; a wrong type is a 400 naming `param` (and the path inside it).
+fn typed<T: DeserializeOwned>(param: &'static str, v: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let inner = e.path().to_string();
+        let param = match inner.as_str() {
+            "." => param.to_string(),
+            i if i.starts_with('[') => format!("{param}{i}"),
+            i => format!("{param}.{i}"),
+        };
+        let message = format!("invalid `{param}`: {}", e.inner());
+        ApiError::invalid_with_code(Some(param), message, "invalid_type")
+    })
+}
+
+/// The field's value unless absent or null.
+fn sent(v: &Option<Value>) -> Option<&Value> {
+    v.as_ref().filter(|v| !v.is_null())
 }
 
 /// The constraint `f` asks for and the field that asked (`None`: free text). More than one
 /// constraint is a 400 naming the second.
-pub fn parse(f: &StructuredFields<'_>) -> Result<Option<(Constraint, &'static str)>, ApiError> {
+pub fn parse(f: &StructuredFields) -> Result<Option<(Constraint, &'static str)>, ApiError> {
     let mut found: Vec<(Constraint, &'static str)> = Vec::new();
-    if let Some(v) = f.response_format.filter(|v| !v.is_null()) {
+    if let Some(v) = sent(&f.response_format) {
         let rf: ResponseFormat = serde_json::from_value(v.clone())
             .map_err(|e| ApiError::invalid("response_format", e.to_string()))?;
         match rf {
@@ -89,20 +132,20 @@ pub fn parse(f: &StructuredFields<'_>) -> Result<Option<(Constraint, &'static st
             }
         }
     }
-    if let Some(v) = f.guided_json {
+    if let Some(v) = sent(&f.guided_json) {
         found.push((schema("guided_json", v)?, "guided_json"));
     }
-    if let Some(r) = f.guided_regex {
-        found.push((Constraint::Regex(r.to_string()), "guided_regex"));
+    if let Some(v) = sent(&f.guided_regex) {
+        found.push((Constraint::Regex(typed("guided_regex", v)?), "guided_regex"));
     }
-    if let Some(c) = f.guided_choice {
-        found.push((Constraint::Choice(c.to_vec()), "guided_choice"));
+    if let Some(v) = sent(&f.guided_choice) {
+        found.push((Constraint::Choice(typed("guided_choice", v)?), "guided_choice"));
     }
-    if let Some(g) = f.guided_grammar {
-        found.push((Constraint::Lark(g.to_string()), "guided_grammar"));
+    if let Some(v) = sent(&f.guided_grammar) {
+        found.push((Constraint::Lark(typed("guided_grammar", v)?), "guided_grammar"));
     }
-    if let Some(so) = f.structured_outputs {
-        structured_outputs(so, &mut found)?;
+    if let Some(v) = sent(&f.structured_outputs) {
+        structured_outputs(&typed("structured_outputs", v)?, &mut found)?;
     }
     match found.len() {
         0 | 1 => Ok(found.pop()),
@@ -160,9 +203,9 @@ fn schema(param: &'static str, v: &Value) -> Result<Constraint, ApiError> {
 /// request that follows); a constraint that does not compile is a 400 naming its field.
 pub async fn constraint(
     client: &EngineClient,
-    f: StructuredFields<'_>,
+    f: &StructuredFields,
 ) -> Result<Option<Constraint>, ApiError> {
-    let Some((c, param)) = parse(&f)? else {
+    let Some((c, param)) = parse(f)? else {
         return Ok(None);
     };
     let client = client.clone();
@@ -188,83 +231,53 @@ mod tests {
     #[test]
     fn each_field_maps_to_its_constraint() {
         let schema = json!({"type": "object"});
-        let choices = vec!["a".to_string()];
-        let rf_text = json!({"type": "text"});
-        let text_schema = json!("{\"type\":\"integer\"}");
-        let rf_obj = json!({"type": "json_object"});
-        let rf_schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}});
-        let so = StructuredOutputs {
-            regex: Some("[a-z]+".into()),
-            ..Default::default()
-        };
         let none = StructuredFields::default();
         assert_eq!(parse(&none).unwrap(), None);
-        let cases: Vec<(StructuredFields<'_>, Option<(Constraint, &str)>)> = vec![
+        let cases = [
+            (json!({"response_format": {"type": "text"}}), None),
             (
-                StructuredFields {
-                    response_format: Some(&rf_text),
-                    ..none
-                },
-                None,
-            ),
-            (
-                StructuredFields {
-                    response_format: Some(&rf_obj),
-                    ..none
-                },
+                json!({"response_format": {"type": "json_object"}}),
                 Some((Constraint::JsonObject, "response_format")),
             ),
             (
-                StructuredFields {
-                    response_format: Some(&rf_schema),
-                    ..none
-                },
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}}),
                 Some((
                     Constraint::JsonSchema(schema.to_string()),
                     "response_format",
                 )),
             ),
             (
-                StructuredFields {
-                    guided_json: Some(&text_schema),
-                    ..none
-                },
+                json!({"guided_json": "{\"type\":\"integer\"}"}),
                 Some((
                     Constraint::JsonSchema("{\"type\":\"integer\"}".into()),
                     "guided_json",
                 )),
             ),
             (
-                StructuredFields {
-                    guided_choice: Some(&choices),
-                    ..none
-                },
-                Some((Constraint::Choice(choices.clone()), "guided_choice")),
+                json!({"guided_choice": ["a"]}),
+                Some((Constraint::Choice(vec!["a".into()]), "guided_choice")),
             ),
             (
-                StructuredFields {
-                    structured_outputs: Some(&so),
-                    ..none
-                },
+                json!({"guided_regex": null, "structured_outputs": {"regex": "[a-z]+", "choice": null}}),
                 Some((
                     Constraint::Regex("[a-z]+".into()),
                     "structured_outputs.regex",
                 )),
             ),
         ];
-        for (f, want) in cases {
-            assert_eq!(parse(&f).unwrap(), want, "{f:?}");
+        for (body, want) in cases {
+            let f: StructuredFields = serde_json::from_value(body.clone()).unwrap();
+            assert_eq!(parse(&f).unwrap(), want, "{body}");
         }
+    }
+
+    fn fields(body: serde_json::Value) -> StructuredFields {
+        serde_json::from_value(body).unwrap()
     }
 
     #[test]
     fn two_constraints_or_a_bad_format_are_400() {
-        let rf = json!({"type": "json_object"});
-        let f = StructuredFields {
-            response_format: Some(&rf),
-            guided_regex: Some("a"),
-            ..Default::default()
-        };
+        let f = fields(json!({"response_format": {"type": "json_object"}, "guided_regex": "a"}));
         assert_eq!(param(parse(&f)), "guided_regex");
         for bad in [
             json!({"type": "xml"}),
@@ -272,16 +285,36 @@ mod tests {
             json!({"type": "json_schema", "json_schema": {"schema": {}}}),
             json!("json"),
         ] {
-            let f = StructuredFields {
-                response_format: Some(&bad),
-                ..Default::default()
-            };
+            let f = fields(json!({ "response_format": bad }));
             assert_eq!(param(parse(&f)), "response_format", "{bad}");
         }
-        let f = StructuredFields {
-            guided_json: Some(&json!(5)),
-            ..Default::default()
-        };
-        assert_eq!(param(parse(&f)), "guided_json");
+        assert_eq!(param(parse(&fields(json!({"guided_json": 5})))), "guided_json");
+    }
+
+    #[test]
+    fn a_wrong_typed_field_is_400_naming_it() {
+        for (body, want) in [
+            (json!({"guided_regex": 5}), "guided_regex"),
+            (json!({"guided_choice": "a"}), "guided_choice"),
+            (json!({"guided_choice": ["a", 1]}), "guided_choice[1]"),
+            (json!({"guided_grammar": {}}), "guided_grammar"),
+            (json!({"structured_outputs": "regex"}), "structured_outputs"),
+            (
+                json!({"structured_outputs": {"regex": 5}}),
+                "structured_outputs.regex",
+            ),
+        ] {
+            match parse(&fields(body.clone())) {
+                Err(ApiError::InvalidRequest {
+                    param: Some(p),
+                    message,
+                    code: "invalid_type",
+                }) => {
+                    assert_eq!(p, want, "{body}");
+                    assert!(message.contains(want), "{message}");
+                }
+                other => panic!("{body}: {other:?}"),
+            }
+        }
     }
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{SamplingFields, StopSpec, StreamOptions, UsageInfo};
-use crate::api::structured::{ResponseFormat, StructuredFields, StructuredOutputs};
+use crate::api::structured::StructuredFields;
 
 /// A text part of a message's content.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -193,41 +193,16 @@ pub struct ChatCompletionRequest {
     /// Whether the model may make several calls in one reply (default true).
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
-    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema",
-    /// "json_schema": {"name", "schema", "strict"}}`: the reply is JSON (fitting the schema).
-    #[serde(default)]
-    #[schema(value_type = Option<ResponseFormat>)]
-    pub response_format: Option<serde_json::Value>,
-    /// vLLM: the output fits this JSON Schema (an object, or its JSON text).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub guided_json: Option<serde_json::Value>,
-    /// vLLM: the output matches this regular expression.
-    #[serde(default)]
-    pub guided_regex: Option<String>,
-    /// vLLM: the output is exactly one of these strings.
-    #[serde(default)]
-    pub guided_choice: Option<Vec<String>>,
-    /// vLLM: the output follows this Lark grammar (llguidance's dialect).
-    #[serde(default)]
-    pub guided_grammar: Option<String>,
-    /// vLLM: one structured-output constraint (`json`, `regex`, `choice`, `grammar` or
-    /// `json_object`).
-    #[serde(default)]
-    pub structured_outputs: Option<StructuredOutputs>,
+    /// `response_format` and vLLM's `guided_*` / `structured_outputs`: at most one constraint
+    /// on the output.
+    #[serde(flatten)]
+    pub structured: StructuredFields,
 }
 
 impl ChatCompletionRequest {
     /// The structured-output fields, for [`crate::api::structured`].
-    pub fn structured(&self) -> StructuredFields<'_> {
-        StructuredFields {
-            response_format: self.response_format.as_ref(),
-            guided_json: self.guided_json.as_ref(),
-            guided_regex: self.guided_regex.as_deref(),
-            guided_choice: self.guided_choice.as_deref(),
-            guided_grammar: self.guided_grammar.as_deref(),
-            structured_outputs: self.structured_outputs.as_ref(),
-        }
+    pub fn structured(&self) -> &StructuredFields {
+        &self.structured
     }
     /// The sampling fields, for validation.
     pub fn sampling(&self) -> SamplingFields<'_> {
