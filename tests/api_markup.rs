@@ -1,116 +1,18 @@
 //! Reply markup as Qwen tokenizers have it: `<tool_call>`, `</tool_call>`, `<think>` and
 //! `</think>` as added special tokens, and a `chat_template` list with a `tool_use` entry. On
-//! `llama-2-tiny-random.gguf` with its vocabulary patched (four ids turned into those tokens).
+//! `llama-2-tiny-random.gguf` with its vocabulary patched (four ids turned into those tokens:
+//! `markup_support`).
 
 mod api_support;
+mod markup_support;
 
-use std::net::TcpListener;
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use actix_web::web::Data;
 use api_support::*;
-use kiln::api::{AppState, Server};
-use kiln::config::{Config, ReasoningParser};
-use kiln::engine::{Device, Engine};
-use kiln::model::{LoadFormat, ModelFiles};
-use kiln::tokenizer::Tokenizer;
+use kiln::config::ReasoningParser;
 use kiln::tokenizer::chat::{ChatMessage, ChatTemplate, TemplateTool};
+use markup_support::*;
 use serde_json::{Value, json};
-
-/// Ids given to the markup tokens (pieces of the Llama-2 vocabulary that prompts here never use).
-const TOOL_CALL: u32 = 31990;
-const THINK_CLOSE: u32 = 31993;
-const MARKUP: [(u32, &str); 4] = [
-    (TOOL_CALL, "<tool_call>"),
-    (31991, "</tool_call>"),
-    (31992, "<think>"),
-    (THINK_CLOSE, "</think>"),
-];
-
-/// The default template opens the thinking; the `tool_use` one lists the tools first.
-const DEFAULT_TEMPLATE: &str = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}";
-const TOOL_USE_TEMPLATE: &str = "Tools:{% for t in tools %} {{ t.function.name }}{% endfor %}. Call one as <tool_call>{json}</tool_call>.\n{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
-
-/// The fixture's tokenizer with [`MARKUP`] as special added tokens and the two templates.
-fn patched_tokenizer() -> Tokenizer {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let base = fixture().tokenizer.expect("a tokenizer");
-        let mut hf: Value = serde_json::from_str(&base.hf().to_string(false).unwrap()).unwrap();
-        // The markup takes over four ids: their pieces leave the vocabulary, with the merges
-        // that make or use them.
-        let vocab = hf["model"]["vocab"]
-            .as_object_mut()
-            .expect("a BPE vocabulary");
-        let old: Vec<String> = MARKUP
-            .iter()
-            .map(|(id, text)| {
-                let piece = vocab
-                    .iter()
-                    .find(|(_, v)| v.as_u64() == Some(u64::from(*id)))
-                    .map(|(k, _)| k.clone())
-                    .expect("the id is in the vocabulary");
-                vocab.remove(&piece);
-                vocab.insert(text.to_string(), json!(id));
-                piece
-            })
-            .collect();
-        let merges = hf["model"]["merges"].as_array_mut().expect("merges");
-        merges.retain(|m| {
-            let (a, b) = match m {
-                Value::String(s) => s.split_once(' ').unwrap(),
-                Value::Array(p) => (p[0].as_str().unwrap(), p[1].as_str().unwrap()),
-                _ => unreachable!(),
-            };
-            let joined = format!("{a}{b}");
-            ![a, b, joined.as_str()]
-                .iter()
-                .any(|p| old.iter().any(|o| o == p))
-        });
-        let added = hf["added_tokens"].as_array_mut().expect("added_tokens");
-        for (id, text) in MARKUP {
-            added.push(
-                json!({"id": id, "content": text, "single_word": false, "lstrip": false,
-                              "rstrip": false, "normalized": false, "special": true}),
-            );
-        }
-        let dir = std::env::temp_dir().join(format!("kiln-api-markup-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("tokenizer.json"), hf.to_string()).unwrap();
-        let config = json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": [
-            {"name": "default", "template": DEFAULT_TEMPLATE},
-            {"name": "tool_use", "template": TOOL_USE_TEMPLATE}]});
-        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
-        dir
-    });
-    Tokenizer::from_file(
-        &dir.join("tokenizer.json"),
-        Some(&dir.join("tokenizer_config.json")),
-    )
-    .expect("patched tokenizer")
-}
-
-fn fixture() -> ModelFiles {
-    let path = kiln::config::project_root().join("../shared/models/llama-2-tiny-random.gguf");
-    ModelFiles::open(&path, LoadFormat::Gguf).expect("llama-2-tiny-random.gguf")
-}
-
-fn start_patched(cfg: Config) -> TestServer {
-    let mut files = fixture();
-    files.tokenizer = Some(patched_tokenizer());
-    let engine = Engine::start(files, &[Device::Cpu], cfg.engine.clone()).unwrap();
-    let state = Data::new(AppState::new(cfg));
-    state.set_engine(engine.client()).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let server = Server::start(state.clone(), listener).unwrap();
-    TestServer {
-        base: format!("http://{}", server.addr()),
-        state,
-        server,
-        engine,
-    }
-}
 
 /// Without a reasoning parser.
 fn plain() -> &'static TestServer {
@@ -310,4 +212,102 @@ async fn without_a_closing_think_the_reply_stays_reasoning() {
         "the thinking is the same as unconstrained"
     );
     assert_eq!(body["choices"][0]["finish_reason"], "length");
+}
+
+/// Streamed chunks in order: `r` reasoning, `t` a tool-call piece, `c` content; finish last.
+fn kinds(chunks: &[Value]) -> String {
+    let mut out = String::new();
+    for c in chunks.iter().filter(|c| c["choices"][0].is_object()) {
+        let delta = &c["choices"][0]["delta"];
+        let said = |k: &str| delta[k].as_str().is_some_and(|t| !t.is_empty());
+        if said("reasoning_content") {
+            out.push('r');
+        }
+        if delta["tool_calls"].is_array() {
+            out.push('t');
+        }
+        if said("content") {
+            out.push('c');
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn reasoning_then_a_constrained_tool_call_streams_in_order() {
+    let s = thinking();
+    let tok = patched_tokenizer();
+    // The tool-use template does not open the thinking: the bias makes the model open it, think
+    // `Hmm` a few times (the penalties wear `Hmm` down) until the smaller bias on `</think>`
+    // wins. Then the tool grammar holds.
+    let hmm = tok.token_to_id("▁Hmm").expect("in the vocabulary");
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for tool_choice in [json!("required"), named] {
+        let req = json!({"messages": question(), "tools": [weather_tool()],
+                         "tool_choice": tool_choice, "max_tokens": 80, "temperature": 0,
+                         "logit_bias": {THINK_OPEN.to_string(): 60, hmm.to_string(): 50,
+                                        THINK_CLOSE.to_string(): 40},
+                         "frequency_penalty": 2.0, "presence_penalty": 2.0});
+        let (status, _, body) = post(&s.base, "/v1/chat/completions", &req).await;
+        assert_eq!(status, 200, "{body}");
+        let choice = &body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+        let msg = &choice["message"];
+        let reasoning = msg["reasoning_content"].as_str().unwrap_or_default();
+        assert!(reasoning.contains("Hmm"), "{body}");
+        assert!(
+            msg["content"].as_str().unwrap_or_default().is_empty(),
+            "{body}"
+        );
+        let call = &msg["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather", "{body}");
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        let city = args["city"].as_str().expect("a city");
+        assert!(city.chars().count() <= 12, "{args}");
+        assert_eq!(args.as_object().unwrap().len(), 1, "{args}");
+
+        let mut sreq = req.clone();
+        sreq["stream"] = json!(true);
+        let sse = stream(&s.base, "/v1/chat/completions", &sreq).await;
+        let chunks = sse.chunks();
+        let order = kinds(&chunks);
+        assert!(
+            order.starts_with('r')
+                && !order.contains('c')
+                && order.trim_start_matches('r').chars().all(|k| k == 't'),
+            "reasoning pieces, then tool-call pieces, no content: {order}"
+        );
+        let pieces: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+            .flatten()
+            .collect();
+        let first = pieces[0];
+        assert_eq!(first["index"], 0);
+        assert!(
+            first["id"].as_str().is_some_and(|id| !id.is_empty()),
+            "{first}"
+        );
+        assert_eq!(first["type"], "function");
+        assert_eq!(first["function"]["name"], "get_weather");
+        for p in &pieces[1..] {
+            assert_eq!(p["index"], 0, "{p}");
+            assert!(
+                p.get("id").is_none() && p["function"].get("name").is_none(),
+                "{p}"
+            );
+        }
+        let (content, streamed_reasoning, calls, finish) = accumulate(&chunks);
+        assert_eq!(finish.as_deref(), Some("tool_calls"));
+        assert_eq!(content, "");
+        assert_eq!(
+            streamed_reasoning, reasoning,
+            "the stream adds up to the reply"
+        );
+        let whole = (
+            "get_weather".to_string(),
+            call["arguments"].as_str().unwrap().to_string(),
+        );
+        assert_eq!(calls, vec![whole]);
+    }
 }

@@ -1,9 +1,10 @@
 """Kiln against the real `openai` Python SDK.
 
-Usage: python3 tests/openai_sdk.py BASE_URL API_KEY MODEL [SUITE]
+Usage: python3 tests/openai_sdk.py BASE_URL API_KEY MODEL [SUITE [LOGIT_BIAS]]
 (run by tests/api_openai_sdk.rs against an in-process server). SUITE `structured` runs the
-structured-output checks (`structured_*`, on a model with a real vocabulary), else the
-`test_*` checks run. Prints one line per check and 'N passed, N failed'; exits non-zero on
+structured-output checks (`structured_*`, on a model with a real vocabulary), `reasoning`
+the `reasoning_*` ones (a server with the `think` reasoning parser and `</think>` as a special
+token; LOGIT_BIAS as JSON), else the `test_*` checks run. Prints one line per check and 'N passed, N failed'; exits non-zero on
 any failure.
 """
 
@@ -263,8 +264,53 @@ def structured_bad_schema_is_400():
     json.dumps(res.model_dump())
 
 
+def reasoning_then_a_constrained_tool_call():
+    """With the `think` reasoning parser and a tool constraint: the thinking streams as
+    `delta.reasoning_content`, then the call as `delta.tool_calls` (index, id and name first,
+    then argument pieces), nothing in `delta.content`. argv[5]: a logit bias under which the
+    random model thinks a few tokens, then closes `</think>`."""
+    bias = json.loads(sys.argv[5])
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    for tool_choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        kw = dict(model=MODEL, messages=messages, tools=TOOLS, tool_choice=tool_choice, max_tokens=80,
+                  temperature=0, logit_bias=bias, frequency_penalty=2.0, presence_penalty=2.0)
+        res = client.chat.completions.create(**kw)
+        choice = res.choices[0]
+        msg = choice.message
+        assert choice.finish_reason == "tool_calls", res
+        reasoning = getattr(msg, "reasoning_content", None)
+        assert reasoning and not msg.content, msg
+        [call] = msg.tool_calls
+        assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_weather"
+        args = json.loads(call.function.arguments)
+        assert set(args) == {"city"} and len(args["city"]) <= 12, args
+
+        order, thought, pieces, finish = "", "", [], None
+        for c in client.chat.completions.create(stream=True, **kw):
+            if not c.choices:
+                continue
+            d = c.choices[0].delta
+            if getattr(d, "reasoning_content", None):
+                order += "r"
+                thought += d.reasoning_content
+            if d.content:
+                order += "c"
+            if d.tool_calls:
+                order += "t"
+                pieces += d.tool_calls
+            finish = c.choices[0].finish_reason or finish
+        assert order.startswith("r") and set(order.lstrip("r")) == {"t"}, order
+        first, rest = pieces[0], pieces[1:]
+        assert first.index == 0 and first.id and first.type == "function", first
+        assert first.function.name == "get_weather", first
+        assert all(p.index == 0 and p.id is None and p.function.name is None for p in rest), rest
+        arguments = "".join(p.function.arguments or "" for p in pieces)
+        assert (thought, arguments, finish) == (reasoning, call.function.arguments, "tool_calls"), (
+            thought, arguments, finish)
+
+
 def main():
-    prefix = "structured_" if SUITE == "structured" else "test_"
+    prefix = {"structured": "structured_", "reasoning": "reasoning_"}.get(SUITE, "test_")
     tests = [(n, f) for n, f in globals().items() if n.startswith(prefix) and callable(f)]
     passed = failed = 0
     for name, fn in tests:

@@ -139,10 +139,16 @@ pub fn parse(f: &StructuredFields) -> Result<Option<(Constraint, &'static str)>,
         found.push((Constraint::Regex(typed("guided_regex", v)?), "guided_regex"));
     }
     if let Some(v) = sent(&f.guided_choice) {
-        found.push((Constraint::Choice(typed("guided_choice", v)?), "guided_choice"));
+        found.push((
+            Constraint::Choice(typed("guided_choice", v)?),
+            "guided_choice",
+        ));
     }
     if let Some(v) = sent(&f.guided_grammar) {
-        found.push((Constraint::Lark(typed("guided_grammar", v)?), "guided_grammar"));
+        found.push((
+            Constraint::Lark(typed("guided_grammar", v)?),
+            "guided_grammar",
+        ));
     }
     if let Some(v) = sent(&f.structured_outputs) {
         structured_outputs(&typed("structured_outputs", v)?, &mut found)?;
@@ -288,7 +294,10 @@ mod tests {
             let f = fields(json!({ "response_format": bad }));
             assert_eq!(param(parse(&f)), "response_format", "{bad}");
         }
-        assert_eq!(param(parse(&fields(json!({"guided_json": 5})))), "guided_json");
+        assert_eq!(
+            param(parse(&fields(json!({"guided_json": 5})))),
+            "guided_json"
+        );
     }
 
     #[test]
