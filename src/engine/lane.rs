@@ -16,9 +16,10 @@ use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence, Step};
 use super::stats::LaneStats;
 use super::validate::ValidRequest;
 use super::{EngineConfig, EngineError, TokenInfo};
-use crate::backend::{Backend, BackendError, KvShape};
-use crate::model::ModelFiles;
-use crate::runner::{Llama, LoadError};
+use crate::backend::{Backend, BackendError, HostGroup, KvShape};
+use crate::model::{ModelError, ModelFiles, ModelSpec};
+use crate::runner::tp::{Peers, ShardSizing, ShardSource};
+use crate::runner::{Llama, LoadError, Shard, shard};
 
 /// Messages into a lane.
 pub(crate) enum LaneMsg {
@@ -52,10 +53,10 @@ pub(crate) struct LaneReady {
 }
 
 /// KV blocks for a lane: `kv_blocks` if set, else what `budget_bytes` holds (K and V of
-/// `elem_bytes` each),
+/// `elem_bytes` each, for the kv heads of `spec`, a shard's when sharded),
 /// capped at what `max_num_seqs` full-length sequences could use.
 pub(crate) fn kv_blocks(
-    files: &ModelFiles,
+    spec: &ModelSpec,
     cfg: &EngineConfig,
     max_len: usize,
     budget_bytes: usize,
@@ -64,16 +65,18 @@ pub(crate) fn kv_blocks(
     if let Some(n) = cfg.kv_blocks {
         return n;
     }
-    let s = &files.spec;
+    let s = spec;
     let per_block = 2 * s.n_layers * cfg.block_size * s.kv_dim() * elem_bytes;
     let cap = cfg.max_num_seqs * max_len.div_ceil(cfg.block_size);
     (budget_bytes / per_block.max(1)).min(cap).max(1)
 }
 
-struct Lane<B: Backend> {
+struct Lane<'scope, B: Backend> {
     backend: B,
     model: Llama<B>,
     kv: B::Kv,
+    /// Shards 1..N of a tensor-parallel lane (this thread runs shard 0).
+    peers: Option<Peers<'scope>>,
     sched: Scheduler,
     rx: mpsc::Receiver<LaneMsg>,
     stats: Arc<Mutex<LaneStats>>,
@@ -94,9 +97,36 @@ pub(crate) struct LaneCtx {
     pub ready: std::sync::mpsc::SyncSender<Result<LaneReady, EngineError>>,
 }
 
+/// A backend constructor run on the thread of the shard it serves.
+pub(crate) type Maker<B> = Box<dyn FnOnce() -> Result<B, BackendError> + Send>;
+
 /// Runs a lane on the current thread: builds the backend, loads the model, reports
 /// readiness through `ctx.ready`, then serves until shutdown.
 pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ctx: LaneCtx) {
+    run_sharded(make, Vec::<Maker<B>>::new(), ctx)
+}
+
+/// [`run`] for a tensor-parallel lane: `makers[0]` builds shard 0's backend here, the others
+/// each build theirs on a thread of their own (`cfg.tensor_parallel_size` in all).
+pub(crate) fn run_group<B: Backend>(mut makers: Vec<Maker<B>>, ctx: LaneCtx) {
+    if makers.is_empty() {
+        let _ = ctx
+            .ready
+            .send(Err(EngineError::Load("a lane needs a backend".into())));
+        return;
+    }
+    let lead = makers.remove(0);
+    run_sharded(lead, makers, ctx)
+}
+
+/// What a lane's shard 0 holds once loaded.
+type Loaded<'scope, B> = (B, Llama<B>, <B as Backend>::Kv, Option<Peers<'scope>>, usize);
+
+fn run_sharded<B, F>(make: impl FnOnce() -> Result<B, BackendError>, peers: Vec<F>, ctx: LaneCtx)
+where
+    B: Backend,
+    F: FnOnce() -> Result<B, BackendError> + Send,
+{
     let LaneCtx {
         files,
         cfg,
@@ -107,39 +137,72 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
         load,
         ready,
     } = ctx;
-    let built = (|| -> Result<Lane<B>, LoadError> {
-        let mut backend = make()?;
-        let model = Llama::load(
-            &mut backend,
-            &files,
-            cfg.max_num_batched_tokens,
-            cfg.max_num_seqs,
-        )?;
-        // After the weights and scratch: a GPU reports what is left of its memory budget.
-        let budget = backend
-            .kv_budget_bytes(cfg.gpu_memory_utilization)
-            .unwrap_or(cfg.cpu_kv_cache_bytes);
-        let num_blocks = kv_blocks(&files, &cfg, max_len, budget, backend.kv_element_bytes());
-        let s = &files.spec;
-        let shape = KvShape {
-            num_layers: s.n_layers,
-            num_blocks,
-            block_size: cfg.block_size,
-            n_kv_heads: s.n_kv_heads,
-            head_dim: s.head_dim,
+    std::thread::scope(|scope| {
+        let built = (|| -> Result<Loaded<'_, B>, LoadError> {
+            let tp = cfg.tensor_parallel_size.max(1);
+            if peers.len() + 1 != tp {
+                return Err(LoadError::Model(ModelError::Spec(format!(
+                    "tensor parallel size {tp} needs {tp} backends for the lane, it has {}",
+                    peers.len() + 1
+                ))));
+            }
+            let (mut backend, model, peers, sizes) = if tp == 1 {
+                let mut backend = make()?;
+                let model = Llama::load(
+                    &mut backend,
+                    &files,
+                    cfg.max_num_batched_tokens,
+                    cfg.max_num_seqs,
+                )?;
+                let size = ShardSizing::of(&backend, cfg.gpu_memory_utilization);
+                (backend, model, None, vec![size])
+            } else {
+                load_group(scope, make, peers, &files, &cfg)?
+            };
+            // After the weights and scratch: a GPU reports what is left of its memory
+            // budget; the CPU's budget is shared by the lane's shards.
+            let local = shard::shard_spec(&files.spec, Shard { rank: 0, size: tp });
+            let (blocks, budget) = sizes
+                .iter()
+                .map(|z| {
+                    let budget = z.kv_budget.unwrap_or(cfg.cpu_kv_cache_bytes / tp);
+                    let blocks = kv_blocks(&local, &cfg, max_len, budget, z.kv_element_bytes);
+                    (blocks, budget)
+                })
+                .min()
+                .unwrap_or((1, 0));
+            let shape = KvShape {
+                num_layers: local.n_layers,
+                num_blocks: blocks,
+                block_size: cfg.block_size,
+                n_kv_heads: local.n_kv_heads,
+                head_dim: local.head_dim,
+            };
+            let kv = backend.alloc_kv(&shape)?;
+            if let Some(p) = &peers {
+                p.alloc_kv(shape).map_err(|e| LoadError::Model(ModelError::Spec(e)))?;
+            }
+            let elem = backend.kv_element_bytes();
+            let pool_bytes = 2 * local.n_layers * blocks * cfg.block_size * local.kv_dim() * elem;
+            tracing::info!(
+                lane = index,
+                device = %backend.name(),
+                tensor_parallel = tp,
+                blocks,
+                tokens = blocks * cfg.block_size,
+                bytes = pool_bytes,
+                budget_bytes = budget,
+                "KV pool sized from the model and the memory budget (per shard)"
+            );
+            Ok((backend, model, kv, peers, blocks))
+        })();
+        let (backend, model, kv, peers, num_blocks) = match built {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready.send(Err(EngineError::Load(e.to_string())));
+                return;
+            }
         };
-        let kv = backend.alloc_kv(&shape)?;
-        let elem = backend.kv_element_bytes();
-        let pool_bytes = 2 * s.n_layers * num_blocks * cfg.block_size * s.kv_dim() * elem;
-        tracing::info!(
-            lane = index,
-            device = %backend.name(),
-            blocks = num_blocks,
-            tokens = num_blocks * cfg.block_size,
-            bytes = pool_bytes,
-            budget_bytes = budget,
-            "KV pool sized from the model and the memory budget"
-        );
         let sched_cfg = SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
@@ -157,25 +220,65 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
             st.kv_free_blocks = num_blocks;
             load.healthy.store(true, Ordering::Relaxed);
         }
-        Ok(Lane {
+        let lane = Lane {
             backend,
             model,
             kv,
+            peers,
             sched,
             rx,
             stats,
             load,
             index,
             stall_timeout: Duration::from_secs_f64(cfg.stream_stall_timeout_s.clamp(0.001, 1e9)),
-        })
-    })();
-    let mut lane = match built {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = ready.send(Err(EngineError::Load(e.to_string())));
-            return;
-        }
+        };
+        serve_lane(lane, ready, files);
+    })
+}
+
+/// Loads a tensor-parallel group: the peers on their threads, shard 0 here, from the
+/// model's host weights read once. Returns shard 0 and the sizing of every shard.
+#[allow(clippy::type_complexity)]
+fn load_group<'scope, 'env, B, F>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    make: impl FnOnce() -> Result<B, BackendError>,
+    makers: Vec<F>,
+    files: &ModelFiles,
+    cfg: &EngineConfig,
+) -> Result<(B, Llama<B>, Option<Peers<'scope>>, Vec<ShardSizing>), LoadError>
+where
+    B: Backend,
+    F: FnOnce() -> Result<B, BackendError> + Send + 'scope,
+{
+    let tp = makers.len() + 1;
+    shard::check(&files.spec, tp).map_err(ModelError::Spec)?;
+    let host = crate::runner::load_weights(files, |t| Ok::<_, ModelError>(t))?;
+    let src = ShardSource {
+        spec: files.spec.clone(),
+        host: std::sync::Arc::new(host),
+        max_tokens: cfg.max_num_batched_tokens,
+        max_seqs: cfg.max_num_seqs,
+        utilization: cfg.gpu_memory_utilization,
     };
+    let group = HostGroup::new(tp);
+    let spawn_err = |e: String| LoadError::Model(ModelError::Spec(e));
+    let peers = Peers::spawn(scope, makers, &group, &src).map_err(spawn_err)?;
+    let member = group.members().remove(0);
+    let lead = crate::runner::tp::load_shard(make, member, &src);
+    drop(src);
+    // Shard 0's failure first (the peers may be waiting on nothing), else theirs.
+    let (backend, model) = lead?;
+    let mut sizes = vec![ShardSizing::of(&backend, cfg.gpu_memory_utilization)];
+    sizes.extend(peers.loaded().map_err(spawn_err)?);
+    Ok((backend, model, Some(peers), sizes))
+}
+
+/// Reports the lane ready and serves until shutdown.
+fn serve_lane<B: Backend>(
+    mut lane: Lane<'_, B>,
+    ready: std::sync::mpsc::SyncSender<Result<LaneReady, EngineError>>,
+    files: std::sync::Arc<ModelFiles>,
+) {
     let _ = ready.send(Ok(LaneReady {
         num_blocks: lane.sched.pool().num_blocks(),
     }));
@@ -193,7 +296,7 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
     }
 }
 
-impl<B: Backend> Lane<B> {
+impl<B: Backend> Lane<'_, B> {
     fn serve(&mut self) {
         loop {
             if self.sched.is_idle() {
@@ -240,6 +343,9 @@ impl<B: Backend> Lane<B> {
     /// After a panic: unhealthy for good; fails every held and every later request.
     fn die(&mut self, what: &str) {
         tracing::error!(lane = self.index, panic = %what, "lane panicked; it serves no more");
+        if let Some(p) = &self.peers {
+            p.abort();
+        }
         let err = EngineError::LaneFailed {
             lane: self.index,
             message: format!("the lane panicked: {what}"),
@@ -346,9 +452,13 @@ impl<B: Backend> Lane<B> {
         // device runs the forward; the sampler needs them only afterwards.
         let grammars = self.sched.grammars_to_mask(step);
         let (model, backend, kv) = (&mut self.model, &mut self.backend, &mut self.kv);
+        let peers = self.peers.as_ref();
         let logits = std::thread::scope(|scope| {
             let masks = (!grammars.is_empty()).then(|| scope.spawn(|| compute_masks(grammars)));
-            let logits = model.forward(backend, kv, &step.plan);
+            let logits = match peers {
+                Some(p) => p.step(&step.plan, || model.forward(backend, kv, &step.plan)),
+                None => model.forward(backend, kv, &step.plan),
+            };
             if let Some(h) = masks
                 && let Err(panic) = h.join()
             {
