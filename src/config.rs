@@ -381,7 +381,9 @@ impl Config {
         if tp == 0 {
             return invalid("engine.tensor_parallel_size", "must be at least 1");
         }
-        if tp > 1 && let Some(gpu) = devices.iter().find(|d| !matches!(d, Device::Cpu)) {
+        if tp > 1
+            && let Some(gpu) = devices.iter().find(|d| !matches!(d, Device::Cpu))
+        {
             return Err(ConfigError::Invalid {
                 key: "engine.tensor_parallel_size",
                 message: format!(

@@ -52,7 +52,10 @@ fn plans(vocab: u32) -> Vec<BatchPlan> {
     ];
     for i in 0..3u32 {
         let (x, y) = (16 + 2 * i as usize, 17 + 2 * i as usize);
-        out.push(plan(&[(&t[x..x + 1], 11 + i, a, true), (&t[y..y + 1], 4 + i, b, true)]));
+        out.push(plan(&[
+            (&t[x..x + 1], 11 + i, a, true),
+            (&t[y..y + 1], 4 + i, b, true),
+        ]));
     }
     out
 }
@@ -90,7 +93,7 @@ fn run(files: &ModelFiles, n: usize, steps: &[BatchPlan]) -> Result<Vec<Vec<f32>
             .collect();
     }
     shard::check(&files.spec, n)?;
-    let host = load_weights(files, |t| Ok::<_, ModelError>(t)).map_err(|e| err(&e))?;
+    let host = load_weights(files, Ok::<_, ModelError>).map_err(|e| err(&e))?;
     let src = ShardSource {
         spec: files.spec.clone(),
         host: std::sync::Arc::new(host),
@@ -115,7 +118,8 @@ fn run(files: &ModelFiles, n: usize, steps: &[BatchPlan]) -> Result<Vec<Vec<f32>
                 peers
                     .step(p, || model.forward(&mut b, &mut kv, p).map(|_| ()))
                     .map_err(|e| err(&e))?;
-                b.to_host(model.logits(), logits_rows(p)).map_err(|e| err(&e))
+                b.to_host(model.logits(), logits_rows(p))
+                    .map_err(|e| err(&e))
             })
             .collect()
     })
@@ -188,7 +192,12 @@ impl TensorSource for NoisyNorms {
 fn gqa_8_to_1() -> ModelFiles {
     let mut spec = gguf("stories260K.gguf").spec;
     (spec.n_heads, spec.n_kv_heads, spec.head_dim) = (8, 1, 8);
-    (spec.hidden, spec.intermediate, spec.n_layers, spec.vocab_size) = (64, 96, 2, 250);
+    (
+        spec.hidden,
+        spec.intermediate,
+        spec.n_layers,
+        spec.vocab_size,
+    ) = (64, 96, 2, 250);
     ModelFiles {
         name: "random-gqa-8to1".into(),
         spec,
@@ -201,13 +210,24 @@ fn gqa_8_to_1() -> ModelFiles {
 fn random_llama_gqa_8_to_1_replicates_kv_heads() {
     let f = gqa_8_to_1();
     let local = shard::shard_spec(&f.spec, Shard { rank: 3, size: 4 });
-    assert_eq!((local.n_heads, local.n_kv_heads, local.intermediate), (2, 1, 24));
-    let host = load_weights(&f, |t| Ok::<_, ModelError>(t)).unwrap();
+    assert_eq!(
+        (local.n_heads, local.n_kv_heads, local.intermediate),
+        (2, 1, 24)
+    );
+    let host = load_weights(&f, Ok::<_, ModelError>).unwrap();
     let part = shard::shard_weights(&host, &f.spec, Shard { rank: 3, size: 4 }).unwrap();
     let l = &part.layers[0];
-    assert_eq!(l.wqkv.shape, vec![(2 + 1 + 1) * 8, 64], "2 q heads, 1 k, 1 v");
+    assert_eq!(
+        l.wqkv.shape,
+        vec![(2 + 1 + 1) * 8, 64],
+        "2 q heads, 1 k, 1 v"
+    );
     assert_eq!(l.wo.shape, vec![64, 16]);
-    assert_eq!(part.output().shape, vec![61, 64], "the last vocabulary part");
+    assert_eq!(
+        part.output().shape,
+        vec![61, 64],
+        "the last vocabulary part"
+    );
     check("gqa 8:1", &f, &[2, 4, 8]);
 }
 
@@ -239,16 +259,22 @@ fn moe_fixtures_split_every_expert() {
 #[test]
 fn quantized_shards_keep_the_files_types_and_refuse_partial_blocks() {
     let f = gguf("stories260K-Q8_0.gguf");
-    let host = load_weights(&f, |t| Ok::<_, ModelError>(t)).unwrap();
+    let host = load_weights(&f, Ok::<_, ModelError>).unwrap();
     let part = shard::shard_weights(&host, &f.spec, Shard { rank: 1, size: 2 }).unwrap();
     let l = &part.layers[0];
     assert_eq!(l.wqkv.weight_type(), GgmlType::Q8_0);
-    assert_eq!((l.wo.weight_type(), l.wo.shape.clone()), (GgmlType::Q8_0, vec![64, 32]));
+    assert_eq!(
+        (l.wo.weight_type(), l.wo.shape.clone()),
+        (GgmlType::Q8_0, vec![64, 32])
+    );
     check("stories260K-Q8_0", &f, &[2]);
     // attn_output's 64 columns in 4 parts of 16: inside Q8_0's 32-element blocks.
     let e = shard::shard_weights(&host, &f.spec, Shard { rank: 0, size: 4 }).unwrap_err();
     let e = e.to_string();
-    assert!(e.contains("blk.0.attn_output.weight") && e.contains("Q8_0"), "{e}");
+    assert!(
+        e.contains("blk.0.attn_output.weight") && e.contains("Q8_0"),
+        "{e}"
+    );
 }
 
 async fn greedy(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) -> Vec<u32> {
@@ -301,9 +327,13 @@ async fn a_two_shard_lane_generates_the_same_greedy_tokens() {
 
 #[test]
 fn sizes_that_do_not_divide_the_model_are_refused_at_start() {
-    let e = engine(gguf("stories260K.gguf"), 3).err().expect("8 heads over 3");
+    let e = engine(gguf("stories260K.gguf"), 3)
+        .err()
+        .expect("8 heads over 3");
     assert!(e.contains("does not divide its 8 attention heads"), "{e}");
-    let e = engine(gguf("stories260K-Q8_0.gguf"), 4).err().expect("Q8_0 blocks");
+    let e = engine(gguf("stories260K-Q8_0.gguf"), 4)
+        .err()
+        .expect("Q8_0 blocks");
     assert!(e.contains("blk.0.attn_output.weight"), "{e}");
     let e = engine(gqa_8_to_1(), 16).err().expect("8 heads over 16");
     assert!(e.contains("attention heads"), "{e}");

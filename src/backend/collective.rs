@@ -200,8 +200,7 @@ impl GroupMember {
         let total = out.len() / rows;
         self.group.exchange(self.rank, part, |slots| {
             let widths: Vec<usize> = slots.iter().map(|s| s.len() / rows).collect();
-            if widths.iter().sum::<usize>() != total || slots.iter().any(|s| s.len() % rows != 0)
-            {
+            if widths.iter().sum::<usize>() != total || slots.iter().any(|s| s.len() % rows != 0) {
                 return Err(BackendError::InvalidBatch(format!(
                     "all-gather: parts of widths {widths:?} for {rows} rows of {total} columns"
                 )));
@@ -226,10 +225,7 @@ mod tests {
     fn on_threads<T: Send>(n: usize, f: impl Fn(GroupMember) -> T + Sync) -> Vec<T> {
         let members = HostGroup::new(n).members();
         std::thread::scope(|s| {
-            let handles: Vec<_> = members
-                .into_iter()
-                .map(|m| s.spawn(|| f(m)))
-                .collect();
+            let handles: Vec<_> = members.into_iter().map(|m| s.spawn(|| f(m))).collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         })
     }
@@ -271,7 +267,10 @@ mod tests {
             waiting.join().unwrap()
         });
         assert!(errs.is_err());
-        assert!(members[1].all_reduce_sum(&mut [1.0]).is_err(), "stays broken");
+        assert!(
+            members[1].all_reduce_sum(&mut [1.0]).is_err(),
+            "stays broken"
+        );
         group.reset();
         let sums = on_threads(1, |_| {
             std::thread::scope(|s| {

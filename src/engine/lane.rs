@@ -120,7 +120,13 @@ pub(crate) fn run_group<B: Backend>(mut makers: Vec<Maker<B>>, ctx: LaneCtx) {
 }
 
 /// What a lane's shard 0 holds once loaded.
-type Loaded<'scope, B> = (B, Llama<B>, <B as Backend>::Kv, Option<Peers<'scope>>, usize);
+type Loaded<'scope, B> = (
+    B,
+    Llama<B>,
+    <B as Backend>::Kv,
+    Option<Peers<'scope>>,
+    usize,
+);
 
 fn run_sharded<B, F>(make: impl FnOnce() -> Result<B, BackendError>, peers: Vec<F>, ctx: LaneCtx)
 where
@@ -180,7 +186,8 @@ where
             };
             let kv = backend.alloc_kv(&shape)?;
             if let Some(p) = &peers {
-                p.alloc_kv(shape).map_err(|e| LoadError::Model(ModelError::Spec(e)))?;
+                p.alloc_kv(shape)
+                    .map_err(|e| LoadError::Model(ModelError::Spec(e)))?;
             }
             let elem = backend.kv_element_bytes();
             let pool_bytes = 2 * local.n_layers * blocks * cfg.block_size * local.kv_dim() * elem;
@@ -252,7 +259,7 @@ where
 {
     let tp = makers.len() + 1;
     shard::check(&files.spec, tp).map_err(ModelError::Spec)?;
-    let host = crate::runner::load_weights(files, |t| Ok::<_, ModelError>(t))?;
+    let host = crate::runner::load_weights(files, Ok::<_, ModelError>)?;
     let src = ShardSource {
         spec: files.spec.clone(),
         host: std::sync::Arc::new(host),

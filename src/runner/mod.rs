@@ -76,7 +76,14 @@ impl<B: Backend> Llama<B> {
         let weights = load_weights(files, |t| {
             backend.upload_weight(t).map_err(LoadError::Backend)
         })?;
-        Self::with_weights(backend, &files.spec, weights, Shard::WHOLE, max_tokens, max_seqs)
+        Self::with_weights(
+            backend,
+            &files.spec,
+            weights,
+            Shard::WHOLE,
+            max_tokens,
+            max_seqs,
+        )
     }
 
     /// Shard `shard` of the whole model's host weights `host` (read for `spec`): uploads its

@@ -129,7 +129,10 @@ pub fn shard_weights(
                 let ff = spec.intermediate;
                 let part = s.even(ff);
                 Ffn::Dense {
-                    w_gate_up: take_rows(w_gate_up, &[part.clone(), ff + part.start..ff + part.end])?,
+                    w_gate_up: take_rows(
+                        w_gate_up,
+                        &[part.clone(), ff + part.start..ff + part.end],
+                    )?,
                     w_down: cols(w_down, part, &name("ffn_down.weight"))?,
                 }
             }
@@ -157,7 +160,11 @@ pub fn shard_weights(
         layers.push(LayerWeights {
             attn_norm: l.attn_norm.clone(),
             wqkv: take_rows(&l.wqkv, &qkv_rows)?,
-            bqkv: l.bqkv.as_ref().map(|b| take_elems(b, &qkv_rows)).transpose()?,
+            bqkv: l
+                .bqkv
+                .as_ref()
+                .map(|b| take_elems(b, &qkv_rows))
+                .transpose()?,
             wo: cols(&l.wo, q_cols.clone(), &name("attn_output.weight"))?,
             ffn_norm: l.ffn_norm.clone(),
             ffn,
@@ -196,7 +203,10 @@ pub fn rows(t: &HostTensor, r: Range<usize>) -> Result<HostTensor, ModelError> {
                 .ok_or_else(|| shape_err(format!("rows {r:?} outside the tensor's bytes")))?;
             Ok(HostTensor {
                 shape,
-                data: HostData::Raw { ty: *ty, bytes: part },
+                data: HostData::Raw {
+                    ty: *ty,
+                    bytes: part,
+                },
             })
         }
         HostData::Stacked(parts) => {
@@ -313,8 +323,14 @@ mod tests {
     #[test]
     fn row_and_column_slices_keep_raw_types_and_refuse_partial_blocks() {
         let m = f32m(4, 3);
-        assert_eq!(rows(&m, 1..3).unwrap().values().unwrap(), &[3., 4., 5., 6., 7., 8.]);
-        assert_eq!(cols(&m, 1..2, "m").unwrap().values().unwrap(), &[1., 4., 7., 10.]);
+        assert_eq!(
+            rows(&m, 1..3).unwrap().values().unwrap(),
+            &[3., 4., 5., 6., 7., 8.]
+        );
+        assert_eq!(
+            cols(&m, 1..2, "m").unwrap().values().unwrap(),
+            &[1., 4., 7., 10.]
+        );
         let halves: Vec<u8> = (0..8)
             .flat_map(|i| half::f16::from_f32(i as f32).to_le_bytes())
             .collect();
@@ -323,9 +339,17 @@ mod tests {
         assert_eq!(c.weight_type(), GgmlType::F16);
         assert_eq!(c.into_f32().unwrap().values().unwrap(), &[2., 3., 6., 7.]);
         let q8 = HostTensor::raw(vec![1, 64], GgmlType::Q8_0, vec![0; 68]).unwrap();
-        assert_eq!(cols(&q8, 32..64, "q").unwrap().weight_type(), GgmlType::Q8_0);
-        let err = cols(&q8, 16..32, "blk.0.ffn_down.weight").unwrap_err().to_string();
-        assert!(err.contains("blk.0.ffn_down.weight") && err.contains("32"), "{err}");
+        assert_eq!(
+            cols(&q8, 32..64, "q").unwrap().weight_type(),
+            GgmlType::Q8_0
+        );
+        let err = cols(&q8, 16..32, "blk.0.ffn_down.weight")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("blk.0.ffn_down.weight") && err.contains("32"),
+            "{err}"
+        );
         let mixed =
             HostTensor::concat_rows(vec![h, HostTensor::new(vec![1, 4], vec![9.; 4])]).unwrap();
         let r = rows(&mixed, 1..3).unwrap();
@@ -338,7 +362,9 @@ mod tests {
 
     #[test]
     fn vocab_parts_cover_the_vocabulary() {
-        let parts: Vec<_> = (0..3).map(|rank| Shard { rank, size: 3 }.vocab(10)).collect();
+        let parts: Vec<_> = (0..3)
+            .map(|rank| Shard { rank, size: 3 }.vocab(10))
+            .collect();
         assert_eq!(parts, vec![0..4, 4..8, 8..10]);
     }
 }

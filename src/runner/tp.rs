@@ -127,7 +127,9 @@ impl<'scope> Peers<'scope> {
             let src = src.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("kiln-shard-{}", member.rank))
-                .spawn_scoped(scope, move || serve_peer(make, member, src, cmd_rx, reply_tx))
+                .spawn_scoped(scope, move || {
+                    serve_peer(make, member, src, cmd_rx, reply_tx)
+                })
                 .map_err(|e| format!("cannot start a shard thread: {e}"))?;
             peers.push(Peer {
                 tx: Some(cmd_tx),
@@ -156,7 +158,9 @@ impl<'scope> Peers<'scope> {
     /// Allocates every peer's KV pool of `shape` and waits for them.
     pub fn alloc_kv(&self, shape: KvShape) -> Result<(), String> {
         for (i, p) in self.peers.iter().enumerate() {
-            let sent = p.tx.as_ref().is_some_and(|tx| tx.send(Cmd::Kv(shape)).is_ok());
+            let sent =
+                p.tx.as_ref()
+                    .is_some_and(|tx| tx.send(Cmd::Kv(shape)).is_ok());
             let reply = sent.then(|| p.rx.recv().ok()).flatten();
             match reply {
                 Some(Reply::Ready(Ok(()))) => {}
@@ -178,7 +182,9 @@ impl<'scope> Peers<'scope> {
         let mut sent = Vec::with_capacity(self.peers.len());
         let mut failure = None;
         for (i, p) in self.peers.iter().enumerate() {
-            let ok = p.tx.as_ref().is_some_and(|tx| tx.send(Cmd::Step(plan.clone())).is_ok());
+            let ok =
+                p.tx.as_ref()
+                    .is_some_and(|tx| tx.send(Cmd::Step(plan.clone())).is_ok());
             sent.push(ok);
             if !ok {
                 failure.get_or_insert(gone(i + 1));
