@@ -277,6 +277,58 @@ fn quantized_shards_keep_the_files_types_and_refuse_partial_blocks() {
     );
 }
 
+/// A shard that fails alone (its KV pool too small for the step's block) breaks the group:
+/// the other shard, waiting in the all-reduce, is released with an error instead of hanging,
+/// the step reports the cause, and the next step runs on the mended group and matches.
+#[test]
+fn a_shard_failing_alone_releases_the_others_and_the_next_step_matches() {
+    let f = gguf("stories260K.gguf");
+    let good = plan(&[(&[1, 45, 9], 0, &[1], true)]);
+    let want = run(&f, 1, std::slice::from_ref(&good)).unwrap();
+    let host = load_weights(&f, Ok::<_, ModelError>).unwrap();
+    let src = ShardSource {
+        spec: f.spec.clone(),
+        host: std::sync::Arc::new(host),
+        max_tokens: 16,
+        max_seqs: 4,
+        utilization: 0.9,
+    };
+    let shape = kv_shape(&shard::shard_spec(&f.spec, Shard { rank: 0, size: 2 }));
+    let small = KvShape {
+        num_blocks: 4,
+        ..shape
+    };
+    for failing in [0, 1] {
+        let group = HostGroup::new(2);
+        std::thread::scope(|scope| {
+            let makers = vec![|| Ok(CpuBackend::new())];
+            let peers = Peers::spawn(scope, makers, &group, &src).unwrap();
+            let member = group.members().remove(0);
+            let (mut b, mut model) = load_shard(|| Ok(CpuBackend::new()), member, &src).unwrap();
+            peers.loaded().unwrap();
+            let mut kv = b
+                .alloc_kv(if failing == 0 { &small } else { &shape })
+                .unwrap();
+            peers
+                .alloc_kv(if failing == 1 { small } else { shape })
+                .unwrap();
+            let bad = plan(&[(&[1, 2, 3], 0, &[9], true)]);
+            let e = peers
+                .step(&bad, || model.forward(&mut b, &mut kv, &bad).map(|_| ()))
+                .unwrap_err();
+            assert!(
+                e.to_string().contains("block 9 out of range"),
+                "shard {failing} failing: {e}"
+            );
+            peers
+                .step(&good, || model.forward(&mut b, &mut kv, &good).map(|_| ()))
+                .unwrap();
+            let got = b.to_host(model.logits(), 1).unwrap();
+            assert!(rel_error(&got, &want[0]) < 1e-4);
+        });
+    }
+}
+
 async fn greedy(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) -> Vec<u32> {
     let mut req = GenerateRequest::greedy(prompt, max_tokens);
     req.stop.ignore_eos = true;

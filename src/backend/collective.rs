@@ -41,11 +41,18 @@ pub struct GroupMember {
     group: Arc<HostGroup>,
 }
 
+const ABORTED_OP: &str = "collective";
+
 fn aborted() -> BackendError {
     BackendError::Device {
-        op: "collective",
+        op: ABORTED_OP,
         message: "another shard of the tensor-parallel group failed".into(),
     }
+}
+
+/// Whether `e` only says that another member broke the group (not the cause).
+pub fn is_aborted(e: &BackendError) -> bool {
+    matches!(e, BackendError::Device { op, .. } if *op == ABORTED_OP)
 }
 
 impl HostGroup {

@@ -14,6 +14,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::{Scope, ScopedJoinHandle};
 
 use super::{Llama, LoadError, Shard};
+use crate::backend::collective::is_aborted;
 use crate::backend::{
     Backend, BackendError, BatchPlan, GroupMember, HostGroup, HostTensor, KvShape,
 };
@@ -172,52 +173,49 @@ impl<'scope> Peers<'scope> {
     }
 
     /// Runs one step on every shard: hands the peers `plan`, runs rank 0's `lead` here,
-    /// then waits for the peers. The first error wins; the group is mended afterwards.
+    /// then waits for the peers. On failure the cause is returned (not another shard's
+    /// report that the group broke); the group is mended afterwards.
     pub fn step<T>(
         &self,
         plan: &BatchPlan,
         lead: impl FnOnce() -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
         let plan = Arc::new(plan.clone());
+        let mut errors = Vec::new();
         let mut sent = Vec::with_capacity(self.peers.len());
-        let mut failure = None;
         for (i, p) in self.peers.iter().enumerate() {
             let ok =
                 p.tx.as_ref()
                     .is_some_and(|tx| tx.send(Cmd::Step(plan.clone())).is_ok());
             sent.push(ok);
             if !ok {
-                failure.get_or_insert(gone(i + 1));
+                errors.push(gone(i + 1));
             }
         }
         // A missing peer would leave the others waiting in the first collective.
-        let result = match failure {
-            Some(_) => {
-                self.group.abort();
-                None
+        let mut value = None;
+        if errors.is_empty() {
+            match lead() {
+                Ok(t) => value = Some(t),
+                Err(e) => errors.push(e),
             }
-            None => Some(lead()),
-        };
-        if matches!(result, Some(Err(_))) {
+        }
+        if !errors.is_empty() {
             self.group.abort();
         }
         for (i, p) in self.peers.iter().enumerate().filter(|(i, _)| sent[*i]) {
             match p.rx.recv() {
                 Ok(Reply::Stepped(Ok(()))) => {}
-                Ok(Reply::Stepped(Err(e))) => {
-                    failure.get_or_insert(e);
-                }
-                _ => {
-                    failure.get_or_insert(gone(i + 1));
-                }
+                Ok(Reply::Stepped(Err(e))) => errors.push(e),
+                _ => errors.push(gone(i + 1)),
             }
         }
         self.group.reset();
-        match (result, failure) {
-            (Some(Err(e)), _) => Err(e),
-            (_, Some(e)) => Err(e),
-            (Some(Ok(t)), None) => Ok(t),
-            (None, None) => Err(gone(0)),
+        let cause = errors.iter().position(|e| !is_aborted(e)).unwrap_or(0);
+        match (value, errors.is_empty()) {
+            (Some(t), true) => Ok(t),
+            _ if errors.is_empty() => Err(gone(0)),
+            _ => Err(errors.swap_remove(cause)),
         }
     }
 
