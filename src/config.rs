@@ -489,10 +489,13 @@ mod tests {
         let mut cfg = Config::from_toml(text, Path::new("x")).unwrap();
         assert_eq!(cfg.engine.tensor_parallel_size, 4);
         assert!(cfg.validate().is_ok(), "any size on the CPU");
-        cfg.apply(&ServeArgs {
-            tensor_parallel_size: Some(2),
-            ..Default::default()
-        });
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(["kiln", "--tensor-parallel", "2"]);
+        cfg.apply(&cli.unwrap().serve);
         assert_eq!(cfg.engine.tensor_parallel_size, 2);
         cfg.model.devices = vec!["cpu".into(), "cuda:1".into()];
         let err = cfg.validate().unwrap_err().to_string();
