@@ -13,13 +13,14 @@ use super::blocks::BlockPool;
 use super::constraint::Grammar;
 use super::request::LaneEvent;
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence, Step};
+use super::shards;
 use super::stats::LaneStats;
 use super::validate::ValidRequest;
 use super::{EngineConfig, EngineError, TokenInfo};
-use crate::backend::{Backend, BackendError, HostGroup, KvShape};
-use crate::model::{ModelError, ModelFiles, ModelSpec};
-use crate::runner::tp::{Peers, ShardSizing, ShardSource};
-use crate::runner::{Llama, LoadError, Shard, shard};
+use crate::backend::{Backend, BackendError};
+use crate::model::ModelFiles;
+use crate::runner::Llama;
+use crate::runner::tp::Peers;
 
 /// Messages into a lane.
 pub(crate) enum LaneMsg {
@@ -50,25 +51,6 @@ pub(crate) struct LaneLoad {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LaneReady {
     pub num_blocks: usize,
-}
-
-/// KV blocks for a lane: `kv_blocks` if set, else what `budget_bytes` holds (K and V of
-/// `elem_bytes` each, for the kv heads of `spec`, a shard's when sharded),
-/// capped at what `max_num_seqs` full-length sequences could use.
-pub(crate) fn kv_blocks(
-    spec: &ModelSpec,
-    cfg: &EngineConfig,
-    max_len: usize,
-    budget_bytes: usize,
-    elem_bytes: usize,
-) -> usize {
-    if let Some(n) = cfg.kv_blocks {
-        return n;
-    }
-    let s = spec;
-    let per_block = 2 * s.n_layers * cfg.block_size * s.kv_dim() * elem_bytes;
-    let cap = cfg.max_num_seqs * max_len.div_ceil(cfg.block_size);
-    (budget_bytes / per_block.max(1)).min(cap).max(1)
 }
 
 struct Lane<'scope, B: Backend> {
@@ -119,15 +101,6 @@ pub(crate) fn run_group<B: Backend>(mut makers: Vec<Maker<B>>, ctx: LaneCtx) {
     run_sharded(lead, makers, ctx)
 }
 
-/// What a lane's shard 0 holds once loaded.
-type Loaded<'scope, B> = (
-    B,
-    Llama<B>,
-    <B as Backend>::Kv,
-    Option<Peers<'scope>>,
-    usize,
-);
-
 fn run_sharded<B, F>(make: impl FnOnce() -> Result<B, BackendError>, peers: Vec<F>, ctx: LaneCtx)
 where
     B: Backend,
@@ -144,65 +117,7 @@ where
         ready,
     } = ctx;
     std::thread::scope(|scope| {
-        let built = (|| -> Result<Loaded<'_, B>, LoadError> {
-            let tp = cfg.tensor_parallel_size.max(1);
-            if peers.len() + 1 != tp {
-                return Err(LoadError::Model(ModelError::Spec(format!(
-                    "tensor parallel size {tp} needs {tp} backends for the lane, it has {}",
-                    peers.len() + 1
-                ))));
-            }
-            let (mut backend, model, peers, sizes) = if tp == 1 {
-                let mut backend = make()?;
-                let model = Llama::load(
-                    &mut backend,
-                    &files,
-                    cfg.max_num_batched_tokens,
-                    cfg.max_num_seqs,
-                )?;
-                let size = ShardSizing::of(&backend, cfg.gpu_memory_utilization);
-                (backend, model, None, vec![size])
-            } else {
-                load_group(scope, make, peers, &files, &cfg)?
-            };
-            // After the weights and scratch: a GPU reports what is left of its memory
-            // budget; the CPU's budget is shared by the lane's shards.
-            let local = shard::shard_spec(&files.spec, Shard { rank: 0, size: tp });
-            let (blocks, budget) = sizes
-                .iter()
-                .map(|z| {
-                    let budget = z.kv_budget.unwrap_or(cfg.cpu_kv_cache_bytes / tp);
-                    let blocks = kv_blocks(&local, &cfg, max_len, budget, z.kv_element_bytes);
-                    (blocks, budget)
-                })
-                .min()
-                .unwrap_or((1, 0));
-            let shape = KvShape {
-                num_layers: local.n_layers,
-                num_blocks: blocks,
-                block_size: cfg.block_size,
-                n_kv_heads: local.n_kv_heads,
-                head_dim: local.head_dim,
-            };
-            let kv = backend.alloc_kv(&shape)?;
-            if let Some(p) = &peers {
-                p.alloc_kv(shape)
-                    .map_err(|e| LoadError::Model(ModelError::Spec(e)))?;
-            }
-            let elem = backend.kv_element_bytes();
-            let pool_bytes = 2 * local.n_layers * blocks * cfg.block_size * local.kv_dim() * elem;
-            tracing::info!(
-                lane = index,
-                device = %backend.name(),
-                tensor_parallel = tp,
-                blocks,
-                tokens = blocks * cfg.block_size,
-                bytes = pool_bytes,
-                budget_bytes = budget,
-                "KV pool sized from the model and the memory budget (per shard)"
-            );
-            Ok((backend, model, kv, peers, blocks))
-        })();
+        let built = shards::load(scope, make, peers, &files, &cfg, max_len, index);
         let (backend, model, kv, peers, num_blocks) = match built {
             Ok(l) => l,
             Err(e) => {
@@ -241,43 +156,6 @@ where
         };
         serve_lane(lane, ready, files);
     })
-}
-
-/// Loads a tensor-parallel group: the peers on their threads, shard 0 here, from the
-/// model's host weights read once. Returns shard 0 and the sizing of every shard.
-#[allow(clippy::type_complexity)]
-fn load_group<'scope, 'env, B, F>(
-    scope: &'scope std::thread::Scope<'scope, 'env>,
-    make: impl FnOnce() -> Result<B, BackendError>,
-    makers: Vec<F>,
-    files: &ModelFiles,
-    cfg: &EngineConfig,
-) -> Result<(B, Llama<B>, Option<Peers<'scope>>, Vec<ShardSizing>), LoadError>
-where
-    B: Backend,
-    F: FnOnce() -> Result<B, BackendError> + Send + 'scope,
-{
-    let tp = makers.len() + 1;
-    shard::check(&files.spec, tp).map_err(ModelError::Spec)?;
-    let host = crate::runner::load_weights(files, Ok::<_, ModelError>)?;
-    let src = ShardSource {
-        spec: files.spec.clone(),
-        host: std::sync::Arc::new(host),
-        max_tokens: cfg.max_num_batched_tokens,
-        max_seqs: cfg.max_num_seqs,
-        utilization: cfg.gpu_memory_utilization,
-    };
-    let group = HostGroup::new(tp);
-    let spawn_err = |e: String| LoadError::Model(ModelError::Spec(e));
-    let peers = Peers::spawn(scope, makers, &group, &src).map_err(spawn_err)?;
-    let member = group.members().remove(0);
-    let lead = crate::runner::tp::load_shard(make, member, &src);
-    drop(src);
-    // Shard 0's failure first (the peers may be waiting on nothing), else theirs.
-    let (backend, model) = lead?;
-    let mut sizes = vec![ShardSizing::of(&backend, cfg.gpu_memory_utilization)];
-    sizes.extend(peers.loaded().map_err(spawn_err)?);
-    Ok((backend, model, Some(peers), sizes))
 }
 
 /// Reports the lane ready and serves until shutdown.

@@ -8,6 +8,7 @@ mod lane;
 mod output;
 mod request;
 pub mod scheduler;
+mod shards;
 pub mod stats;
 pub mod types;
 mod validate;
