@@ -6,6 +6,7 @@
 //! `tensor_parallel_size` 2 generates the same greedy tokens as one with 1; sizes that do not
 //! divide the model are refused at start with the reason.
 
+mod api_support;
 mod golden_support;
 
 use golden_support::{fixture, repo};
@@ -389,4 +390,29 @@ fn sizes_that_do_not_divide_the_model_are_refused_at_start() {
     assert!(e.contains("blk.0.attn_output.weight"), "{e}");
     let e = engine(gqa_8_to_1(), 16).err().expect("8 heads over 16");
     assert!(e.contains("attention heads"), "{e}");
+}
+
+/// `--tensor-parallel 2` through the serve flags and the HTTP API: a greedy completion (the
+/// default sampler path, EOS stop) is `kiln generate`'s text.
+#[tokio::test]
+async fn serve_with_tensor_parallel_2_completes_like_kiln_generate() {
+    let mut cfg = api_support::test_config();
+    let cli = <ServeCli as clap::Parser>::try_parse_from(["kiln", "--tensor-parallel", "2"]);
+    cfg.apply(&cli.unwrap().serve);
+    cfg.validate().unwrap();
+    assert_eq!(cfg.engine.tensor_parallel_size, 2);
+    let s = api_support::start(cfg);
+    let prompt = "Once upon a time";
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": 40, "temperature": 0});
+    let (status, _, body) = api_support::post(&s.base, "/v1/completions", &body).await;
+    assert_eq!(status, 200, "{body}");
+    let text = body["choices"][0]["text"].as_str().unwrap();
+    assert!(!text.is_empty());
+    assert_eq!(text, api_support::greedy_reference(prompt, 40));
+}
+
+#[derive(clap::Parser)]
+struct ServeCli {
+    #[command(flatten)]
+    serve: kiln::config::ServeArgs,
 }
