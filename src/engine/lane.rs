@@ -1,6 +1,8 @@
 //! The per-device execution lane: one OS thread that owns the backend, weights, KV pool,
 //! scheduler and block manager. Everything else talks to it through bounded channels.
 //! The loop is `schedule()` -> `forward(batch)` -> `update(outputs)`.
+//! A tensor-parallel lane runs shard 0 on this thread and its other shards on threads of
+//! their own (`runner::tp::Peers`), each handed the same plan every step.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
