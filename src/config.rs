@@ -258,6 +258,9 @@ pub struct ServeArgs {
     /// KV pool size in blocks per lane (otherwise sized from memory).
     #[arg(long, env = "KILN_KV_BLOCKS")]
     pub kv_blocks: Option<usize>,
+    /// Shards per lane (tensor parallelism; CPU lanes only so far) [default: 1].
+    #[arg(long = "tensor-parallel", env = "KILN_TENSOR_PARALLEL")]
+    pub tensor_parallel_size: Option<usize>,
     /// Waiting requests allowed before 429.
     #[arg(long, env = "KILN_MAX_WAITING")]
     pub max_waiting: Option<usize>,
@@ -356,6 +359,7 @@ impl Config {
         set(&mut e.block_size, &args.block_size);
         set_opt(&mut e.kv_blocks, &args.kv_blocks);
         set(&mut e.max_waiting, &args.max_waiting);
+        set(&mut e.tensor_parallel_size, &args.tensor_parallel_size);
         set_opt(&mut e.max_model_len, &args.max_model_len);
         set(&mut e.gpu_gemv, &args.gpu_gemv);
         set(&mut e.gpu_attn_decode, &args.gpu_attn_decode);
@@ -369,9 +373,24 @@ impl Config {
                 message: message.into(),
             })
         };
-        self.model.parsed_devices()?;
+        let devices = self.model.parsed_devices()?;
         if self.model.devices.is_empty() {
             return invalid("model.devices", "at least one device is needed");
+        }
+        let tp = self.engine.tensor_parallel_size;
+        if tp == 0 {
+            return invalid("engine.tensor_parallel_size", "must be at least 1");
+        }
+        if tp > 1
+            && let Some(gpu) = devices.iter().find(|d| !matches!(d, Device::Cpu))
+        {
+            return Err(ConfigError::Invalid {
+                key: "engine.tensor_parallel_size",
+                message: format!(
+                    "tensor parallelism {tp} on {gpu}: the NCCL/RCCL collectives GPU shards \
+                     need are not built yet; only CPU lanes can be sharded"
+                ),
+            });
         }
         if self.server.api_keys.iter().any(|k| k.trim().is_empty()) {
             return invalid("server.api_keys", "API keys must not be empty");
@@ -462,5 +481,30 @@ mod tests {
         let mut cfg = Config::default();
         cfg.model.devices = vec!["tpu:0".into()];
         assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn tensor_parallel_size_is_read_checked_and_refused_on_gpus() {
+        let text = "[engine]\ntensor_parallel_size = 4\n";
+        let mut cfg = Config::from_toml(text, Path::new("x")).unwrap();
+        assert_eq!(cfg.engine.tensor_parallel_size, 4);
+        assert!(cfg.validate().is_ok(), "any size on the CPU");
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(["kiln", "--tensor-parallel", "2"]);
+        cfg.apply(&cli.unwrap().serve);
+        assert_eq!(cfg.engine.tensor_parallel_size, 2);
+        cfg.model.devices = vec!["cpu".into(), "cuda:1".into()];
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("NCCL") && err.contains("cuda:1"), "{err}");
+        cfg.model.devices = vec!["cuda:0".into()];
+        cfg.engine.tensor_parallel_size = 1;
+        assert!(cfg.validate().is_ok(), "size 1 runs anywhere");
+        cfg.engine.tensor_parallel_size = 0;
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("tensor_parallel_size"), "{err}");
     }
 }

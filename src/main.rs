@@ -29,7 +29,7 @@ enum Command {
     /// Generate a continuation of a prompt and print it.
     Generate(GenerateArgs),
     /// Serve the OpenAI-compatible HTTP API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print the OpenAPI document (the committed openapi/openapi.json).
     Openapi,
     /// Benchmark an OpenAI-compatible server (or, with --offline, the engine in-process).

@@ -3,6 +3,7 @@
 //! ([`AttnShape`], [`RopeSpec`]) and weights arrive as [`HostTensor`]s.
 
 pub mod batch;
+pub mod collective;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -18,9 +19,10 @@ pub mod shape;
 pub mod tensor;
 
 pub use batch::{BatchPlan, KvShape, SeqSlice};
+pub use collective::{GroupMember, HostGroup};
 pub use dtype::DType;
 pub use moe::{MoeExperts, MoeShape};
-pub use open::{DeviceId, GpuOptions, WithBackend, open};
+pub use open::{DeviceId, GpuOptions, Maker, WithBackend, WithBackends, open, open_group};
 pub use shape::{AttnShape, Llama3Scaling, RopeLayout, RopeSpec};
 pub use tensor::{HostData, HostTensor};
 
@@ -270,6 +272,33 @@ pub trait Backend {
     ) -> Result<(), BackendError> {
         let _ = (x, router_logits, experts, shape, n, out);
         Err(missing("moe_ffn"))
+    }
+    /// Makes this backend rank `member.rank` of a tensor-parallel group (before any
+    /// collective). A backend without collectives refuses.
+    fn join_group(&mut self, member: GroupMember) -> Result<(), BackendError> {
+        let _ = member;
+        Err(BackendError::Unsupported {
+            backend: "this backend",
+            op: "tensor parallelism (its NCCL/RCCL collectives are not built yet)",
+            dtype: "any".into(),
+        })
+    }
+    /// `x = sum over the group's ranks of x`, over `n` rows (every rank gets the same
+    /// values). Called by every rank in the same order.
+    fn all_reduce_sum(&mut self, x: &mut Self::Tensor, n: usize) -> Result<(), BackendError> {
+        let _ = (x, n);
+        Err(missing("all_reduce_sum"))
+    }
+    /// `out[:n] = [part of rank 0 | part of rank 1 | ...]` by columns, over `n` rows: each
+    /// rank's `part` holds its own column block (its width is its tensor's width).
+    fn all_gather(
+        &mut self,
+        part: &Self::Tensor,
+        n: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError> {
+        let _ = (part, n, out);
+        Err(missing("all_gather"))
     }
     /// Copies the rows that need logits (`b`'s logits rows) to the front of `out`.
     fn gather_rows(

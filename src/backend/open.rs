@@ -78,3 +78,77 @@ pub fn open<W: WithBackend>(device: DeviceId, options: GpuOptions, with: W) -> W
         DeviceId::Rocm(_) => with.run::<CpuBackend>(|| Err(BackendError::NotCompiled("rocm"))),
     }
 }
+
+/// A backend constructor, run on the thread of the shard it serves.
+pub type Maker<B> = Box<dyn FnOnce() -> Result<B, BackendError> + Send>;
+
+/// What to do with the backends of a tensor-parallel group: `run` gets one constructor per
+/// device, in rank order.
+pub trait WithBackends {
+    type Output;
+    fn run<B: Backend + 'static>(self, makers: Vec<Maker<B>>) -> Self::Output;
+}
+
+/// Hands `with` one constructor per device of `devices` (one kind of device; a mix, or a
+/// backend this build lacks, gives a single constructor that fails).
+pub fn open_group<W: WithBackends>(
+    devices: &[DeviceId],
+    options: GpuOptions,
+    with: W,
+) -> W::Output {
+    let _ = &options;
+    let kind = |d: &DeviceId| std::mem::discriminant(d);
+    if devices.windows(2).any(|w| kind(&w[0]) != kind(&w[1])) {
+        let list = format!("{devices:?}");
+        return with.run::<CpuBackend>(vec![Box::new(move || {
+            Err(BackendError::InvalidBatch(format!(
+                "a tensor-parallel group spans devices of one kind, not {list}"
+            )))
+        })]);
+    }
+    match devices.first() {
+        None | Some(DeviceId::Cpu) => with.run(
+            devices
+                .iter()
+                .map(|_| Box::new(|| Ok(CpuBackend::new())) as Maker<CpuBackend>)
+                .collect(),
+        ),
+        #[cfg(feature = "cuda")]
+        Some(DeviceId::Cuda(_)) => with.run(
+            devices
+                .iter()
+                .map(|d| {
+                    let (i, o) = (ordinal(d), options.clone());
+                    Box::new(move || super::cuda::CudaBackend::new(i, o)) as Maker<_>
+                })
+                .collect(),
+        ),
+        #[cfg(not(feature = "cuda"))]
+        Some(DeviceId::Cuda(_)) => {
+            with.run::<CpuBackend>(vec![Box::new(|| Err(BackendError::NotCompiled("cuda")))])
+        }
+        #[cfg(feature = "rocm")]
+        Some(DeviceId::Rocm(_)) => with.run(
+            devices
+                .iter()
+                .map(|d| {
+                    let (i, o) = (ordinal(d), options.clone());
+                    Box::new(move || super::rocm::RocmBackend::new(i, o)) as Maker<_>
+                })
+                .collect(),
+        ),
+        #[cfg(not(feature = "rocm"))]
+        Some(DeviceId::Rocm(_)) => {
+            with.run::<CpuBackend>(vec![Box::new(|| Err(BackendError::NotCompiled("rocm")))])
+        }
+    }
+}
+
+/// A GPU's ordinal (0 for the CPU).
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn ordinal(d: &DeviceId) -> usize {
+    match d {
+        DeviceId::Cpu => 0,
+        DeviceId::Cuda(i) | DeviceId::Rocm(i) => *i,
+    }
+}

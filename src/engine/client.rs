@@ -63,18 +63,16 @@ pub struct EngineClient {
 /// The body of a lane thread: builds its backend and runs the lane.
 type LaneBody = Box<dyn FnOnce(lane::LaneCtx) + Send>;
 
-/// The lane body for `device`: the backend comes from `backend::open` (a clear error for
-/// backends not compiled in), with GPU options from the engine config.
+/// The lane body for `device`: the backend comes from `backend::open_group` (a clear error
+/// for backends not compiled in), one per shard of the lane's tensor-parallel group, with
+/// GPU options from the engine config.
 fn device_body(device: Device) -> LaneBody {
-    /// Runs a lane on the opened backend.
+    /// Runs a lane on the opened backends.
     struct RunLane(lane::LaneCtx);
-    impl crate::backend::WithBackend for RunLane {
+    impl crate::backend::WithBackends for RunLane {
         type Output = ();
-        fn run<B: crate::backend::Backend + 'static>(
-            self,
-            make: impl FnOnce() -> Result<B, BackendError> + Send + 'static,
-        ) {
-            lane::run(make, self.0)
+        fn run<B: crate::backend::Backend + 'static>(self, makers: Vec<crate::backend::Maker<B>>) {
+            lane::run_group(makers, self.0)
         }
     }
     let id = match device {
@@ -92,7 +90,8 @@ fn device_body(device: Device) -> LaneBody {
             attn_decode: c.gpu_attn_decode,
             ..GpuOptions::default()
         };
-        crate::backend::open(id, opts, RunLane(ctx))
+        let group = vec![id; c.tensor_parallel_size.max(1)];
+        crate::backend::open_group(&group, opts, RunLane(ctx))
     })
 }
 

@@ -1,6 +1,8 @@
 //! The per-device execution lane: one OS thread that owns the backend, weights, KV pool,
 //! scheduler and block manager. Everything else talks to it through bounded channels.
 //! The loop is `schedule()` -> `forward(batch)` -> `update(outputs)`.
+//! A tensor-parallel lane runs shard 0 on this thread and its other shards on threads of
+//! their own (`runner::tp::Peers`), each handed the same plan every step.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,12 +15,14 @@ use super::blocks::BlockPool;
 use super::constraint::Grammar;
 use super::request::LaneEvent;
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence, Step};
+use super::shards;
 use super::stats::LaneStats;
 use super::validate::ValidRequest;
 use super::{EngineConfig, EngineError, TokenInfo};
-use crate::backend::{Backend, BackendError, KvShape};
+use crate::backend::{Backend, BackendError};
 use crate::model::ModelFiles;
-use crate::runner::{Llama, LoadError};
+use crate::runner::Llama;
+use crate::runner::tp::Peers;
 
 /// Messages into a lane.
 pub(crate) enum LaneMsg {
@@ -51,29 +55,12 @@ pub(crate) struct LaneReady {
     pub num_blocks: usize,
 }
 
-/// KV blocks for a lane: `kv_blocks` if set, else what `budget_bytes` holds (K and V of
-/// `elem_bytes` each),
-/// capped at what `max_num_seqs` full-length sequences could use.
-pub(crate) fn kv_blocks(
-    files: &ModelFiles,
-    cfg: &EngineConfig,
-    max_len: usize,
-    budget_bytes: usize,
-    elem_bytes: usize,
-) -> usize {
-    if let Some(n) = cfg.kv_blocks {
-        return n;
-    }
-    let s = &files.spec;
-    let per_block = 2 * s.n_layers * cfg.block_size * s.kv_dim() * elem_bytes;
-    let cap = cfg.max_num_seqs * max_len.div_ceil(cfg.block_size);
-    (budget_bytes / per_block.max(1)).min(cap).max(1)
-}
-
-struct Lane<B: Backend> {
+struct Lane<'scope, B: Backend> {
     backend: B,
     model: Llama<B>,
     kv: B::Kv,
+    /// Shards 1..N of a tensor-parallel lane (this thread runs shard 0).
+    peers: Option<Peers<'scope>>,
     sched: Scheduler,
     rx: mpsc::Receiver<LaneMsg>,
     stats: Arc<Mutex<LaneStats>>,
@@ -94,9 +81,33 @@ pub(crate) struct LaneCtx {
     pub ready: std::sync::mpsc::SyncSender<Result<LaneReady, EngineError>>,
 }
 
+/// A backend constructor run on the thread of the shard it serves.
+pub(crate) type Maker<B> = Box<dyn FnOnce() -> Result<B, BackendError> + Send>;
+
 /// Runs a lane on the current thread: builds the backend, loads the model, reports
 /// readiness through `ctx.ready`, then serves until shutdown.
 pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ctx: LaneCtx) {
+    run_sharded(make, Vec::<Maker<B>>::new(), ctx)
+}
+
+/// [`run`] for a tensor-parallel lane: `makers[0]` builds shard 0's backend here, the others
+/// each build theirs on a thread of their own (`cfg.tensor_parallel_size` in all).
+pub(crate) fn run_group<B: Backend>(mut makers: Vec<Maker<B>>, ctx: LaneCtx) {
+    if makers.is_empty() {
+        let _ = ctx
+            .ready
+            .send(Err(EngineError::Load("a lane needs a backend".into())));
+        return;
+    }
+    let lead = makers.remove(0);
+    run_sharded(lead, makers, ctx)
+}
+
+fn run_sharded<B, F>(make: impl FnOnce() -> Result<B, BackendError>, peers: Vec<F>, ctx: LaneCtx)
+where
+    B: Backend,
+    F: FnOnce() -> Result<B, BackendError> + Send,
+{
     let LaneCtx {
         files,
         cfg,
@@ -107,39 +118,15 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
         load,
         ready,
     } = ctx;
-    let built = (|| -> Result<Lane<B>, LoadError> {
-        let mut backend = make()?;
-        let model = Llama::load(
-            &mut backend,
-            &files,
-            cfg.max_num_batched_tokens,
-            cfg.max_num_seqs,
-        )?;
-        // After the weights and scratch: a GPU reports what is left of its memory budget.
-        let budget = backend
-            .kv_budget_bytes(cfg.gpu_memory_utilization)
-            .unwrap_or(cfg.cpu_kv_cache_bytes);
-        let num_blocks = kv_blocks(&files, &cfg, max_len, budget, backend.kv_element_bytes());
-        let s = &files.spec;
-        let shape = KvShape {
-            num_layers: s.n_layers,
-            num_blocks,
-            block_size: cfg.block_size,
-            n_kv_heads: s.n_kv_heads,
-            head_dim: s.head_dim,
+    std::thread::scope(|scope| {
+        let built = shards::load(scope, make, peers, &files, &cfg, max_len, index);
+        let (backend, model, kv, peers, num_blocks) = match built {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready.send(Err(EngineError::Load(e.to_string())));
+                return;
+            }
         };
-        let kv = backend.alloc_kv(&shape)?;
-        let elem = backend.kv_element_bytes();
-        let pool_bytes = 2 * s.n_layers * num_blocks * cfg.block_size * s.kv_dim() * elem;
-        tracing::info!(
-            lane = index,
-            device = %backend.name(),
-            blocks = num_blocks,
-            tokens = num_blocks * cfg.block_size,
-            bytes = pool_bytes,
-            budget_bytes = budget,
-            "KV pool sized from the model and the memory budget"
-        );
         let sched_cfg = SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
@@ -157,25 +144,28 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
             st.kv_free_blocks = num_blocks;
             load.healthy.store(true, Ordering::Relaxed);
         }
-        Ok(Lane {
+        let lane = Lane {
             backend,
             model,
             kv,
+            peers,
             sched,
             rx,
             stats,
             load,
             index,
             stall_timeout: Duration::from_secs_f64(cfg.stream_stall_timeout_s.clamp(0.001, 1e9)),
-        })
-    })();
-    let mut lane = match built {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = ready.send(Err(EngineError::Load(e.to_string())));
-            return;
-        }
-    };
+        };
+        serve_lane(lane, ready, files);
+    })
+}
+
+/// Reports the lane ready and serves until shutdown.
+fn serve_lane<B: Backend>(
+    mut lane: Lane<'_, B>,
+    ready: std::sync::mpsc::SyncSender<Result<LaneReady, EngineError>>,
+    files: std::sync::Arc<ModelFiles>,
+) {
     let _ = ready.send(Ok(LaneReady {
         num_blocks: lane.sched.pool().num_blocks(),
     }));
@@ -193,7 +183,7 @@ pub(crate) fn run<B: Backend>(make: impl FnOnce() -> Result<B, BackendError>, ct
     }
 }
 
-impl<B: Backend> Lane<B> {
+impl<B: Backend> Lane<'_, B> {
     fn serve(&mut self) {
         loop {
             if self.sched.is_idle() {
@@ -240,6 +230,9 @@ impl<B: Backend> Lane<B> {
     /// After a panic: unhealthy for good; fails every held and every later request.
     fn die(&mut self, what: &str) {
         tracing::error!(lane = self.index, panic = %what, "lane panicked; it serves no more");
+        if let Some(p) = &self.peers {
+            p.abort();
+        }
         let err = EngineError::LaneFailed {
             lane: self.index,
             message: format!("the lane panicked: {what}"),
@@ -347,11 +340,15 @@ impl<B: Backend> Lane<B> {
         // afterwards (the scope waits for them, and a panic there resumes here).
         let grammars = self.sched.grammars_to_mask(step);
         let (model, backend, kv) = (&mut self.model, &mut self.backend, &mut self.kv);
+        let peers = self.peers.as_ref();
         let logits = rayon::in_place_scope(|scope| {
             if !grammars.is_empty() {
                 scope.spawn(|_| compute_masks(grammars));
             }
-            model.forward(backend, kv, &step.plan)
+            match peers {
+                Some(p) => p.step(&step.plan, || model.forward(backend, kv, &step.plan)),
+                None => model.forward(backend, kv, &step.plan),
+            }
         })?;
         let sampled = self.backend.sample(logits, &self.sched.sample_rows(step))?;
         for out in self.sched.update(step, sampled) {

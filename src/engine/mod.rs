@@ -8,6 +8,7 @@ mod lane;
 mod output;
 mod request;
 pub mod scheduler;
+mod shards;
 pub mod stats;
 pub mod types;
 mod validate;
@@ -123,6 +124,9 @@ pub struct EngineConfig {
     /// Where GPU lanes cache compiled kernels (default `$XDG_CACHE_HOME/kiln/kernels`, else
     /// `~/.cache/kiln/kernels`; unset when neither is known: compile at every start).
     pub kernel_cache_dir: Option<std::path::PathBuf>,
+    /// Shards per lane (tensor parallelism): each holds 1/N of the weights and of the KV
+    /// pool, on a thread of its own. CPU lanes only for now.
+    pub tensor_parallel_size: usize,
 }
 
 /// The default on-disk kernel cache: `$XDG_CACHE_HOME/kiln/kernels`, else
@@ -157,6 +161,7 @@ impl Default for EngineConfig {
             gpu_gemv: true,
             gpu_attn_decode: true,
             kernel_cache_dir: default_kernel_cache_dir(),
+            tensor_parallel_size: 1,
         }
     }
 }

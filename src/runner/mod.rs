@@ -2,11 +2,14 @@
 //! forward pass, written once against the backend op contract. It sits above both `model`
 //! (files and specs) and `backend` (ops), which know nothing of each other's insides.
 
+pub mod shard;
+pub mod tp;
 pub mod weights;
 
-use crate::backend::{AttnShape, Backend, BackendError, BatchPlan, MoeExperts};
+use crate::backend::{AttnShape, Backend, BackendError, BatchPlan, HostTensor, MoeExperts};
 use crate::model::spec::Activation;
 use crate::model::{ModelError, ModelFiles, ModelSpec};
+pub use shard::Shard;
 pub use weights::{Ffn, LayerWeights, ModelWeights, load_weights};
 
 /// Why a model could not be loaded onto a backend.
@@ -44,6 +47,8 @@ struct Scratch<T> {
     last: T,
     /// `[S, vocab]`
     logits: T,
+    /// `[S, vocab part]` a shard's own logits before the gather (one element unsharded).
+    part: T,
 }
 
 /// A Llama-family model resident on a backend.
@@ -55,6 +60,8 @@ pub struct Llama<B: Backend> {
     scratch: Scratch<B::Tensor>,
     max_tokens: usize,
     max_seqs: usize,
+    /// Whether this is one shard of a tensor-parallel group (collectives in the forward).
+    sharded: bool,
 }
 
 impl<B: Backend> Llama<B> {
@@ -69,8 +76,44 @@ impl<B: Backend> Llama<B> {
         let weights = load_weights(files, |t| {
             backend.upload_weight(t).map_err(LoadError::Backend)
         })?;
-        let s = &files.spec;
+        Self::with_weights(
+            backend,
+            &files.spec,
+            weights,
+            Shard::WHOLE,
+            max_tokens,
+            max_seqs,
+        )
+    }
+
+    /// Shard `shard` of the whole model's host weights `host` (read for `spec`): uploads its
+    /// part of them and allocates its scratch. The backend must have joined the shard's
+    /// group ([`Backend::join_group`]) when the group has more than one member.
+    pub fn load_shard(
+        backend: &mut B,
+        spec: &ModelSpec,
+        host: &ModelWeights<HostTensor>,
+        shard: Shard,
+        max_tokens: usize,
+        max_seqs: usize,
+    ) -> Result<Self, LoadError> {
+        let part = shard::shard_weights(host, spec, shard)?;
+        let weights = part.into_map(|t| backend.upload_weight(t))?;
+        let local = shard::shard_spec(spec, shard);
+        Self::with_weights(backend, &local, weights, shard, max_tokens, max_seqs)
+    }
+
+    /// Allocates scratch for `weights`, the tensors of `s` (a shard's spec when sharded).
+    fn with_weights(
+        backend: &mut B,
+        s: &ModelSpec,
+        weights: ModelWeights<B::Weight>,
+        shard: Shard,
+        max_tokens: usize,
+        max_seqs: usize,
+    ) -> Result<Self, LoadError> {
         let (t, sq) = (max_tokens, max_seqs);
+        let sharded = shard.size > 1;
         let dense = |t: usize| if s.variant.moe.is_some() { 1 } else { t };
         let scratch = Scratch {
             x: backend.alloc(t, s.hidden)?,
@@ -88,6 +131,10 @@ impl<B: Backend> Llama<B> {
             },
             last: backend.alloc(sq, s.hidden)?,
             logits: backend.alloc(sq, s.vocab_size)?,
+            part: match sharded {
+                true => backend.alloc(sq, shard.vocab(s.vocab_size).len())?,
+                false => backend.alloc(1, 1)?,
+            },
         };
         Ok(Self {
             spec: s.clone(),
@@ -96,6 +143,7 @@ impl<B: Backend> Llama<B> {
             scratch,
             max_tokens,
             max_seqs,
+            sharded,
         })
     }
 
@@ -127,7 +175,7 @@ impl<B: Backend> Llama<B> {
         let (n, n_logits) = backend
             .padded_rows(&b)
             .map_or((n, n_logits), |rows| (rows, rows));
-        let (spec, shapes) = (&self.spec, &self.shapes);
+        let (spec, shapes, tp) = (&self.spec, &self.shapes, self.sharded);
         let (w, s) = (&self.weights, &mut self.scratch);
         let (eps, v) = (spec.rms_eps, &spec.variant);
         backend.run_step(&b, |backend| {
@@ -152,17 +200,19 @@ impl<B: Backend> Llama<B> {
                 backend.rope_write_kv(&mut s.qkv, kv, l, &b, shape, rope)?;
                 backend.attention(&s.qkv, kv, l, &b, shape, &mut s.attn)?;
                 backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
+                reduce(backend, tp, &mut s.delta, n)?;
                 post = post_norm(backend, lw.post_attn_norm.as_ref(), eps, n, s)?;
                 let d = if post { &s.post } else { &s.delta };
                 backend.add_rms_norm(d, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
                 ffn(backend, &lw.ffn, v, n, s)?;
+                reduce(backend, tp, &mut s.delta, n)?;
                 post = post_norm(backend, lw.post_ffn_norm.as_ref(), eps, n, s)?;
             }
             if n_logits > 0 {
                 let d = if post { &s.post } else { &s.delta };
                 backend.add_rms_norm(d, &mut s.x, &w.norm, eps, n, &mut s.h)?;
                 backend.gather_rows(&s.h, &b, &mut s.last)?;
-                backend.matmul(&s.last, w.output(), None, n_logits, &mut s.logits)?;
+                head(backend, w.output(), tp, n_logits, s)?;
                 if let Some(cap) = v.final_softcap {
                     backend.softcap(&mut s.logits, cap, n_logits)?;
                 }
@@ -171,6 +221,35 @@ impl<B: Backend> Llama<B> {
         })?;
         Ok(&s.logits)
     }
+}
+
+/// Sums a row-split matmul's partial outputs over the shards (nothing unsharded).
+fn reduce<B: Backend>(
+    backend: &mut B,
+    sharded: bool,
+    x: &mut B::Tensor,
+    n: usize,
+) -> Result<(), BackendError> {
+    match sharded {
+        true => backend.all_reduce_sum(x, n),
+        false => Ok(()),
+    }
+}
+
+/// The output head from `s.last` into `s.logits`: sharded, each shard's vocabulary part
+/// into `s.part`, then gathered by columns.
+fn head<B: Backend>(
+    backend: &mut B,
+    w: &B::Weight,
+    sharded: bool,
+    n: usize,
+    s: &mut Scratch<B::Tensor>,
+) -> Result<(), BackendError> {
+    if !sharded {
+        return backend.matmul(&s.last, w, None, n, &mut s.logits);
+    }
+    backend.matmul(&s.last, w, None, n, &mut s.part)?;
+    backend.all_gather(&s.part, n, &mut s.logits)
 }
 
 /// `post = rmsnorm(delta) * w` when the layer has the post-norm `w`; whether it had.

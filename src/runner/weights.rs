@@ -115,6 +115,51 @@ impl<W> ModelWeights<W> {
         })
     }
 
+    /// Converts every tensor with `f`, consuming them, in the order of [`ModelWeights::try_map`].
+    pub fn into_map<U, E>(
+        self,
+        mut f: impl FnMut(W) -> Result<U, E>,
+    ) -> Result<ModelWeights<U>, E> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        let embed = f(self.embed)?;
+        for l in self.layers {
+            layers.push(LayerWeights {
+                attn_norm: f(l.attn_norm)?,
+                wqkv: f(l.wqkv)?,
+                bqkv: l.bqkv.map(&mut f).transpose()?,
+                wo: f(l.wo)?,
+                ffn_norm: f(l.ffn_norm)?,
+                ffn: match l.ffn {
+                    Ffn::Dense { w_gate_up, w_down } => Ffn::Dense {
+                        w_gate_up: f(w_gate_up)?,
+                        w_down: f(w_down)?,
+                    },
+                    Ffn::Moe {
+                        router,
+                        gate,
+                        up,
+                        down,
+                    } => Ffn::Moe {
+                        router: f(router)?,
+                        gate: f(gate)?,
+                        up: f(up)?,
+                        down: f(down)?,
+                    },
+                },
+                q_norm: l.q_norm.map(&mut f).transpose()?,
+                k_norm: l.k_norm.map(&mut f).transpose()?,
+                post_attn_norm: l.post_attn_norm.map(&mut f).transpose()?,
+                post_ffn_norm: l.post_ffn_norm.map(&mut f).transpose()?,
+            });
+        }
+        Ok(ModelWeights {
+            embed,
+            layers,
+            norm: f(self.norm)?,
+            output: self.output.map(&mut f).transpose()?,
+        })
+    }
+
     /// The output projection (the embedding when tied).
     pub fn output(&self) -> &W {
         self.output.as_ref().unwrap_or(&self.embed)

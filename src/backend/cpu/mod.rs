@@ -20,7 +20,7 @@ use super::{
     AttnShape, Backend, BackendError, BatchPlan, HostData, HostTensor, KvShape, RopeLayout,
     RopeSpec,
 };
-use super::{MoeExperts, MoeShape};
+use super::{GroupMember, MoeExperts, MoeShape};
 use crate::sampling::{CpuSampler, SampleRow, Sampled};
 pub use qdot::Kernels;
 use qmatmul::QScratch;
@@ -63,6 +63,8 @@ pub struct CpuBackend {
     f32_weights: bool,
     qscratch: QScratch,
     moe: moe::MoeScratch,
+    /// The tensor-parallel group this backend is a shard of (none: the whole model).
+    group: Option<GroupMember>,
 }
 
 impl Default for CpuBackend {
@@ -89,6 +91,7 @@ impl CpuBackend {
             f32_weights: false,
             qscratch: QScratch::default(),
             moe: moe::MoeScratch::default(),
+            group: None,
         }
     }
 
@@ -114,6 +117,15 @@ fn values(w: &HostTensor) -> Result<&[f32], BackendError> {
         op: "weight not uploaded",
         dtype: w.weight_type().to_string(),
     })
+}
+
+fn check_rows(what: &'static str, want: usize, have: usize) -> Result<(), BackendError> {
+    if want > have {
+        return Err(BackendError::InvalidBatch(format!(
+            "{what}: {want} values in a buffer of {have}"
+        )));
+    }
+    Ok(())
 }
 
 fn check_cols(what: &'static str, got: usize, want: usize) -> Result<(), BackendError> {
@@ -466,6 +478,39 @@ impl Backend for CpuBackend {
             .enumerate()
             .map(|(i, row)| self.sampler.sample(&logits.data[i * v..(i + 1) * v], row))
             .collect())
+    }
+
+    fn join_group(&mut self, member: GroupMember) -> Result<(), BackendError> {
+        self.group = Some(member);
+        Ok(())
+    }
+
+    fn all_reduce_sum(&mut self, x: &mut CpuTensor, n: usize) -> Result<(), BackendError> {
+        let len = n * x.cols;
+        check_rows("all_reduce_sum", len, x.data.len())?;
+        match &self.group {
+            Some(g) => g.all_reduce_sum(&mut x.data[..len]),
+            None => Ok(()),
+        }
+    }
+
+    fn all_gather(
+        &mut self,
+        part: &CpuTensor,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        let (p, o) = (n * part.cols, n * out.cols);
+        check_rows("all_gather", p, part.data.len())?;
+        check_rows("all_gather", o, out.data.len())?;
+        match &self.group {
+            Some(g) => g.all_gather_cols(&part.data[..p], n, &mut out.data[..o]),
+            None => {
+                check_cols("all_gather", out.cols, part.cols)?;
+                out.data[..o].copy_from_slice(&part.data[..p]);
+                Ok(())
+            }
+        }
     }
 
     fn to_host(&mut self, x: &CpuTensor, n: usize) -> Result<Vec<f32>, BackendError> {

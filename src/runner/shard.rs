@@ -1,0 +1,370 @@
+//! Megatron-style tensor-parallel sharding of a model's weights: q/k/v by head (kv heads
+//! replicated when there are fewer than shards), gate/up by output rows, o_proj and down by
+//! input columns (each followed by an all-reduce in the forward), MoE experts split the same
+//! way within every expert, the output head by vocabulary (its logits all-gathered).
+//! Norms, the router and the token embedding are replicated: the embedding is read one
+//! row per token, so sharding it would save memory but add a collective to every step.
+//! Quantized tensors keep their file's type; a column split must fall on block boundaries.
+
+use std::ops::Range;
+
+use crate::backend::quant::GgmlType;
+use crate::backend::{HostData, HostTensor};
+use crate::model::{ModelError, ModelSpec};
+
+use super::weights::{Ffn, LayerWeights, ModelWeights};
+
+/// One shard's place in a tensor-parallel group of `size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub rank: usize,
+    pub size: usize,
+}
+
+impl Shard {
+    /// The whole model (a group of one).
+    pub const WHOLE: Shard = Shard { rank: 0, size: 1 };
+
+    /// This shard's part of `total` split evenly (`total` divisible by the size).
+    fn even(&self, total: usize) -> Range<usize> {
+        let part = total / self.size;
+        self.rank * part..(self.rank + 1) * part
+    }
+
+    /// This shard's vocabulary rows: parts of `ceil(vocab / size)`, the last one shorter.
+    pub fn vocab(&self, vocab: usize) -> Range<usize> {
+        let part = vocab.div_ceil(self.size);
+        (self.rank * part).min(vocab)..((self.rank + 1) * part).min(vocab)
+    }
+}
+
+/// Why `spec` cannot be split `n` ways (heads, kv heads and FFN widths must divide), if so.
+pub fn check(spec: &ModelSpec, n: usize) -> Result<(), String> {
+    let (h, k) = (spec.n_heads, spec.n_kv_heads);
+    if n == 0 {
+        return Err("tensor parallel size 0: it must be at least 1".into());
+    }
+    let why = if !h.is_multiple_of(n) {
+        Some(format!("its {h} attention heads"))
+    } else if !(k.is_multiple_of(n) || n.is_multiple_of(k)) {
+        Some(format!(
+            "its {k} kv heads (neither divisible by {n} nor dividing it)"
+        ))
+    } else if spec.variant.moe.is_none() && !spec.intermediate.is_multiple_of(n) {
+        Some(format!("its FFN width {}", spec.intermediate))
+    } else {
+        spec.variant
+            .moe
+            .filter(|m| !m.expert_ff.is_multiple_of(n))
+            .map(|m| format!("its expert FFN width {}", m.expert_ff))
+    };
+    match why {
+        Some(what) => Err(format!(
+            "tensor parallel size {n} does not divide {what} ({} model)",
+            spec.arch
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Heads per shard and where this shard's kv heads start.
+struct Heads {
+    q: Range<usize>,
+    kv: Range<usize>,
+}
+
+fn heads(spec: &ModelSpec, s: Shard) -> Heads {
+    let q = s.even(spec.n_heads);
+    let group = spec.n_heads / spec.n_kv_heads;
+    let n_kv = (spec.n_kv_heads / s.size).max(1);
+    let first = q.start / group;
+    Heads {
+        q,
+        kv: first..first + n_kv,
+    }
+}
+
+/// The spec one shard runs: its heads, FFN width and expert width. `vocab_size` stays the
+/// whole vocabulary (the width of the gathered logits).
+pub fn shard_spec(spec: &ModelSpec, s: Shard) -> ModelSpec {
+    let hd = heads(spec, s);
+    let mut out = spec.clone();
+    out.n_heads = hd.q.len();
+    out.n_kv_heads = hd.kv.len();
+    out.intermediate = spec.intermediate / s.size;
+    if let Some(m) = &mut out.variant.moe {
+        m.expert_ff /= s.size;
+    }
+    out.tied_embeddings = spec.tied_embeddings && s.size == 1;
+    out
+}
+
+/// The tensors shard `s` holds of the whole model `w` (loaded for `spec`). Errors name the
+/// tensor whose column split falls inside a quantization block.
+pub fn shard_weights(
+    w: &ModelWeights<HostTensor>,
+    spec: &ModelSpec,
+    s: Shard,
+) -> Result<ModelWeights<HostTensor>, ModelError> {
+    if s.size == 1 {
+        return Ok(w.clone());
+    }
+    check(spec, s.size).map_err(ModelError::Spec)?;
+    let hd = heads(spec, s);
+    let d = spec.head_dim;
+    let (q_dim, kv_dim) = (spec.q_dim(), spec.kv_dim());
+    let scaled = |r: &Range<usize>, by: usize, at: usize| at + r.start * by..at + r.end * by;
+    // The rows of the fused qkv matrix (and the elements of its bias) this shard keeps.
+    let qkv_rows = [
+        scaled(&hd.q, d, 0),
+        scaled(&hd.kv, d, q_dim),
+        scaled(&hd.kv, d, q_dim + kv_dim),
+    ];
+    let q_cols = scaled(&hd.q, d, 0);
+    let mut layers = Vec::with_capacity(w.layers.len());
+    for (i, l) in w.layers.iter().enumerate() {
+        let name = |leaf: &str| format!("blk.{i}.{leaf}");
+        let ffn = match &l.ffn {
+            Ffn::Dense { w_gate_up, w_down } => {
+                let ff = spec.intermediate;
+                let part = s.even(ff);
+                Ffn::Dense {
+                    w_gate_up: take_rows(
+                        w_gate_up,
+                        &[part.clone(), ff + part.start..ff + part.end],
+                    )?,
+                    w_down: cols(w_down, part, &name("ffn_down.weight"))?,
+                }
+            }
+            Ffn::Moe {
+                router,
+                gate,
+                up,
+                down,
+            } => {
+                let m = spec.variant.moe.ok_or_else(|| {
+                    ModelError::Spec("expert weights without a mixture-of-experts spec".into())
+                })?;
+                let part = s.even(m.expert_ff);
+                let per_expert: Vec<Range<usize>> = (0..m.n_expert)
+                    .map(|e| e * m.expert_ff + part.start..e * m.expert_ff + part.end)
+                    .collect();
+                Ffn::Moe {
+                    router: router.clone(),
+                    gate: take_rows(gate, &per_expert)?,
+                    up: take_rows(up, &per_expert)?,
+                    down: cols(down, part, &name("ffn_down_exps.weight"))?,
+                }
+            }
+        };
+        layers.push(LayerWeights {
+            attn_norm: l.attn_norm.clone(),
+            wqkv: take_rows(&l.wqkv, &qkv_rows)?,
+            bqkv: l
+                .bqkv
+                .as_ref()
+                .map(|b| take_elems(b, &qkv_rows))
+                .transpose()?,
+            wo: cols(&l.wo, q_cols.clone(), &name("attn_output.weight"))?,
+            ffn_norm: l.ffn_norm.clone(),
+            ffn,
+            q_norm: l.q_norm.clone(),
+            k_norm: l.k_norm.clone(),
+            post_attn_norm: l.post_attn_norm.clone(),
+            post_ffn_norm: l.post_ffn_norm.clone(),
+        });
+    }
+    Ok(ModelWeights {
+        embed: w.embed.clone(),
+        layers,
+        norm: w.norm.clone(),
+        output: Some(rows(w.output(), s.vocab(spec.vocab_size))?),
+    })
+}
+
+fn shape_err(what: String) -> ModelError {
+    ModelError::Shape(what)
+}
+
+/// Rows `r` of a `[rows, cols]` matrix in its own type (shared bytes, no copy, for raw
+/// data; a stack keeps the parts the rows fall in).
+pub fn rows(t: &HostTensor, r: Range<usize>) -> Result<HostTensor, ModelError> {
+    let (n, c) = (t.rows(), t.cols());
+    if r.start > r.end || r.end > n {
+        return Err(shape_err(format!("rows {r:?} of a {n}-row tensor")));
+    }
+    let shape = vec![r.len(), c];
+    match &t.data {
+        HostData::F32(v) => Ok(HostTensor::new(shape, v[r.start * c..r.end * c].to_vec())),
+        HostData::Raw { ty, bytes } => {
+            let row = ty.byte_size(c as u64)? as usize;
+            let part = bytes
+                .slice(r.start * row..r.end * row)
+                .ok_or_else(|| shape_err(format!("rows {r:?} outside the tensor's bytes")))?;
+            Ok(HostTensor {
+                shape,
+                data: HostData::Raw {
+                    ty: *ty,
+                    bytes: part,
+                },
+            })
+        }
+        HostData::Stacked(parts) => {
+            let mut picked = Vec::new();
+            let mut at = 0;
+            for p in parts {
+                let here = at..at + p.rows();
+                let (lo, hi) = (r.start.max(here.start), r.end.min(here.end));
+                if lo < hi {
+                    picked.push(rows(p, lo - at..hi - at)?);
+                }
+                at = here.end;
+            }
+            stack(picked, shape)
+        }
+    }
+}
+
+/// The rows of every range in `ranges`, stacked in order.
+pub fn take_rows(t: &HostTensor, ranges: &[Range<usize>]) -> Result<HostTensor, ModelError> {
+    let parts = ranges
+        .iter()
+        .map(|r| rows(t, r.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let n = ranges.iter().map(|r| r.len()).sum();
+    stack(parts, vec![n, t.cols()])
+}
+
+fn stack(parts: Vec<HostTensor>, shape: Vec<usize>) -> Result<HostTensor, ModelError> {
+    let mut parts = parts;
+    if parts.len() == 1 {
+        return Ok(parts.remove(0));
+    }
+    let t = HostTensor::concat_rows(parts)?;
+    Ok(HostTensor { shape, ..t })
+}
+
+/// The elements of every range of a vector (f32), concatenated.
+fn take_elems(t: &HostTensor, ranges: &[Range<usize>]) -> Result<HostTensor, ModelError> {
+    let v = t.clone().into_f32()?;
+    let v = v.values().unwrap_or_default();
+    let mut out = Vec::new();
+    for r in ranges {
+        let part = v
+            .get(r.clone())
+            .ok_or_else(|| shape_err(format!("elements {r:?} of a {}-vector", v.len())))?;
+        out.extend_from_slice(part);
+    }
+    Ok(HostTensor::new(vec![out.len()], out))
+}
+
+/// Columns `c` of every row of a `[rows, cols]` matrix `name`, in its own type; for
+/// quantized data both ends must fall on block boundaries (or the split is refused).
+pub fn cols(t: &HostTensor, c: Range<usize>, name: &str) -> Result<HostTensor, ModelError> {
+    let (n, width) = (t.rows(), t.cols());
+    if c.start > c.end || c.end > width {
+        return Err(shape_err(format!("{name}: columns {c:?} of {width}")));
+    }
+    let shape = vec![n, c.len()];
+    match &t.data {
+        HostData::F32(v) => {
+            let mut out = Vec::with_capacity(n * c.len());
+            for row in v.chunks_exact(width.max(1)) {
+                out.extend_from_slice(&row[c.clone()]);
+            }
+            Ok(HostTensor::new(shape, out))
+        }
+        HostData::Raw { ty, bytes } => {
+            let block = ty.block_size().unwrap_or(1) as usize;
+            if !(c.start.is_multiple_of(block) && c.end.is_multiple_of(block)) {
+                return Err(ModelError::Spec(format!(
+                    "tensor parallelism: {name} ({}, {width} columns) would split into parts \
+                     of {} columns, not a multiple of its {block}-element blocks; use a \
+                     tensor parallel size whose parts fall on block boundaries",
+                    ty.name(),
+                    c.len()
+                )));
+            }
+            let row = ty.byte_size(width as u64)? as usize;
+            let (lo, hi) = (block_bytes(*ty, c.start)?, block_bytes(*ty, c.end)?);
+            let mut out = Vec::with_capacity(n * (hi - lo));
+            for r in 0..n {
+                out.extend_from_slice(&bytes[r * row + lo..r * row + hi]);
+            }
+            Ok(HostTensor::raw(shape, *ty, out)?)
+        }
+        HostData::Stacked(parts) => {
+            let parts = parts
+                .iter()
+                .map(|p| cols(p, c.clone(), name))
+                .collect::<Result<Vec<_>, _>>()?;
+            stack(parts, shape)
+        }
+    }
+}
+
+/// Bytes of the first `n` elements of a row of `ty` (`n` on a block boundary).
+fn block_bytes(ty: GgmlType, n: usize) -> Result<usize, ModelError> {
+    Ok(ty.byte_size(n as u64)? as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::quant::GgmlType;
+
+    fn f32m(rows: usize, cols: usize) -> HostTensor {
+        HostTensor::new(
+            vec![rows, cols],
+            (0..rows * cols).map(|i| i as f32).collect(),
+        )
+    }
+
+    #[test]
+    fn row_and_column_slices_keep_raw_types_and_refuse_partial_blocks() {
+        let m = f32m(4, 3);
+        assert_eq!(
+            rows(&m, 1..3).unwrap().values().unwrap(),
+            &[3., 4., 5., 6., 7., 8.]
+        );
+        assert_eq!(
+            cols(&m, 1..2, "m").unwrap().values().unwrap(),
+            &[1., 4., 7., 10.]
+        );
+        let halves: Vec<u8> = (0..8)
+            .flat_map(|i| half::f16::from_f32(i as f32).to_le_bytes())
+            .collect();
+        let h = HostTensor::raw(vec![2, 4], GgmlType::F16, halves).unwrap();
+        let c = cols(&h, 2..4, "h").unwrap();
+        assert_eq!(c.weight_type(), GgmlType::F16);
+        assert_eq!(c.into_f32().unwrap().values().unwrap(), &[2., 3., 6., 7.]);
+        let q8 = HostTensor::raw(vec![1, 64], GgmlType::Q8_0, vec![0; 68]).unwrap();
+        assert_eq!(
+            cols(&q8, 32..64, "q").unwrap().weight_type(),
+            GgmlType::Q8_0
+        );
+        let err = cols(&q8, 16..32, "blk.0.ffn_down.weight")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("blk.0.ffn_down.weight") && err.contains("32"),
+            "{err}"
+        );
+        let mixed =
+            HostTensor::concat_rows(vec![h, HostTensor::new(vec![1, 4], vec![9.; 4])]).unwrap();
+        let r = rows(&mixed, 1..3).unwrap();
+        assert_eq!(r.shape, vec![2, 4]);
+        assert_eq!(
+            r.into_f32().unwrap().values().unwrap(),
+            &[4., 5., 6., 7., 9., 9., 9., 9.]
+        );
+    }
+
+    #[test]
+    fn vocab_parts_cover_the_vocabulary() {
+        let parts: Vec<_> = (0..3)
+            .map(|rank| Shard { rank, size: 3 }.vocab(10))
+            .collect();
+        assert_eq!(parts, vec![0..4, 4..8, 8..10]);
+    }
+}
