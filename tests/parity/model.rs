@@ -215,6 +215,7 @@ mod transfers {
             uniform: 0.5,
             penalties: Penalties::none(),
             mask: None,
+            forced: None,
         };
         let logits = model.forward(&mut b, &mut kv, &p).unwrap();
         let mut tokens: Vec<u32> = b

@@ -90,6 +90,7 @@ fn samples<B: TestBackend>(b: &mut B) {
                     uniform: uniforms[i],
                     penalties: &penalties[i],
                     mask: None,
+                    forced: None,
                 })
                 .collect();
             let bl = tensor(b, s, vocab, &logits);
@@ -127,6 +128,7 @@ fn samples<B: TestBackend>(b: &mut B) {
                 .enumerate()
                 .map(|(i, r)| SampleRow {
                     mask: (i + 1 < s).then_some(&masks[i][..]),
+                    forced: None,
                     ..*r
                 })
                 .collect();

@@ -18,6 +18,9 @@ pub const PARAM_WORDS: usize = 8;
 pub const ENTRY_WORDS: usize = 5;
 /// Most top alternatives one row may ask for (one per thread of the top-n kernel).
 pub const MAX_TOP: usize = 1024;
+/// Added to a forced row's token in the sampling workspace: any finite logit plus this is
+/// larger than every other finite logit, so the greedy pick is the forced token.
+pub const FORCE_BIAS: f32 = f32::MAX;
 
 /// The packed upload of one `sample` call.
 #[derive(Debug, Default)]
@@ -68,13 +71,12 @@ pub fn pack(
                 dtype: format!("{n_top} top logprobs (max {MAX_TOP})"),
             });
         }
-        let inv_t = if p.is_greedy() {
-            1.0
-        } else {
-            1.0 / p.temperature
-        };
+        // A forced row (a prompt position) is a greedy pick that its bias entry makes
+        // the forced token (see `entries`).
+        let greedy = p.is_greedy() || row.forced.is_some();
+        let inv_t = if greedy { 1.0 } else { 1.0 / p.temperature };
         pack.words.extend_from_slice(&[
-            p.is_greedy() as u32,
+            greedy as u32,
             inv_t.to_bits(),
             p.top_k.min(u32::MAX as usize) as u32,
             p.top_p.to_bits(),
@@ -85,7 +87,7 @@ pub fn pack(
         ]);
         pack.total_top += n_top;
         pack.any_top |= n_top > 0;
-        all_greedy &= p.is_greedy();
+        all_greedy &= greedy;
     }
     let start = pack.words.len();
     for (i, row) in rows.iter().enumerate() {
@@ -119,7 +121,14 @@ fn pack_masks(rows: &[SampleRow<'_>], vocab: usize, pack: &mut SamplePack) {
 /// Appends one entry per distinct token that bias or penalties touch, composed in the CPU
 /// sampler's order: bias, then repetition (prompt and output), then presence/frequency.
 /// The penalty counts are the sequence's own, kept per token; only the bias is merged here.
+/// A forced row gets one entry instead: [`FORCE_BIAS`] on its token, so the greedy pick is
+/// that token while its logprob and the top alternatives still come from the raw logits.
 fn entries(row: u32, r: &SampleRow<'_>, vocab: usize, out: &mut Vec<u32>) {
+    if let Some(t) = r.forced {
+        let t = t.min(vocab.saturating_sub(1) as u32);
+        out.extend_from_slice(&[row, t, FORCE_BIAS.to_bits(), 1f32.to_bits(), 0]);
+        return;
+    }
     let p = r.params;
     let rep_on = p.repetition_penalty != 1.0;
     let sub_on = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
