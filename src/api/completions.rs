@@ -1,5 +1,6 @@
 //! `POST /v1/completions`: prompts in, text completions out (one JSON body or SSE chunks).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use actix_web::web::{Bytes, Data};
@@ -33,6 +34,13 @@ enum PromptSource {
 struct Prompt {
     ids: Vec<u32>,
     echo: Option<String>,
+}
+
+/// What a choice echoes: the prompt's text and its first token (whose logprob is `null`).
+#[derive(Clone)]
+struct Echo {
+    text: String,
+    first: u32,
 }
 
 fn sources(prompt: PromptInput, limits: &LimitsConfig) -> Result<Vec<PromptSource>, ApiError> {
@@ -134,7 +142,9 @@ pub async fn completions(
     let mut valid = Vec::with_capacity(prompts.len());
     let mut echoes = Vec::with_capacity(prompts.len() * n);
     for p in prompts {
-        echoes.extend(std::iter::repeat_n(p.echo, n));
+        let first = p.ids.first().copied().unwrap_or(0);
+        let echo = p.echo.map(|text| Echo { text, first });
+        echoes.extend(std::iter::repeat_n(echo, n));
         valid.push(ready.client.validate(GenerateRequest {
             prompt_ids: p.ids,
             prompt_param: "prompt",
@@ -198,16 +208,20 @@ impl Plan {
             .map(|n| validate::logprobs_count("logprobs", n, limits))
             .transpose()?;
         let echo = req.echo.unwrap_or(false);
-        if echo && logprobs.is_some() {
-            return Err(ApiError::invalid(
-                "echo",
-                "`echo` together with `logprobs` is not supported",
-            ));
-        }
         let vocab = ready.client.spec().vocab_size;
+        let mut v = validate::sampling(&req.sampling(), limits, vocab, logprobs)?;
+        // Echoed with logprobs: the prompt's tokens get theirs too (prompt logprobs).
+        if echo {
+            v.params.prompt_logprobs = logprobs;
+        }
+        // `max_tokens` 0 with `echo` scores the prompt: it is returned alone (as vLLM does).
+        let max_tokens = match req.max_tokens {
+            Some(0) if echo => 0,
+            m => validate::max_tokens("max_tokens", m, DEFAULT_MAX_TOKENS)?,
+        };
         Ok(Self {
-            v: validate::sampling(&req.sampling(), limits, vocab, logprobs)?,
-            max_tokens: validate::max_tokens("max_tokens", req.max_tokens, DEFAULT_MAX_TOKENS)?,
+            v,
+            max_tokens,
             echo,
             stream: req.stream.unwrap_or(false),
             include_usage: req
@@ -219,19 +233,24 @@ impl Plan {
     }
 }
 
-/// One non-streamed choice: the echoed prompt, the text, and logprobs when asked.
+/// One non-streamed choice: the echoed prompt, the text, and logprobs when asked (an
+/// echoed prompt's first, then the completion's).
 fn choice(
     index: usize,
     out: ChoiceOutput,
-    echo: Option<String>,
+    echo: Option<Echo>,
     texts: Option<&TokenTexts>,
 ) -> CompletionChoice {
-    let prefix = echo.unwrap_or_default();
     let logprobs = texts.map(|texts| {
         let mut lp = CompletionLogprobs::default();
-        texts.completion(&out.tokens, prefix.chars().count(), &mut lp);
+        if let (Some(e), Some(prompt)) = (&echo, &out.prompt) {
+            texts.completion_prompt(e.first, prompt, &mut lp);
+        }
+        let offset = echo.as_ref().map_or(0, |e| e.text.chars().count());
+        texts.completion(&out.tokens, offset, &mut lp);
         lp
     });
+    let prefix = echo.map(|e| e.text).unwrap_or_default();
     CompletionChoice {
         index,
         text: prefix + &out.text,
@@ -253,7 +272,9 @@ pub fn usage_info(u: Usage) -> UsageInfo {
 struct CompletionWriter {
     meta: ResponseMeta,
     texts: Arc<TokenTexts>,
-    echoes: Vec<Option<String>>,
+    /// What each choice echoes, until it is sent: at once, or with logprobs once the
+    /// prompt's logprobs arrive (before any token of the choice).
+    echoes: Vec<Option<Echo>>,
     /// Char offset of the next token of each choice (for `text_offset`).
     offsets: Vec<usize>,
     logprobs: bool,
@@ -264,13 +285,13 @@ impl CompletionWriter {
     fn new(
         meta: ResponseMeta,
         texts: Arc<TokenTexts>,
-        echoes: Vec<Option<String>>,
+        echoes: Vec<Option<Echo>>,
         logprobs: bool,
         include_usage: bool,
     ) -> Self {
         let offsets = echoes
             .iter()
-            .map(|e| e.as_ref().map_or(0, |t| t.chars().count()))
+            .map(|e| e.as_ref().map_or(0, |e| e.text.chars().count()))
             .collect();
         Self {
             meta,
@@ -316,12 +337,29 @@ impl CompletionWriter {
 
 impl ChunkWriter for CompletionWriter {
     fn begin(&mut self) -> Vec<Bytes> {
+        if self.logprobs {
+            // Echoes wait for their prompt's logprobs.
+            return Vec::new();
+        }
         let echoes = std::mem::take(&mut self.echoes);
         echoes
             .into_iter()
             .enumerate()
-            .filter_map(|(i, e)| e.map(|text| self.one(i, text, None, None)))
+            .filter_map(|(i, e)| e.map(|e| self.one(i, e.text, None, None)))
             .collect()
+    }
+
+    fn prompt_logprobs(&mut self, choices: Range<usize>, tokens: Arc<[TokenInfo]>) -> Vec<Bytes> {
+        let mut frames = Vec::new();
+        for i in choices {
+            let Some(e) = self.echoes.get_mut(i).and_then(Option::take) else {
+                continue;
+            };
+            let mut lp = CompletionLogprobs::default();
+            self.texts.completion_prompt(e.first, &tokens, &mut lp);
+            frames.push(self.one(i, e.text, Some(lp), None));
+        }
+        frames
     }
 
     fn delta(&mut self, index: usize, text: String, tokens: Vec<TokenInfo>) -> Option<Bytes> {
