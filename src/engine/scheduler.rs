@@ -577,6 +577,10 @@ mod tests {
 
     /// A greedy request that never finishes within these tests, with room to stream.
     fn seq(id: u64, prompt: Vec<u32>, arrival: u64) -> Sequence {
+        seq_with(id, prompt, arrival, SamplingParams::greedy())
+    }
+
+    fn seq_with(id: u64, prompt: Vec<u32>, arrival: u64, params: SamplingParams) -> Sequence {
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         std::mem::forget(rx);
         let limits = Limits {
@@ -584,8 +588,120 @@ mod tests {
             max_len: 1000,
             stop_ids: vec![],
         };
-        let req = LaneRequest::new(SamplingParams::greedy(), 0, limits, 1, tx);
+        let req = LaneRequest::new(params, 0, limits, 1, tx);
         Sequence::new(SeqId(id), prompt, Rc::new(req), 0, (0, arrival), None)
+    }
+
+    /// A request that reports its prompt logprobs.
+    fn scored(id: u64, prompt: Vec<u32>, arrival: u64) -> Sequence {
+        let params = SamplingParams {
+            prompt_logprobs: Some(0),
+            ..SamplingParams::greedy()
+        };
+        seq_with(id, prompt, arrival, params)
+    }
+
+    /// Runs one step whose forced rows report `-pos` for the token at `pos`; returns the
+    /// step and the prompt logprobs reported, as (token, logprob) pairs.
+    fn run_scored_step(s: &mut Scheduler) -> (Step, Vec<(u32, f32)>) {
+        let step = s.schedule().expect("work");
+        let rows = s.sample_rows(&step);
+        assert_eq!(rows.len(), step.plan.num_logits_rows());
+        assert_eq!(rows.len(), step.plan.logits_rows().len());
+        assert!(
+            rows.len() <= s.cfg.max_num_seqs,
+            "the logits scratch holds the step"
+        );
+        let sampled: Vec<Sampled> = step
+            .plan
+            .logits_rows()
+            .iter()
+            .zip(&rows)
+            .map(|(&r, row)| Sampled {
+                token: row.forced.unwrap_or(99),
+                logprob: -(step.plan.positions[r as usize] as f32 + 1.0),
+                top: vec![],
+            })
+            .collect();
+        let mut reported = Vec::new();
+        for out in s.update(&step, sampled) {
+            if let Some((tokens, _)) = out.prompt {
+                reported.extend(tokens.iter().map(|t| (t.id, t.logprob)));
+            }
+        }
+        (step, reported)
+    }
+
+    #[test]
+    fn prompt_logprobs_chunks_fit_the_logits_rows_beside_decodes() {
+        let mut s = sched(64, 64);
+        s.add(seq(1, vec![1, 2, 3], 0));
+        s.add(seq(2, vec![4, 5, 6], 1));
+        run_step(&mut s, 7); // both prefilled, decoding from now on
+        let prompt: Vec<u32> = (100..130).collect();
+        s.add(scored(3, prompt.clone(), 2));
+        let mut reported = Vec::new();
+        let mut steps = 0;
+        while reported.len() < prompt.len() - 1 {
+            let (step, got) = run_scored_step(&mut s);
+            // Two decode rows, and at most 8 - 2 rows of the prompt.
+            assert_eq!(step.plan.seqs.len(), 3);
+            assert_eq!(step.plan.every_row_logits, vec![2]);
+            assert!(step.plan.seqs[2].q_len <= 6, "{:?}", step.plan.seqs[2]);
+            reported.extend(got);
+            steps += 1;
+        }
+        assert_eq!(steps, 5, "29 prompt rows, 6 per step");
+        // Token `p + 1` is reported with the logprob of row `p`.
+        let want: Vec<(u32, f32)> = (1..prompt.len())
+            .map(|i| (prompt[i], -(i as f32)))
+            .collect();
+        assert_eq!(reported, want);
+        let (step, got) = run_scored_step(&mut s);
+        assert!(got.is_empty() && step.plan.every_row_logits.is_empty());
+    }
+
+    #[test]
+    fn a_preempted_prompt_reports_each_logprob_once() {
+        let mut s = sched(4, 4);
+        s.add(seq(1, vec![1, 2, 3, 4], 0));
+        let prompt: Vec<u32> = (50..59).collect();
+        s.add(scored(2, prompt.clone(), 1));
+        let mut reported = Vec::new();
+        for _ in 0..50 {
+            if reported.len() == prompt.len() - 1 {
+                break;
+            }
+            reported.extend(run_scored_step(&mut s).1);
+            if s.counters.preemptions > 0 {
+                s.remove(SeqId(1)); // the decode ends: room for the rest of the prompt
+            }
+        }
+        assert!(s.counters.preemptions > 0, "the pool of 4 blocks preempts");
+        let want: Vec<(u32, f32)> = (1..prompt.len())
+            .map(|i| (prompt[i], -(i as f32)))
+            .collect();
+        assert_eq!(reported, want);
+    }
+
+    #[test]
+    fn prompt_logprobs_take_nothing_from_the_prefix_cache() {
+        let mut s = sched(64, 64);
+        let prompt: Vec<u32> = (0..13).collect();
+        s.add(seq(1, prompt.clone(), 0));
+        run_step(&mut s, 1);
+        s.remove(SeqId(1));
+        s.add(scored(2, prompt.clone(), 1));
+        let (step, got) = run_scored_step(&mut s);
+        assert_eq!(step.plan.positions[0], 0, "recomputed from the start");
+        assert_eq!(
+            (step.plan.num_tokens(), got.len()),
+            (8, 8),
+            "8 logits rows a step"
+        );
+        let (step, rest) = run_scored_step(&mut s);
+        assert_eq!((step.plan.num_tokens(), rest.len()), (5, 4));
+        assert_eq!(s.counters.prefix_hits, 0);
     }
 
     fn run_step(s: &mut Scheduler, next: u32) -> Step {
