@@ -78,6 +78,10 @@ pub struct CompletionRequest {
     /// Not supported; must be absent or null.
     #[serde(default)]
     pub suffix: Option<String>,
+    /// vLLM's prompt logprobs: not supported (400); `echo` with `logprobs` returns the
+    /// prompt's logprobs in the OpenAI shape.
+    #[serde(default)]
+    pub prompt_logprobs: Option<i64>,
     /// Candidates to rank per choice: only absent, 1 or `n` (no ranking) is accepted.
     #[serde(default)]
     pub best_of: Option<u32>,
