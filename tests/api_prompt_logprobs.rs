@@ -115,6 +115,15 @@ async fn echo_with_logprobs_returns_the_prompt_logprobs_then_the_completion() {
         .collect();
     assert_eq!(offsets[0], 0);
     assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    // Each prompt token's offset is where it begins in the echoed text.
+    let chars: Vec<char> = PROMPT.chars().collect();
+    for (i, t) in tokens.iter().enumerate().take(ids.len()).skip(1) {
+        let at: String = chars[offsets[i] as usize..].iter().collect();
+        let t = t.as_str().unwrap();
+        // (SentencePiece's leading space is not in the text at its very start.)
+        let here = at.starts_with(t) || offsets[i] == 0 && at.starts_with(t.trim_start());
+        assert!(here, "token {i} {t:?} at {at:?}");
+    }
     assert_eq!(
         offsets[ids.len()] as usize,
         PROMPT.chars().count(),

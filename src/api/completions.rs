@@ -19,7 +19,7 @@ use super::types::{
 use super::{ResponseMeta, blocking, structured, validate};
 use crate::config::LimitsConfig;
 use crate::engine::{FinishReason, GenerateRequest, TokenInfo, Usage};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
 /// Default `max_tokens` of the completions API.
 const DEFAULT_MAX_TOKENS: usize = 16;
@@ -30,17 +30,47 @@ enum PromptSource {
     Ids(Vec<u32>),
 }
 
-/// A tokenized prompt, with its text when it is to be echoed.
+/// A tokenized prompt, with its text when it is to be echoed and, echoed with logprobs, the
+/// char offset of each of its tokens in that text.
 struct Prompt {
     ids: Vec<u32>,
     echo: Option<String>,
+    offsets: Option<Arc<[usize]>>,
 }
 
-/// What a choice echoes: the prompt's text and its first token (whose logprob is `null`).
+/// What a choice echoes: the prompt's text, its first token (whose logprob is `null`) and
+/// its tokens' offsets in the text (when echoed with logprobs).
 #[derive(Clone)]
 struct Echo {
     text: String,
     first: u32,
+    offsets: Option<Arc<[usize]>>,
+}
+
+/// The char offset in the echoed `text` at which each of `ids` begins: streaming detokenization
+/// (no special tokens, as the echo of an id prompt) counts the text before each token, capped
+/// at the text's length. `None` for a prompt the context cannot hold (it is refused anyway).
+fn token_offsets(
+    tok: &Tokenizer,
+    ids: &[u32],
+    text: &str,
+    context: usize,
+) -> Result<Option<Arc<[usize]>>, ApiError> {
+    if ids.len() >= context {
+        return Ok(None);
+    }
+    let len = text.chars().count();
+    let mut decoder = IncrementalDecoder::new(tok, true);
+    let mut at = 0;
+    let mut offsets = Vec::with_capacity(ids.len());
+    for &id in ids {
+        offsets.push(at.min(len));
+        let piece = decoder
+            .push(id)
+            .map_err(|e| ApiError::from_tokenizer("prompt", e))?;
+        at += piece.chars().count();
+    }
+    Ok(Some(offsets.into()))
 }
 
 fn sources(prompt: PromptInput, limits: &LimitsConfig) -> Result<Vec<PromptSource>, ApiError> {
@@ -73,36 +103,41 @@ fn sources(prompt: PromptInput, limits: &LimitsConfig) -> Result<Vec<PromptSourc
     Ok(list)
 }
 
-/// Tokenizes text prompts (BOS as the model wants) and decodes id prompts to be echoed.
+/// Tokenizes text prompts (BOS as the model wants) and decodes id prompts to be echoed;
+/// with `offsets` (echo with logprobs), finds where each echoed token begins.
 fn encode(
     tok: &Tokenizer,
     sources: Vec<PromptSource>,
-    echo: bool,
+    (echo, offsets): (bool, bool),
     context: usize,
 ) -> Result<Vec<Prompt>, ApiError> {
     sources
         .into_iter()
-        .map(|s| match s {
-            PromptSource::Text(t) => {
-                let ids = tok
-                    .encode_within(&t, tok.add_bos_default(), context)
-                    .map_err(|e| ApiError::from_tokenizer("prompt", e))?;
-                Ok(Prompt {
-                    ids,
-                    echo: echo.then_some(t),
-                })
-            }
-            PromptSource::Ids(ids) => {
-                let echo = if echo {
-                    Some(
-                        tok.decode(&ids, true)
-                            .map_err(|e| ApiError::from_tokenizer("prompt", e))?,
-                    )
-                } else {
-                    None
-                };
-                Ok(Prompt { ids, echo })
-            }
+        .map(|s| {
+            let (ids, echo) = match s {
+                PromptSource::Text(t) => {
+                    let ids = tok
+                        .encode_within(&t, tok.add_bos_default(), context)
+                        .map_err(|e| ApiError::from_tokenizer("prompt", e))?;
+                    (ids, echo.then_some(t))
+                }
+                PromptSource::Ids(ids) => {
+                    let echo = if echo {
+                        Some(
+                            tok.decode(&ids, true)
+                                .map_err(|e| ApiError::from_tokenizer("prompt", e))?,
+                        )
+                    } else {
+                        None
+                    };
+                    (ids, echo)
+                }
+            };
+            let offsets = match &echo {
+                Some(text) if offsets => token_offsets(tok, &ids, text, context)?,
+                _ => None,
+            };
+            Ok(Prompt { ids, echo, offsets })
         })
         .collect()
 }
@@ -135,15 +170,21 @@ pub async fn completions(
     let constraint = structured::constraint(&ready.client, req.structured()).await?;
     let srcs = sources(req.prompt, &state.config.limits)?;
     let (tok, echo) = (ready.tokenizer.clone(), plan.echo);
+    let offsets = plan.v.params.prompt_logprobs.is_some();
     let context = ready.client.max_model_len();
-    let prompts = blocking(move || encode(&tok, srcs, echo, context)).await?;
+    let prompts = blocking(move || encode(&tok, srcs, (echo, offsets), context)).await?;
     let n = plan.v.n;
     // Every prompt is checked before any is queued.
     let mut valid = Vec::with_capacity(prompts.len());
     let mut echoes = Vec::with_capacity(prompts.len() * n);
     for p in prompts {
         let first = p.ids.first().copied().unwrap_or(0);
-        let echo = p.echo.map(|text| Echo { text, first });
+        let offsets = p.offsets;
+        let echo = p.echo.map(|text| Echo {
+            text,
+            first,
+            offsets,
+        });
         echoes.extend(std::iter::repeat_n(echo, n));
         valid.push(ready.client.validate(GenerateRequest {
             prompt_ids: p.ids,
@@ -244,7 +285,7 @@ fn choice(
     let logprobs = texts.map(|texts| {
         let mut lp = CompletionLogprobs::default();
         if let (Some(e), Some(prompt)) = (&echo, &out.prompt) {
-            texts.completion_prompt(e.first, prompt, &mut lp);
+            texts.completion_prompt(e.first, prompt, e.offsets.as_deref(), &mut lp);
         }
         let offset = echo.as_ref().map_or(0, |e| e.text.chars().count());
         texts.completion(&out.tokens, offset, &mut lp);
@@ -356,7 +397,9 @@ impl ChunkWriter for CompletionWriter {
                 continue;
             };
             let mut lp = CompletionLogprobs::default();
-            self.texts.completion_prompt(e.first, &tokens, &mut lp);
+            let offsets = e.offsets.as_deref();
+            self.texts
+                .completion_prompt(e.first, &tokens, offsets, &mut lp);
             frames.push(self.one(i, e.text, Some(lp), None));
         }
         frames

@@ -111,19 +111,25 @@ impl TokenTexts {
 
     /// Completions logprobs of an echoed prompt: its first token `first` (no logprob:
     /// nothing precedes it, so `null`s), then `rest`, each given the tokens before it.
-    /// Offsets count from 0; returns the offset after the last token.
+    /// `offsets` (one per prompt token) place them in the echoed text; without them they
+    /// count token texts from 0.
     pub fn completion_prompt(
         &self,
         first: u32,
         rest: &[TokenInfo],
+        offsets: Option<&[usize]>,
         out: &mut CompletionLogprobs,
-    ) -> usize {
+    ) {
+        let start = out.tokens.len();
         let text = self.get(first);
         out.tokens.push(text.text.clone());
         out.token_logprobs.push(None);
         out.top_logprobs.push(None);
         out.text_offset.push(0);
-        self.completion(rest, text.text.chars().count(), out)
+        self.completion(rest, text.text.chars().count(), out);
+        if let Some(o) = offsets.filter(|o| o.len() == rest.len() + 1) {
+            out.text_offset[start..].copy_from_slice(o);
+        }
     }
 
     /// Chat logprobs for `tokens`.

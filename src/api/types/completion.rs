@@ -151,7 +151,7 @@ pub struct CompletionLogprobs {
     /// included); `null` for the first token of an echoed prompt.
     pub top_logprobs: Vec<Option<BTreeMap<String, f32>>>,
     /// Character offset of each token in the choice's text (an echoed prompt's tokens
-    /// count from 0; the completion's from the end of the echoed text).
+    /// where they begin in the echoed text; the completion's from its end).
     pub text_offset: Vec<usize>,
 }
 
