@@ -179,3 +179,47 @@ impl KvShape {
         self.n_kv_heads * self.head_dim
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(every_row_logits: Vec<u32>) -> BatchPlan {
+        let slice = |q_start, q_len, wants_logits| SeqSlice {
+            q_start,
+            q_len,
+            ctx_len: q_len,
+            block_table: vec![0],
+            wants_logits,
+        };
+        let mut p = BatchPlan {
+            token_ids: vec![1; 9],
+            seqs: vec![slice(0, 1, true), slice(1, 5, false), slice(6, 3, true)],
+            block_size: 16,
+            every_row_logits,
+            ..Default::default()
+        };
+        p.fill_positions_and_slots();
+        p
+    }
+
+    #[test]
+    fn every_row_sequences_give_each_row_in_row_order() {
+        let kv = KvShape {
+            num_layers: 1,
+            num_blocks: 1,
+            block_size: 16,
+            n_kv_heads: 1,
+            head_dim: 1,
+        };
+        let p = plan(vec![]);
+        assert_eq!((p.logits_rows(), p.num_logits_rows()), (vec![0, 8], 2));
+        let p = plan(vec![1, 2]);
+        assert_eq!(p.logits_rows(), vec![0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(p.num_logits_rows(), 9);
+        assert!(p.validate(&kv).is_ok());
+        for bad in [vec![2, 1], vec![1, 1], vec![3]] {
+            assert!(plan(bad.clone()).validate(&kv).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -323,3 +323,52 @@ impl<R: Runtime> GpuBackend<R> {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::{Penalties, SamplingParams};
+
+    /// A forced row packs as a greedy pick with one entry, `FORCE_BIAS` on its token, whatever
+    /// its parameters' temperature, bias and penalties; its top count stays.
+    #[test]
+    fn a_forced_row_packs_as_greedy_with_one_bias_entry() {
+        let p = SamplingParams {
+            temperature: 0.7,
+            repetition_penalty: 1.3,
+            logit_bias: vec![(3, 5.0)],
+            logprobs: Some(4),
+            ..SamplingParams::default()
+        };
+        let history = Penalties::from_history(&p, &[1, 2], &[3]);
+        let free = SampleRow {
+            params: &p,
+            uniform: 0.5,
+            penalties: &history,
+            mask: None,
+            forced: None,
+        };
+        let forced = SampleRow {
+            forced: Some(9),
+            ..free
+        };
+        let mut pk = SamplePack::default();
+        pack(&[free, forced], 100, &mut pk).unwrap();
+        let row = |i: usize| &pk.words[i * PARAM_WORDS..(i + 1) * PARAM_WORDS];
+        assert_eq!(row(0)[0], 0, "the free row draws");
+        assert_eq!(
+            (row(1)[0], f32::from_bits(row(1)[1]), row(1)[6]),
+            (1, 1.0, 4)
+        );
+        let entries = &pk.words[2 * PARAM_WORDS..2 * PARAM_WORDS + pk.entries * ENTRY_WORDS];
+        let of_row_1: Vec<&[u32]> = entries
+            .chunks_exact(ENTRY_WORDS)
+            .filter(|e| e[0] == 1)
+            .collect();
+        assert_eq!(
+            of_row_1,
+            vec![&[1, 9, FORCE_BIAS.to_bits(), 1f32.to_bits(), 0][..]]
+        );
+        assert!(!pk.plain_greedy);
+    }
+}
