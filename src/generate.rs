@@ -141,6 +141,7 @@ impl<B: Backend> SingleGenerator<B> {
                 uniform: uniform(seed, i as u64),
                 penalties: &penalties,
                 mask: None,
+                forced: None,
             };
             let s = self.sample_last(row)?;
             on_token(s.token);

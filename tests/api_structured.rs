@@ -52,7 +52,7 @@ async fn run(client: &EngineClient, req: GenerateRequest) -> Vec<(String, Vec<u3
                 out[choice].1.extend(tokens.iter().map(|t| t.id));
             }
             StreamEvent::Finish { choice, reason } => out[choice].2 = reason,
-            StreamEvent::Done { .. } => {}
+            StreamEvent::Done { .. } | StreamEvent::PromptLogprobs { .. } => {}
             StreamEvent::Error(e) => panic!("request failed: {e}"),
         }
     }

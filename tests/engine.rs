@@ -87,6 +87,7 @@ async fn run(client: &kiln::engine::EngineClient, req: GenerateRequest) -> Outco
                 o.tokens[choice].extend(tokens.iter().map(|t| t.id));
             }
             StreamEvent::Finish { choice, reason } => o.finish[choice] = reason,
+            StreamEvent::PromptLogprobs { .. } => {}
             StreamEvent::Done { usage, .. } => {
                 assert_eq!(
                     usage.completion_tokens,

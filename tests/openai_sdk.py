@@ -96,6 +96,18 @@ def test_logprobs():
     assert "".join(t.token for t in content) == res.choices[0].message.content
 
 
+def test_echo_logprobs_score_the_prompt():
+    # The lm-eval-harness call: the prompt's logprobs alone, first token null.
+    res = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
+    choice = res.choices[0]
+    lp = choice.logprobs
+    assert choice.text == PROMPT and choice.finish_reason == "length", res
+    assert len(lp.tokens) == res.usage.prompt_tokens == len(lp.token_logprobs) == len(lp.top_logprobs)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x < 0 for x in lp.token_logprobs[1:])
+    assert all(lp.tokens[i] in lp.top_logprobs[i] for i in range(1, len(lp.tokens)))
+
+
 def expect(exc, fn):
     try:
         fn()

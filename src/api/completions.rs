@@ -1,5 +1,6 @@
 //! `POST /v1/completions`: prompts in, text completions out (one JSON body or SSE chunks).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use actix_web::web::{Bytes, Data};
@@ -18,7 +19,7 @@ use super::types::{
 use super::{ResponseMeta, blocking, structured, validate};
 use crate::config::LimitsConfig;
 use crate::engine::{FinishReason, GenerateRequest, TokenInfo, Usage};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
 /// Default `max_tokens` of the completions API.
 const DEFAULT_MAX_TOKENS: usize = 16;
@@ -29,10 +30,47 @@ enum PromptSource {
     Ids(Vec<u32>),
 }
 
-/// A tokenized prompt, with its text when it is to be echoed.
+/// A tokenized prompt, with its text when it is to be echoed and, echoed with logprobs, the
+/// char offset of each of its tokens in that text.
 struct Prompt {
     ids: Vec<u32>,
     echo: Option<String>,
+    offsets: Option<Arc<[usize]>>,
+}
+
+/// What a choice echoes: the prompt's text, its first token (whose logprob is `null`) and
+/// its tokens' offsets in the text (when echoed with logprobs).
+#[derive(Clone)]
+struct Echo {
+    text: String,
+    first: u32,
+    offsets: Option<Arc<[usize]>>,
+}
+
+/// The char offset in the echoed `text` at which each of `ids` begins: streaming detokenization
+/// (no special tokens, as the echo of an id prompt) counts the text before each token, capped
+/// at the text's length. `None` for a prompt the context cannot hold (it is refused anyway).
+fn token_offsets(
+    tok: &Tokenizer,
+    ids: &[u32],
+    text: &str,
+    context: usize,
+) -> Result<Option<Arc<[usize]>>, ApiError> {
+    if ids.len() >= context {
+        return Ok(None);
+    }
+    let len = text.chars().count();
+    let mut decoder = IncrementalDecoder::new(tok, true);
+    let mut at = 0;
+    let mut offsets = Vec::with_capacity(ids.len());
+    for &id in ids {
+        offsets.push(at.min(len));
+        let piece = decoder
+            .push(id)
+            .map_err(|e| ApiError::from_tokenizer("prompt", e))?;
+        at += piece.chars().count();
+    }
+    Ok(Some(offsets.into()))
 }
 
 fn sources(prompt: PromptInput, limits: &LimitsConfig) -> Result<Vec<PromptSource>, ApiError> {
@@ -65,36 +103,41 @@ fn sources(prompt: PromptInput, limits: &LimitsConfig) -> Result<Vec<PromptSourc
     Ok(list)
 }
 
-/// Tokenizes text prompts (BOS as the model wants) and decodes id prompts to be echoed.
+/// Tokenizes text prompts (BOS as the model wants) and decodes id prompts to be echoed;
+/// with `offsets` (echo with logprobs), finds where each echoed token begins.
 fn encode(
     tok: &Tokenizer,
     sources: Vec<PromptSource>,
-    echo: bool,
+    (echo, offsets): (bool, bool),
     context: usize,
 ) -> Result<Vec<Prompt>, ApiError> {
     sources
         .into_iter()
-        .map(|s| match s {
-            PromptSource::Text(t) => {
-                let ids = tok
-                    .encode_within(&t, tok.add_bos_default(), context)
-                    .map_err(|e| ApiError::from_tokenizer("prompt", e))?;
-                Ok(Prompt {
-                    ids,
-                    echo: echo.then_some(t),
-                })
-            }
-            PromptSource::Ids(ids) => {
-                let echo = if echo {
-                    Some(
-                        tok.decode(&ids, true)
-                            .map_err(|e| ApiError::from_tokenizer("prompt", e))?,
-                    )
-                } else {
-                    None
-                };
-                Ok(Prompt { ids, echo })
-            }
+        .map(|s| {
+            let (ids, echo) = match s {
+                PromptSource::Text(t) => {
+                    let ids = tok
+                        .encode_within(&t, tok.add_bos_default(), context)
+                        .map_err(|e| ApiError::from_tokenizer("prompt", e))?;
+                    (ids, echo.then_some(t))
+                }
+                PromptSource::Ids(ids) => {
+                    let echo = if echo {
+                        Some(
+                            tok.decode(&ids, true)
+                                .map_err(|e| ApiError::from_tokenizer("prompt", e))?,
+                        )
+                    } else {
+                        None
+                    };
+                    (ids, echo)
+                }
+            };
+            let offsets = match &echo {
+                Some(text) if offsets => token_offsets(tok, &ids, text, context)?,
+                _ => None,
+            };
+            Ok(Prompt { ids, echo, offsets })
         })
         .collect()
 }
@@ -127,14 +170,22 @@ pub async fn completions(
     let constraint = structured::constraint(&ready.client, req.structured()).await?;
     let srcs = sources(req.prompt, &state.config.limits)?;
     let (tok, echo) = (ready.tokenizer.clone(), plan.echo);
+    let offsets = plan.v.params.prompt_logprobs.is_some();
     let context = ready.client.max_model_len();
-    let prompts = blocking(move || encode(&tok, srcs, echo, context)).await?;
+    let prompts = blocking(move || encode(&tok, srcs, (echo, offsets), context)).await?;
     let n = plan.v.n;
     // Every prompt is checked before any is queued.
     let mut valid = Vec::with_capacity(prompts.len());
     let mut echoes = Vec::with_capacity(prompts.len() * n);
     for p in prompts {
-        echoes.extend(std::iter::repeat_n(p.echo, n));
+        let first = p.ids.first().copied().unwrap_or(0);
+        let offsets = p.offsets;
+        let echo = p.echo.map(|text| Echo {
+            text,
+            first,
+            offsets,
+        });
+        echoes.extend(std::iter::repeat_n(echo, n));
         valid.push(ready.client.validate(GenerateRequest {
             prompt_ids: p.ids,
             prompt_param: "prompt",
@@ -198,16 +249,20 @@ impl Plan {
             .map(|n| validate::logprobs_count("logprobs", n, limits))
             .transpose()?;
         let echo = req.echo.unwrap_or(false);
-        if echo && logprobs.is_some() {
-            return Err(ApiError::invalid(
-                "echo",
-                "`echo` together with `logprobs` is not supported",
-            ));
-        }
         let vocab = ready.client.spec().vocab_size;
+        let mut v = validate::sampling(&req.sampling(), limits, vocab, logprobs)?;
+        // Echoed with logprobs: the prompt's tokens get theirs too (prompt logprobs).
+        if echo {
+            v.params.prompt_logprobs = logprobs;
+        }
+        // `max_tokens` 0 with `echo` scores the prompt: it is returned alone (as vLLM does).
+        let max_tokens = match req.max_tokens {
+            Some(0) if echo => 0,
+            m => validate::max_tokens("max_tokens", m, DEFAULT_MAX_TOKENS)?,
+        };
         Ok(Self {
-            v: validate::sampling(&req.sampling(), limits, vocab, logprobs)?,
-            max_tokens: validate::max_tokens("max_tokens", req.max_tokens, DEFAULT_MAX_TOKENS)?,
+            v,
+            max_tokens,
             echo,
             stream: req.stream.unwrap_or(false),
             include_usage: req
@@ -219,19 +274,24 @@ impl Plan {
     }
 }
 
-/// One non-streamed choice: the echoed prompt, the text, and logprobs when asked.
+/// One non-streamed choice: the echoed prompt, the text, and logprobs when asked (an
+/// echoed prompt's first, then the completion's).
 fn choice(
     index: usize,
     out: ChoiceOutput,
-    echo: Option<String>,
+    echo: Option<Echo>,
     texts: Option<&TokenTexts>,
 ) -> CompletionChoice {
-    let prefix = echo.unwrap_or_default();
     let logprobs = texts.map(|texts| {
         let mut lp = CompletionLogprobs::default();
-        texts.completion(&out.tokens, prefix.chars().count(), &mut lp);
+        if let (Some(e), Some(prompt)) = (&echo, &out.prompt) {
+            texts.completion_prompt(e.first, prompt, e.offsets.as_deref(), &mut lp);
+        }
+        let offset = echo.as_ref().map_or(0, |e| e.text.chars().count());
+        texts.completion(&out.tokens, offset, &mut lp);
         lp
     });
+    let prefix = echo.map(|e| e.text).unwrap_or_default();
     CompletionChoice {
         index,
         text: prefix + &out.text,
@@ -253,7 +313,9 @@ pub fn usage_info(u: Usage) -> UsageInfo {
 struct CompletionWriter {
     meta: ResponseMeta,
     texts: Arc<TokenTexts>,
-    echoes: Vec<Option<String>>,
+    /// What each choice echoes, until it is sent: at once, or with logprobs once the
+    /// prompt's logprobs arrive (before any token of the choice).
+    echoes: Vec<Option<Echo>>,
     /// Char offset of the next token of each choice (for `text_offset`).
     offsets: Vec<usize>,
     logprobs: bool,
@@ -264,13 +326,13 @@ impl CompletionWriter {
     fn new(
         meta: ResponseMeta,
         texts: Arc<TokenTexts>,
-        echoes: Vec<Option<String>>,
+        echoes: Vec<Option<Echo>>,
         logprobs: bool,
         include_usage: bool,
     ) -> Self {
         let offsets = echoes
             .iter()
-            .map(|e| e.as_ref().map_or(0, |t| t.chars().count()))
+            .map(|e| e.as_ref().map_or(0, |e| e.text.chars().count()))
             .collect();
         Self {
             meta,
@@ -316,12 +378,31 @@ impl CompletionWriter {
 
 impl ChunkWriter for CompletionWriter {
     fn begin(&mut self) -> Vec<Bytes> {
+        if self.logprobs {
+            // Echoes wait for their prompt's logprobs.
+            return Vec::new();
+        }
         let echoes = std::mem::take(&mut self.echoes);
         echoes
             .into_iter()
             .enumerate()
-            .filter_map(|(i, e)| e.map(|text| self.one(i, text, None, None)))
+            .filter_map(|(i, e)| e.map(|e| self.one(i, e.text, None, None)))
             .collect()
+    }
+
+    fn prompt_logprobs(&mut self, choices: Range<usize>, tokens: Arc<[TokenInfo]>) -> Vec<Bytes> {
+        let mut frames = Vec::new();
+        for i in choices {
+            let Some(e) = self.echoes.get_mut(i).and_then(Option::take) else {
+                continue;
+            };
+            let mut lp = CompletionLogprobs::default();
+            let offsets = e.offsets.as_deref();
+            self.texts
+                .completion_prompt(e.first, &tokens, offsets, &mut lp);
+            frames.push(self.one(i, e.text, Some(lp), None));
+        }
+        frames
     }
 
     fn delta(&mut self, index: usize, text: String, tokens: Vec<TokenInfo>) -> Option<Bytes> {

@@ -107,6 +107,12 @@ impl Stream for MergedStream {
                         tokens,
                     }));
                 }
+                StreamEvent::PromptLogprobs { choices, tokens } => {
+                    return Poll::Ready(Some(StreamEvent::PromptLogprobs {
+                        choices: index + choices.start..index + choices.end,
+                        tokens,
+                    }));
+                }
                 StreamEvent::Finish { choice, reason } => {
                     this.open_choices = this.open_choices.saturating_sub(1);
                     this.state.metrics.observe_finish(reason);
@@ -157,6 +163,8 @@ impl Drop for MergedStream {
 /// What one choice produced, for a non-streamed response.
 #[derive(Debug, Clone, Default)]
 pub struct ChoiceOutput {
+    /// The prompt's logprobs, when asked (shared by the choices of one prompt).
+    pub prompt: Option<std::sync::Arc<[TokenInfo]>>,
     pub text: String,
     pub tokens: Vec<TokenInfo>,
     pub finish: Option<FinishReason>,
@@ -176,6 +184,14 @@ pub async fn collect(mut generated: MergedStream) -> Result<(Vec<ChoiceOutput>, 
                 if let Some(c) = choices.get_mut(choice) {
                     c.text.push_str(&text);
                     c.tokens.extend(tokens);
+                }
+            }
+            StreamEvent::PromptLogprobs {
+                choices: range,
+                tokens,
+            } => {
+                for c in choices.iter_mut().take(range.end).skip(range.start) {
+                    c.prompt = Some(tokens.clone());
                 }
             }
             StreamEvent::Finish { choice, reason } => {

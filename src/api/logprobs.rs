@@ -84,7 +84,8 @@ impl TokenTexts {
     }
 
     /// Completions logprobs for `tokens`, whose first one starts at char offset `offset`.
-    /// Returns the offset after the last token.
+    /// Each token's alternatives include the token itself (up to `logprobs + 1` entries, as
+    /// OpenAI and vLLM return them). Returns the offset after the last token.
     pub fn completion(
         &self,
         tokens: &[TokenInfo],
@@ -94,17 +95,41 @@ impl TokenTexts {
         for t in tokens {
             let text = self.get(t.id);
             out.tokens.push(text.text.clone());
-            out.token_logprobs.push(finite(t.logprob));
+            out.token_logprobs.push(Some(finite(t.logprob)));
             out.text_offset.push(offset);
             offset += text.text.chars().count();
-            let top: BTreeMap<String, f32> = t
+            let mut top: BTreeMap<String, f32> = t
                 .top
                 .iter()
                 .map(|&(id, lp)| (self.get(id).text.clone(), finite(lp)))
                 .collect();
-            out.top_logprobs.push(top);
+            top.entry(text.text.clone()).or_insert(finite(t.logprob));
+            out.top_logprobs.push(Some(top));
         }
         offset
+    }
+
+    /// Completions logprobs of an echoed prompt: its first token `first` (no logprob:
+    /// nothing precedes it, so `null`s), then `rest`, each given the tokens before it.
+    /// `offsets` (one per prompt token) place them in the echoed text; without them they
+    /// count token texts from 0.
+    pub fn completion_prompt(
+        &self,
+        first: u32,
+        rest: &[TokenInfo],
+        offsets: Option<&[usize]>,
+        out: &mut CompletionLogprobs,
+    ) {
+        let start = out.tokens.len();
+        let text = self.get(first);
+        out.tokens.push(text.text.clone());
+        out.token_logprobs.push(None);
+        out.top_logprobs.push(None);
+        out.text_offset.push(0);
+        self.completion(rest, text.text.chars().count(), out);
+        if let Some(o) = offsets.filter(|o| o.len() == rest.len() + 1) {
+            out.text_offset[start..].copy_from_slice(o);
+        }
     }
 
     /// Chat logprobs for `tokens`.

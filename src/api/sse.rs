@@ -3,7 +3,9 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::ops::Range;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -35,6 +37,12 @@ pub fn data_frame<T: Serialize>(value: &T) -> Bytes {
 pub trait ChunkWriter: Unpin + 'static {
     /// Frames before any event (chat: the role of each choice; completions: echoed prompts).
     fn begin(&mut self) -> Vec<Bytes>;
+    /// The prompt logprobs of `choices` (sent before any of their deltas); nothing unless
+    /// the writer shows them.
+    fn prompt_logprobs(&mut self, choices: Range<usize>, tokens: Arc<[TokenInfo]>) -> Vec<Bytes> {
+        let _ = (choices, tokens);
+        Vec::new()
+    }
     /// A delta; `None` when there is nothing to send (text held back, no logprobs).
     fn delta(&mut self, index: usize, text: String, tokens: Vec<TokenInfo>) -> Option<Bytes>;
     /// A choice's last chunk, with its finish reason.
@@ -79,6 +87,10 @@ impl<W: ChunkWriter> Stream for Frames<W> {
                     tokens,
                 })) => {
                     this.queue.extend(this.writer.delta(choice, text, tokens));
+                }
+                Poll::Ready(Some(StreamEvent::PromptLogprobs { choices, tokens })) => {
+                    this.queue
+                        .extend(this.writer.prompt_logprobs(choices, tokens));
                 }
                 Poll::Ready(Some(StreamEvent::Finish { choice, reason })) => {
                     this.queue.push_back(this.writer.finish(choice, reason));

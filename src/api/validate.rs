@@ -79,6 +79,7 @@ pub fn sampling(
         logit_bias: logit_bias(f, limits, vocab_size)?,
         seed: f.seed.map(|s| s as u64),
         logprobs,
+        prompt_logprobs: None,
     };
     Ok(Validated {
         params,

@@ -10,6 +10,9 @@
 //! seq0 ctx:  [ cached 3 tokens | 5 new ]       ctx_len = 8
 //! slot(pos) = block_table[pos / block_size] * block_size + pos % block_size
 //! ```
+//!
+//! Logits rows: the last row of each sequence that wants logits, and every row of the
+//! sequences in `every_row_logits` (prompt logprobs), in row order.
 
 use super::BackendError;
 
@@ -39,6 +42,9 @@ pub struct BatchPlan {
     pub slot_mapping: Vec<u32>,
     pub seqs: Vec<SeqSlice>,
     pub block_size: u32,
+    /// Indices into `seqs` (ascending) of the sequences whose every row produces logits,
+    /// not only the last: prompt logprobs need the prediction at each prompt position.
+    pub every_row_logits: Vec<u32>,
 }
 
 impl BatchPlan {
@@ -46,13 +52,36 @@ impl BatchPlan {
     pub fn num_tokens(&self) -> usize {
         self.token_ids.len()
     }
-    /// Rows that produce logits, in sequence order.
+    /// Whether every row of sequence `i` produces logits.
+    pub fn every_row(&self, i: usize) -> bool {
+        self.every_row_logits.binary_search(&(i as u32)).is_ok()
+    }
+    /// Rows that produce logits, in row order: the last row of each sequence that wants
+    /// logits, and every row of the sequences in `every_row_logits`.
     pub fn logits_rows(&self) -> Vec<u32> {
+        let mut rows = Vec::with_capacity(self.seqs.len());
+        for (i, s) in self.seqs.iter().enumerate() {
+            if self.every_row(i) {
+                rows.extend(s.q_start..s.q_start + s.q_len);
+            } else if s.wants_logits {
+                rows.push(s.q_start + s.q_len - 1);
+            }
+        }
+        rows
+    }
+    /// `logits_rows().len()`, without building the list.
+    pub fn num_logits_rows(&self) -> usize {
         self.seqs
             .iter()
-            .filter(|s| s.wants_logits)
-            .map(|s| s.q_start + s.q_len - 1)
-            .collect()
+            .enumerate()
+            .map(|(i, s)| {
+                if self.every_row(i) {
+                    s.q_len as usize
+                } else {
+                    s.wants_logits as usize
+                }
+            })
+            .sum()
     }
     /// Builds positions and slot mappings from the slices and the flattened tokens.
     pub fn fill_positions_and_slots(&mut self) {
@@ -111,6 +140,14 @@ impl BatchPlan {
         if row as usize != t {
             return bad(format!("slices cover {row} rows of {t}"));
         }
+        let e = &self.every_row_logits;
+        if e.windows(2).any(|w| w[0] >= w[1])
+            || e.last().is_some_and(|&i| i as usize >= self.seqs.len())
+        {
+            return bad(format!(
+                "every-row logits sequences {e:?} not ascending in range"
+            ));
+        }
         if let Some(s) = self
             .slot_mapping
             .iter()
@@ -140,5 +177,49 @@ impl KvShape {
     /// Floats per slot (one of K or V).
     pub fn slot_width(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(every_row_logits: Vec<u32>) -> BatchPlan {
+        let slice = |q_start, q_len, wants_logits| SeqSlice {
+            q_start,
+            q_len,
+            ctx_len: q_len,
+            block_table: vec![0],
+            wants_logits,
+        };
+        let mut p = BatchPlan {
+            token_ids: vec![1; 9],
+            seqs: vec![slice(0, 1, true), slice(1, 5, false), slice(6, 3, true)],
+            block_size: 16,
+            every_row_logits,
+            ..Default::default()
+        };
+        p.fill_positions_and_slots();
+        p
+    }
+
+    #[test]
+    fn every_row_sequences_give_each_row_in_row_order() {
+        let kv = KvShape {
+            num_layers: 1,
+            num_blocks: 1,
+            block_size: 16,
+            n_kv_heads: 1,
+            head_dim: 1,
+        };
+        let p = plan(vec![]);
+        assert_eq!((p.logits_rows(), p.num_logits_rows()), (vec![0, 8], 2));
+        let p = plan(vec![1, 2]);
+        assert_eq!(p.logits_rows(), vec![0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(p.num_logits_rows(), 9);
+        assert!(p.validate(&kv).is_ok());
+        for bad in [vec![2, 1], vec![1, 1], vec![3]] {
+            assert!(plan(bad.clone()).validate(&kv).is_err(), "{bad:?}");
+        }
     }
 }

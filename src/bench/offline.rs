@@ -99,7 +99,9 @@ impl OfflineTarget {
                 StreamEvent::Delta { tokens, .. } if !tokens.is_empty() => {
                     timer.chunk(Instant::now())
                 }
-                StreamEvent::Delta { .. } | StreamEvent::Finish { .. } => {}
+                StreamEvent::Delta { .. }
+                | StreamEvent::PromptLogprobs { .. }
+                | StreamEvent::Finish { .. } => {}
                 StreamEvent::Done { usage, .. } => {
                     return timer.finish(
                         info,

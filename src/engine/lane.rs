@@ -18,7 +18,7 @@ use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence, Step};
 use super::shards;
 use super::stats::LaneStats;
 use super::validate::ValidRequest;
-use super::{EngineConfig, EngineError, TokenInfo};
+use super::{EngineConfig, EngineError};
 use crate::backend::{Backend, BackendError};
 use crate::model::ModelFiles;
 use crate::runner::Llama;
@@ -352,23 +352,7 @@ impl<B: Backend> Lane<'_, B> {
         })?;
         let sampled = self.backend.sample(logits, &self.sched.sample_rows(step))?;
         for out in self.sched.update(step, sampled) {
-            let s = out.sampled;
-            match out.finish {
-                Ok(finish) => out.request.emit(LaneEvent::Token {
-                    choice: out.choice,
-                    info: TokenInfo {
-                        id: s.token,
-                        logprob: s.logprob,
-                        top: s.top,
-                    },
-                    finish,
-                    stop_token: out.stop_token,
-                }),
-                Err(message) => out.request.fail(EngineError::InvalidRequest {
-                    param: None,
-                    message: format!("the output constraint failed: {message}"),
-                }),
-            }
+            out.emit();
         }
         Ok(())
     }

@@ -31,6 +31,8 @@ pub(crate) struct OutputProcessor {
     submitted: Instant,
     pub out: VecDeque<StreamEvent>,
     finished: bool,
+    /// Prompt logprobs received so far (sent on as one event once complete).
+    prompt: Vec<TokenInfo>,
 }
 
 /// Byte length of the longest suffix of `text` that is a proper prefix of some stop string.
@@ -76,6 +78,7 @@ impl OutputProcessor {
             submitted: Instant::now(),
             out: VecDeque::new(),
             finished: false,
+            prompt: Vec::new(),
         }
     }
 
@@ -103,6 +106,22 @@ impl OutputProcessor {
                 finish,
                 stop_token,
             } => self.token(choice, info, finish, stop_token),
+            LaneEvent::PromptLogprobs { tokens, complete } => {
+                self.prompt.extend(tokens);
+                if complete {
+                    self.out.push_back(StreamEvent::PromptLogprobs {
+                        choices: 0..self.choices.len(),
+                        tokens: std::mem::take(&mut self.prompt).into(),
+                    });
+                }
+                None
+            }
+            LaneEvent::Finish { choice, reason } => {
+                if self.choices.get(choice).is_some_and(|c| !c.done) {
+                    self.end_choice(choice, reason, Instant::now());
+                }
+                None
+            }
         }
     }
 
@@ -157,6 +176,13 @@ impl OutputProcessor {
             }
             return None;
         }
+        self.end_choice(idx, finish.expect("finish set above"), now);
+        stopped_early
+    }
+
+    /// Flushes choice `idx`'s held text and tokens and ends it; `Done` after the last one.
+    fn end_choice(&mut self, idx: usize, reason: FinishReason, now: Instant) {
+        let c = &mut self.choices[idx];
         let text = std::mem::take(&mut c.held);
         let tokens = std::mem::take(&mut c.tokens);
         if !text.is_empty() || !tokens.is_empty() {
@@ -167,7 +193,6 @@ impl OutputProcessor {
             });
         }
         c.done = true;
-        let reason = finish.expect("finish set above");
         self.out.push_back(StreamEvent::Finish {
             choice: idx,
             reason,
@@ -181,7 +206,6 @@ impl OutputProcessor {
             });
             self.finished = true;
         }
-        stopped_early
     }
 }
 

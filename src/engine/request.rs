@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use super::constraint::Grammar;
 use super::{EngineError, FinishReason, TokenInfo};
-use crate::sampling::SamplingParams;
+use crate::sampling::{Sampled, SamplingParams};
 
 /// Events from a lane to one request's output processor.
 #[derive(Debug)]
@@ -25,14 +25,26 @@ pub(crate) enum LaneEvent {
         /// (a token that completes a grammar is shown).
         stop_token: bool,
     },
+    /// Log-probabilities of the next prompt tokens (prompt logprobs; choice 0 computes them
+    /// for every choice), in prompt order; `complete`: the last of them.
+    PromptLogprobs {
+        tokens: Vec<TokenInfo>,
+        complete: bool,
+    },
+    /// A choice ended without a token: `max_tokens` 0 computes the prompt only.
+    Finish {
+        choice: usize,
+        reason: FinishReason,
+    },
     Failed(EngineError),
 }
 
-/// Most events one step sends to a request of `n` choices: a token per choice, the
-/// `Scheduled` event and a final error. A request runs only while this much room is free in
-/// its stream buffer, so no event is ever dropped for want of room.
+/// Most events one step sends to a request of `n` choices: a token (or a finish) per
+/// choice, its prompt logprobs, the `Scheduled` event and a final error. A request runs
+/// only while this much room is free in its stream buffer, so no event is ever dropped for
+/// want of room.
 pub(crate) fn step_events(n: usize) -> usize {
-    n + 2
+    n + 3
 }
 
 /// Limits that token ids decide, owned by each sequence of a request.
@@ -50,6 +62,9 @@ pub(crate) struct Limits {
 #[derive(Debug)]
 pub(crate) struct LaneRequest {
     pub params: SamplingParams,
+    /// The sampler's parameters of prompt positions: raw logits (greedy, no bias or
+    /// penalty) and `params.prompt_logprobs` top alternatives.
+    pub prompt_params: SamplingParams,
     pub seed: u64,
     pub limits: Limits,
     pub n: usize,
@@ -70,8 +85,13 @@ impl LaneRequest {
         n: usize,
         events: mpsc::Sender<LaneEvent>,
     ) -> Self {
+        let prompt_params = SamplingParams {
+            logprobs: params.prompt_logprobs,
+            ..SamplingParams::greedy()
+        };
         Self {
             params,
+            prompt_params,
             seed,
             limits,
             n,
@@ -128,6 +148,54 @@ impl LaneRequest {
     pub fn emit(&self, ev: LaneEvent) {
         if let Err(mpsc::error::TrySendError::Full(_)) = self.events.try_send(ev) {
             tracing::error!("stream buffer full: an event was lost");
+        }
+    }
+}
+
+/// What a step produced for one sequence: prompt logprobs, its sampled token and, when the
+/// token ids decide it, why the choice ended (the sequence is then gone and its blocks are
+/// free).
+#[derive(Debug)]
+pub(crate) struct SeqOutput {
+    pub choice: usize,
+    pub request: std::rc::Rc<LaneRequest>,
+    /// Prompt logprobs computed this step; `Some` only for the sequence that reports them.
+    pub prompt: Option<(Vec<TokenInfo>, bool)>,
+    /// `None`: no token this step (a prompt chunk, or `max_tokens` 0).
+    pub sampled: Option<Sampled>,
+    /// `Err`: the choice's grammar failed (the sequence is gone); the token is not output.
+    pub finish: Result<Option<FinishReason>, String>,
+    /// The token is a stop id (not shown as text).
+    pub stop_token: bool,
+}
+
+impl SeqOutput {
+    /// Sends this output's events to its request's stream.
+    pub fn emit(self) {
+        let r = &self.request;
+        if let Some((tokens, complete)) = self.prompt {
+            r.emit(LaneEvent::PromptLogprobs { tokens, complete });
+        }
+        match (self.sampled, self.finish) {
+            (_, Err(message)) => r.fail(EngineError::InvalidRequest {
+                param: None,
+                message: format!("the output constraint failed: {message}"),
+            }),
+            (Some(s), Ok(finish)) => r.emit(LaneEvent::Token {
+                choice: self.choice,
+                info: TokenInfo {
+                    id: s.token,
+                    logprob: s.logprob,
+                    top: s.top,
+                },
+                finish,
+                stop_token: self.stop_token,
+            }),
+            (None, Ok(Some(reason))) => r.emit(LaneEvent::Finish {
+                choice: self.choice,
+                reason,
+            }),
+            (None, Ok(None)) => {}
         }
     }
 }

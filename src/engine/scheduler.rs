@@ -6,9 +6,10 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 
 use super::FinishReason;
+use super::TokenInfo;
 use super::blocks::{BlockId, BlockPool};
 use super::constraint::Grammar;
-use super::request::LaneRequest;
+use super::request::{LaneRequest, SeqOutput};
 use crate::backend::{BatchPlan, SeqSlice};
 use crate::sampling::{Penalties, SampleRow, Sampled, uniform};
 
@@ -42,6 +43,11 @@ pub struct Sequence {
     penalties: Penalties,
     /// The matcher of a constrained choice, advanced per token.
     grammar: Option<Grammar>,
+    /// Prompt logprobs still to report (choice 0 of a request that asks for them): how many
+    /// prompt rows have been reported (row `r` gives the logprob of prompt token `r + 1`).
+    /// `None` once the last was sent, or when not asked. Survives preemption: the rows
+    /// reported are not reported again, and only they may come from the prefix cache.
+    prompt_lp: Option<usize>,
 }
 
 impl Sequence {
@@ -53,8 +59,10 @@ impl Sequence {
         (priority, arrival): (i32, u64),
         after: Option<SeqId>,
     ) -> Self {
+        let prompt_lp = (choice == 0 && request.params.prompt_logprobs.is_some()).then_some(0);
         Self {
             id,
+            prompt_lp,
             prompt_len: prompt.len(),
             penalties: Penalties::new(&request.params, &prompt),
             grammar: request.grammar.clone(),
@@ -74,6 +82,34 @@ impl Sequence {
         &self.tokens[self.prompt_len..]
     }
 
+    /// The prompt logprobs of a just computed chunk of `n` tokens whose forced rows gave
+    /// `rows` (rows already reported before a preemption are skipped), and whether they are
+    /// the last; `None` when this sequence reports none.
+    fn report_prompt(&mut self, n: usize, rows: Vec<Sampled>) -> Option<(Vec<TokenInfo>, bool)> {
+        let done = self.prompt_lp?;
+        let start = self.num_computed - n;
+        let new: Vec<TokenInfo> = rows
+            .into_iter()
+            .enumerate()
+            .map(|(r, s)| (start + r, s))
+            .filter(|&(pos, _)| pos >= done && pos + 1 < self.prompt_len)
+            .map(|(pos, s)| TokenInfo {
+                id: self.tokens[pos + 1],
+                logprob: s.logprob,
+                top: s.top,
+            })
+            .collect();
+        let complete = self.num_computed >= self.prompt_len;
+        self.prompt_lp = (!complete).then_some(done + new.len());
+        Some((new, complete))
+    }
+
+    /// Whether every row of this sequence's next chunk produces logits (prompt logprobs).
+    fn every_row(&self) -> bool {
+        self.prompt_lp
+            .is_some_and(|done| done + 1 < self.prompt_len)
+    }
+
     /// The sampler's view of this sequence for its next token.
     fn sample_row(&self) -> SampleRow<'_> {
         let r = &self.request;
@@ -82,6 +118,7 @@ impl Sequence {
             uniform: uniform(r.seed ^ self.choice as u64, self.output().len() as u64),
             penalties: &self.penalties,
             mask: self.grammar.as_ref().and_then(|g| g.mask()),
+            forced: None,
         }
     }
 
@@ -103,19 +140,6 @@ impl Sequence {
             None
         })
     }
-}
-
-/// What a step produced for one sequence: its sampled token and, when the token ids decide
-/// it, why the choice ended (the sequence is then gone and its blocks are free).
-#[derive(Debug)]
-pub(crate) struct SeqOutput {
-    pub choice: usize,
-    pub request: Rc<LaneRequest>,
-    pub sampled: Sampled,
-    /// `Err`: the choice's grammar failed (the sequence is gone); the token is not output.
-    pub finish: Result<Option<FinishReason>, String>,
-    /// The token is a stop id (not shown as text).
-    pub stop_token: bool,
 }
 
 /// Limits of one lane's scheduler.
@@ -142,6 +166,19 @@ pub struct Scheduled {
     pub num_tokens: usize,
     /// The chunk reaches the end of the sequence: a token is sampled.
     pub wants_logits: bool,
+    /// Every row of the chunk produces logits (prompt logprobs).
+    pub every_row: bool,
+}
+
+impl Scheduled {
+    /// Logits rows of this share of the step.
+    fn logits_rows(&self) -> usize {
+        if self.every_row {
+            self.num_tokens
+        } else {
+            self.wants_logits as usize
+        }
+    }
 }
 
 /// A step: the plan for the model plus who is in it.
@@ -264,10 +301,13 @@ impl Scheduler {
 
     /// Picks the next step's work, or `None` when there is nothing to run. Sequences whose
     /// stream buffer is full sit the step out (running ones keep their blocks) until their
-    /// client reads.
+    /// client reads. A step has at most `max_num_seqs` logits rows (the model's logits
+    /// scratch): a prompt-logprobs chunk, whose every row produces logits, is cut to fit
+    /// beside one row for each other running sequence.
     pub fn schedule(&mut self) -> Option<Step> {
         let bs = self.cfg.block_size;
         let mut budget = self.cfg.max_num_batched_tokens;
+        let mut rows_left = self.cfg.max_num_seqs;
         let mut picked: Vec<Scheduled> = Vec::new();
         let mut preempted = false;
         let mut i = 0;
@@ -277,7 +317,16 @@ impl Scheduler {
                 continue;
             }
             let (computed, len) = (self.running[i].num_computed, self.running[i].tokens.len());
-            let n = (len - computed).min(budget);
+            let every_row = self.running[i].every_row();
+            let mut n = (len - computed).min(budget);
+            if every_row {
+                // Keep one row for each later running sequence.
+                n = n.min(rows_left.saturating_sub(self.running.len() - i - 1));
+                if n == 0 {
+                    i += 1;
+                    continue;
+                }
+            }
             let mut fits = Self::grow(&mut self.pool, &mut self.running[i], computed + n, bs);
             while !fits && self.running.len() > i + 1 {
                 let victim = self.running.pop().expect("len > i + 1");
@@ -291,16 +340,19 @@ impl Scheduler {
                 preempted = true;
                 break;
             }
-            picked.push(Scheduled {
+            let p = Scheduled {
                 id: self.running[i].id,
                 num_tokens: n,
                 wants_logits: computed + n == len,
-            });
+                every_row,
+            };
+            rows_left = rows_left.saturating_sub(p.logits_rows());
+            picked.push(p);
             budget -= n;
             i += 1;
         }
         if !preempted {
-            self.admit_waiting(&mut budget, &mut picked);
+            self.admit_waiting(&mut budget, &mut rows_left, &mut picked);
         }
         (!picked.is_empty()).then(|| self.build_step(picked))
     }
@@ -311,37 +363,57 @@ impl Scheduler {
         self.add(seq);
     }
 
-    fn admit_waiting(&mut self, budget: &mut usize, picked: &mut Vec<Scheduled>) {
+    fn admit_waiting(
+        &mut self,
+        budget: &mut usize,
+        rows_left: &mut usize,
+        picked: &mut Vec<Scheduled>,
+    ) {
         let bs = self.cfg.block_size;
         let mut w = 0;
-        while w < self.waiting.len() && *budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+        while w < self.waiting.len()
+            && *budget > 0
+            && *rows_left > 0
+            && self.running.len() < self.cfg.max_num_seqs
+        {
             if !self.ready(&self.waiting[w]) || !self.waiting[w].request.has_room() {
                 w += 1;
                 continue;
             }
             let mut seq = self.waiting.remove(w).expect("index checked");
             if seq.blocks.is_empty() {
-                // Keep at least one token to compute so the step yields logits.
-                let lookup = &seq.tokens[..seq.tokens.len() - 1];
-                let (blocks, hashes) = self.pool.take_cached_prefix(lookup, bs);
+                // Keep at least one token to compute so the step yields logits; a sequence
+                // reporting prompt logprobs computes every prompt row not yet reported.
+                let keep = match seq.prompt_lp {
+                    Some(done) => done.min(seq.tokens.len() - 1),
+                    None => seq.tokens.len() - 1,
+                };
+                let (blocks, hashes) = self.pool.take_cached_prefix(&seq.tokens[..keep], bs);
                 self.counters.prefix_queries += seq.tokens.len() as u64;
                 self.counters.prefix_hits += (blocks.len() * bs) as u64;
                 seq.num_computed = blocks.len() * bs;
                 seq.blocks = blocks;
                 seq.hashes = hashes;
             }
-            let n = (seq.tokens.len() - seq.num_computed).min(*budget);
+            let every_row = seq.every_row();
+            let mut n = (seq.tokens.len() - seq.num_computed).min(*budget);
+            if every_row {
+                n = n.min(*rows_left);
+            }
             let upto = seq.num_computed + n;
             if !Self::grow(&mut self.pool, &mut seq, upto, bs) {
                 self.release(&mut seq);
                 self.waiting.insert(w, seq);
                 break;
             }
-            picked.push(Scheduled {
+            let p = Scheduled {
                 id: seq.id,
                 num_tokens: n,
                 wants_logits: seq.num_computed + n == seq.tokens.len(),
-            });
+                every_row,
+            };
+            *rows_left = rows_left.saturating_sub(p.logits_rows());
+            picked.push(p);
             *budget -= n;
             self.running.push(seq);
         }
@@ -353,12 +425,11 @@ impl Scheduler {
             block_size: bs as u32,
             ..Default::default()
         };
-        for p in &picked {
-            let s = self
-                .running
-                .iter()
-                .find(|s| s.id == p.id)
-                .expect("picked from running");
+        for (i, p) in picked.iter().enumerate() {
+            let s = self.running_seq(p.id);
+            if p.every_row {
+                plan.every_row_logits.push(i as u32);
+            }
             plan.seqs.push(SeqSlice {
                 q_start: plan.token_ids.len() as u32,
                 q_len: p.num_tokens as u32,
@@ -401,39 +472,68 @@ impl Scheduler {
             .collect()
     }
 
-    /// The sampler rows of a step: one per sequence that wants logits, in step order.
+    /// The sampler rows of a step, one per logits row ([`BatchPlan::logits_rows`]): a
+    /// sampled row per sequence that wants logits; each prompt row of a prompt-logprobs
+    /// chunk is a row forced to the next prompt token.
     pub fn sample_rows(&self, step: &Step) -> Vec<SampleRow<'_>> {
-        step.seqs
-            .iter()
-            .filter(|p| p.wants_logits)
-            .map(|p| self.running_seq(p.id).sample_row())
-            .collect()
+        let mut rows = Vec::with_capacity(step.plan.num_logits_rows());
+        for p in &step.seqs {
+            let s = self.running_seq(p.id);
+            if p.every_row {
+                let (from, to) = (s.num_computed, s.num_computed + p.num_tokens);
+                let last = if p.wants_logits { to - 1 } else { to };
+                let params = &s.request.prompt_params;
+                rows.extend((from..last).map(|pos| SampleRow::forced(params, s.tokens[pos + 1])));
+            }
+            if p.wants_logits {
+                rows.push(s.sample_row());
+            }
+        }
+        rows
     }
 
     /// Applies a computed step (vLLM's `update_from_output`): marks its tokens as computed,
-    /// registers newly full blocks, appends the sampled tokens (one per row of
-    /// [`Scheduler::sample_rows`]) and decides every finish the token ids decide. Finished
-    /// sequences are removed and their blocks freed.
+    /// registers newly full blocks, reports prompt logprobs, appends the sampled tokens (one
+    /// per row of [`Scheduler::sample_rows`], in order) and decides every finish the token
+    /// ids decide. Finished sequences are removed and their blocks freed.
     pub(crate) fn update(&mut self, step: &Step, sampled: Vec<Sampled>) -> Vec<SeqOutput> {
         self.on_computed(step);
-        let ids = step.seqs.iter().filter(|p| p.wants_logits).map(|p| p.id);
-        let mut outputs = Vec::with_capacity(sampled.len());
-        for (id, sampled) in ids.zip(sampled) {
-            let Some(seq) = self.running.iter_mut().find(|s| s.id == id) else {
+        let mut results = sampled.into_iter();
+        let mut outputs = Vec::with_capacity(step.seqs.len());
+        for p in &step.seqs {
+            let mut mine: Vec<Sampled> = results.by_ref().take(p.logits_rows()).collect();
+            let token = if p.wants_logits { mine.pop() } else { None };
+            let Some(seq) = self.running.iter_mut().find(|s| s.id == p.id) else {
                 continue;
             };
-            let finish = seq.push(sampled.token);
+            let prompt = seq.report_prompt(p.num_tokens, mine);
+            let (mut finish, mut stop_token) = (Ok(None), false);
+            let sampled = match token {
+                // `max_tokens` 0: the prompt was all there was to compute.
+                Some(_) if seq.request.limits.max_tokens == 0 => {
+                    finish = Ok(Some(FinishReason::Length));
+                    None
+                }
+                Some(s) => {
+                    finish = seq.push(s.token);
+                    stop_token = seq.request.limits.stop_ids.contains(&s.token);
+                    Some(s)
+                }
+                None => None,
+            };
             let ends = !matches!(finish, Ok(None));
-            let stop_token = seq.request.limits.stop_ids.contains(&sampled.token);
-            outputs.push(SeqOutput {
-                choice: seq.choice,
-                request: seq.request.clone(),
-                sampled,
-                finish,
-                stop_token,
-            });
+            if prompt.is_some() || sampled.is_some() || ends {
+                outputs.push(SeqOutput {
+                    choice: seq.choice,
+                    request: seq.request.clone(),
+                    prompt,
+                    sampled,
+                    finish,
+                    stop_token,
+                });
+            }
             if ends {
-                self.remove(id);
+                self.remove(p.id);
             }
         }
         outputs
@@ -461,99 +561,4 @@ impl Scheduler {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::request::Limits;
-    use crate::sampling::SamplingParams;
-
-    fn sched(blocks: usize, budget: usize) -> Scheduler {
-        let cfg = SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: budget,
-            block_size: 4,
-        };
-        Scheduler::new(cfg, BlockPool::new(blocks, true))
-    }
-
-    /// A greedy request that never finishes within these tests, with room to stream.
-    fn seq(id: u64, prompt: Vec<u32>, arrival: u64) -> Sequence {
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        std::mem::forget(rx);
-        let limits = Limits {
-            max_tokens: 1000,
-            max_len: 1000,
-            stop_ids: vec![],
-        };
-        let req = LaneRequest::new(SamplingParams::greedy(), 0, limits, 1, tx);
-        Sequence::new(SeqId(id), prompt, Rc::new(req), 0, (0, arrival), None)
-    }
-
-    fn run_step(s: &mut Scheduler, next: u32) -> Step {
-        let step = s.schedule().expect("work");
-        let rows = s.sample_rows(&step).len();
-        let sampled = (0..rows)
-            .map(|_| Sampled {
-                token: next,
-                logprob: 0.0,
-                top: vec![],
-            })
-            .collect();
-        assert!(
-            s.update(&step, sampled)
-                .iter()
-                .all(|o| matches!(o.finish, Ok(None)))
-        );
-        step
-    }
-
-    #[test]
-    fn chunked_prefill_then_decode_within_budget() {
-        let mut s = sched(16, 6);
-        s.add(seq(1, (0..10).collect(), 0));
-        let a = run_step(&mut s, 99);
-        assert_eq!((a.plan.num_tokens(), a.seqs[0].wants_logits), (6, false));
-        let b = run_step(&mut s, 99);
-        assert_eq!((b.plan.num_tokens(), b.seqs[0].wants_logits), (4, true));
-        let c = run_step(&mut s, 99);
-        assert_eq!(c.plan.num_tokens(), 1);
-        assert_eq!(c.plan.positions, vec![10]);
-        s.remove(SeqId(1));
-        assert_eq!(s.pool().num_free(), 16);
-    }
-
-    #[test]
-    fn preempts_newest_when_blocks_run_out() {
-        let mut s = sched(4, 64);
-        s.add(seq(1, (0..7).collect(), 0));
-        s.add(seq(2, (10..17).collect(), 1));
-        run_step(&mut s, 5); // both prefilled: 2 blocks each, 8 tokens each now
-        run_step(&mut s, 5); // token 8 computed: still 2 blocks each
-        assert_eq!((s.num_running(), s.counters.preemptions), (2, 0));
-        let step = run_step(&mut s, 5); // seq 1 needs a third block: seq 2 is preempted
-        assert_eq!(s.counters.preemptions, 1);
-        assert_eq!(
-            step.seqs.iter().map(|p| p.id).collect::<Vec<_>>(),
-            vec![SeqId(1)]
-        );
-        assert_eq!(s.num_waiting(), 1);
-        s.remove(SeqId(1));
-        s.remove(SeqId(2));
-        assert_eq!(s.pool().num_free(), 4);
-    }
-
-    #[test]
-    fn second_request_hits_prefix_cache() {
-        let mut s = sched(16, 64);
-        s.add(seq(1, (0..9).collect(), 0));
-        run_step(&mut s, 1);
-        s.remove(SeqId(1));
-        s.add(seq(2, (0..9).collect(), 1));
-        let step = run_step(&mut s, 1);
-        assert_eq!(
-            step.plan.num_tokens(),
-            1,
-            "8 of 9 prompt tokens come from the cache"
-        );
-        assert_eq!(s.counters.prefix_hits, 8);
-    }
-}
+mod tests;

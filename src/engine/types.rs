@@ -132,6 +132,14 @@ pub enum StreamEvent {
         text: String,
         tokens: Vec<TokenInfo>,
     },
+    /// The prompt's log-probabilities (asked by `SamplingParams::prompt_logprobs`), shared
+    /// by `choices`: one entry per prompt token after the first (its logprob given the
+    /// tokens before it, and the top alternatives there). Sent once, before any `Delta` of
+    /// those choices.
+    PromptLogprobs {
+        choices: std::ops::Range<usize>,
+        tokens: std::sync::Arc<[TokenInfo]>,
+    },
     /// A choice ended.
     Finish { choice: usize, reason: FinishReason },
     /// Every choice ended; the last event of a successful stream.

@@ -71,7 +71,8 @@ fn invalid(param: &'static str, message: String) -> EngineError {
 
 /// Checks `req` against `b`: a non-empty prompt of in-vocabulary ids that leaves room in the
 /// context, 1 to [`MAX_CHOICES`] choices, and a `max_tokens` whose sum with the prompt fits
-/// both the context and the KV pool. An absent `max_tokens` means the rest of that room.
+/// both the context and the KV pool. An absent `max_tokens` means the rest of that room;
+/// `max_tokens` 0 computes the prompt only (for its prompt logprobs) and ends with `Length`.
 /// `grammar` is `req.constraint` compiled (the caller compiles it, with the tokenizer's trie).
 pub(crate) fn validate(
     req: GenerateRequest,
@@ -89,12 +90,6 @@ pub(crate) fn validate(
                 "token id {t} is out of range (vocabulary of {})",
                 b.vocab_size
             ),
-        ));
-    }
-    if req.max_tokens == Some(0) {
-        return Err(invalid(
-            "max_tokens",
-            "max_tokens must be at least 1".into(),
         ));
     }
     if req.n == 0 || req.n > MAX_CHOICES {

@@ -162,12 +162,18 @@ impl<B: Backend> Llama<B> {
         plan: &BatchPlan,
     ) -> Result<&B::Tensor, BackendError> {
         let n = plan.num_tokens();
-        let n_logits = plan.seqs.iter().filter(|s| s.wants_logits).count();
-        if n == 0 || n > self.max_tokens || plan.seqs.len() > self.max_seqs {
+        // The logits scratch holds `max_seqs` rows: prompt-logprobs steps must fit it too.
+        let n_logits = plan.num_logits_rows();
+        if n == 0
+            || n > self.max_tokens
+            || plan.seqs.len() > self.max_seqs
+            || n_logits > self.max_seqs
+        {
             return Err(BackendError::InvalidBatch(format!(
-                "step of {n} tokens / {} sequences outside capacity {} / {}",
+                "step of {n} tokens / {} sequences / {n_logits} logits rows outside capacity {} / {} / {}",
                 plan.seqs.len(),
                 self.max_tokens,
+                self.max_seqs,
                 self.max_seqs
             )));
         }

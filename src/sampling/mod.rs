@@ -27,6 +27,9 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Number of top alternatives to report with each token (`None`: no logprobs).
     pub logprobs: Option<usize>,
+    /// Number of top alternatives to report with each prompt token after the first, whose
+    /// log-probability given the tokens before it is reported too (`None`: none).
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -42,6 +45,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             seed: None,
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -142,6 +146,25 @@ pub struct SampleRow<'a> {
     /// Tokens allowed next (constrained decoding): bit `t % 32` of word `t / 32` is set
     /// for an allowed token `t`; `None`: every token.
     pub mask: Option<&'a [u32]>,
+    /// A prompt position: the row is not sampled, this token (the next prompt token) is
+    /// its result, with its log-probability and the top alternatives under the raw logits
+    /// (temperature 1, no bias or penalty: vLLM's prompt logprobs). Penalties, bias, mask
+    /// and temperature of the row are ignored.
+    pub forced: Option<u32>,
+}
+
+impl<'a> SampleRow<'a> {
+    /// The row of a prompt position whose next prompt token is `token`, reporting `top`
+    /// alternatives (`params` says how many: `logprobs`).
+    pub fn forced(params: &'a SamplingParams, token: u32) -> Self {
+        Self {
+            params,
+            uniform: 0.0,
+            penalties: Penalties::none(),
+            mask: None,
+            forced: Some(token),
+        }
+    }
 }
 
 /// Whether `mask` allows token `t` (ids past the mask are not allowed).
@@ -193,6 +216,16 @@ impl CpuSampler {
                 .collect(),
             _ => Vec::new(),
         };
+        if let Some(t) = row.forced {
+            let logprob = logits
+                .get(t as usize)
+                .map_or(f32::NEG_INFINITY, |&v| v - lse);
+            return Sampled {
+                token: t,
+                logprob,
+                top,
+            };
+        }
         self.work.clear();
         self.work.extend_from_slice(logits);
         apply_bias_and_penalties(&mut self.work, row);
@@ -319,6 +352,7 @@ mod tests {
             uniform: u,
             penalties: pen,
             mask: None,
+            forced: None,
         }
     }
 
@@ -448,6 +482,23 @@ mod tests {
                 let lse = log_sum_exp(&logits);
                 assert_eq!(got.logprob, logits[got.token as usize] - lse, "raw logprob");
             }
+        }
+    }
+
+    #[test]
+    fn a_forced_row_reports_the_given_token_under_the_raw_logits() {
+        let mut s = CpuSampler::default();
+        let logits = [0.5, 3.0, 1.0, -2.0];
+        let p = SamplingParams {
+            logprobs: Some(2),
+            ..SamplingParams::greedy()
+        };
+        let lse = log_sum_exp(&logits);
+        for t in 0..4u32 {
+            let r = s.sample(&logits, &SampleRow::forced(&p, t));
+            assert_eq!(r.token, t);
+            assert!((r.logprob - (logits[t as usize] - lse)).abs() < 1e-6);
+            assert_eq!(r.top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2]);
         }
     }
 

@@ -259,6 +259,7 @@ impl Rig {
                 uniform: 0.5,
                 penalties: Penalties::none(),
                 mask: None,
+                forced: None,
             })
             .collect();
         let t = Instant::now();

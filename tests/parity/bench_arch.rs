@@ -176,6 +176,7 @@ impl ArchRig {
                 uniform: 0.5,
                 penalties: Penalties::none(),
                 mask: None,
+                forced: None,
             })
             .collect();
         let t = Instant::now();

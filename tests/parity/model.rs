@@ -138,6 +138,80 @@ fn stories260k_greedy_matches_cpu() {
     }
 }
 
+/// Every row of a prompt-logprobs chunk (`every_row_logits`) gives the logits that row gives
+/// as the last row of a prefill of the prompt up to it, on every compiled backend; a step
+/// with more logits rows than the scratch holds is refused.
+#[test]
+fn every_row_logits_equal_each_prefix_last_row() {
+    let files = stories();
+    every_row_vs_prefixes(CpuBackend::new(), &files, 1e-5);
+    #[cfg(feature = "cuda")]
+    {
+        use kiln::backend::cuda::DType;
+        if let Some(b) = crate::harness::cuda(DType::F32) {
+            every_row_vs_prefixes(b, &files, 1e-4);
+        }
+        if let Some(b) = crate::harness::cuda(DType::Bf16) {
+            every_row_vs_prefixes(b, &files, 2e-2);
+        }
+    }
+}
+
+fn every_row_vs_prefixes<B: Backend>(mut b: B, files: &ModelFiles, tol: f64) {
+    use kiln::backend::{BackendError, BatchPlan, KvShape, SeqSlice};
+    use kiln::runner::Llama;
+    let tok = files.tokenizer.as_ref().expect("fixture tokenizer");
+    let ids = tok.encode(PROMPTS[2], true).unwrap();
+    let (n, spec) = (ids.len(), &files.spec);
+    let mut model = Llama::load(&mut b, files, 64, 16).unwrap();
+    let mut small = Llama::load(&mut b, files, 64, n - 1).unwrap();
+    let shape = KvShape {
+        num_layers: spec.n_layers,
+        num_blocks: 8,
+        block_size: 16,
+        n_kv_heads: spec.n_kv_heads,
+        head_dim: spec.head_dim,
+    };
+    let mut kv = b.alloc_kv(&shape).unwrap();
+    let plan = |len: usize, every: bool| {
+        let mut p = BatchPlan {
+            token_ids: ids[..len].to_vec(),
+            block_size: 16,
+            every_row_logits: if every { vec![0] } else { vec![] },
+            ..Default::default()
+        };
+        p.seqs.push(SeqSlice {
+            q_start: 0,
+            q_len: len as u32,
+            ctx_len: len as u32,
+            block_table: (0..8).collect(),
+            wants_logits: true,
+        });
+        p.fill_positions_and_slots();
+        p
+    };
+    let v = spec.vocab_size;
+    model.forward(&mut b, &mut kv, &plan(n, true)).unwrap();
+    let all = b.to_host(model.logits(), n).unwrap();
+    for p in 1..=n {
+        model.forward(&mut b, &mut kv, &plan(p, false)).unwrap();
+        let last = b.to_host(model.logits(), 1).unwrap();
+        let err = rel_l2(&all[(p - 1) * v..p * v], &last[..v]);
+        assert!(
+            err < tol,
+            "{}: row {} of {n}: error {err:.3e}",
+            b.name(),
+            p - 1
+        );
+    }
+    let refused = small.forward(&mut b, &mut kv, &plan(n, true));
+    assert!(
+        matches!(refused, Err(BackendError::InvalidBatch(_))),
+        "{n} logits rows past a scratch of {}",
+        n - 1
+    );
+}
+
 #[cfg(feature = "cuda")]
 mod transfers {
     use kiln::backend::cuda::DType;
@@ -215,6 +289,7 @@ mod transfers {
             uniform: 0.5,
             penalties: Penalties::none(),
             mask: None,
+            forced: None,
         };
         let logits = model.forward(&mut b, &mut kv, &p).unwrap();
         let mut tokens: Vec<u32> = b

@@ -90,6 +90,7 @@ fn samples<B: TestBackend>(b: &mut B) {
                     uniform: uniforms[i],
                     penalties: &penalties[i],
                     mask: None,
+                    forced: None,
                 })
                 .collect();
             let bl = tensor(b, s, vocab, &logits);
@@ -127,13 +128,25 @@ fn samples<B: TestBackend>(b: &mut B) {
                 .enumerate()
                 .map(|(i, r)| SampleRow {
                     mask: (i + 1 < s).then_some(&masks[i][..]),
+                    forced: None,
                     ..*r
                 })
+                .collect();
+            // Prompt positions: every even row (not the tie row) forced to a random token,
+            // whatever its parameters; its logprob and alternatives come from the raw row.
+            let targets: Vec<Option<u32>> = (0..s)
+                .map(|i| (i % 2 == 0 && i != 9).then(|| rng.random_range(0..vocab as u32)))
+                .collect();
+            let forced: Vec<SampleRow<'_>> = rows
+                .iter()
+                .zip(&targets)
+                .map(|(r, &t)| SampleRow { forced: t, ..*r })
                 .collect();
             for (kind, rows) in [
                 ("mixed", &rows),
                 ("plain greedy", &plain),
                 ("masked", &masked),
+                ("forced", &forced),
             ] {
                 let got = b.sample(&bl, rows).unwrap();
                 let want = cpu.sample(&cl, rows).unwrap();
@@ -146,6 +159,13 @@ fn samples<B: TestBackend>(b: &mut B) {
                             b.label(),
                             g.token
                         );
+                    }
+                }
+                if kind == "forced" {
+                    for (i, (g, t)) in got.iter().zip(&targets).enumerate() {
+                        if let Some(t) = *t {
+                            assert_eq!(g.token, t, "{} row {i}: the forced token", b.label());
+                        }
                     }
                 }
                 assert_eq!(

@@ -24,9 +24,17 @@ fn stream_options_need_stream(stream: Option<bool>, has_options: bool) -> Result
 
 impl CheckRequest for CompletionRequest {
     /// `stream_options` needs `stream: true`; `best_of` is not implemented, so only values
-    /// that ask for nothing beyond `n` (1, or `n` itself) are accepted, never ignored.
+    /// that ask for nothing beyond `n` (1, or `n` itself) are accepted, never ignored;
+    /// neither is vLLM's `prompt_logprobs` (`echo` with `logprobs` gives prompt logprobs).
     fn check(&self) -> Result<(), ApiError> {
         stream_options_need_stream(self.stream, self.stream_options.is_some())?;
+        if self.prompt_logprobs.is_some() {
+            return Err(ApiError::invalid(
+                "prompt_logprobs",
+                "`prompt_logprobs` is not supported: set `echo` to true with `logprobs` to get \
+                 the prompt's logprobs",
+            ));
+        }
         let n = self.n.unwrap_or(1);
         match self.best_of {
             None => Ok(()),

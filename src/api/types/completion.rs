@@ -58,10 +58,13 @@ pub struct CompletionRequest {
     pub frequency_penalty: Option<f32>,
     #[serde(default)]
     pub repetition_penalty: Option<f32>,
-    /// Number of most likely alternatives to return per token.
+    /// Number of most likely alternatives to return per token. With `echo`, the prompt's
+    /// tokens come first, each with its log-probability given the tokens before it (the
+    /// model's raw distribution, as vLLM's prompt logprobs); the first has `null`.
     #[serde(default)]
     pub logprobs: Option<u32>,
-    /// Return the prompt before the completion.
+    /// Return the prompt before the completion. With `echo`, `max_tokens` may be 0: the
+    /// prompt alone is returned (with its logprobs when asked), `finish_reason` `length`.
     #[serde(default)]
     pub echo: Option<bool>,
     /// Token id (as a string) to a bias in [-100, 100] added to its logit.
@@ -75,6 +78,10 @@ pub struct CompletionRequest {
     /// Not supported; must be absent or null.
     #[serde(default)]
     pub suffix: Option<String>,
+    /// vLLM's prompt logprobs: not supported (400); `echo` with `logprobs` returns the
+    /// prompt's logprobs in the OpenAI shape.
+    #[serde(default)]
+    pub prompt_logprobs: Option<i64>,
     /// Candidates to rank per choice: only absent, 1 or `n` (no ranking) is accepted.
     #[serde(default)]
     pub best_of: Option<u32>,
@@ -113,10 +120,13 @@ impl CompletionRequest {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
-    pub token_logprobs: Vec<f32>,
-    /// Per token: alternative token text to its log-probability.
-    pub top_logprobs: Vec<BTreeMap<String, f32>>,
-    /// Character offset of each token in the choice's text.
+    /// Per token: its log-probability; `null` for the first token of an echoed prompt.
+    pub token_logprobs: Vec<Option<f32>>,
+    /// Per token: alternative token text to its log-probability (the token itself
+    /// included); `null` for the first token of an echoed prompt.
+    pub top_logprobs: Vec<Option<BTreeMap<String, f32>>>,
+    /// Character offset of each token in the choice's text (an echoed prompt's tokens
+    /// where they begin in the echoed text; the completion's from its end).
     pub text_offset: Vec<usize>,
 }
 

@@ -18,6 +18,9 @@ pub const PARAM_WORDS: usize = 8;
 pub const ENTRY_WORDS: usize = 5;
 /// Most top alternatives one row may ask for (one per thread of the top-n kernel).
 pub const MAX_TOP: usize = 1024;
+/// Added to a forced row's token in the sampling workspace: any finite logit plus this is
+/// larger than every other finite logit, so the greedy pick is the forced token.
+pub const FORCE_BIAS: f32 = f32::MAX;
 
 /// The packed upload of one `sample` call.
 #[derive(Debug, Default)]
@@ -68,13 +71,12 @@ pub fn pack(
                 dtype: format!("{n_top} top logprobs (max {MAX_TOP})"),
             });
         }
-        let inv_t = if p.is_greedy() {
-            1.0
-        } else {
-            1.0 / p.temperature
-        };
+        // A forced row (a prompt position) is a greedy pick that its bias entry makes
+        // the forced token (see `entries`).
+        let greedy = p.is_greedy() || row.forced.is_some();
+        let inv_t = if greedy { 1.0 } else { 1.0 / p.temperature };
         pack.words.extend_from_slice(&[
-            p.is_greedy() as u32,
+            greedy as u32,
             inv_t.to_bits(),
             p.top_k.min(u32::MAX as usize) as u32,
             p.top_p.to_bits(),
@@ -85,7 +87,7 @@ pub fn pack(
         ]);
         pack.total_top += n_top;
         pack.any_top |= n_top > 0;
-        all_greedy &= p.is_greedy();
+        all_greedy &= greedy;
     }
     let start = pack.words.len();
     for (i, row) in rows.iter().enumerate() {
@@ -119,7 +121,14 @@ fn pack_masks(rows: &[SampleRow<'_>], vocab: usize, pack: &mut SamplePack) {
 /// Appends one entry per distinct token that bias or penalties touch, composed in the CPU
 /// sampler's order: bias, then repetition (prompt and output), then presence/frequency.
 /// The penalty counts are the sequence's own, kept per token; only the bias is merged here.
+/// A forced row gets one entry instead: [`FORCE_BIAS`] on its token, so the greedy pick is
+/// that token while its logprob and the top alternatives still come from the raw logits.
 fn entries(row: u32, r: &SampleRow<'_>, vocab: usize, out: &mut Vec<u32>) {
+    if let Some(t) = r.forced {
+        let t = t.min(vocab.saturating_sub(1) as u32);
+        out.extend_from_slice(&[row, t, FORCE_BIAS.to_bits(), 1f32.to_bits(), 0]);
+        return;
+    }
     let p = r.params;
     let rep_on = p.repetition_penalty != 1.0;
     let sub_on = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
@@ -312,5 +321,54 @@ impl<R: Runtime> GpuBackend<R> {
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::{Penalties, SamplingParams};
+
+    /// A forced row packs as a greedy pick with one entry, `FORCE_BIAS` on its token, whatever
+    /// its parameters' temperature, bias and penalties; its top count stays.
+    #[test]
+    fn a_forced_row_packs_as_greedy_with_one_bias_entry() {
+        let p = SamplingParams {
+            temperature: 0.7,
+            repetition_penalty: 1.3,
+            logit_bias: vec![(3, 5.0)],
+            logprobs: Some(4),
+            ..SamplingParams::default()
+        };
+        let history = Penalties::from_history(&p, &[1, 2], &[3]);
+        let free = SampleRow {
+            params: &p,
+            uniform: 0.5,
+            penalties: &history,
+            mask: None,
+            forced: None,
+        };
+        let forced = SampleRow {
+            forced: Some(9),
+            ..free
+        };
+        let mut pk = SamplePack::default();
+        pack(&[free, forced], 100, &mut pk).unwrap();
+        let row = |i: usize| &pk.words[i * PARAM_WORDS..(i + 1) * PARAM_WORDS];
+        assert_eq!(row(0)[0], 0, "the free row draws");
+        assert_eq!(
+            (row(1)[0], f32::from_bits(row(1)[1]), row(1)[6]),
+            (1, 1.0, 4)
+        );
+        let entries = &pk.words[2 * PARAM_WORDS..2 * PARAM_WORDS + pk.entries * ENTRY_WORDS];
+        let of_row_1: Vec<&[u32]> = entries
+            .chunks_exact(ENTRY_WORDS)
+            .filter(|e| e[0] == 1)
+            .collect();
+        assert_eq!(
+            of_row_1,
+            vec![&[1, 9, FORCE_BIAS.to_bits(), 1f32.to_bits(), 0][..]]
+        );
+        assert!(!pk.plain_greedy);
     }
 }
