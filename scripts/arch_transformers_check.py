@@ -18,7 +18,13 @@ logit soft cap needs it).
 
 Usage: python3 scripts/arch_transformers_check.py [--device cuda] [--json OUT] [names...]
 Exit status 1 when any comparison is above 1e-4 (float64 runs still compute rope
-angles and some norms in float32 inside transformers) or any greedy id differs.
+angles and some norms in float32 inside transformers) or any greedy id differs. The MoE
+families run in float32 only (transformers 5's grouped expert matmul has no float64).
+
+Measured on the H100 (transformers 5.17.0, torch 2.11.0+cu130), rel / ids, float32:
+qwen3 2.1e-6, gemma2 5.7e-7, gemma3 5.2e-7, phi3 1.1e-5, qwen3moe 1.2e-6, mixtral 7.6e-6,
+qwen2moe 7.4e-6, qwen2-tied 2.5e-6, llama3-scaled 2.6e-6, mistral-bf16 2.7e-6,
+llama-sharded 1.2e-5; greedy ids 96/96 for every fixture.
 """
 
 import argparse
@@ -92,6 +98,16 @@ def main():
             key = f"{name} {str(dtype).removeprefix('torch.')}"
             try:
                 r = check(name, dtype, a.device)
+            except RuntimeError as e:
+                if dtype == torch.float64 and "Double" in str(e):
+                    # transformers 5's grouped expert matmul (MoE) has no float64 kernel.
+                    print(f"{key}: skipped ({e})")
+                    results[key] = dict(skipped=str(e))
+                    continue
+                print(f"{key}: ERROR RuntimeError: {e}")
+                results[key] = dict(error=f"RuntimeError: {e}")
+                bad = True
+                continue
             except Exception as e:  # noqa: BLE001 - report every family, then fail
                 print(f"{key}: ERROR {type(e).__name__}: {e}")
                 results[key] = dict(error=f"{type(e).__name__}: {e}")
