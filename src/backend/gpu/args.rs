@@ -235,6 +235,8 @@ kernel_args! {
     MoeCombineArgs (Kernel::MoeCombine) {
         y: ptr, inv: ptr, wts: ptr, k: i32, h: i32, total: u64, out: ptr,
     }
+    /// `moe_shared_add_<dt>`: `out[t] += sigmoid(x[t] . g) * ys[t]` over `n` rows of `h`.
+    MoeSharedAddArgs (Kernel::MoeSharedAdd) { x: ptr, g: ptr, ys: ptr, h: i32, n: i32, out: ptr }
 }
 
 #[cfg(test)]

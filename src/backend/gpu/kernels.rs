@@ -253,6 +253,8 @@ pub enum Kernel {
     MoeDown,
     /// MoE: weighted sum of each token's expert outputs.
     MoeCombine,
+    /// MoE: the shared expert's output added under its sigmoid gate.
+    MoeSharedAdd,
     /// Matmul of up to `rows` (one of [`QGEMV_ROWS`]) input rows with a quantized weight
     /// part, dequantized in registers.
     Qgemv {
@@ -325,6 +327,7 @@ impl Kernel {
             Kernel::MoeGateUp,
             Kernel::MoeDown,
             Kernel::MoeCombine,
+            Kernel::MoeSharedAdd,
         ];
         for rows in 1..=GEMV_MAX_ROWS as u32 {
             v.push(Kernel::Gemv { rows });
@@ -399,6 +402,7 @@ impl Kernel {
             Kernel::MoeGateUp => "moe_gate_up",
             Kernel::MoeDown => "moe_down",
             Kernel::MoeCombine => "moe_combine",
+            Kernel::MoeSharedAdd => "moe_shared_add",
             Kernel::Gemv { .. }
             | Kernel::Qgemv { .. }
             | Kernel::Qmma { .. }
@@ -435,7 +439,8 @@ impl Kernel {
             | Kernel::MoeAlign
             | Kernel::MoeGateUp
             | Kernel::MoeDown
-            | Kernel::MoeCombine => Source::Moe,
+            | Kernel::MoeCombine
+            | Kernel::MoeSharedAdd => Source::Moe,
             Kernel::Qgemv { .. }
             | Kernel::QgemvSilu { .. }
             | Kernel::Dequant { .. }

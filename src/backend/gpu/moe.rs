@@ -1,13 +1,27 @@
 //! Launcher of the mixture-of-experts FFN (`kernels/moe.cu`): route, sort the assignments
 //! by expert on the device, grouped gate/up and down matmuls over tiles of one expert,
 //! then each token's weighted sum. Five launches per layer whatever the batch; every size
-//! comes from the step's row count, so decode steps record into graphs.
+//! comes from the step's row count, so decode steps record into graphs. A shared expert
+//! (Qwen2-MoE) adds three: its gate/up and down matmuls (the dense FFN's launchers, so a
+//! quantized shared expert runs too) and the sigmoid-gated add.
 
-use super::args::{MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
+use super::args::{
+    MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs, MoeSharedAddArgs,
+};
 use super::kernels::Kernel;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
-use crate::backend::{BackendError, MoeExperts, MoeShape};
+use crate::backend::{Backend, BackendError, MoeExperts, MoeShape, SharedExpert};
+
+/// The shared expert's activations, sized for the activation capacity.
+pub(super) struct SharedScratch {
+    /// `[rows, 2 * shared_ff]` gate/up product.
+    gu: GpuTensor,
+    /// `[rows, shared_ff]`
+    act: GpuTensor,
+    /// `[rows, hidden]` the expert's output before its gate.
+    y: GpuTensor,
+}
 
 /// Assignment slots per tile (`MOE_TILE` in `moe.cu`).
 const TILE: usize = 8;
@@ -169,6 +183,62 @@ impl<R: Runtime> GpuBackend<R> {
             out: out.buf.ptr(),
         };
         let blocks = (n * h).div_ceil(256).clamp(1, 65535);
-        self.launch_with(Kernel::MoeCombine, grid((blocks, 1), 256), &combine)
+        self.launch_with(Kernel::MoeCombine, grid((blocks, 1), 256), &combine)?;
+        match w.shared {
+            Some(sh) => self.launch_moe_shared(x, sh, s.shared_ff, n, out),
+            None => Ok(()),
+        }
+    }
+
+    /// `out[t] += sigmoid(x[t] · gate) * down(silu(x[t] W_g^T) * (x[t] W_u^T))` for the first
+    /// `n` rows.
+    fn launch_moe_shared(
+        &mut self,
+        x: &GpuTensor,
+        sh: SharedExpert<'_, GpuWeight>,
+        sf: usize,
+        n: usize,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        let h = x.cols;
+        let g = sh.gate.dense_for("moe shared expert gate")?.ptr();
+        if sh.gate.rows * sh.gate.cols != h {
+            return Err(invalid(format!(
+                "moe shared gate: [{}, {}], expected {h} values",
+                sh.gate.rows, sh.gate.cols
+            )));
+        }
+        // Sized once for the activation capacity (the first, eager step).
+        let mut sc = match self.scratch.moe_shared.take() {
+            Some(sc) if sc.act.rows >= x.rows && sc.act.cols == sf && sc.y.cols == h => sc,
+            _ => {
+                self.generation += 1;
+                SharedScratch {
+                    gu: self.alloc(x.rows, 2 * sf)?,
+                    act: self.alloc(x.rows, sf)?,
+                    y: self.alloc(x.rows, h)?,
+                }
+            }
+        };
+        let mut run = || -> Result<(), BackendError> {
+            self.launch_matmul_silu_mul(x, sh.gate_up, n, &mut sc.gu, &mut sc.act)?;
+            self.launch_matmul(&sc.act, sh.down, None, n, &mut sc.y)?;
+            let args = MoeSharedAddArgs {
+                x: x.buf.ptr(),
+                g,
+                ys: sc.y.buf.ptr(),
+                h: h as i32,
+                n: n as i32,
+                out: out.buf.ptr(),
+            };
+            let grid = Grid {
+                blocks: (n.clamp(1, 65535) as u32, 1, 1),
+                threads: 256,
+            };
+            self.launch_with(Kernel::MoeSharedAdd, grid, &args)
+        };
+        let r = run();
+        self.scratch.moe_shared = Some(sc);
+        r
     }
 }
