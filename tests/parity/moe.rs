@@ -1,10 +1,10 @@
 //! Parity of the mixture-of-experts FFN (`Backend::moe_ffn`) against a naive per-token
 //! reference written here (f64, experts looped token by token): batches in which every
 //! expert gets a token, in which most get none, exact router ties (lowest index wins),
-//! both weightings (renormalised top-k and raw softmax probabilities), and Qwen2-MoE's
-//! shared expert under its sigmoid gate.
+//! both weightings (renormalised top-k and raw softmax probabilities), Qwen2-MoE's shared
+//! expert under its sigmoid gate, and experts in every quantized type Kiln reads.
 
-use kiln::backend::{MoeExperts, MoeShape, SharedExpert};
+use kiln::backend::{Backend, MoeExperts, MoeShape, SharedExpert};
 use rand_chacha::ChaCha8Rng;
 
 use crate::harness::*;
@@ -212,3 +212,86 @@ fn moe<B: TestBackend>(b: &mut B) {
     }
 }
 parity_test!(moe_ffn_grouped_experts, moe);
+
+/// Quantized experts, each kind one stacked `[n_expert * rows, cols]` matrix in the file's
+/// type (as a 3-D GGUF `ffn_*_exps` tensor arrives), against the same experts dequantized to
+/// f32 on the CPU. The CPU's own quantized path multiplies 8-bit activations, hence its
+/// looser tolerance; a GPU dequantizes in registers and accumulates in f32.
+fn moe_quant<B: TestBackend>(b: &mut B) {
+    use kiln::backend::HostTensor;
+    use kiln::backend::cpu::CpuBackend;
+    use kiln::backend::quant::GgmlType;
+    let mut rng = rng("moe_ffn_quant");
+    let mut reference = CpuBackend::with_f32_weights();
+    let (ne, f, h) = (4, 256, 256);
+    let s = MoeShape {
+        n_expert: ne,
+        top_k: 2,
+        expert_ff: f,
+        norm_topk: true,
+        shared_ff: 0,
+    };
+    let tol = if b.label() == "cpu" {
+        3e-2
+    } else {
+        b.tol().max(1e-4)
+    };
+    fn experts<W>(w: &[W]) -> MoeExperts<'_, W> {
+        MoeExperts {
+            gate: &w[0],
+            up: &w[1],
+            down: &w[2],
+            shared: None,
+        }
+    }
+    let types = [
+        (GgmlType::Q8_0, GgmlType::Q8_0),
+        (GgmlType::Q4_0, GgmlType::Q6K),
+        (GgmlType::Q4K, GgmlType::Q6K),
+        (GgmlType::Q5K, GgmlType::Q4K),
+        (GgmlType::Q6K, GgmlType::Q5K),
+    ];
+    for (tgu, td) in types {
+        let mut mk = |ty, rows, cols| {
+            HostTensor::raw(
+                vec![rows, cols],
+                ty,
+                random_blocks(&mut rng, ty, rows, cols),
+            )
+            .unwrap()
+        };
+        let host = [mk(tgu, ne * f, h), mk(tgu, ne * f, h), mk(td, ne * h, f)];
+        let bw: Vec<_> = host
+            .iter()
+            .map(|w| b.upload_weight(w.clone()).expect("upload"))
+            .collect();
+        let rw: Vec<_> = host
+            .iter()
+            .map(|w| reference.upload_weight(w.clone()).unwrap())
+            .collect();
+        for n in [11, 1] {
+            let x = b.quantize(&random(&mut rng, n * h, 1.0));
+            let l = b.quantize(&random(&mut rng, n * ne, 2.0));
+            let (bx, bl) = (tensor(b, n, h, &x), tensor(b, n, ne, &l));
+            let mut out = poisoned(b, n + 1, h);
+            let what = format!("{} moe_ffn {tgu}/{td} experts, {n} rows", b.label());
+            b.moe_ffn(&bx, &bl, experts(&bw), &s, n, &mut out)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let (rx, rl) = (
+                tensor(&mut reference, n, h, &x),
+                tensor(&mut reference, n, ne, &l),
+            );
+            let mut rout = reference.alloc(n, h).unwrap();
+            reference
+                .moe_ffn(&rx, &rl, experts(&rw), &s, n, &mut rout)
+                .unwrap();
+            assert_rows_only(
+                &what,
+                &b.to_host(&out, n + 1).unwrap(),
+                &reference.to_host(&rout, n).unwrap(),
+                tol,
+            );
+        }
+    }
+}
+parity_test!(moe_ffn_quantized_experts, moe_quant);

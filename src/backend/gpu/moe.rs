@@ -6,9 +6,11 @@
 //! quantized shared expert runs too) and the sigmoid-gated add.
 
 use super::args::{
-    MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs, MoeSharedAddArgs,
+    MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeQDownArgs, MoeQGateUpArgs,
+    MoeRouteArgs, MoeSharedAddArgs,
 };
 use super::kernels::Kernel;
+use super::qtype::QType;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
 use crate::backend::{Backend, BackendError, MoeExperts, MoeShape, SharedExpert};
@@ -71,6 +73,19 @@ impl Layout {
     }
 }
 
+/// A stacked expert weight's device address and type: one dense part of compute-type
+/// elements, or one quantized part in `quant.cuh`'s plane layout (a 3-D GGUF tensor).
+fn experts_of(w: &GpuWeight) -> Result<(u64, Option<QType>), BackendError> {
+    match w.parts.as_slice() {
+        [p] => Ok((p.buf.ptr(), p.q)),
+        _ => Err(BackendError::Unsupported {
+            backend: "gpu",
+            op: "moe_ffn (experts in several quantized parts)",
+            dtype: format!("{:?}", w.part_types()),
+        }),
+    }
+}
+
 impl<R: Runtime> GpuBackend<R> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_moe_ffn(
@@ -99,12 +114,28 @@ impl<R: Runtime> GpuBackend<R> {
                 )));
             }
         }
-        // The grouped kernels stream compute-type experts; quantized experts are refused.
-        let (wg, wu, wd) = (
-            w.gate.dense_for("moe_ffn (quantized experts)")?.ptr(),
-            w.up.dense_for("moe_ffn (quantized experts)")?.ptr(),
-            w.down.dense_for("moe_ffn (quantized experts)")?.ptr(),
-        );
+        // Compute-type experts, or each kind one quantized part (gate and up of one type).
+        let (gu_q, wg, wu) = match (experts_of(w.gate)?, experts_of(w.up)?) {
+            ((g, qg), (u, qu)) if qg == qu => (qg, g, u),
+            _ => {
+                return Err(invalid(
+                    "moe_ffn: gate and up experts must share one type".into(),
+                ));
+            }
+        };
+        let (down_q, wd) = {
+            let (d, q) = experts_of(w.down)?;
+            (q, d)
+        };
+        for (q, cols) in [(gu_q, h), (down_q, f)] {
+            if let Some(q) = q
+                && cols % q.block().0 != 0
+            {
+                return Err(invalid(format!(
+                    "moe_ffn: {cols} columns of {q:?} experts are not whole blocks"
+                )));
+            }
+        }
         if n == 0 {
             return Ok(());
         }
@@ -148,31 +179,70 @@ impl<R: Runtime> GpuBackend<R> {
             max_tiles: tiles as i32,
         };
         self.launch_with(Kernel::MoeAlign, grid((1, 1), 256), &align)?;
-        let gate_up = MoeGateUpArgs {
-            x: x.buf.ptr(),
-            wg,
-            wu,
-            sorted: at(lay.sorted),
-            tile_expert: at(lay.tile_expert),
-            k: k as i32,
-            h: h as i32,
-            f: f as i32,
-            cols: COLS as i32,
-            act: at(lay.act),
-        };
         let g = grid((tiles, f.div_ceil(COLS)), 256);
-        self.launch_with(Kernel::MoeGateUp, g, &gate_up)?;
-        let down = MoeDownArgs {
-            act: at(lay.act),
-            wd,
-            sorted: at(lay.sorted),
-            tile_expert: at(lay.tile_expert),
-            f: f as i32,
-            h: h as i32,
-            cols: COLS as i32,
-            y: at(lay.y),
-        };
-        self.launch_with(Kernel::MoeDown, grid((tiles, h.div_ceil(COLS)), 256), &down)?;
+        match gu_q {
+            None => {
+                let gate_up = MoeGateUpArgs {
+                    x: x.buf.ptr(),
+                    wg,
+                    wu,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    k: k as i32,
+                    h: h as i32,
+                    f: f as i32,
+                    cols: COLS as i32,
+                    act: at(lay.act),
+                };
+                self.launch_with(Kernel::MoeGateUp, g, &gate_up)?;
+            }
+            Some(q) => {
+                let gate_up = MoeQGateUpArgs {
+                    x: x.buf.ptr(),
+                    wg,
+                    wu,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    k: k as i32,
+                    h: h as i32,
+                    f: f as i32,
+                    n_rows: (ne * f) as i32,
+                    cols: COLS as i32,
+                    act: at(lay.act),
+                };
+                self.launch_with(Kernel::MoeQGateUp { q }, g, &gate_up)?;
+            }
+        }
+        let g = grid((tiles, h.div_ceil(COLS)), 256);
+        match down_q {
+            None => {
+                let down = MoeDownArgs {
+                    act: at(lay.act),
+                    wd,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    f: f as i32,
+                    h: h as i32,
+                    cols: COLS as i32,
+                    y: at(lay.y),
+                };
+                self.launch_with(Kernel::MoeDown, g, &down)?;
+            }
+            Some(q) => {
+                let down = MoeQDownArgs {
+                    act: at(lay.act),
+                    wd,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    f: f as i32,
+                    h: h as i32,
+                    n_rows: (ne * h) as i32,
+                    cols: COLS as i32,
+                    y: at(lay.y),
+                };
+                self.launch_with(Kernel::MoeQDown { q }, g, &down)?;
+            }
+        }
         let combine = MoeCombineArgs {
             y: at(lay.y),
             inv: at(lay.inv),
