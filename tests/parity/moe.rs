@@ -231,8 +231,10 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
         norm_topk: true,
         shared_ff: 0,
     };
+    // The CPU's 8-bit activations: 3.05e-2 seen on one row of Q4_K/Q6_K experts; a wrong
+    // expert or dequantization is off by order 1.
     let tol = if b.label() == "cpu" {
-        3e-2
+        6e-2
     } else {
         b.tol().max(1e-4)
     };
