@@ -9,6 +9,8 @@
 //                (one warp per output column, the expert's weight row read once per tile)
 //   moe_down:    y[p] = Wd_e act[p]
 //   moe_combine: out[t] = sum_j w[t, j] * y[inv[t * k + j]]   (fixed order: deterministic)
+//   moe_shared_add: out[t] += sigmoid(x_t . g) * ys[t]   (Qwen2-MoE's shared expert, whose
+//                ys = Wd (silu(Wg x) * (Wu x)) the ordinary matmuls compute); one block a row
 //
 //   sorted:  | e0 a a a - | e1 a - - - | e3 a a a a | a - - - |  - = -1 padding
 //              tile 0        tile 1       tile 2      tile 3     (MOE_TILE = 4 here)
@@ -138,6 +140,23 @@ __device__ void moe_combine_impl(const T* __restrict__ y, const int* __restrict_
     }
 }
 
+template <typename T>
+__device__ void moe_shared_add_impl(const T* __restrict__ x, const T* __restrict__ g,
+                                    const T* __restrict__ ys, int h, int n, T* __restrict__ out) {
+    __shared__ float scratch[MAX_WARPS];
+    for (int t = blockIdx.x; t < n; t += gridDim.x) {
+        const T* xt = x + (size_t)t * h;
+        float d = 0.f;
+        for (int i = threadIdx.x; i < h; i += blockDim.x) d += to_f(xt[i]) * to_f(g[i]);
+        d = block_sum(d, scratch);
+        const float s = 1.0f / (1.0f + __expf(-d));
+        T* o = out + (size_t)t * h;
+        const T* y = ys + (size_t)t * h;
+        for (int i = threadIdx.x; i < h; i += blockDim.x) o[i] = from_f<T>(to_f(o[i]) + s * to_f(y[i]));
+        __syncthreads();
+    }
+}
+
 #define KILN_MOE(N, T)                                                                              \
     extern "C" __global__ void moe_route_##N(const T* logits, int n, int ne, int k, int norm,       \
                                              int* ids, float* wts) {                                \
@@ -155,5 +174,9 @@ __device__ void moe_combine_impl(const T* __restrict__ y, const int* __restrict_
     extern "C" __global__ void moe_combine_##N(const T* y, const int* inv, const float* wts, int k, \
                                                int h, u64 total, T* out) {                          \
         moe_combine_impl<T>(y, inv, wts, k, h, (size_t)total, out);                                 \
+    }                                                                                               \
+    extern "C" __global__ void moe_shared_add_##N(const T* x, const T* g, const T* ys, int h,       \
+                                                  int n, T* out) {                                  \
+        moe_shared_add_impl<T>(x, g, ys, h, n, out);                                                \
     }
 KILN_FOR_DTYPES(KILN_MOE)

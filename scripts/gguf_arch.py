@@ -20,10 +20,13 @@ convert_hf_to_gguf.py names them, written with llama.cpp's gguf-py:
   on global layers). The fixtures hold no tokenizer: a placeholder SentencePiece-style
   vocabulary of vocab_size tokens (t0, t1, ...) is written so the file is complete.
 
-  MoE (qwen3moe as `qwen3moe`, mixtral as `llama`, its q/k rows permuted for the adjacent-
-  pair rope as the converter does): blk.N.ffn_gate_inp and the 3-D ffn_{gate,up,down}_exps
-  ([n_expert, rows, cols]); keys <arch>.expert_count, expert_used_count,
-  expert_feed_forward_length (qwen3moe).
+  MoE (qwen3moe as `qwen3moe`, qwen2moe as `qwen2moe`, mixtral as `llama`, its q/k rows
+  permuted for the adjacent-pair rope as the converter does): blk.N.ffn_gate_inp and the
+  3-D ffn_{gate,up,down}_exps ([n_expert, rows, cols]); keys <arch>.expert_count,
+  expert_used_count, expert_feed_forward_length (qwen3moe, qwen2moe). Qwen2-MoE adds
+  attn_{q,k,v}.bias, the shared expert ffn_{gate,up,down}_shexp and its gate
+  ffn_gate_inp_shexp ([1, hidden] as the converter writes it), and the key
+  expert_shared_feed_forward_length.
 
 Usage: python3 scripts/gguf_arch.py [path to llama.cpp's gguf-py [fixture names...]]
 (default: the gguf-py of ../shared/peers/llama.cpp-*-src.tgz unpacked at /tmp/arch-llama)
@@ -42,7 +45,7 @@ sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else "/tmp/arch-llama/gguf-p
 import gguf  # noqa: E402
 
 ARCH = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3",
-        "qwen3_moe": "qwen3moe", "mixtral": "llama"}
+        "qwen3_moe": "qwen3moe", "mixtral": "llama", "qwen2_moe": "qwen2moe"}
 
 
 def permute(w, n_head):
@@ -101,10 +104,12 @@ def write(name):
     w.add_head_count_kv(c["num_key_value_heads"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_rope_freq_base(c["rope_theta"])
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen2moe"):
         w.add_expert_count(c["num_experts"])
         w.add_expert_used_count(c["num_experts_per_tok"])
         w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    if arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
     if c["model_type"] == "mixtral":
         w.add_expert_count(c["num_local_experts"])
         w.add_expert_used_count(c["num_experts_per_tok"])
@@ -149,7 +154,11 @@ def write(name):
             "post_attention_layernorm": "post_attention_norm" if gemma else "ffn_norm",
             "pre_feedforward_layernorm": "ffn_norm",
             "post_feedforward_layernorm": "post_ffw_norm", "mlp.gate_proj": "ffn_gate",
-            "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+            "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+            "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+            "mlp.shared_expert.up_proj": "ffn_up_shexp",
+            "mlp.shared_expert.down_proj": "ffn_down_shexp",
+            "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
     experts = {}
     for hf in sorted(t):
         a, dt = t[hf]
@@ -170,9 +179,9 @@ def write(name):
             g = "output.weight"
         else:
             parts = hf.split(".")
-            assert parts[:2] == ["model", "layers"], hf
-            g = f"blk.{parts[2]}.{leaf['.'.join(parts[3:-1])]}.weight"
-        if a.ndim == 1 or (gemma and hf.endswith("norm.weight")):
+            assert parts[:2] == ["model", "layers"] and parts[-1] in ("weight", "bias"), hf
+            g = f"blk.{parts[2]}.{leaf['.'.join(parts[3:-1])]}.{parts[-1]}"
+        if a.ndim == 1 or (gemma and hf.endswith("norm.weight")) or "shared_expert_gate" in hf:
             v = to_f32(a, dt)
             if gemma and hf.endswith("norm.weight"):
                 v = (v + np.float32(1.0)).astype(np.float32)
@@ -198,5 +207,5 @@ def write(name):
 
 if __name__ == "__main__":
     only = sys.argv[2:]
-    for m in only or ["qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral"]:
+    for m in only or ["qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral", "qwen2moe"]:
         write(m)

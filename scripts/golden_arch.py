@@ -25,6 +25,9 @@ tiny random-weight HF directories, each covering a feature those files lack:
                  while each decode step leaves 6 of 8 experts without a token.
   mixtral        model_type mixtral: 4 experts, top 2 (softmax over the top-2 logits),
                  block_sparse_moe.experts.E.w1/w3/w2, F32, no sliding window.
+  qwen2moe       model_type qwen2_moe: 8 experts, top 4, norm_topk_prob false, q/k/v
+                 biases, and a shared expert (mlp.shared_expert.{gate,up,down}_proj, width
+                 48) scaled per token by sigmoid(h . mlp.shared_expert_gate), BF16.
 
 Written: tests/data/arch/<name>/{config.json, *.safetensors[, index]} (no tokenizer)
 and tests/golden/arch-<name>.json (the schema of tests/golden/*.json).
@@ -216,6 +219,21 @@ MODELS = [
             tie_word_embeddings=False, hidden_act="silu", torch_dtype="float32",
         ),
     ),
+    dict(
+        name="qwen2moe", seed=1028, dtype="BF16", shards=None,
+        config=dict(
+            architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe",
+            hidden_size=64, intermediate_size=96, moe_intermediate_size=16,
+            shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=4,
+            norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=256, max_position_embeddings=512, qkv_bias=True,
+            rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False,
+            sliding_window=None, max_window_layers=2, router_aux_loss_coef=0.001,
+            output_router_logits=False, tie_word_embeddings=False, hidden_act="silu",
+            torch_dtype="bfloat16",
+        ),
+    ),
 ]
 
 
@@ -230,7 +248,7 @@ def make_weights(cfg, seed):
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or d // nh
     mt = cfg["model_type"]
-    bias = mt == "qwen2"
+    bias = mt in ("qwen2", "qwen2_moe")
     gemma = mt in ("gemma2", "gemma3_text")
 
     def mat(r, c):
@@ -269,7 +287,7 @@ def make_weights(cfg, seed):
             t[p + "self_attn.v_proj.bias"] = vec(nkv * hd)
         t[p + "self_attn.o_proj.weight"] = mat(d, nh * hd)
         t[p + "post_attention_layernorm.weight"] = norm(d)
-        if mt in ("qwen3_moe", "mixtral"):
+        if mt in ("qwen3_moe", "mixtral", "qwen2_moe"):
             t.update(moe_weights(cfg, p, mat))
             continue
         t[p + "mlp.gate_proj.weight"] = mat(f, d)
@@ -300,13 +318,22 @@ def moe_experts(cfg):
 
 
 def moe_weights(cfg, p, mat):
-    """The router (wider spread, so routes are decisive) and every expert's matrices."""
+    """The router (wider spread, so routes are decisive) and every expert's matrices, plus
+    the shared expert and its gate where the config has one."""
     d = cfg["hidden_size"]
     E, _, f = moe_experts(cfg)
-    t = {moe_names(cfg, p, 0)[0]: 3.0 * mat(E, d)}
+    # Qwen2-MoE's top 4 of 8, unnormalised: a softer router, so the 4th expert counts.
+    spread = 1.0 if cfg["model_type"] == "qwen2_moe" else 3.0
+    t = {moe_names(cfg, p, 0)[0]: spread * mat(E, d)}
     for e in range(E):
         _, g, u, dn = moe_names(cfg, p, e)
         t[g], t[u], t[dn] = mat(f, d), mat(f, d), mat(d, f)
+    if cfg.get("shared_expert_intermediate_size"):
+        fs = cfg["shared_expert_intermediate_size"]
+        x = p + "mlp.shared_expert."
+        t[x + "gate_proj.weight"], t[x + "up_proj.weight"] = mat(fs, d), mat(fs, d)
+        t[x + "down_proj.weight"] = mat(d, fs)
+        t[p + "mlp.shared_expert_gate.weight"] = mat(1, d)
     return t
 
 
@@ -433,7 +460,7 @@ def load_dir(d):
         c = json.load(f)
     mt = c["model_type"]
     assert mt in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3",
-                  "qwen3_moe", "mixtral"), mt
+                  "qwen3_moe", "mixtral", "qwen2_moe"), mt
     nh = c["num_attention_heads"]
     hd = c.get("head_dim") or c["hidden_size"] // nh
     sc = c.get("rope_scaling")
@@ -453,9 +480,10 @@ def load_dir(d):
         n_layer=c["num_hidden_layers"], n_vocab=c["vocab_size"], eps=float(c["rms_norm_eps"]),
         theta=float(c["rope_theta"]), llama3_scaling=scaling,
         tied=bool(c.get("tie_word_embeddings", False)),
-        qkv_bias=c["model_type"] == "qwen2" or bool(c.get("attention_bias", False)),
+        qkv_bias=(c["model_type"] == "qwen2" or bool(c.get("attention_bias", False))
+                  or (mt == "qwen2_moe" and c.get("qkv_bias", True))),
     )
-    if mt in ("qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral"):
+    if mt in ("qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral", "qwen2_moe"):
         cfg["family"] = family_config(c, hd)
     idx = os.path.join(d, "model.safetensors.index.json")
     if os.path.exists(idx):
@@ -517,10 +545,11 @@ def family_config(c, hd):
                scale=1.0 / math.sqrt(hd), attn_softcap=None, final_softcap=None,
                window=None, sliding=[False] * n, local_theta=None, global_divisor=None,
                fused=mt == "phi3", rot_dim=hd, moe=None)
-    if mt == "qwen3_moe":
+    if mt in ("qwen3_moe", "qwen2_moe"):
         assert c["decoder_sparse_step"] == 1 and c["mlp_only_layers"] == []
         fam["moe"] = dict(n_expert=c["num_experts"], top_k=c["num_experts_per_tok"],
-                          norm=bool(c["norm_topk_prob"]))
+                          norm=bool(c["norm_topk_prob"]),
+                          shared=c.get("shared_expert_intermediate_size", 0) > 0)
     if mt == "mixtral":
         # softmax over the top-k router logits = top-k probabilities renormalised
         assert c.get("sliding_window") is None
@@ -579,6 +608,11 @@ def family_layer(cfg, t, b):
         L["exp_up"] = np.stack([t[n[2]] for n in names])
         L["exp_down"] = np.stack([t[n[3]] for n in names])
         derived = 4 - (1 + 3 * E)      # 4 entries from 1 + 3E tensors
+        if fam["moe"].get("shared"):
+            x = b + "mlp.shared_expert."
+            L.update(sh_gate=t[x + "gate_proj.weight"], sh_up=t[x + "up_proj.weight"],
+                     sh_down=t[x + "down_proj.weight"],
+                     sh_inp=t[b + "mlp.shared_expert_gate.weight"])
     else:
         L.update(wq=t[b + "self_attn.q_proj.weight"], wk=t[b + "self_attn.k_proj.weight"],
                  wv=t[b + "self_attn.v_proj.weight"], w_gate=t[b + "mlp.gate_proj.weight"],
@@ -594,6 +628,9 @@ def family_layer(cfg, t, b):
     if fam["qk_norm"]:
         L.update(q_norm=t[b + "self_attn.q_norm.weight"] + off,
                  k_norm=t[b + "self_attn.k_norm.weight"] + off)
+    if cfg["qkv_bias"]:
+        L.update(bq=t[b + "self_attn.q_proj.bias"], bk=t[b + "self_attn.k_proj.bias"],
+                 bv=t[b + "self_attn.v_proj.bias"])
     L["_derived"] = derived + 1      # `_derived` itself
     return L
 
@@ -733,7 +770,7 @@ def forward_family(cfg, W, ids):
     """Qwen3 / Gemma 2 / Gemma 3 / Phi-3 (transformers' modeling files, from the math):
         x = embed[ids] * embed_scale                       (Gemma: sqrt(hidden))
         per layer: h = RMSNorm(x) * w_in
-          q, k, v = h Wq^T, h Wk^T, h Wv^T                 (Phi-3: one qkv_proj, split)
+          q, k, v = h Wq^T, h Wk^T, h Wv^T (+ biases: Qwen2-MoE; Phi-3: one qkv_proj)
           q, k = RMSNorm per head * q_norm / k_norm        (Qwen3, Gemma 3)
           q, k = RoPE over the first rot_dim dims, rotate_half layout; inv_freq
                  theta^(-2i/d) / divisor_i (Gemma 3 global: linear factor; Phi-3: long
@@ -766,9 +803,10 @@ def forward_family(cfg, W, ids):
         if sliding:
             mask[jj <= ii - fam["window"]] = -np.inf
         h = rms_norm(x, L["attn_norm"], eps)
-        q = (h @ L["wq"].T).reshape(T, nh, hd)
-        k = (h @ L["wk"].T).reshape(T, nkv, hd)
-        v = (h @ L["wv"].T).reshape(T, nkv, hd)
+        q, k, v = h @ L["wq"].T, h @ L["wk"].T, h @ L["wv"].T
+        if cfg["qkv_bias"]:
+            q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
+        q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
         if fam["qk_norm"]:
             q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
         q = np.concatenate([rope_half(q[..., :rd], pos, freqs), q[..., rd:]], axis=-1)
@@ -800,12 +838,15 @@ def forward_family(cfg, W, ids):
 
 
 def moe_ffn(h, L, moe):
-    """Mixture of experts (Qwen3-MoE / Mixtral), token by token:
+    """Mixture of experts (Qwen3-MoE / Mixtral / Qwen2-MoE), token by token:
         p = softmax(h W_router^T) over all experts
         top = the top_k experts by p (ties -> lowest index; stable sort)
         w = p[top], divided by its sum when norm (norm_topk_prob; Mixtral always)
         out = sum_i w_i * (silu(h Wg_e^T) * (h Wu_e^T)) Wd_e^T   (e = top_i)
-    `moe` may carry sensitivity controls: `top_k`, `norm`, `topk_before_softmax`."""
+        Qwen2-MoE's shared expert, every token:
+        out += sigmoid(h . w_shared_gate) * (silu(h Wsg^T) * (h Wsu^T)) Wsd^T
+    `moe` may carry sensitivity controls: `top_k`, `norm`, `shared_gate` (False: the
+    shared expert unscaled), `shared` (False: ignored)."""
     T = h.shape[0]
     p = softmax(h @ L["router"].T)
     out = np.zeros_like(h)
@@ -817,6 +858,10 @@ def moe_ffn(h, L, moe):
         for e, wt in zip(top, w):
             g, u = h[t] @ L["exp_gate"][e].T, h[t] @ L["exp_up"][e].T
             out[t] += wt * ((silu(g) * u) @ L["exp_down"][e].T)
+    if moe.get("shared"):
+        y = (silu(h @ L["sh_gate"].T) * (h @ L["sh_up"].T)) @ L["sh_down"].T
+        gate = 1.0 / (1.0 + np.exp(-(h @ L["sh_inp"].T)))          # [T, 1]
+        out += (gate if moe.get("shared_gate", True) else 1.0) * y
     return out
 
 
@@ -901,6 +946,11 @@ def family_sensitivity(cfg, W, prompt, err):
         out["norm_topk_flipped"] = err(with_fam(moe=dict(moe, norm=not moe["norm"])))
         Wr = dict(W, layers=[dict(L, router=L["router"][::-1]) for L in W["layers"]])
         out["experts_reversed"] = err(forward_last(cfg, Wr, prompt))
+        if moe.get("shared"):
+            out["shared_expert_ignored"] = err(with_fam(moe=dict(moe, shared=False)))
+            out["shared_gate_ignored"] = err(with_fam(moe=dict(moe, shared_gate=False)))
+    if cfg["qkv_bias"]:
+        out["qkv_bias_ignored"] = err(forward_last(dict(cfg, qkv_bias=False), W, prompt))
     if fam["window"] is not None and len(prompt) > fam["window"]:
         out["window_ignored"] = err(with_fam(window=None))
     for k, v in out.items():

@@ -142,6 +142,20 @@ fn qwen3moe_eight_experts_top2_normalised_matches_reference() {
 }
 
 #[test]
+fn qwen2moe_shared_expert_biases_top4_matches_reference() {
+    check_model("qwen2moe", 16, |s| {
+        assert_eq!(s.arch, "qwen2moe");
+        assert!(s.qkv_bias, "qwen2_moe's qkv_bias defaults to true");
+        assert!(!s.variant.qk_norm);
+        let m = s.variant.moe.expect("moe parsed");
+        assert_eq!(
+            (m.n_expert, m.top_k, m.expert_ff, m.norm_topk, m.shared_ff),
+            (8, 4, 16, false, 48)
+        );
+    });
+}
+
+#[test]
 fn mixtral_four_experts_top2_matches_reference() {
     check_model("mixtral", 16, |s| {
         assert_eq!(s.arch, "mixtral");
@@ -175,9 +189,15 @@ fn moe_configs_kiln_does_not_run_are_refused_by_name() {
         let named = err.contains(key) || err.contains("expert");
         assert!(named, "{key}: {err}");
     }
+    // Qwen2-MoE runs its shared expert, with the same refusals of layouts Kiln lacks.
     let mut c = base.clone();
     c["model_type"] = "qwen2_moe".into();
-    assert!(ModelSpec::from_hf_config(&c.to_string()).is_err());
+    c["shared_expert_intermediate_size"] = serde_json::json!(64);
+    let s = ModelSpec::from_hf_config(&c.to_string()).unwrap();
+    assert_eq!(s.variant.moe.map(|m| m.shared_ff), Some(64));
+    c["decoder_sparse_step"] = serde_json::json!(2);
+    let err = ModelSpec::from_hf_config(&c.to_string()).unwrap_err();
+    assert!(err.to_string().contains("decoder_sparse_step"), "{err}");
 }
 
 /// The same fixtures as GGUF files with llama.cpp's tensor names and metadata keys
@@ -259,10 +279,16 @@ fn family_ggufs_match_the_same_reference() {
 /// The MoE fixtures as GGUF files (`scripts/gguf_arch.py`: 3-D `ffn_*_exps` tensors,
 /// `expert_*` keys; Mixtral as llama.cpp writes it, arch `llama` with q/k permuted for the
 /// adjacent-pair rope): the same experts and routing read from the metadata, the same
-/// reference logits (qwen3moe's experts stay BF16 and are multiplied in their own type).
+/// reference logits (qwen3moe's experts stay BF16 and are multiplied in their own type;
+/// qwen2moe's shared expert `*_shexp` and its `[1, hidden]` gate, and top-k unnormalised as
+/// llama.cpp runs qwen2moe).
 #[test]
 fn moe_ggufs_match_the_same_reference() {
-    for (name, arch) in [("qwen3moe", "qwen3moe"), ("mixtral", "llama")] {
+    for (name, arch) in [
+        ("qwen3moe", "qwen3moe"),
+        ("mixtral", "llama"),
+        ("qwen2moe", "qwen2moe"),
+    ] {
         let path = repo().join(format!("tests/data/arch-gguf/{name}.gguf"));
         let files = ModelFiles::open(&path, LoadFormat::Gguf)
             .unwrap_or_else(|e| panic!("{name}: loading {}: {e}", path.display()));
@@ -273,6 +299,7 @@ fn moe_ggufs_match_the_same_reference() {
         assert_eq!(g.arch, arch);
         assert_eq!(g.variant.moe, hf.variant.moe, "{name}");
         assert_eq!(g.variant.qk_norm, hf.variant.qk_norm, "{name}");
+        assert_eq!(g.qkv_bias, hf.qkv_bias, "{name}");
         assert_eq!(
             (g.n_layers, g.n_heads, g.n_kv_heads, g.head_dim),
             (hf.n_layers, hf.n_heads, hf.n_kv_heads, hf.head_dim)
@@ -301,6 +328,7 @@ fn fixture_files_are_small_and_sharded_as_described() {
         "phi3",
         "qwen3moe",
         "mixtral",
+        "qwen2moe",
     ] {
         for e in std::fs::read_dir(dir.join(name)).unwrap() {
             let e = e.unwrap();

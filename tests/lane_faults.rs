@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kiln::backend::cpu::{CpuBackend, CpuBatch, CpuKv, CpuTensor};
-use kiln::backend::{AttnShape, Backend, BackendError, BatchPlan, HostTensor, KvShape, RopeSpec};
+use kiln::backend::{
+    Activation, AttnShape, Backend, BackendError, BatchPlan, HostTensor, KvShape, RopeSpec,
+};
 use kiln::engine::{Engine, EngineConfig, EngineError, GenerateRequest, StreamEvent};
 use kiln::model::{LoadFormat, ModelFiles};
 use kiln::sampling::{SampleRow, Sampled};
@@ -117,13 +119,14 @@ impl Backend for Faulty {
         }
         self.inner.attention(qkv, kv, l, b, s, out)
     }
-    fn silu_mul(
+    fn glu(
         &mut self,
+        act: Activation,
         gu: &CpuTensor,
         n: usize,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        self.inner.silu_mul(gu, n, out)
+        self.inner.glu(act, gu, n, out)
     }
     fn gather_rows(
         &mut self,

@@ -28,7 +28,7 @@ mod torch_ref;
 
 use harness::*;
 use kiln::backend::cpu::CpuBackend;
-use kiln::backend::{Backend, KvShape};
+use kiln::backend::{Activation, Backend, KvShape};
 use kiln::model::spec::Llama3Scaling;
 use kiln::model::{ModelSpec, RopeLayout, RopeSpec};
 use rand::RngExt;
@@ -363,8 +363,8 @@ fn silu<B: TestBackend>(b: &mut B) {
         let cg = tensor(&mut cpu, n, 2 * f, &gu);
         let mut out = poisoned(b, n, f);
         let mut cout = cpu.alloc(n, f).unwrap();
-        b.silu_mul(&bg, n, &mut out).unwrap();
-        cpu.silu_mul(&cg, n, &mut cout).unwrap();
+        b.glu(Activation::Silu, &bg, n, &mut out).unwrap();
+        cpu.glu(Activation::Silu, &cg, n, &mut cout).unwrap();
         let what = format!("{} silu_mul {n}x{f}", b.label());
         assert_close(
             &what,
@@ -397,9 +397,10 @@ fn matmul_silu<B: TestBackend>(b: &mut B) {
         let mut out = poisoned(b, n + 2, f);
         let mut cgu = cpu.alloc(n, 2 * f).unwrap();
         let mut cout = cpu.alloc(n, f).unwrap();
-        b.matmul_silu_mul(&bx, &bw, n, &mut gu, &mut out).unwrap();
+        b.matmul_glu(Activation::Silu, &bx, &bw, n, &mut gu, &mut out)
+            .unwrap();
         cpu.matmul(&cx, &cw, None, n, &mut cgu).unwrap();
-        cpu.silu_mul(&cgu, n, &mut cout).unwrap();
+        cpu.glu(Activation::Silu, &cgu, n, &mut cout).unwrap();
         let what = format!("{} matmul_silu_mul {n}x{k}x{f}", b.label());
         assert_rows_only(
             &what,

@@ -255,6 +255,7 @@ fn family_fixtures_match_when_sharded() {
 fn moe_fixtures_split_every_expert() {
     check("mixtral", &arch("mixtral"), &[2, 4]);
     check("qwen3moe", &arch("qwen3moe"), &[2, 4]);
+    check("qwen2moe", &arch("qwen2moe"), &[2, 4]);
 }
 
 #[test]

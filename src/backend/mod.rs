@@ -21,7 +21,7 @@ pub mod tensor;
 pub use batch::{BatchPlan, KvShape, SeqSlice};
 pub use collective::{GroupMember, HostGroup};
 pub use dtype::DType;
-pub use moe::{MoeExperts, MoeShape};
+pub use moe::{MoeExperts, MoeShape, SharedExpert};
 pub use open::{DeviceId, GpuOptions, Maker, WithBackend, WithBackends, open, open_group};
 pub use shape::{AttnShape, Llama3Scaling, RopeLayout, RopeSpec};
 pub use tensor::{HostData, HostTensor};
@@ -47,6 +47,17 @@ pub enum BackendError {
     InvalidBatch(String),
     #[error("weight: {0}")]
     Weight(#[from] quant::QuantError),
+}
+
+/// The gate activation of a gated FFN (GLU): `act(x W_g^T) * (x W_u^T)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// SwiGLU: `silu(g) * u` (Llama, Qwen, Mistral, Phi-3).
+    #[default]
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (Gemma's `gelu_pytorch_tanh`):
+    /// `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u`.
+    GeluTanh,
 }
 
 /// The error of an op a backend does not implement (the default of the family ops).
@@ -189,26 +200,28 @@ pub trait Backend {
         shape: &AttnShape,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
-    /// `out[n, f] = silu(gu[:, :f]) * gu[:, f:]` for a fused gate/up tensor of width `2f`.
-    fn silu_mul(
+    /// `out[n, f] = act(gu[:, :f]) * gu[:, f:]` for a fused gate/up tensor of width `2f`.
+    fn glu(
         &mut self,
+        act: Activation,
         gate_up: &Self::Tensor,
         n: usize,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
-    /// The FFN's first half: `act[n, f] = silu(x W_g^T) * (x W_u^T)` for `w_gate_up` holding
+    /// The FFN's first half: `out[n, f] = act(x W_g^T) * (x W_u^T)` for `w_gate_up` holding
     /// the gate rows over the up rows. `gate_up` (`[n, 2f]`) is scratch for the product; a
     /// backend may fuse both steps and never write it.
-    fn matmul_silu_mul(
+    fn matmul_glu(
         &mut self,
+        act: Activation,
         x: &Self::Tensor,
         w_gate_up: &Self::Weight,
         n: usize,
         gate_up: &mut Self::Tensor,
-        act: &mut Self::Tensor,
+        out: &mut Self::Tensor,
     ) -> Result<(), BackendError> {
         self.matmul(x, w_gate_up, None, n, gate_up)?;
-        self.silu_mul(gate_up, n, act)
+        self.glu(act, gate_up, n, out)
     }
     /// RMSNorm of every q head (weight `q_w`, `[head_dim]`) and every k head (`k_w`) of a
     /// fused `qkv` tensor in place, over `n` rows; v is untouched (Qwen3, Gemma 3).
@@ -224,28 +237,6 @@ pub trait Backend {
         let _ = (qkv, q_w, k_w, shape, eps, n);
         Err(missing("head_rms_norm"))
     }
-    /// `out[n, f] = gelu_tanh(gu[:, :f]) * gu[:, f:]` (GeGLU with the tanh approximation).
-    fn gelu_tanh_mul(
-        &mut self,
-        gate_up: &Self::Tensor,
-        n: usize,
-        out: &mut Self::Tensor,
-    ) -> Result<(), BackendError> {
-        let _ = (gate_up, n, out);
-        Err(missing("gelu_tanh_mul"))
-    }
-    /// [`Backend::matmul_silu_mul`] with GeGLU.
-    fn matmul_gelu_tanh_mul(
-        &mut self,
-        x: &Self::Tensor,
-        w_gate_up: &Self::Weight,
-        n: usize,
-        gate_up: &mut Self::Tensor,
-        act: &mut Self::Tensor,
-    ) -> Result<(), BackendError> {
-        self.matmul(x, w_gate_up, None, n, gate_up)?;
-        self.gelu_tanh_mul(gate_up, n, act)
-    }
     /// `x *= s` over `n` rows, in place.
     fn scale(&mut self, x: &mut Self::Tensor, s: f32, n: usize) -> Result<(), BackendError> {
         let _ = (x, s, n);
@@ -258,7 +249,8 @@ pub trait Backend {
     }
     /// The mixture-of-experts FFN of `n` rows: each row of `x` (`[n, hidden]`) goes to the
     /// top `shape.top_k` experts of its row of `router_logits` (`[n, n_expert]`, routed by
-    /// [`moe::route_row`]'s rule) and `out[t] = sum_e w_e * down_e(silu(gate_e x) * up_e x)`.
+    /// [`moe::route_row`]'s rule) and `out[t] = sum_e w_e * down_e(silu(gate_e x) * up_e x)`,
+    /// plus `experts.shared`'s gated output where the layer has a shared expert.
     /// The work is grouped by expert for the whole batch (each expert's weights are read
     /// once per call), and the assignment is built where the op runs (no host round trip).
     fn moe_ffn(

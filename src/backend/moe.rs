@@ -1,7 +1,8 @@
 //! Mixture-of-experts shapes and the routing rule every backend follows: softmax over the
 //! router logits, the top `k` experts (ties to the lowest index), their weights optionally
 //! renormalised to sum to one (Qwen3-MoE's `norm_topk_prob`; Mixtral's softmax over the top
-//! logits is the same thing).
+//! logits is the same thing). Qwen2-MoE adds a shared expert every token goes through,
+//! scaled by `sigmoid(x · w_gate)`.
 
 /// One MoE layer's geometry and routing options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,6 +15,8 @@ pub struct MoeShape {
     pub expert_ff: usize,
     /// Renormalise the top-k weights to sum to one.
     pub norm_topk: bool,
+    /// Width of the shared expert's FFN (Qwen2-MoE); 0: none.
+    pub shared_ff: usize,
 }
 
 /// Upper bound on experts per layer (the GPU routing kernels keep per-expert counts in
@@ -61,6 +64,20 @@ pub struct MoeExperts<'a, W> {
     pub up: &'a W,
     /// `[n_expert * hidden, expert_ff]`
     pub down: &'a W,
+    /// The shared expert (`MoeShape::shared_ff > 0`).
+    pub shared: Option<SharedExpert<'a, W>>,
+}
+
+/// A shared expert (Qwen2-MoE): every row adds
+/// `sigmoid(x · gate) * down(silu(x W_g^T) * (x W_u^T))`.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedExpert<'a, W> {
+    /// `[2 * shared_ff, hidden]`: the gate rows over the up rows.
+    pub gate_up: &'a W,
+    /// `[hidden, shared_ff]`
+    pub down: &'a W,
+    /// `[hidden]` the row vector of the sigmoid gate's logit (f32 or compute type).
+    pub gate: &'a W,
 }
 
 /// The top `k` experts of one row of router logits and their weights: softmax over all

@@ -1,6 +1,7 @@
-//! The mixture-of-experts part of a spec (Qwen3-MoE, Mixtral), from GGUF metadata
-//! (llama.cpp's `expert_*` keys) or `config.json`. Layouts Kiln does not run (dense layers
-//! between sparse ones, shared experts) are refused by name.
+//! The mixture-of-experts part of a spec (Qwen3-MoE, Mixtral, Qwen2-MoE with its shared
+//! expert), from GGUF metadata (llama.cpp's `expert_*` keys) or `config.json`. Layouts Kiln
+//! does not run (dense layers between sparse ones, shared experts outside Qwen2-MoE, more
+//! than one shared expert) are refused by name.
 
 use serde_json::Value;
 
@@ -17,7 +18,7 @@ fn spec_err(m: String) -> ModelError {
 pub fn gguf_moe(g: &GgufFile, arch: &str, ff: usize) -> Result<Option<MoeShape>, ModelError> {
     let key = |k: &str| format!("{arch}.{k}");
     let Some(n_expert) = g.meta_u64(&key("expert_count")).filter(|&n| n > 0) else {
-        if arch == "qwen3moe" {
+        if matches!(arch, "qwen2moe" | "qwen3moe") {
             return Err(spec_err(format!(
                 "missing metadata key '{}'",
                 key("expert_count")
@@ -25,20 +26,13 @@ pub fn gguf_moe(g: &GgufFile, arch: &str, ff: usize) -> Result<Option<MoeShape>,
         }
         return Ok(None);
     };
-    if !matches!(arch, "llama" | "mistral" | "qwen3moe") {
+    if !matches!(arch, "llama" | "mistral" | "qwen2moe" | "qwen3moe") {
         return Err(spec_err(format!(
             "{}: mixture of experts is not supported for {arch}",
             key("expert_count")
         )));
     }
-    if g.meta_u64(&key("expert_shared_count")).unwrap_or(0) > 0
-        || g.tensor("blk.0.ffn_gate_inp_shexp.weight").is_some()
-    {
-        return Err(spec_err(format!(
-            "{}: shared experts are not supported",
-            key("expert_shared_count")
-        )));
-    }
+    let shared_ff = gguf_shared_ff(g, arch)?;
     let top_k = g.meta_u64(&key("expert_used_count")).ok_or_else(|| {
         spec_err(format!(
             "missing metadata key '{}'",
@@ -46,21 +40,24 @@ pub fn gguf_moe(g: &GgufFile, arch: &str, ff: usize) -> Result<Option<MoeShape>,
         ))
     })?;
     let expert_ff = match arch {
-        "qwen3moe" => g
-            .meta_u64(&key("expert_feed_forward_length"))
-            .ok_or_else(|| {
-                spec_err(format!(
-                    "missing metadata key '{}'",
-                    key("expert_feed_forward_length")
-                ))
-            })? as usize,
+        "qwen2moe" | "qwen3moe" => {
+            g.meta_u64(&key("expert_feed_forward_length"))
+                .ok_or_else(|| {
+                    spec_err(format!(
+                        "missing metadata key '{}'",
+                        key("expert_feed_forward_length")
+                    ))
+                })? as usize
+        }
         _ => g
             .meta_u64(&key("expert_feed_forward_length"))
             .map_or(ff, |v| v as usize),
     };
-    // llama.cpp renormalises the top-k weights of both families (Mixtral's softmax over the
-    // top logits is the same); a file may say otherwise.
-    let norm_topk = g.meta_bool(&key("expert_weights_norm")).unwrap_or(true);
+    // llama.cpp renormalises the top-k weights of Qwen3-MoE and Mixtral (whose softmax over
+    // the top logits is the same), not Qwen2-MoE's; a file may say otherwise.
+    let norm_topk = g
+        .meta_bool(&key("expert_weights_norm"))
+        .unwrap_or(arch != "qwen2moe");
     if let Some(f) = g.meta_u64(&key("expert_gating_func"))
         && f != 1
     {
@@ -74,7 +71,38 @@ pub fn gguf_moe(g: &GgufFile, arch: &str, ff: usize) -> Result<Option<MoeShape>,
         top_k: top_k as usize,
         expert_ff,
         norm_topk,
+        shared_ff,
     }))
+}
+
+/// The shared expert's width of a GGUF file (0: none): Qwen2-MoE's
+/// `expert_shared_feed_forward_length`, else the rows of `blk.0.ffn_gate_shexp`.
+fn gguf_shared_ff(g: &GgufFile, arch: &str) -> Result<usize, ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let count = g.meta_u64(&key("expert_shared_count"));
+    let has_tensors = g.tensor("blk.0.ffn_gate_inp_shexp.weight").is_some()
+        || g.tensor("blk.0.ffn_gate_shexp.weight").is_some();
+    if arch != "qwen2moe" {
+        if count.unwrap_or(0) > 0 || has_tensors {
+            return Err(spec_err(format!(
+                "{}: shared experts are not supported for {arch} (only qwen2moe)",
+                key("expert_shared_count")
+            )));
+        }
+        return Ok(0);
+    }
+    if let Some(c) = count.filter(|&c| c > 1) {
+        return Err(spec_err(format!(
+            "{}: {c} is not supported (one shared expert)",
+            key("expert_shared_count")
+        )));
+    }
+    if let Some(ff) = g.meta_u64(&key("expert_shared_feed_forward_length")) {
+        return Ok(ff as usize);
+    }
+    Ok(g.tensor("blk.0.ffn_gate_shexp.weight")
+        .and_then(|t| t.dims.get(1).copied())
+        .unwrap_or(0) as usize)
 }
 
 fn get_u64(c: &Value, k: &str) -> Result<Option<u64>, ModelError> {
@@ -107,7 +135,7 @@ fn get_bool(c: &Value, k: &str) -> Result<Option<bool>, ModelError> {
 /// The MoE shape of a `config.json` of `model_type` `arch` (`None`: a dense model).
 pub fn hf_moe(c: &Value, arch: &str) -> Result<Option<MoeShape>, ModelError> {
     match arch {
-        "qwen3_moe" => {
+        "qwen3_moe" | "qwen2_moe" => {
             if let Some(step) = get_u64(c, "decoder_sparse_step")?.filter(|&s| s != 1) {
                 return Err(spec_err(format!(
                     "config.json decoder_sparse_step: {step} is not supported (only 1: every layer sparse)"
@@ -122,9 +150,10 @@ pub fn hf_moe(c: &Value, arch: &str) -> Result<Option<MoeShape>, ModelError> {
                     )));
                 }
             }
-            if get_u64(c, "shared_expert_intermediate_size")?.unwrap_or(0) > 0 {
+            let shared = get_u64(c, "shared_expert_intermediate_size")?.unwrap_or(0) as usize;
+            if shared > 0 && arch == "qwen3_moe" {
                 return Err(spec_err(
-                    "config.json shared_expert_intermediate_size: shared experts are not supported"
+                    "config.json shared_expert_intermediate_size: shared experts are not supported for qwen3_moe"
                         .into(),
                 ));
             }
@@ -133,6 +162,7 @@ pub fn hf_moe(c: &Value, arch: &str) -> Result<Option<MoeShape>, ModelError> {
                 top_k: need(c, "num_experts_per_tok")?,
                 expert_ff: need(c, "moe_intermediate_size")?,
                 norm_topk: get_bool(c, "norm_topk_prob")?.unwrap_or(false),
+                shared_ff: shared,
             }))
         }
         "mixtral" => Ok(Some(MoeShape {
@@ -141,6 +171,7 @@ pub fn hf_moe(c: &Value, arch: &str) -> Result<Option<MoeShape>, ModelError> {
             expert_ff: need(c, "intermediate_size")?,
             // Softmax over the top-k logits: the renormalised top-k probabilities.
             norm_topk: true,
+            shared_ff: 0,
         })),
         _ => {
             for k in ["num_experts", "num_local_experts"] {

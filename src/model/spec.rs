@@ -424,6 +424,7 @@ impl ModelSpec {
                 | "mistral"
                 | "mixtral"
                 | "qwen2"
+                | "qwen2_moe"
                 | "qwen3"
                 | "qwen3_moe"
                 | "gemma2"
@@ -493,7 +494,10 @@ impl ModelSpec {
         };
         let variant = variant::hf_variant(&raw, &base, &mut rope)?;
         let spec = ModelSpec {
-            qkv_bias: arch == "qwen2" || c.attention_bias.unwrap_or(false),
+            // Qwen2-MoE's `qkv_bias` (default true) is Qwen2's fixed q/k/v biases.
+            qkv_bias: arch == "qwen2"
+                || (arch == "qwen2_moe" && c.qkv_bias.unwrap_or(true))
+                || c.attention_bias.unwrap_or(false),
             // llama.cpp's names: `gemma3` for `gemma3_text`, `qwen3moe` for `qwen3_moe`.
             arch: arch
                 .strip_suffix("_text")
@@ -546,6 +550,8 @@ struct HfConfig {
     rope_parameters: Option<HfRopeScaling>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
+    /// Qwen2-MoE only.
+    qkv_bias: Option<bool>,
     mlp_bias: Option<bool>,
 }
 

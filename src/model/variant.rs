@@ -7,17 +7,9 @@ use serde_json::Value;
 
 use super::ModelError;
 use super::gguf::GgufFile;
+/// The FFN's gate activation (the backend's GLU op takes it as it is).
+pub use crate::backend::Activation;
 use crate::backend::{MoeShape, RopeLayout, RopeSpec};
-
-/// The FFN's gate activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Activation {
-    /// SwiGLU: `silu(g) * u` (Llama, Qwen, Mistral, Phi-3).
-    #[default]
-    Silu,
-    /// GeGLU with the tanh approximation of GELU (Gemma's `gelu_pytorch_tanh`).
-    GeluTanh,
-}
 
 /// The differences of a family from the plain Llama block. `Default` is plain Llama.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -94,7 +86,9 @@ impl Variant {
 pub fn gguf_layout(arch: &str) -> Option<RopeLayout> {
     match arch {
         "llama" | "mistral" => Some(RopeLayout::Interleaved),
-        "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" => Some(RopeLayout::Half),
+        "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "phi3" => {
+            Some(RopeLayout::Half)
+        }
         _ => None,
     }
 }
@@ -276,13 +270,13 @@ pub fn hf_variant(c: &Value, b: &HfBase, rope: &mut RopeSpec) -> Result<Variant,
     let window = get_usize(c, "sliding_window")?;
     match b.arch {
         "llama" | "mistral" | "mixtral" => v.window = window,
-        "qwen2" | "qwen3" | "qwen3_moe" => {
+        "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" => {
             v.qk_norm = matches!(b.arch, "qwen3" | "qwen3_moe");
             if c.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
-                return Err(spec_err(
-                    "config.json use_sliding_window: true is not supported for qwen2/qwen3/qwen3_moe"
-                        .into(),
-                ));
+                return Err(spec_err(format!(
+                    "config.json use_sliding_window: true is not supported for {}",
+                    b.arch
+                )));
             }
         }
         "gemma2" | "gemma3_text" => {

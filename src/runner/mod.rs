@@ -6,8 +6,9 @@ pub mod shard;
 pub mod tp;
 pub mod weights;
 
-use crate::backend::{AttnShape, Backend, BackendError, BatchPlan, HostTensor, MoeExperts};
-use crate::model::spec::Activation;
+use crate::backend::{
+    AttnShape, Backend, BackendError, BatchPlan, HostTensor, MoeExperts, SharedExpert,
+};
 use crate::model::{ModelError, ModelFiles, ModelSpec};
 pub use shard::Shard;
 pub use weights::{Ffn, LayerWeights, ModelWeights, load_weights};
@@ -276,7 +277,7 @@ fn post_norm<B: Backend>(
 }
 
 /// The FFN of one layer from `s.h` into `s.delta`: dense (SwiGLU or GeGLU) or a mixture of
-/// experts (router matmul, then the grouped expert op).
+/// experts (router matmul, then the grouped expert op with any shared expert).
 fn ffn<B: Backend>(
     backend: &mut B,
     w: &Ffn<B::Weight>,
@@ -286,14 +287,7 @@ fn ffn<B: Backend>(
 ) -> Result<(), BackendError> {
     match (w, &v.moe) {
         (Ffn::Dense { w_gate_up, w_down }, _) => {
-            match v.act {
-                Activation::Silu => {
-                    backend.matmul_silu_mul(&s.h, w_gate_up, n, &mut s.gate_up, &mut s.act)?
-                }
-                Activation::GeluTanh => {
-                    backend.matmul_gelu_tanh_mul(&s.h, w_gate_up, n, &mut s.gate_up, &mut s.act)?
-                }
-            }
+            backend.matmul_glu(v.act, &s.h, w_gate_up, n, &mut s.gate_up, &mut s.act)?;
             backend.matmul(&s.act, w_down, None, n, &mut s.delta)
         }
         (
@@ -302,11 +296,22 @@ fn ffn<B: Backend>(
                 gate,
                 up,
                 down,
+                shared,
             },
             Some(shape),
         ) => {
             backend.matmul(&s.h, router, None, n, &mut s.router)?;
-            let experts = MoeExperts { gate, up, down };
+            let shared = shared.as_ref().map(|sh| SharedExpert {
+                gate_up: &sh.gate_up,
+                down: &sh.down,
+                gate: &sh.gate,
+            });
+            let experts = MoeExperts {
+                gate,
+                up,
+                down,
+                shared,
+            };
             backend.moe_ffn(&s.h, &s.router, experts, shape, n, &mut s.delta)
         }
         (Ffn::Moe { .. }, None) => Err(BackendError::InvalidBatch(

@@ -12,7 +12,7 @@ use crate::backend::quant::GgmlType;
 use crate::backend::{HostData, HostTensor};
 use crate::model::{ModelError, ModelSpec};
 
-use super::weights::{Ffn, LayerWeights, ModelWeights};
+use super::weights::{Ffn, LayerWeights, ModelWeights, SharedFfn};
 
 /// One shard's place in a tensor-parallel group of `size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,8 +55,15 @@ pub fn check(spec: &ModelSpec, n: usize) -> Result<(), String> {
     } else {
         spec.variant
             .moe
-            .filter(|m| !m.expert_ff.is_multiple_of(n))
-            .map(|m| format!("its expert FFN width {}", m.expert_ff))
+            .and_then(|m| {
+                if !m.expert_ff.is_multiple_of(n) {
+                    Some(format!("its expert FFN width {}", m.expert_ff))
+                } else if !m.shared_ff.is_multiple_of(n) {
+                    Some(format!("its shared expert width {}", m.shared_ff))
+                } else {
+                    None
+                }
+            })
     };
     match why {
         Some(what) => Err(format!(
@@ -94,6 +101,7 @@ pub fn shard_spec(spec: &ModelSpec, s: Shard) -> ModelSpec {
     out.intermediate = spec.intermediate / s.size;
     if let Some(m) = &mut out.variant.moe {
         m.expert_ff /= s.size;
+        m.shared_ff /= s.size;
     }
     out.tied_embeddings = spec.tied_embeddings && s.size == 1;
     out
@@ -141,6 +149,7 @@ pub fn shard_weights(
                 gate,
                 up,
                 down,
+                shared,
             } => {
                 let m = spec.variant.moe.ok_or_else(|| {
                     ModelError::Spec("expert weights without a mixture-of-experts spec".into())
@@ -154,6 +163,23 @@ pub fn shard_weights(
                     gate: take_rows(gate, &per_expert)?,
                     up: take_rows(up, &per_expert)?,
                     down: cols(down, part, &name("ffn_down_exps.weight"))?,
+                    // The shared expert splits like a dense FFN; its sigmoid gate row is
+                    // replicated, so each shard scales its partial sum by the same factor.
+                    shared: match shared {
+                        Some(sh) => {
+                            let part = s.even(m.shared_ff);
+                            let sf = m.shared_ff;
+                            Some(SharedFfn {
+                                gate_up: take_rows(
+                                    &sh.gate_up,
+                                    &[part.clone(), sf + part.start..sf + part.end],
+                                )?,
+                                down: cols(&sh.down, part, &name("ffn_down_shexp.weight"))?,
+                                gate: sh.gate.clone(),
+                            })
+                        }
+                        None => None,
+                    },
                 }
             }
         };

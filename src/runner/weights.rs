@@ -49,7 +49,20 @@ pub enum Ffn<W> {
         up: W,
         /// `[E * hidden, f]`
         down: W,
+        /// The shared expert every token goes through (Qwen2-MoE).
+        shared: Option<SharedFfn<W>>,
     },
+}
+
+/// A shared expert's weights (`s` = its width).
+#[derive(Debug, Clone)]
+pub struct SharedFfn<W> {
+    /// `[2 * s, hidden]`: gate then up.
+    pub gate_up: W,
+    /// `[hidden, s]`
+    pub down: W,
+    /// `[hidden]` (f32): the sigmoid gate's row.
+    pub gate: W,
 }
 
 impl<W> Ffn<W> {
@@ -64,11 +77,20 @@ impl<W> Ffn<W> {
                 gate,
                 up,
                 down,
+                shared,
             } => Ffn::Moe {
                 router: f(router)?,
                 gate: f(gate)?,
                 up: f(up)?,
                 down: f(down)?,
+                shared: match shared {
+                    Some(sh) => Some(SharedFfn {
+                        gate_up: f(&sh.gate_up)?,
+                        down: f(&sh.down)?,
+                        gate: f(&sh.gate)?,
+                    }),
+                    None => None,
+                },
             },
         })
     }
@@ -139,11 +161,20 @@ impl<W> ModelWeights<W> {
                         gate,
                         up,
                         down,
+                        shared,
                     } => Ffn::Moe {
                         router: f(router)?,
                         gate: f(gate)?,
                         up: f(up)?,
                         down: f(down)?,
+                        shared: match shared {
+                            Some(sh) => Some(SharedFfn {
+                                gate_up: f(sh.gate_up)?,
+                                down: f(sh.down)?,
+                                gate: f(sh.gate)?,
+                            }),
+                            None => None,
+                        },
                     },
                 },
                 q_norm: l.q_norm.map(&mut f).transpose()?,
@@ -240,6 +271,20 @@ where
                 gate: upload(experts(src, i, "gate", m.n_expert, m.expert_ff, h)?)?,
                 up: upload(experts(src, i, "up", m.n_expert, m.expert_ff, h)?)?,
                 down: upload(experts(src, i, "down", m.n_expert, h, m.expert_ff)?)?,
+                shared: match m.shared_ff {
+                    0 => None,
+                    sf => Some(SharedFfn {
+                        gate_up: upload(
+                            HostTensor::concat_rows(vec![
+                                get(&n("ffn_gate_shexp.weight"), vec![sf, h])?,
+                                get(&n("ffn_up_shexp.weight"), vec![sf, h])?,
+                            ])
+                            .map_err(ModelError::from)?,
+                        )?,
+                        down: upload(get(&n("ffn_down_shexp.weight"), vec![h, sf])?)?,
+                        gate: upload(shared_gate(src, i, h)?)?,
+                    }),
+                },
             },
             None if v.fused_tensors => Ffn::Dense {
                 w_gate_up: upload(get(&n("ffn_up.weight"), vec![2 * ff, h])?)?,
@@ -301,6 +346,20 @@ where
         norm,
         output,
     })
+}
+
+/// Layer `layer`'s shared-expert gate row as an f32 `[hidden]` vector (`[1, hidden]` in
+/// Hugging Face files; GGUF shapes compare without their unit dimensions).
+fn shared_gate(src: &dyn TensorSource, layer: usize, h: usize) -> Result<HostTensor, ModelError> {
+    let name = format!("blk.{layer}.ffn_gate_inp_shexp.weight");
+    let t = src
+        .fetch_host(&name, &[1, h])?
+        .ok_or_else(|| ModelError::Missing(name.clone()))?
+        .into_f32()?;
+    Ok(HostTensor::new(
+        vec![h],
+        t.values().unwrap_or_default().to_vec(),
+    ))
 }
 
 /// Layer `layer`'s `kind` (`gate`, `up`, `down`) matrices of all `n_expert` experts as one

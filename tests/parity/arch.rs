@@ -3,7 +3,7 @@
 //! Rows past `n` hold a sentinel that must survive (in-place ops touch only their rows).
 
 use kiln::backend::cpu::CpuBackend;
-use kiln::backend::{AttnShape, Backend};
+use kiln::backend::{Activation, AttnShape, Backend};
 
 use crate::harness::*;
 use crate::parity_test;
@@ -61,8 +61,8 @@ fn gelu<B: TestBackend>(b: &mut B) {
         let cg = tensor(&mut cpu, n, 2 * f, &b.quantize(&gu));
         let mut out = poisoned(b, n + 1, f);
         let mut cout = cpu.alloc(n, f).unwrap();
-        b.gelu_tanh_mul(&bg, n, &mut out).unwrap();
-        cpu.gelu_tanh_mul(&cg, n, &mut cout).unwrap();
+        b.glu(Activation::GeluTanh, &bg, n, &mut out).unwrap();
+        cpu.glu(Activation::GeluTanh, &cg, n, &mut cout).unwrap();
         let what = format!("{} gelu_tanh_mul {n}x{f}", b.label());
         assert_rows_only(
             &what,

@@ -6,16 +6,13 @@
 
 #![cfg(feature = "cuda")]
 
-use std::time::Instant;
-
-use kiln::backend::cuda::{CudaBackend, CudaOptions, DType};
 use kiln::backend::quant::GgmlType;
-use kiln::backend::{Backend, BatchPlan, HostTensor, KvShape, SeqSlice};
+use kiln::backend::{BatchPlan, HostTensor};
 use kiln::model::spec::Llama3Scaling;
 use kiln::model::{ModelError, ModelFiles, ModelSpec, RopeLayout, RopeSpec, TensorSource};
-use kiln::runner::Llama;
-use kiln::sampling::{Penalties, SampleRow, SamplingParams};
 use rayon::prelude::*;
+
+use crate::harness::rig::{BenchRig, bf16_backend, by_op, plan};
 
 /// Weight types of a benchmark model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,40 +163,10 @@ pub(crate) fn llama3_8b(layers: usize) -> ModelSpec {
     }
 }
 
+/// The Llama-3-8B benchmark: the shared rig and the weight types it was loaded with.
 struct Rig {
     mix: Mix,
-    b: CudaBackend,
-    model: Llama<CudaBackend>,
-    kv: <CudaBackend as Backend>::Kv,
-    shape: KvShape,
-}
-
-/// A plan where sequence `i` owns blocks `i * bps ..`, each with (new tokens, context).
-pub(crate) fn plan(
-    seqs: &[(u32, u32)],
-    first_seq: usize,
-    bps: usize,
-    block_size: u32,
-) -> BatchPlan {
-    let mut p = BatchPlan {
-        block_size,
-        ..Default::default()
-    };
-    for (i, &(q, ctx)) in seqs.iter().enumerate() {
-        let s = first_seq + i;
-        let table = (0..bps).map(|b| (s * bps + b) as u32).collect();
-        p.seqs.push(SeqSlice {
-            q_start: p.token_ids.len() as u32,
-            q_len: q,
-            ctx_len: ctx,
-            block_table: table,
-            wants_logits: true,
-        });
-        p.token_ids
-            .extend((0..q).map(|t| (t * 7919 + s as u32 * 31) % 128000));
-    }
-    p.fill_positions_and_slots();
-    p
+    rig: BenchRig,
 }
 
 impl Rig {
@@ -208,101 +175,29 @@ impl Rig {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(32);
-        let spec = llama3_8b(layers);
         let files = ModelFiles {
-            name: "llama-3-8b-dummy".into(),
-            spec: spec.clone(),
+            name: format!("llama-3-8b-dummy ({mix:?})"),
+            spec: llama3_8b(layers),
             tokenizer: None,
             source: Box::new(FastDummy(mix)),
         };
-        let mut b = CudaBackend::new(
-            0,
-            CudaOptions {
-                dtype: DType::Bf16,
-                kernel_cache: kiln::engine::default_kernel_cache_dir(),
-                ..CudaOptions::default()
-            },
-        )
-        .expect("cuda");
-        let t0 = Instant::now();
-        let model = Llama::load(&mut b, &files, 2048, max_seqs).expect("load");
-        let shape = KvShape {
-            num_layers: layers,
-            num_blocks,
-            block_size: 16,
-            n_kv_heads: 8,
-            head_dim: 128,
-        };
-        let kv = b.alloc_kv(&shape).expect("kv");
-        let (device, file) = b.weight_bytes();
-        eprintln!(
-            "loaded {layers} layers ({mix:?}) in {:.1}s: weights {:.3} GB on the device, {:.3} GB in the source",
-            t0.elapsed().as_secs_f64(),
-            device as f64 / 1e9,
-            file as f64 / 1e9
-        );
-        Rig {
-            mix,
-            b,
-            model,
-            kv,
-            shape,
-        }
-    }
-
-    /// One forward + greedy sample; returns seconds (synchronized by the sample download).
-    fn step(&mut self, p: &BatchPlan) -> f64 {
-        let greedy = SamplingParams::greedy();
-        let rows: Vec<SampleRow<'_>> = (0..p.seqs.len())
-            .map(|_| SampleRow {
-                params: &greedy,
-                uniform: 0.5,
-                penalties: Penalties::none(),
-                mask: None,
-                forced: None,
-            })
-            .collect();
-        let t = Instant::now();
-        let logits = self
-            .model
-            .forward(&mut self.b, &mut self.kv, p)
-            .expect("forward");
-        self.b.sample(logits, &rows).expect("sample");
-        t.elapsed().as_secs_f64()
-    }
-
-    /// Prefills `n` sequences of `ctx` tokens (ctx <= 2048), packed into 2048-token steps.
-    fn fill(&mut self, n: usize, ctx: u32, bps: usize) {
-        let per_step = (2048 / ctx as usize).max(1);
-        for first in (0..n).step_by(per_step) {
-            let k = per_step.min(n - first);
-            self.step(&plan(&vec![(ctx, ctx); k], first, bps, 16));
-        }
+        let rig = BenchRig::load(bf16_backend(), &files, num_blocks, max_seqs);
+        Rig { mix, rig }
     }
 
     fn decode(&mut self, batch: usize, ctx: u32) {
         let bps = (ctx as usize + 64).div_ceil(16);
-        assert!(
-            batch * bps <= self.shape.num_blocks,
-            "KV pool too small for batch {batch} ctx {ctx}"
-        );
         // Contexts beyond one prefill step stay unfilled: the cache's contents do not change
         // the time of a decode step, only its length does.
         if ctx <= 2048 {
-            self.fill(batch, ctx, bps);
+            self.rig.fill(batch, ctx, bps);
         }
-        let spec = self.model.spec.clone();
+        let spec = self.rig.model.spec.clone();
         let kv_bytes =
             2.0 * 2.0 * (spec.n_layers * spec.kv_dim()) as f64 * batch as f64 * ctx as f64;
         let floor = (weight_bytes(&spec, self.mix) + kv_bytes) / 3.0e12;
         for graphs in [false, true] {
-            self.b.set_graphs(graphs);
-            let mut times = Vec::new();
-            for i in 0..20u32 {
-                let seqs: Vec<(u32, u32)> = (0..batch).map(|_| (1, ctx + 1 + i)).collect();
-                times.push(self.step(&plan(&seqs, 0, bps, 16)));
-            }
-            let t = median(times);
+            let t = self.rig.decode_median(batch, ctx, bps, graphs);
             let mode = if graphs { "graph" } else { "eager" };
             let seqs: Vec<(u32, u32)> = (0..batch).map(|_| (1, ctx + 21)).collect();
             let attn = self.breakdown(
@@ -330,11 +225,10 @@ impl Rig {
     }
 
     fn prefill(&mut self) {
+        let t = self.rig.prefill_median();
         let p = plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16);
-        self.step(&p);
-        let t = median((0..5).map(|_| self.step(&p)).collect());
         let _ = self.breakdown("prefill 2048", &p);
-        let s = &self.model.spec;
+        let s = &self.rig.model.spec;
         let floor = 2.0 * weight_bytes(s, Mix::Plain) / 2.0 * 2048.0 / 800e12;
         eprintln!(
             "BENCH {:?} prefill 2048 layers {}: {:.1} ms; GEMM floor {:.1} ms ({:.0}% of floor)",
@@ -345,44 +239,16 @@ impl Rig {
             100.0 * floor / t
         );
     }
-}
 
-impl Rig {
     /// Times each kernel of one step of `p` with device events and prints the totals by op;
     /// returns the attention time (with its split-K merge), when the step ran eagerly.
     fn breakdown(&mut self, label: &str, p: &BatchPlan) -> Option<f64> {
-        self.b.set_timing_period(Some(1));
-        let wall = self.step(p);
-        self.b.set_timing_period(None);
-        let mut by_op: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
-        for t in self.b.take_kernel_timings().expect("timings") {
-            let e = by_op.entry(t.kernel).or_default();
-            e.0 += 1;
-            e.1 += t.seconds;
-        }
-        let total: f64 = by_op.values().map(|v| v.1).sum();
-        let attn = by_op
-            .get("attention")
-            .map(|a| a.1 + by_op.get("attn_combine").map_or(0.0, |c| c.1));
-        let mut rows: Vec<_> = by_op.into_iter().collect();
-        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
-        let parts: Vec<String> = rows
-            .iter()
-            .map(|(op, (n, t))| format!("{op} {:.3}ms/{n}", t * 1e3))
-            .collect();
-        eprintln!(
-            "BREAKDOWN {label}: wall {:.3} ms, kernels {:.3} ms: {}",
-            wall * 1e3,
-            total * 1e3,
-            parts.join(", ")
-        );
-        attn
+        let (wall, timings) = self.rig.timed_kernels(p);
+        let (ops, line) = by_op(&timings);
+        eprintln!("BREAKDOWN {label}: wall {:.3} ms, {line}", wall * 1e3);
+        ops.get("attention")
+            .map(|a| a.1 + ops.get("attn_combine").map_or(0.0, |c| c.1))
     }
-}
-
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Weight bytes a decode step reads (every layer matrix and the output head).
@@ -404,7 +270,7 @@ pub(crate) fn weight_bytes(s: &ModelSpec, mix: Mix) -> f64 {
 #[ignore]
 fn bench_llama3_8b_shape() {
     let mut rig = Rig::new(64 * (4096 + 64) / 16, 256, Mix::Plain);
-    for (k, regs, local, shared) in rig.b.kernel_resources() {
+    for (k, regs, local, shared) in rig.rig.b.kernel_resources() {
         eprintln!("RESOURCES {k:?}: {regs} regs, {local} B local, {shared} B shared");
     }
     // KILN_BENCH_CASES picks cases (for profilers): e.g. "prefill,256x512".

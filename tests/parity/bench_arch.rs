@@ -13,16 +13,13 @@
 
 #![cfg(feature = "cuda")]
 
-use std::time::Instant;
-
-use kiln::backend::cuda::{CudaBackend, CudaOptions, DType};
-use kiln::backend::{Backend, BatchPlan, KvShape};
+use kiln::backend::Backend;
+use kiln::backend::cuda::CudaBackend;
 use kiln::model::spec::{Activation, Variant};
 use kiln::model::{ModelFiles, ModelSpec, RopeLayout, RopeSpec};
-use kiln::runner::Llama;
-use kiln::sampling::{Penalties, SampleRow, SamplingParams};
 
-use crate::bench::{FastDummy, Mix, llama3_8b, median, plan, weight_bytes};
+use crate::bench::{FastDummy, Mix, llama3_8b, weight_bytes};
+use crate::harness::rig::{BenchRig, bf16_backend, by_op, plan};
 
 /// Bandwidth the floors assume (H100 SXM HBM3, bytes per second).
 const BANDWIDTH: f64 = 3.0e12;
@@ -98,18 +95,6 @@ fn layer_cap(full: usize) -> usize {
         .map_or(full, |c: usize| c.clamp(1, full))
 }
 
-fn backend() -> CudaBackend {
-    CudaBackend::new(
-        0,
-        CudaOptions {
-            dtype: DType::Bf16,
-            kernel_cache: kiln::engine::default_kernel_cache_dir(),
-            ..CudaOptions::default()
-        },
-    )
-    .expect("cuda")
-}
-
 /// The most layers (at most `full`, a multiple of `pattern`) whose weights and KV of
 /// `kv_tokens` cache slots fit on `b`'s device next to the model's fixed weights.
 fn fitting_layers(
@@ -130,11 +115,10 @@ fn fitting_layers(
     (n.min(full) / pattern * pattern).max(pattern.min(full))
 }
 
+/// One model of these benchmarks on the shared rig.
 struct ArchRig {
     name: &'static str,
-    b: CudaBackend,
-    model: Llama<CudaBackend>,
-    kv: <CudaBackend as Backend>::Kv,
+    rig: BenchRig,
 }
 
 /// Step times of one case: (eager, graph-replayed) seconds.
@@ -142,58 +126,15 @@ type Times = (f64, f64);
 
 impl ArchRig {
     /// Loads `spec` with a KV pool of `num_blocks` blocks of 16 slots on backend `b`.
-    fn new(name: &'static str, mut b: CudaBackend, spec: ModelSpec, num_blocks: usize) -> ArchRig {
+    fn new(name: &'static str, b: CudaBackend, spec: ModelSpec, num_blocks: usize) -> ArchRig {
         let files = ModelFiles {
             name: format!("{name}-dummy"),
-            spec: spec.clone(),
+            spec,
             tokenizer: None,
             source: Box::new(FastDummy(Mix::Plain)),
         };
-        let t0 = Instant::now();
-        let model = Llama::load(&mut b, &files, 2048, 32).expect("load");
-        let shape = KvShape {
-            num_layers: spec.n_layers,
-            num_blocks,
-            block_size: 16,
-            n_kv_heads: spec.n_kv_heads,
-            head_dim: spec.head_dim,
-        };
-        let kv = b.alloc_kv(&shape).expect("kv");
-        eprintln!(
-            "loaded {name}: {} layers in {:.1}s",
-            spec.n_layers,
-            t0.elapsed().as_secs_f64()
-        );
-        ArchRig { name, b, model, kv }
-    }
-
-    /// One forward + greedy sample; returns seconds (synchronized by the sample download).
-    fn step(&mut self, p: &BatchPlan) -> f64 {
-        let greedy = SamplingParams::greedy();
-        let rows: Vec<SampleRow<'_>> = (0..p.seqs.len())
-            .map(|_| SampleRow {
-                params: &greedy,
-                uniform: 0.5,
-                penalties: Penalties::none(),
-                mask: None,
-                forced: None,
-            })
-            .collect();
-        let t = Instant::now();
-        let logits = self
-            .model
-            .forward(&mut self.b, &mut self.kv, p)
-            .expect("forward");
-        self.b.sample(logits, &rows).expect("sample");
-        t.elapsed().as_secs_f64()
-    }
-
-    /// Median time of a 2048-token prefill (a graph never applies).
-    fn prefill(&mut self) -> f64 {
-        let p = plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16);
-        self.b.set_graphs(false);
-        self.step(&p);
-        median((0..5).map(|_| self.step(&p)).collect())
+        let rig = BenchRig::load(b, &files, num_blocks, 32);
+        ArchRig { name, rig }
     }
 
     /// Median decode step times at `batch` rows of context `ctx`. Contexts up to 2048 are
@@ -202,26 +143,12 @@ impl ArchRig {
     fn decode(&mut self, batch: usize, ctx: u32) -> Times {
         let bps = (ctx as usize + 64).div_ceil(16);
         if ctx <= 2048 {
-            let per_step = (2048 / ctx as usize).max(1);
-            self.b.set_graphs(false);
-            for first in (0..batch).step_by(per_step) {
-                let k = per_step.min(batch - first);
-                self.step(&plan(&vec![(ctx, ctx); k], first, bps, 16));
-            }
+            self.rig.fill(batch, ctx, bps);
         }
-        let mut t = [0.0; 2];
-        for (graphs, slot) in [(false, 0), (true, 1)] {
-            self.b.set_graphs(graphs);
-            let times = (0..20u32)
-                .map(|i| {
-                    let seqs: Vec<(u32, u32)> = (0..batch).map(|_| (1, ctx + 1 + i)).collect();
-                    self.step(&plan(&seqs, 0, bps, 16))
-                })
-                .collect();
-            t[slot] = median(times);
-        }
-        self.b.set_graphs(false);
-        (t[0], t[1])
+        let eager = self.rig.decode_median(batch, ctx, bps, false);
+        let graph = self.rig.decode_median(batch, ctx, bps, true);
+        self.rig.b.set_graphs(false);
+        (eager, graph)
     }
 
     /// Kernel time of one eager decode step by op, and the attention time (with its split-K
@@ -229,20 +156,12 @@ impl ArchRig {
     fn breakdown(&mut self, label: &str, batch: usize, ctx: u32) -> (f64, f64) {
         let bps = (ctx as usize + 64).div_ceil(16);
         let seqs: Vec<(u32, u32)> = (0..batch).map(|_| (1, ctx + 21)).collect();
-        let p = plan(&seqs, 0, bps, 16);
-        self.b.set_graphs(false);
-        self.b.set_timing_period(Some(1));
-        let wall = self.step(&p);
-        self.b.set_timing_period(None);
-        let spec = &self.model.spec;
-        let mut by_op: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
-        let (mut layer, mut attn) = (0usize, [0.0f64; 2]);
-        let mut kind = 0;
-        for t in self.b.take_kernel_timings().expect("timings") {
-            let e = by_op.entry(t.kernel).or_default();
-            e.0 += 1;
-            e.1 += t.seconds;
-            // Attention launches come in layer order, each merge right after its launch.
+        self.rig.b.set_graphs(false);
+        let (wall, timings) = self.rig.timed_kernels(&plan(&seqs, 0, bps, 16));
+        let spec = &self.rig.model.spec;
+        let (mut layer, mut attn, mut kind) = (0usize, [0.0f64; 2], 0);
+        // Attention launches come in layer order, each merge right after its launch.
+        for t in &timings {
             match t.kernel {
                 "attention" => {
                     kind = usize::from(!spec.variant.is_sliding(layer));
@@ -253,19 +172,11 @@ impl ArchRig {
                 _ => {}
             }
         }
-        let total: f64 = by_op.values().map(|v| v.1).sum();
-        let mut rows: Vec<_> = by_op.into_iter().collect();
-        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
-        let ops: Vec<String> = rows
-            .iter()
-            .map(|(op, (n, t))| format!("{op} {:.3}ms/{n}", t * 1e3))
-            .collect();
+        let (_, line) = by_op(&timings);
         eprintln!(
-            "BREAKDOWN {} {label}: wall {:.3} ms, kernels {:.3} ms: {}",
+            "BREAKDOWN {} {label}: wall {:.3} ms, {line}",
             self.name,
-            wall * 1e3,
-            total * 1e3,
-            ops.join(", ")
+            wall * 1e3
         );
         (attn[0], attn[1])
     }
@@ -298,8 +209,8 @@ fn bench_arch_qwen3_8b_vs_llama3_8b() {
     let mut results: Vec<(f64, Vec<Times>)> = Vec::new();
     for (name, spec) in &models {
         let blocks = 32 * (2048 + 64) / 16;
-        let mut rig = ArchRig::new(name, backend(), spec.clone(), blocks);
-        let pre = rig.prefill();
+        let mut rig = ArchRig::new(name, bf16_backend(), spec.clone(), blocks);
+        let pre = rig.rig.prefill_median();
         eprintln!(
             "BENCH {name} prefill 2048 layers {}: {:.1} ms",
             spec.n_layers,
@@ -366,7 +277,7 @@ fn bench_arch_gemma3_12b_ctx8192() {
     for batch in [1usize, 32] {
         let bps = (ctx as usize + 64).div_ceil(16);
         let blocks = batch * bps;
-        let b = backend();
+        let b = bf16_backend();
         let layers = fitting_layers(&b, gemma3_12b, full, 6, blocks * 16);
         let spec = gemma3_12b(layers);
         let mut rig = ArchRig::new("gemma-3-12b", b, spec.clone(), blocks);

@@ -267,3 +267,191 @@ pub fn random_blocks(
     }
     bytes
 }
+
+/// The speed benchmarks' common part (`bench.rs`, `bench_arch.rs`): a model with dummy
+/// weights on a bf16 CUDA backend with its KV pool, timed steps, and kernel timings by op.
+#[cfg(feature = "cuda")]
+pub mod rig {
+    use std::collections::BTreeMap;
+    use std::time::Instant;
+
+    use kiln::backend::cuda::{CudaBackend, CudaOptions, DType};
+    use kiln::backend::gpu::KernelTiming;
+    use kiln::backend::{Backend, BatchPlan, KvShape, SeqSlice};
+    use kiln::model::ModelFiles;
+    use kiln::runner::Llama;
+    use kiln::sampling::{Penalties, SampleRow, SamplingParams};
+
+    /// Tokens of the longest step (prefill 2048).
+    pub const MAX_STEP: usize = 2048;
+
+    /// A bf16 CUDA backend on device 0 with the on-disk kernel cache.
+    pub fn bf16_backend() -> CudaBackend {
+        let opts = CudaOptions {
+            dtype: DType::Bf16,
+            kernel_cache: kiln::engine::default_kernel_cache_dir(),
+            ..CudaOptions::default()
+        };
+        CudaBackend::new(0, opts).expect("cuda")
+    }
+
+    /// A plan where sequence `first_seq + i` owns blocks `(first_seq + i) * bps ..`, each
+    /// sequence given as (new tokens, context).
+    pub fn plan(seqs: &[(u32, u32)], first_seq: usize, bps: usize, block_size: u32) -> BatchPlan {
+        let mut p = BatchPlan {
+            block_size,
+            ..Default::default()
+        };
+        for (i, &(q, ctx)) in seqs.iter().enumerate() {
+            let s = first_seq + i;
+            let table = (0..bps).map(|b| (s * bps + b) as u32).collect();
+            p.seqs.push(SeqSlice {
+                q_start: p.token_ids.len() as u32,
+                q_len: q,
+                ctx_len: ctx,
+                block_table: table,
+                wants_logits: true,
+            });
+            p.token_ids
+                .extend((0..q).map(|t| (t * 7919 + s as u32 * 31) % 128000));
+        }
+        p.fill_positions_and_slots();
+        p
+    }
+
+    pub fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+
+    /// Kernel time by op (launches, seconds), longest first, and the line that prints it.
+    pub fn by_op(timings: &[KernelTiming]) -> (BTreeMap<&'static str, (usize, f64)>, String) {
+        let mut ops: BTreeMap<&'static str, (usize, f64)> = BTreeMap::new();
+        for t in timings {
+            let e = ops.entry(t.kernel).or_default();
+            e.0 += 1;
+            e.1 += t.seconds;
+        }
+        let total: f64 = ops.values().map(|v| v.1).sum();
+        let mut rows: Vec<_> = ops.iter().collect();
+        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+        let parts: Vec<String> = rows
+            .iter()
+            .map(|(op, (n, t))| format!("{op} {:.3}ms/{n}", t * 1e3))
+            .collect();
+        let line = format!("kernels {:.3} ms: {}", total * 1e3, parts.join(", "));
+        (ops, line)
+    }
+
+    /// A loaded benchmark model.
+    pub struct BenchRig {
+        pub b: CudaBackend,
+        pub model: Llama<CudaBackend>,
+        pub kv: <CudaBackend as Backend>::Kv,
+        pub shape: KvShape,
+    }
+
+    impl BenchRig {
+        /// Loads `files` on `b` (steps up to [`MAX_STEP`] tokens and `max_seqs` sequences)
+        /// with a KV pool of `num_blocks` blocks of 16 slots; prints the load.
+        pub fn load(
+            mut b: CudaBackend,
+            files: &ModelFiles,
+            num_blocks: usize,
+            max_seqs: usize,
+        ) -> Self {
+            let spec = &files.spec;
+            let t0 = Instant::now();
+            let model = Llama::load(&mut b, files, MAX_STEP, max_seqs).expect("load");
+            let shape = KvShape {
+                num_layers: spec.n_layers,
+                num_blocks,
+                block_size: 16,
+                n_kv_heads: spec.n_kv_heads,
+                head_dim: spec.head_dim,
+            };
+            let kv = b.alloc_kv(&shape).expect("kv");
+            let (device, file) = b.weight_bytes();
+            eprintln!(
+                "loaded {}: {} layers in {:.1}s: weights {:.3} GB on the device, {:.3} GB in the source",
+                files.name,
+                spec.n_layers,
+                t0.elapsed().as_secs_f64(),
+                device as f64 / 1e9,
+                file as f64 / 1e9
+            );
+            BenchRig {
+                b,
+                model,
+                kv,
+                shape,
+            }
+        }
+
+        /// One forward + greedy sample; returns seconds (synchronized by the sample download).
+        pub fn step(&mut self, p: &BatchPlan) -> f64 {
+            let greedy = SamplingParams::greedy();
+            let rows: Vec<SampleRow<'_>> = (0..p.seqs.len())
+                .map(|_| SampleRow {
+                    params: &greedy,
+                    uniform: 0.5,
+                    penalties: Penalties::none(),
+                    mask: None,
+                    forced: None,
+                })
+                .collect();
+            let t = Instant::now();
+            let logits = self
+                .model
+                .forward(&mut self.b, &mut self.kv, p)
+                .expect("forward");
+            self.b.sample(logits, &rows).expect("sample");
+            t.elapsed().as_secs_f64()
+        }
+
+        /// Prefills `n` sequences of `ctx` tokens (ctx <= 2048), packed into 2048-token steps,
+        /// eagerly.
+        pub fn fill(&mut self, n: usize, ctx: u32, bps: usize) {
+            let per_step = (MAX_STEP / ctx as usize).max(1);
+            self.b.set_graphs(false);
+            for first in (0..n).step_by(per_step) {
+                let k = per_step.min(n - first);
+                self.step(&plan(&vec![(ctx, ctx); k], first, bps, 16));
+            }
+        }
+
+        /// Median of 20 decode steps of `batch` rows at contexts `ctx + 1 ..`, eager or
+        /// graph-replayed.
+        pub fn decode_median(&mut self, batch: usize, ctx: u32, bps: usize, graphs: bool) -> f64 {
+            assert!(
+                batch * bps <= self.shape.num_blocks,
+                "KV pool too small for batch {batch} ctx {ctx}"
+            );
+            self.b.set_graphs(graphs);
+            let times = (0..20u32)
+                .map(|i| {
+                    let seqs: Vec<(u32, u32)> = (0..batch).map(|_| (1, ctx + 1 + i)).collect();
+                    self.step(&plan(&seqs, 0, bps, 16))
+                })
+                .collect();
+            median(times)
+        }
+
+        /// Median of five 2048-token prefills after a warm-up (eager: no graph applies).
+        pub fn prefill_median(&mut self) -> f64 {
+            let p = plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16);
+            self.b.set_graphs(false);
+            self.step(&p);
+            median((0..5).map(|_| self.step(&p)).collect())
+        }
+
+        /// Wall time of one step of `p` with every kernel timed by device events, and the
+        /// timings in launch order.
+        pub fn timed_kernels(&mut self, p: &BatchPlan) -> (f64, Vec<KernelTiming>) {
+            self.b.set_timing_period(Some(1));
+            let wall = self.step(p);
+            self.b.set_timing_period(None);
+            (wall, self.b.take_kernel_timings().expect("timings"))
+        }
+    }
+}

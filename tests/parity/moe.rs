@@ -1,19 +1,25 @@
 //! Parity of the mixture-of-experts FFN (`Backend::moe_ffn`) against a naive per-token
 //! reference written here (f64, experts looped token by token): batches in which every
-//! expert gets a token, in which most get none, exact router ties (lowest index wins) and
-//! both weightings (renormalised top-k and raw softmax probabilities).
+//! expert gets a token, in which most get none, exact router ties (lowest index wins),
+//! both weightings (renormalised top-k and raw softmax probabilities), Qwen2-MoE's shared
+//! expert under its sigmoid gate, and experts in every quantized type Kiln reads.
 
-use kiln::backend::{MoeExperts, MoeShape};
+use kiln::backend::{Backend, MoeExperts, MoeShape, SharedExpert};
 use rand_chacha::ChaCha8Rng;
 
 use crate::harness::*;
 use crate::parity_test;
 
-/// `out[t] = sum over the top-k experts of softmax(logits[t]) of w * down(silu(gate x) * up x)`.
+/// A shared expert's host weights: gate rows over up rows, down, the gate's row.
+type SharedHost = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// `out[t] = sum over the top-k experts of softmax(logits[t]) of w * down(silu(gate x) * up x)`,
+/// plus `sigmoid(x . g) * down_s(silu(gate_s x) * up_s x)` with a shared expert.
 fn reference(
     x: &[f32],
     logits: &[f32],
     (gate, up, down): (&[f32], &[f32], &[f32]),
+    shared: Option<&SharedHost>,
     s: &MoeShape,
     h: usize,
 ) -> Vec<f32> {
@@ -53,6 +59,23 @@ fn reference(
                 out[t * h + i] += (w * dot(down, e * h + i, &act)) as f32;
             }
         }
+        if let Some((gu, dn, g)) = shared {
+            let sf = s.shared_ff;
+            let dot = |m: &[f32], row: usize, v: &[f32]| -> f64 {
+                let r = &m[row * v.len()..(row + 1) * v.len()];
+                r.iter().zip(v).map(|(a, b)| *a as f64 * *b as f64).sum()
+            };
+            let act: Vec<f32> = (0..sf)
+                .map(|j| {
+                    let a = dot(gu, j, xt);
+                    (a / (1.0 + (-a).exp()) * dot(gu, sf + j, xt)) as f32
+                })
+                .collect();
+            let sig = 1.0 / (1.0 + (-dot(g, 0, xt)).exp());
+            for i in 0..h {
+                out[t * h + i] += (sig * dot(dn, i, &act)) as f32;
+            }
+        }
     }
     out
 }
@@ -74,16 +97,36 @@ fn case<B: TestBackend>(
     let gate = q(b, random(rng, ne * f * h, 0.3));
     let up = q(b, random(rng, ne * f * h, 0.3));
     let down = q(b, random(rng, ne * h * f, 0.3));
-    let want = reference(&x, &logits, (&gate, &up, &down), &s, h);
+    let sf = s.shared_ff;
+    let shared = (sf > 0).then(|| {
+        (
+            q(b, random(rng, 2 * sf * h, 0.3)),
+            q(b, random(rng, h * sf, 0.3)),
+            q(b, random(rng, h, 0.5)),
+        )
+    });
+    let want = reference(&x, &logits, (&gate, &up, &down), shared.as_ref(), &s, h);
     let (bx, bl) = (tensor(b, n, h, &x), tensor(b, n, ne, &logits));
     let wg = weight(b, vec![ne * f, h], &gate);
     let wu = weight(b, vec![ne * f, h], &up);
     let wd = weight(b, vec![ne * h, f], &down);
+    let ws = shared.as_ref().map(|(gu, dn, g)| {
+        (
+            weight(b, vec![2 * sf, h], gu),
+            weight(b, vec![h, sf], dn),
+            weight(b, vec![h], g),
+        )
+    });
     let mut out = poisoned(b, n + 1, h);
     let experts = MoeExperts {
         gate: &wg,
         up: &wu,
         down: &wd,
+        shared: ws.as_ref().map(|(gate_up, down, gate)| SharedExpert {
+            gate_up,
+            down,
+            gate,
+        }),
     };
     b.moe_ffn(&bx, &bl, experts, &s, n, &mut out)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -103,6 +146,7 @@ fn moe<B: TestBackend>(b: &mut B) {
         top_k,
         expert_ff,
         norm_topk,
+        shared_ff: 0,
     };
     // Every expert chosen: row t prefers experts t and t + 1 (mod 8) by a wide margin.
     let (n, ne) = (19, 8);
@@ -150,5 +194,106 @@ fn moe<B: TestBackend>(b: &mut B) {
     // Mixtral's shape class, top 1 and a wide batch.
     let l = random(&mut rng, 67 * 4, 4.0);
     case(b, &mut rng, "67 rows top 1", shape(4, 1, 56, false), 48, l);
+    // Qwen2-MoE: top 4 of 8 unnormalised plus a shared expert, a batch and one row.
+    let shared = MoeShape {
+        shared_ff: 40,
+        ..shape(8, 4, 24, false)
+    };
+    for n in [13, 1] {
+        let l = random(&mut rng, n * 8, 2.0);
+        case(
+            b,
+            &mut rng,
+            &format!("shared expert {n} rows"),
+            shared,
+            64,
+            l,
+        );
+    }
 }
 parity_test!(moe_ffn_grouped_experts, moe);
+
+/// Quantized experts, each kind one stacked `[n_expert * rows, cols]` matrix in the file's
+/// type (as a 3-D GGUF `ffn_*_exps` tensor arrives), against the same experts dequantized to
+/// f32 on the CPU. The CPU's own quantized path multiplies 8-bit activations, hence its
+/// looser tolerance; a GPU dequantizes in registers and accumulates in f32.
+fn moe_quant<B: TestBackend>(b: &mut B) {
+    use kiln::backend::HostTensor;
+    use kiln::backend::cpu::CpuBackend;
+    use kiln::backend::quant::GgmlType;
+    let mut rng = rng("moe_ffn_quant");
+    let mut reference = CpuBackend::with_f32_weights();
+    let (ne, f, h) = (4, 256, 256);
+    let s = MoeShape {
+        n_expert: ne,
+        top_k: 2,
+        expert_ff: f,
+        norm_topk: true,
+        shared_ff: 0,
+    };
+    // The CPU's 8-bit activations: 3.05e-2 seen on one row of Q4_K/Q6_K experts; a wrong
+    // expert or dequantization is off by order 1.
+    let tol = if b.label() == "cpu" {
+        6e-2
+    } else {
+        b.tol().max(1e-4)
+    };
+    fn experts<W>(w: &[W]) -> MoeExperts<'_, W> {
+        MoeExperts {
+            gate: &w[0],
+            up: &w[1],
+            down: &w[2],
+            shared: None,
+        }
+    }
+    let types = [
+        (GgmlType::Q8_0, GgmlType::Q8_0),
+        (GgmlType::Q4_0, GgmlType::Q6K),
+        (GgmlType::Q4K, GgmlType::Q6K),
+        (GgmlType::Q5K, GgmlType::Q4K),
+        (GgmlType::Q6K, GgmlType::Q5K),
+    ];
+    for (tgu, td) in types {
+        let mut mk = |ty, rows, cols| {
+            HostTensor::raw(
+                vec![rows, cols],
+                ty,
+                random_blocks(&mut rng, ty, rows, cols),
+            )
+            .unwrap()
+        };
+        let host = [mk(tgu, ne * f, h), mk(tgu, ne * f, h), mk(td, ne * h, f)];
+        let bw: Vec<_> = host
+            .iter()
+            .map(|w| b.upload_weight(w.clone()).expect("upload"))
+            .collect();
+        let rw: Vec<_> = host
+            .iter()
+            .map(|w| reference.upload_weight(w.clone()).unwrap())
+            .collect();
+        for n in [11, 1] {
+            let x = b.quantize(&random(&mut rng, n * h, 1.0));
+            let l = b.quantize(&random(&mut rng, n * ne, 2.0));
+            let (bx, bl) = (tensor(b, n, h, &x), tensor(b, n, ne, &l));
+            let mut out = poisoned(b, n + 1, h);
+            let what = format!("{} moe_ffn {tgu}/{td} experts, {n} rows", b.label());
+            b.moe_ffn(&bx, &bl, experts(&bw), &s, n, &mut out)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let (rx, rl) = (
+                tensor(&mut reference, n, h, &x),
+                tensor(&mut reference, n, ne, &l),
+            );
+            let mut rout = reference.alloc(n, h).unwrap();
+            reference
+                .moe_ffn(&rx, &rl, experts(&rw), &s, n, &mut rout)
+                .unwrap();
+            assert_rows_only(
+                &what,
+                &b.to_host(&out, n + 1).unwrap(),
+                &reference.to_host(&rout, n).unwrap(),
+                tol,
+            );
+        }
+    }
+}
+parity_test!(moe_ffn_quantized_experts, moe_quant);

@@ -7,7 +7,7 @@
 
 use kiln::backend::cpu::CpuBackend;
 use kiln::backend::quant::GgmlType;
-use kiln::backend::{Backend, HostTensor, KvShape};
+use kiln::backend::{Activation, Backend, HostTensor, KvShape};
 use rand::RngExt;
 
 use crate::harness::*;
@@ -140,10 +140,10 @@ fn quant_glu<B: TestBackend>(b: &mut B) {
             let mut out = poisoned(b, n + 1, f);
             let mut rgu = reference.alloc(n, 2 * f).unwrap();
             let mut rout = reference.alloc(n, f).unwrap();
-            b.matmul_silu_mul(&bx, &bw, n, &mut gu, &mut out)
-                .expect("matmul_silu_mul");
+            b.matmul_glu(Activation::Silu, &bx, &bw, n, &mut gu, &mut out)
+                .expect("matmul_glu");
             reference
-                .matmul_silu_mul(&rx, &rw, n, &mut rgu, &mut rout)
+                .matmul_glu(Activation::Silu, &rx, &rw, n, &mut rgu, &mut rout)
                 .unwrap();
             assert_rows_only(
                 &format!("{} matmul_silu_mul {tg}+{tu} {n}x{k}x{f}", b.label()),

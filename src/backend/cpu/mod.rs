@@ -17,8 +17,8 @@ use attention::AttnGeom;
 
 use super::quant;
 use super::{
-    AttnShape, Backend, BackendError, BatchPlan, HostData, HostTensor, KvShape, RopeLayout,
-    RopeSpec,
+    Activation, AttnShape, Backend, BackendError, BatchPlan, HostData, HostTensor, KvShape,
+    RopeLayout, RopeSpec,
 };
 use super::{GroupMember, MoeExperts, MoeShape};
 use crate::sampling::{CpuSampler, SampleRow, Sampled};
@@ -376,13 +376,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn silu_mul(
+    fn glu(
         &mut self,
+        act: Activation,
         gate_up: &CpuTensor,
         n: usize,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        glu_rows("silu_mul", gate_up, n, out, ops::silu_mul_row)
+        glu_rows(gate_up, n, out, ops::glu_row(act))
     }
 
     fn head_rms_norm(
@@ -406,15 +407,6 @@ impl Backend for CpuBackend {
             }
         }
         Ok(())
-    }
-
-    fn gelu_tanh_mul(
-        &mut self,
-        gate_up: &CpuTensor,
-        n: usize,
-        out: &mut CpuTensor,
-    ) -> Result<(), BackendError> {
-        glu_rows("gelu_tanh_mul", gate_up, n, out, ops::gelu_tanh_mul_row)
     }
 
     fn scale(&mut self, x: &mut CpuTensor, s: f32, n: usize) -> Result<(), BackendError> {
@@ -521,14 +513,13 @@ impl Backend for CpuBackend {
 /// `out[r] = act(gate) * up` for each of the first `n` rows of a fused `[gate | up]` tensor
 /// (width `2f`), with `row` the activation's row kernel.
 fn glu_rows(
-    op: &'static str,
     gate_up: &CpuTensor,
     n: usize,
     out: &mut CpuTensor,
     row: fn(&[f32], &[f32], &mut [f32]),
 ) -> Result<(), BackendError> {
     let f = out.cols;
-    check_cols(op, gate_up.cols, 2 * f)?;
+    check_cols("glu", gate_up.cols, 2 * f)?;
     for (gu, o) in gate_up.data[..n * 2 * f]
         .chunks_exact(2 * f)
         .zip(out.data.chunks_exact_mut(f))

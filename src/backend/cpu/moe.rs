@@ -2,11 +2,12 @@
 //! (token, expert) assignments by expert (counting sort, stable), then per expert with any
 //! token: gather its rows, gate/up matmuls against that expert's slice of the stacked
 //! weights (in the file's type, through `qmatmul`), SiLU, down matmul, and a weighted add
-//! into each token's output row.
+//! into each token's output row. A shared expert (Qwen2-MoE) runs over every row and adds
+//! its output scaled by the row's sigmoid gate.
 
 use super::qmatmul::{self, QScratch};
 use super::{CpuTensor, Kernels, check_cols, ops};
-use crate::backend::moe::{MoeExperts, MoeShape, route_row};
+use crate::backend::moe::{MoeExperts, MoeShape, SharedExpert, route_row};
 use crate::backend::{BackendError, HostData, HostTensor};
 
 /// Scratch of the MoE op, grown to the largest step seen (kept between calls).
@@ -92,6 +93,58 @@ fn expert_matmul(
     Ok(())
 }
 
+/// `out[rows, m] = x[rows, k] @ w^T` for a whole weight (f32 or in the file's type).
+fn dense_matmul(
+    kern: &Kernels,
+    qs: &mut QScratch,
+    x: &[f32],
+    w: &HostTensor,
+    rows: usize,
+    out: &mut [f32],
+) -> Result<(), BackendError> {
+    match w.values() {
+        Some(v) => ops::matmul(x, v, None, rows, w.cols(), w.rows(), out),
+        None => qmatmul::matmul(kern, qs, x, w, rows, out)?,
+    }
+    Ok(())
+}
+
+/// Adds the shared expert's gated output to the first `n` rows of `out`:
+/// `out[t] += sigmoid(x[t] · gate) * down(silu(x[t] W_g^T) * (x[t] W_u^T))`.
+#[allow(clippy::too_many_arguments)]
+fn shared_expert(
+    kern: &Kernels,
+    qs: &mut QScratch,
+    s: &mut MoeScratch,
+    x: &CpuTensor,
+    sh: &SharedExpert<'_, HostTensor>,
+    sf: usize,
+    n: usize,
+    out: &mut CpuTensor,
+) -> Result<(), BackendError> {
+    let h = x.cols;
+    let gate = sh.gate.values().ok_or_else(|| {
+        BackendError::InvalidBatch("moe shared expert gate: not an f32 vector".into())
+    })?;
+    s.g.resize(n * 2 * sf, 0.0);
+    s.u.resize(n * sf, 0.0);
+    s.y.resize(n * h, 0.0);
+    dense_matmul(kern, qs, &x.data[..n * h], sh.gate_up, n, &mut s.g)?;
+    for (gu, a) in s.g.chunks_exact(2 * sf).zip(s.u.chunks_exact_mut(sf)) {
+        ops::silu_mul_row(&gu[..sf], &gu[sf..], a);
+    }
+    dense_matmul(kern, qs, &s.u, sh.down, n, &mut s.y)?;
+    for t in 0..n {
+        let xt = &x.data[t * h..(t + 1) * h];
+        let g = 1.0 / (1.0 + (-ops::dot(xt, gate)).exp());
+        out.data[t * h..(t + 1) * h]
+            .iter_mut()
+            .zip(&s.y[t * h..(t + 1) * h])
+            .for_each(|(o, v)| *o += g * v);
+    }
+    Ok(())
+}
+
 /// Checks the operands of [`moe_ffn`] against `shape` and `hidden`.
 fn check(
     x: &CpuTensor,
@@ -116,7 +169,33 @@ fn check(
             )));
         }
     }
-    Ok(())
+    let sf = shape.shared_ff;
+    match &w.shared {
+        None if sf == 0 => Ok(()),
+        Some(sh) if sf > 0 => {
+            for (what, t, want) in [
+                ("moe shared gate/up", sh.gate_up, vec![2 * sf, h]),
+                ("moe shared down", sh.down, vec![h, sf]),
+                ("moe shared gate", sh.gate, vec![h]),
+            ] {
+                if t.shape != want {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "{what}: shape {:?}, expected {want:?}",
+                        t.shape
+                    )));
+                }
+            }
+            Ok(())
+        }
+        _ => Err(BackendError::InvalidBatch(format!(
+            "moe shared expert: width {sf} and weights {} disagree",
+            if w.shared.is_some() {
+                "given"
+            } else {
+                "absent"
+            }
+        ))),
+    }
 }
 
 /// The MoE FFN of `n` rows (see `Backend::moe_ffn`).
@@ -183,6 +262,9 @@ pub fn moe_ffn(
                 .zip(y)
                 .for_each(|(o, v)| *o += wt * v);
         }
+    }
+    if let Some(sh) = &w.shared {
+        shared_expert(kern, qs, s, x, sh, shape.shared_ff, n, out)?;
     }
     Ok(())
 }

@@ -2,6 +2,8 @@
 
 use rayon::prelude::*;
 
+use crate::backend::Activation;
+
 /// Work (multiply-adds) below which a matmul stays on the calling thread: on tiny models
 /// the cost of waking the pool is larger than the work.
 const PAR_MIN_WORK: usize = 1 << 17;
@@ -124,6 +126,14 @@ pub fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let inv = 1.0 / (ss + eps).sqrt();
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = v * inv * g;
+    }
+}
+
+/// The row kernel of a GLU activation.
+pub fn glu_row(act: Activation) -> fn(&[f32], &[f32], &mut [f32]) {
+    match act {
+        Activation::Silu => silu_mul_row,
+        Activation::GeluTanh => gelu_tanh_mul_row,
     }
 }
 

@@ -235,6 +235,18 @@ kernel_args! {
     MoeCombineArgs (Kernel::MoeCombine) {
         y: ptr, inv: ptr, wts: ptr, k: i32, h: i32, total: u64, out: ptr,
     }
+    /// `moe_gate_up_<q>_<dt>`: [`MoeGateUpArgs`] over quantized experts (`n_rows` = E * f).
+    MoeQGateUpArgs (Kernel::MoeQGateUp { .. }) {
+        x: ptr, wg: ptr, wu: ptr, sorted: ptr, tile_expert: ptr, k: i32, h: i32, f: i32,
+        n_rows: i32, cols: i32, act: ptr,
+    }
+    /// `moe_down_<q>_<dt>`: [`MoeDownArgs`] over quantized experts (`n_rows` = E * h).
+    MoeQDownArgs (Kernel::MoeQDown { .. }) {
+        act: ptr, wd: ptr, sorted: ptr, tile_expert: ptr, f: i32, h: i32, n_rows: i32, cols: i32,
+        y: ptr,
+    }
+    /// `moe_shared_add_<dt>`: `out[t] += sigmoid(x[t] . g) * ys[t]` over `n` rows of `h`.
+    MoeSharedAddArgs (Kernel::MoeSharedAdd) { x: ptr, g: ptr, ys: ptr, h: i32, n: i32, out: ptr }
 }
 
 #[cfg(test)]

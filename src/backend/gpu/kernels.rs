@@ -40,6 +40,8 @@ pub enum Source {
     Arch,
     /// The mixture-of-experts FFN (`moe.cu`).
     Moe,
+    /// The mixture-of-experts grouped matmuls of quantized experts (`moe_quant.cu`).
+    MoeQuant,
     /// Quantized weights: streaming matmuls, dequantization, F16/BF16 conversion.
     Qgemv,
     /// Quantized weights: the tiled tensor-core matmul of batches (`qmma.cu`, bf16 only).
@@ -47,7 +49,7 @@ pub enum Source {
 }
 
 impl Source {
-    const ALL: [Source; 14] = [
+    const ALL: [Source; 15] = [
         Source::Embed,
         Source::Norm,
         Source::Rope,
@@ -60,6 +62,7 @@ impl Source {
         Source::Gemv,
         Source::Arch,
         Source::Moe,
+        Source::MoeQuant,
         Source::Qgemv,
         Source::Qmma,
     ];
@@ -78,6 +81,7 @@ impl Source {
             Source::Gemv => "gemv.cu",
             Source::Arch => "arch.cu",
             Source::Moe => "moe.cu",
+            Source::MoeQuant => "moe_quant.cu",
             Source::Qgemv => "qgemv.cu",
             Source::Qmma => "qmma.cu",
         }
@@ -89,7 +93,7 @@ impl Source {
             Source::AttentionPrefill | Source::AttentionTc | Source::AttentionDecode => {
                 std::slice::from_ref(&ATTENTION_HEADER)
             }
-            Source::Qgemv | Source::Qmma => std::slice::from_ref(&QUANT_HEADER),
+            Source::Qgemv | Source::Qmma | Source::MoeQuant => std::slice::from_ref(&QUANT_HEADER),
             _ => &[],
         }
     }
@@ -118,6 +122,7 @@ impl Source {
             Source::Gemv => include_str!("../../../kernels/gemv.cu"),
             Source::Arch => include_str!("../../../kernels/arch.cu"),
             Source::Moe => include_str!("../../../kernels/moe.cu"),
+            Source::MoeQuant => include_str!("../../../kernels/moe_quant.cu"),
             Source::Qgemv => include_str!("../../../kernels/qgemv.cu"),
             Source::Qmma => include_str!("../../../kernels/qmma.cu"),
         }
@@ -253,6 +258,16 @@ pub enum Kernel {
     MoeDown,
     /// MoE: weighted sum of each token's expert outputs.
     MoeCombine,
+    /// MoE: the shared expert's output added under its sigmoid gate.
+    MoeSharedAdd,
+    /// MoE: grouped gate/up matmuls and SiLU-mul of quantized experts.
+    MoeQGateUp {
+        q: QType,
+    },
+    /// MoE: grouped down matmul of quantized experts.
+    MoeQDown {
+        q: QType,
+    },
     /// Matmul of up to `rows` (one of [`QGEMV_ROWS`]) input rows with a quantized weight
     /// part, dequantized in registers.
     Qgemv {
@@ -325,6 +340,7 @@ impl Kernel {
             Kernel::MoeGateUp,
             Kernel::MoeDown,
             Kernel::MoeCombine,
+            Kernel::MoeSharedAdd,
         ];
         for rows in 1..=GEMV_MAX_ROWS as u32 {
             v.push(Kernel::Gemv { rows });
@@ -336,6 +352,8 @@ impl Kernel {
                 v.push(Kernel::QgemvSilu { q, rows });
             }
             v.push(Kernel::Dequant { q });
+            v.push(Kernel::MoeQGateUp { q });
+            v.push(Kernel::MoeQDown { q });
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
         }
         v.push(Kernel::QmmaReduce);
@@ -396,9 +414,10 @@ impl Kernel {
             Kernel::Softcap => "softcap",
             Kernel::MoeRoute => "moe_route",
             Kernel::MoeAlign => "moe_align",
-            Kernel::MoeGateUp => "moe_gate_up",
-            Kernel::MoeDown => "moe_down",
+            Kernel::MoeGateUp | Kernel::MoeQGateUp { .. } => "moe_gate_up",
+            Kernel::MoeDown | Kernel::MoeQDown { .. } => "moe_down",
             Kernel::MoeCombine => "moe_combine",
+            Kernel::MoeSharedAdd => "moe_shared_add",
             Kernel::Gemv { .. }
             | Kernel::Qgemv { .. }
             | Kernel::Qmma { .. }
@@ -435,7 +454,9 @@ impl Kernel {
             | Kernel::MoeAlign
             | Kernel::MoeGateUp
             | Kernel::MoeDown
-            | Kernel::MoeCombine => Source::Moe,
+            | Kernel::MoeCombine
+            | Kernel::MoeSharedAdd => Source::Moe,
+            Kernel::MoeQGateUp { .. } | Kernel::MoeQDown { .. } => Source::MoeQuant,
             Kernel::Qgemv { .. }
             | Kernel::QgemvSilu { .. }
             | Kernel::Dequant { .. }
@@ -462,6 +483,8 @@ impl Kernel {
             Kernel::Qgemv { q, rows } => format!("qgemv_{}_{d}_m{rows}", q.tag()),
             Kernel::QgemvSilu { q, rows } => format!("qgemv_silu_{}_{d}_m{rows}", q.tag()),
             Kernel::Dequant { q } => format!("dequant_{}_{d}", q.tag()),
+            Kernel::MoeQGateUp { q } => format!("moe_gate_up_{}_{d}", q.tag()),
+            Kernel::MoeQDown { q } => format!("moe_down_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
             Kernel::Convert { bf16 } => {

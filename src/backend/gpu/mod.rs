@@ -50,7 +50,9 @@ pub use timing::KernelTiming;
 pub use types::{GpuBatch, GpuKv, GpuTensor, GpuWeight};
 
 pub use super::DType;
-use super::{AttnShape, Backend, BackendError, BatchPlan, HostTensor, KvShape, RopeSpec};
+use super::{
+    Activation, AttnShape, Backend, BackendError, BatchPlan, HostTensor, KvShape, RopeSpec,
+};
 use crate::sampling::{SampleRow, Sampled};
 
 /// The GPU backend of one lane, over vendor runtime `R`.
@@ -96,6 +98,8 @@ struct Scratch {
     attn_ws: Option<DevBuf>,
     /// The mixture-of-experts routes, sorted assignments and expert outputs (`moe.rs`).
     moe: Option<DevBuf>,
+    /// The shared expert's activations (`moe.rs`).
+    moe_shared: Option<moe::SharedScratch>,
     /// Largest activation allocated, in elements (sizes the sampling workspace estimate).
     largest_alloc: usize,
     /// A quantized weight dequantized for a BLAS GEMM of a batch step: sized at upload for
@@ -458,24 +462,36 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.launch_attention(qkv, kv, layer, b, shape, out)
     }
 
-    fn silu_mul(
+    fn glu(
         &mut self,
+        act: Activation,
         gate_up: &GpuTensor,
         n: usize,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
-        self.launch_silu_mul(gate_up, n, out)
+        match act {
+            Activation::Silu => self.launch_silu_mul(gate_up, n, out),
+            Activation::GeluTanh => self.launch_gelu_tanh_mul(gate_up, n, out),
+        }
     }
 
-    fn matmul_silu_mul(
+    fn matmul_glu(
         &mut self,
+        act: Activation,
         x: &GpuTensor,
         w_gate_up: &GpuWeight,
         n: usize,
         gate_up: &mut GpuTensor,
-        act: &mut GpuTensor,
+        out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
-        self.launch_matmul_silu_mul(x, w_gate_up, n, gate_up, act)
+        match act {
+            // Fused streaming kernels for small batches (plain and quantized weights).
+            Activation::Silu => self.launch_matmul_silu_mul(x, w_gate_up, n, gate_up, out),
+            Activation::GeluTanh => {
+                self.launch_matmul(x, w_gate_up, None, n, gate_up)?;
+                self.launch_gelu_tanh_mul(gate_up, n, out)
+            }
+        }
     }
 
     fn gather_rows(
@@ -497,15 +513,6 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         n: usize,
     ) -> Result<(), BackendError> {
         self.launch_head_rms_norm(qkv, q_w, k_w, shape, eps, n)
-    }
-
-    fn gelu_tanh_mul(
-        &mut self,
-        gate_up: &GpuTensor,
-        n: usize,
-        out: &mut GpuTensor,
-    ) -> Result<(), BackendError> {
-        self.launch_gelu_tanh_mul(gate_up, n, out)
     }
 
     fn scale(&mut self, x: &mut GpuTensor, s: f32, n: usize) -> Result<(), BackendError> {

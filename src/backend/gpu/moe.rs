@@ -1,13 +1,29 @@
 //! Launcher of the mixture-of-experts FFN (`kernels/moe.cu`): route, sort the assignments
 //! by expert on the device, grouped gate/up and down matmuls over tiles of one expert,
 //! then each token's weighted sum. Five launches per layer whatever the batch; every size
-//! comes from the step's row count, so decode steps record into graphs.
+//! comes from the step's row count, so decode steps record into graphs. A shared expert
+//! (Qwen2-MoE) adds three: its gate/up and down matmuls (the dense FFN's launchers, so a
+//! quantized shared expert runs too) and the sigmoid-gated add.
 
-use super::args::{MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeRouteArgs};
+use super::args::{
+    MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeQDownArgs, MoeQGateUpArgs,
+    MoeRouteArgs, MoeSharedAddArgs,
+};
 use super::kernels::Kernel;
+use super::qtype::QType;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
-use crate::backend::{BackendError, MoeExperts, MoeShape};
+use crate::backend::{Backend, BackendError, MoeExperts, MoeShape, SharedExpert};
+
+/// The shared expert's activations, sized for the activation capacity.
+pub(super) struct SharedScratch {
+    /// `[rows, 2 * shared_ff]` gate/up product.
+    gu: GpuTensor,
+    /// `[rows, shared_ff]`
+    act: GpuTensor,
+    /// `[rows, hidden]` the expert's output before its gate.
+    y: GpuTensor,
+}
 
 /// Assignment slots per tile (`MOE_TILE` in `moe.cu`).
 const TILE: usize = 8;
@@ -57,6 +73,19 @@ impl Layout {
     }
 }
 
+/// A stacked expert weight's device address and type: one dense part of compute-type
+/// elements, or one quantized part in `quant.cuh`'s plane layout (a 3-D GGUF tensor).
+fn experts_of(w: &GpuWeight) -> Result<(u64, Option<QType>), BackendError> {
+    match w.parts.as_slice() {
+        [p] => Ok((p.buf.ptr(), p.q)),
+        _ => Err(BackendError::Unsupported {
+            backend: "gpu",
+            op: "moe_ffn (experts in several quantized parts)",
+            dtype: format!("{:?}", w.part_types()),
+        }),
+    }
+}
+
 impl<R: Runtime> GpuBackend<R> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_moe_ffn(
@@ -85,12 +114,28 @@ impl<R: Runtime> GpuBackend<R> {
                 )));
             }
         }
-        // The grouped kernels stream compute-type experts; quantized experts are refused.
-        let (wg, wu, wd) = (
-            w.gate.dense_for("moe_ffn (quantized experts)")?.ptr(),
-            w.up.dense_for("moe_ffn (quantized experts)")?.ptr(),
-            w.down.dense_for("moe_ffn (quantized experts)")?.ptr(),
-        );
+        // Compute-type experts, or each kind one quantized part (gate and up of one type).
+        let (gu_q, wg, wu) = match (experts_of(w.gate)?, experts_of(w.up)?) {
+            ((g, qg), (u, qu)) if qg == qu => (qg, g, u),
+            _ => {
+                return Err(invalid(
+                    "moe_ffn: gate and up experts must share one type".into(),
+                ));
+            }
+        };
+        let (down_q, wd) = {
+            let (d, q) = experts_of(w.down)?;
+            (q, d)
+        };
+        for (q, cols) in [(gu_q, h), (down_q, f)] {
+            if let Some(q) = q
+                && cols % q.block().0 != 0
+            {
+                return Err(invalid(format!(
+                    "moe_ffn: {cols} columns of {q:?} experts are not whole blocks"
+                )));
+            }
+        }
         if n == 0 {
             return Ok(());
         }
@@ -134,31 +179,70 @@ impl<R: Runtime> GpuBackend<R> {
             max_tiles: tiles as i32,
         };
         self.launch_with(Kernel::MoeAlign, grid((1, 1), 256), &align)?;
-        let gate_up = MoeGateUpArgs {
-            x: x.buf.ptr(),
-            wg,
-            wu,
-            sorted: at(lay.sorted),
-            tile_expert: at(lay.tile_expert),
-            k: k as i32,
-            h: h as i32,
-            f: f as i32,
-            cols: COLS as i32,
-            act: at(lay.act),
-        };
         let g = grid((tiles, f.div_ceil(COLS)), 256);
-        self.launch_with(Kernel::MoeGateUp, g, &gate_up)?;
-        let down = MoeDownArgs {
-            act: at(lay.act),
-            wd,
-            sorted: at(lay.sorted),
-            tile_expert: at(lay.tile_expert),
-            f: f as i32,
-            h: h as i32,
-            cols: COLS as i32,
-            y: at(lay.y),
-        };
-        self.launch_with(Kernel::MoeDown, grid((tiles, h.div_ceil(COLS)), 256), &down)?;
+        match gu_q {
+            None => {
+                let gate_up = MoeGateUpArgs {
+                    x: x.buf.ptr(),
+                    wg,
+                    wu,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    k: k as i32,
+                    h: h as i32,
+                    f: f as i32,
+                    cols: COLS as i32,
+                    act: at(lay.act),
+                };
+                self.launch_with(Kernel::MoeGateUp, g, &gate_up)?;
+            }
+            Some(q) => {
+                let gate_up = MoeQGateUpArgs {
+                    x: x.buf.ptr(),
+                    wg,
+                    wu,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    k: k as i32,
+                    h: h as i32,
+                    f: f as i32,
+                    n_rows: (ne * f) as i32,
+                    cols: COLS as i32,
+                    act: at(lay.act),
+                };
+                self.launch_with(Kernel::MoeQGateUp { q }, g, &gate_up)?;
+            }
+        }
+        let g = grid((tiles, h.div_ceil(COLS)), 256);
+        match down_q {
+            None => {
+                let down = MoeDownArgs {
+                    act: at(lay.act),
+                    wd,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    f: f as i32,
+                    h: h as i32,
+                    cols: COLS as i32,
+                    y: at(lay.y),
+                };
+                self.launch_with(Kernel::MoeDown, g, &down)?;
+            }
+            Some(q) => {
+                let down = MoeQDownArgs {
+                    act: at(lay.act),
+                    wd,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    f: f as i32,
+                    h: h as i32,
+                    n_rows: (ne * h) as i32,
+                    cols: COLS as i32,
+                    y: at(lay.y),
+                };
+                self.launch_with(Kernel::MoeQDown { q }, g, &down)?;
+            }
+        }
         let combine = MoeCombineArgs {
             y: at(lay.y),
             inv: at(lay.inv),
@@ -169,6 +253,62 @@ impl<R: Runtime> GpuBackend<R> {
             out: out.buf.ptr(),
         };
         let blocks = (n * h).div_ceil(256).clamp(1, 65535);
-        self.launch_with(Kernel::MoeCombine, grid((blocks, 1), 256), &combine)
+        self.launch_with(Kernel::MoeCombine, grid((blocks, 1), 256), &combine)?;
+        match w.shared {
+            Some(sh) => self.launch_moe_shared(x, sh, s.shared_ff, n, out),
+            None => Ok(()),
+        }
+    }
+
+    /// `out[t] += sigmoid(x[t] · gate) * down(silu(x[t] W_g^T) * (x[t] W_u^T))` for the first
+    /// `n` rows.
+    fn launch_moe_shared(
+        &mut self,
+        x: &GpuTensor,
+        sh: SharedExpert<'_, GpuWeight>,
+        sf: usize,
+        n: usize,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        let h = x.cols;
+        let g = sh.gate.dense_for("moe shared expert gate")?.ptr();
+        if sh.gate.rows * sh.gate.cols != h {
+            return Err(invalid(format!(
+                "moe shared gate: [{}, {}], expected {h} values",
+                sh.gate.rows, sh.gate.cols
+            )));
+        }
+        // Sized once for the activation capacity (the first, eager step).
+        let mut sc = match self.scratch.moe_shared.take() {
+            Some(sc) if sc.act.rows >= x.rows && sc.act.cols == sf && sc.y.cols == h => sc,
+            _ => {
+                self.generation += 1;
+                SharedScratch {
+                    gu: self.alloc(x.rows, 2 * sf)?,
+                    act: self.alloc(x.rows, sf)?,
+                    y: self.alloc(x.rows, h)?,
+                }
+            }
+        };
+        let mut run = || -> Result<(), BackendError> {
+            self.launch_matmul_silu_mul(x, sh.gate_up, n, &mut sc.gu, &mut sc.act)?;
+            self.launch_matmul(&sc.act, sh.down, None, n, &mut sc.y)?;
+            let args = MoeSharedAddArgs {
+                x: x.buf.ptr(),
+                g,
+                ys: sc.y.buf.ptr(),
+                h: h as i32,
+                n: n as i32,
+                out: out.buf.ptr(),
+            };
+            let grid = Grid {
+                blocks: (n.clamp(1, 65535) as u32, 1, 1),
+                threads: 256,
+            };
+            self.launch_with(Kernel::MoeSharedAdd, grid, &args)
+        };
+        let r = run();
+        self.scratch.moe_shared = Some(sc);
+        r
     }
 }
