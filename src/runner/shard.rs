@@ -53,17 +53,15 @@ pub fn check(spec: &ModelSpec, n: usize) -> Result<(), String> {
     } else if spec.variant.moe.is_none() && !spec.intermediate.is_multiple_of(n) {
         Some(format!("its FFN width {}", spec.intermediate))
     } else {
-        spec.variant
-            .moe
-            .and_then(|m| {
-                if !m.expert_ff.is_multiple_of(n) {
-                    Some(format!("its expert FFN width {}", m.expert_ff))
-                } else if !m.shared_ff.is_multiple_of(n) {
-                    Some(format!("its shared expert width {}", m.shared_ff))
-                } else {
-                    None
-                }
-            })
+        spec.variant.moe.and_then(|m| {
+            if !m.expert_ff.is_multiple_of(n) {
+                Some(format!("its expert FFN width {}", m.expert_ff))
+            } else if !m.shared_ff.is_multiple_of(n) {
+                Some(format!("its shared expert width {}", m.shared_ff))
+            } else {
+                None
+            }
+        })
     };
     match why {
         Some(what) => Err(format!(
