@@ -115,11 +115,21 @@ pub fn open_group<W: WithBackends>(
         ),
         #[cfg(feature = "cuda")]
         Some(DeviceId::Cuda(_)) => with.run(
-            devices
-                .iter()
-                .map(|d| {
-                    let (i, o) = (ordinal(d), options.clone());
-                    Box::new(move || super::cuda::CudaBackend::new(i, o)) as Maker<_>
+            gpu_ordinals(devices)
+                .into_iter()
+                .map(|i| {
+                    let (o, size) = (options.clone(), devices.len());
+                    Box::new(move || {
+                        super::cuda::CudaBackend::new(i, o).map_err(|e| match size {
+                            1 => e,
+                            _ => BackendError::Device {
+                                op: "open",
+                                message: format!(
+                                    "cuda:{i} (a shard of a tensor-parallel group of {size}): {e}"
+                                ),
+                            },
+                        })
+                    }) as Maker<_>
                 })
                 .collect(),
         ),
@@ -141,6 +151,17 @@ pub fn open_group<W: WithBackends>(
         Some(DeviceId::Rocm(_)) => {
             with.run::<CpuBackend>(vec![Box::new(|| Err(BackendError::NotCompiled("rocm")))])
         }
+    }
+}
+
+/// The GPU ordinals of a group: distinct devices as named; one device named for every
+/// shard (a lane's `cuda:i` with `tensor_parallel_size` N) spans `i .. i + N`.
+#[cfg(feature = "cuda")]
+fn gpu_ordinals(devices: &[DeviceId]) -> Vec<usize> {
+    let first = devices.first().map_or(0, ordinal);
+    match devices.iter().all(|d| ordinal(d) == first) {
+        true => (first..first + devices.len()).collect(),
+        false => devices.iter().map(ordinal).collect(),
     }
 }
 
