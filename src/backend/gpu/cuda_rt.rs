@@ -321,6 +321,11 @@ impl Runtime for Cuda {
         g.launch().map_err(failed)
     }
 
+    fn device_count() -> RtResult<usize> {
+        Self::available()?;
+        Ok(CudaContext::device_count().map_err(failed)?.max(0) as usize)
+    }
+
     fn comm_id() -> RtResult<Vec<u8>> {
         super::nccl::unique_id()
     }

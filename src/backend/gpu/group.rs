@@ -31,6 +31,11 @@ fn part_cols(total: usize, size: usize, rank: usize) -> (usize, usize) {
 }
 
 impl<R: Runtime> GpuBackend<R> {
+    /// Devices `R` sees (0 where its libraries do not load).
+    pub fn device_count() -> usize {
+        R::device_count().unwrap_or(0)
+    }
+
     /// Joins `member`'s group: rank 0 makes the communicator id, the host group hands it
     /// to the others, and every rank joins on its own thread with its device current.
     pub(super) fn join(&mut self, member: GroupMember) -> Result<(), BackendError> {

@@ -163,6 +163,10 @@ pub trait Runtime: Sized + 'static {
     /// Queues a replay of `g` on the stream.
     fn replay(&self, g: &Self::Graph) -> RtResult<()>;
 
+    /// Devices visible to this runtime (a tensor-parallel lane needs one per shard).
+    fn device_count() -> RtResult<usize> {
+        Self::available().map(|_| 1)
+    }
     /// A fresh communicator id (made by rank 0, handed to the others by the host group).
     fn comm_id() -> RtResult<Vec<u8>> {
         Err(no_collectives())
