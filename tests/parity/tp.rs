@@ -250,7 +250,9 @@ struct Stepped {
 
 /// A prefill of two prompts, then ten decode steps of both (fixed tokens).
 fn gqa_steps(vocab: u32) -> Vec<BatchPlan> {
-    let mut steps = vec![crate::bench::plan(&[(13, 13), (6, 6)], 0, 4, 16)];
+    let mut first = crate::bench::plan(&[(13, 13), (6, 6)], 0, 4, 16);
+    first.token_ids.iter_mut().for_each(|t| *t %= vocab);
+    let mut steps = vec![first];
     for i in 0..10u32 {
         let mut p = crate::bench::plan(&[(1, 14 + i), (1, 7 + i)], 0, 4, 16);
         p.token_ids = vec![(i * 31 + 5) % vocab, (i * 17 + 9) % vocab];

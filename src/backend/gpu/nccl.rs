@@ -147,16 +147,24 @@ pub unsafe fn copy_2d(
     if width == 0 || height == 0 {
         return Ok(());
     }
-    // SAFETY: a plain-old-data struct; every field the copy reads is set below.
-    let mut p: drv::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-    p.srcMemoryType = drv::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    p.srcDevice = src;
-    p.srcPitch = src_pitch;
-    p.dstMemoryType = drv::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    p.dstDevice = dst;
-    p.dstPitch = dst_pitch;
-    p.WidthInBytes = width;
-    p.Height = height;
+    let p = drv::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: drv::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: drv::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: height,
+    };
     // SAFETY: `p` describes ranges the caller vouches for; queued on the lane's stream.
     unsafe { drv::cuMemcpy2DAsync_v2(&p, stream) }
         .result()
