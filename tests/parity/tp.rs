@@ -225,7 +225,13 @@ fn with_group<T>(
                 total,
             }
         };
-        f(&mut step)
+        let out = f(&mut step);
+        // The decode steps were recorded into graphs with the collectives inside (a
+        // recording the runtime refused would have run eagerly and been counted here).
+        let g = b.graph_stats();
+        eprintln!("tp {n}: rank 0 decode graphs {g:?}");
+        assert_eq!(g.failures, 0, "tp {n}: decode graphs not recorded");
+        out
     })
 }
 
