@@ -114,6 +114,30 @@ pub fn open_group<W: WithBackends>(
                 .collect(),
         ),
         #[cfg(feature = "cuda")]
+        Some(DeviceId::Cuda(_)) if devices.len() > 1 && !gpus_visible(devices) => {
+            // Every shard fails to open (none joins, so none waits for the others).
+            let ordinals = gpu_ordinals(devices);
+            let visible = super::cuda::CudaBackend::device_count();
+            let why = format!(
+                "a tensor-parallel group of {} needs CUDA devices {ordinals:?}; {visible} visible",
+                ordinals.len()
+            );
+            with.run::<CpuBackend>(
+                devices
+                    .iter()
+                    .map(|_| {
+                        let message = why.clone();
+                        Box::new(move || {
+                            Err(BackendError::Device {
+                                op: "open",
+                                message,
+                            })
+                        }) as Maker<CpuBackend>
+                    })
+                    .collect(),
+            )
+        }
+        #[cfg(feature = "cuda")]
         Some(DeviceId::Cuda(_)) => with.run(
             gpu_ordinals(devices)
                 .into_iter()
@@ -163,6 +187,14 @@ fn gpu_ordinals(devices: &[DeviceId]) -> Vec<usize> {
         true => (first..first + devices.len()).collect(),
         false => devices.iter().map(ordinal).collect(),
     }
+}
+
+/// Whether every GPU of a group is visible (a shard that cannot open its device would leave
+/// the others waiting for it to join).
+#[cfg(feature = "cuda")]
+fn gpus_visible(devices: &[DeviceId]) -> bool {
+    let visible = super::cuda::CudaBackend::device_count();
+    gpu_ordinals(devices).iter().all(|&i| i < visible)
 }
 
 /// A GPU's ordinal (0 for the CPU).

@@ -348,3 +348,33 @@ fn bench_tp_llama3_8b_shape() {
         });
     }
 }
+
+/// A lane whose group names more GPUs than are visible (here: none, or fewer than the
+/// group) fails at start with the reason, instead of shard 0 waiting for shards that never
+/// join. Runs everywhere the CUDA build runs, GPU or not.
+#[test]
+fn a_group_beyond_the_visible_gpus_is_refused_at_start() {
+    let visible = CudaBackend::device_count();
+    let tp = (visible + 1).next_power_of_two().max(2);
+    if tp > 8 {
+        eprintln!("notice: {visible} GPUs visible; stories260K cannot be split {tp} ways");
+        return;
+    }
+    let files = ModelFiles::open(&models_dir().join("stories260K.gguf"), LoadFormat::Gguf)
+        .expect("stories260K fixture");
+    let cfg = EngineConfig {
+        tensor_parallel_size: tp,
+        kv_blocks: Some(64),
+        ..Default::default()
+    };
+    let e = Engine::start(files, &[Device::Cuda(0)], cfg)
+        .err()
+        .expect("more shards than GPUs");
+    let e = e.to_string();
+    assert!(
+        e.contains(&format!(
+            "a tensor-parallel group of {tp} needs CUDA devices"
+        )),
+        "{e}"
+    );
+}
