@@ -258,7 +258,7 @@ pub struct ServeArgs {
     /// KV pool size in blocks per lane (otherwise sized from memory).
     #[arg(long, env = "KILN_KV_BLOCKS")]
     pub kv_blocks: Option<usize>,
-    /// Shards per lane (tensor parallelism; CPU lanes only so far) [default: 1].
+    /// Shards per lane (tensor parallelism; CPU and CUDA lanes: `cuda:i` spans GPUs i..i+N-1) [default: 1].
     #[arg(long = "tensor-parallel", env = "KILN_TENSOR_PARALLEL")]
     pub tensor_parallel_size: Option<usize>,
     /// Waiting requests allowed before 429.
@@ -381,16 +381,8 @@ impl Config {
         if tp == 0 {
             return invalid("engine.tensor_parallel_size", "must be at least 1");
         }
-        if tp > 1
-            && let Some(gpu) = devices.iter().find(|d| !matches!(d, Device::Cpu))
-        {
-            return Err(ConfigError::Invalid {
-                key: "engine.tensor_parallel_size",
-                message: format!(
-                    "tensor parallelism {tp} on {gpu}: the NCCL/RCCL collectives GPU shards \
-                     need are not built yet; only CPU lanes can be sharded"
-                ),
-            });
+        if tp > 1 {
+            check_gpu_groups(&devices, tp)?;
         }
         if self.server.api_keys.iter().any(|k| k.trim().is_empty()) {
             return invalid("server.api_keys", "API keys must not be empty");
@@ -432,6 +424,43 @@ impl Config {
     pub fn model_path(&self, hub: &HubSettings) -> Result<PathBuf, HubError> {
         resolve_model(&self.model.path, hub)
     }
+}
+
+/// Tensor parallelism `tp` > 1 on GPUs: a lane named `cuda:i` spans devices `i .. i + tp`
+/// (the lanes' spans must not overlap); ROCm lanes cannot be sharded yet (no RCCL binding).
+fn check_gpu_groups(devices: &[Device], tp: usize) -> Result<(), ConfigError> {
+    let refuse = |message: String| {
+        Err(ConfigError::Invalid {
+            key: "engine.tensor_parallel_size",
+            message,
+        })
+    };
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    for d in devices {
+        match d {
+            Device::Cpu => {}
+            Device::Rocm(_) => {
+                return refuse(format!(
+                    "tensor parallelism {tp} on {d}: the RCCL collectives ROCm shards need are \
+                     not built yet; only CPU and CUDA lanes can be sharded"
+                ));
+            }
+            Device::Cuda(i) => {
+                let span = (*i, i + tp);
+                if let Some(o) = spans.iter().find(|o| o.0 < span.1 && span.0 < o.1) {
+                    return refuse(format!(
+                        "tensor parallelism {tp}: lane {d} spans cuda:{}..cuda:{}, which \
+                         overlaps the lane on cuda:{} (name each lane's first GPU, {tp} apart)",
+                        span.0,
+                        span.1 - 1,
+                        o.0
+                    ));
+                }
+                spans.push(span);
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -484,7 +513,7 @@ mod tests {
     }
 
     #[test]
-    fn tensor_parallel_size_is_read_checked_and_refused_on_gpus() {
+    fn tensor_parallel_size_is_read_checked_and_gpu_spans_do_not_overlap() {
         let text = "[engine]\ntensor_parallel_size = 4\n";
         let mut cfg = Config::from_toml(text, Path::new("x")).unwrap();
         assert_eq!(cfg.engine.tensor_parallel_size, 4);
@@ -497,9 +526,14 @@ mod tests {
         let cli = <Cli as clap::Parser>::try_parse_from(["kiln", "--tensor-parallel", "2"]);
         cfg.apply(&cli.unwrap().serve);
         assert_eq!(cfg.engine.tensor_parallel_size, 2);
-        cfg.model.devices = vec!["cpu".into(), "cuda:1".into()];
+        cfg.model.devices = vec!["cpu".into(), "rocm:1".into()];
         let err = cfg.validate().unwrap_err().to_string();
-        assert!(err.contains("NCCL") && err.contains("cuda:1"), "{err}");
+        assert!(err.contains("RCCL") && err.contains("rocm:1"), "{err}");
+        cfg.model.devices = vec!["cuda:0".into(), "cuda:2".into()];
+        assert!(cfg.validate().is_ok(), "two lanes of two GPUs each");
+        cfg.model.devices = vec!["cuda:0".into(), "cuda:1".into()];
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("overlaps") && err.contains("cuda:0"), "{err}");
         cfg.model.devices = vec!["cuda:0".into()];
         cfg.engine.tensor_parallel_size = 1;
         assert!(cfg.validate().is_ok(), "size 1 runs anywhere");

@@ -25,6 +25,8 @@ mod quant;
 mod sampling;
 #[path = "parity/torch_ref.rs"]
 mod torch_ref;
+#[path = "parity/tp.rs"]
+mod tp;
 
 use harness::*;
 use kiln::backend::cpu::CpuBackend;

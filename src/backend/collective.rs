@@ -21,6 +21,9 @@ pub struct HostGroup {
     turn: Condvar,
     /// One buffer per rank, written by its owner and read by every member.
     slots: Vec<RwLock<Vec<f32>>>,
+    /// Bytes rank 0 hands every member ([`GroupMember::broadcast_bytes`]: a GPU
+    /// communicator's unique id).
+    blob: RwLock<Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -64,6 +67,7 @@ impl HostGroup {
             state: Mutex::new(Rendezvous::default()),
             turn: Condvar::new(),
             slots: (0..size).map(|_| RwLock::new(Vec::new())).collect(),
+            blob: RwLock::new(Vec::new()),
         })
     }
 
@@ -167,6 +171,23 @@ impl GroupMember {
         self.group.abort();
     }
 
+    /// Rank 0's `data` on every member (the others' `data` is ignored): how a GPU group
+    /// hands its communicator's unique id around before its first collective.
+    pub fn broadcast_bytes(&self, data: &[u8]) -> Result<Vec<u8>, BackendError> {
+        if self.size == 1 {
+            return Ok(data.to_vec());
+        }
+        let blob = &self.group.blob;
+        if self.rank == 0 {
+            *blob.write().unwrap_or_else(|p| p.into_inner()) = data.to_vec();
+        }
+        self.group.wait()?;
+        let got = blob.read().unwrap_or_else(|p| p.into_inner()).clone();
+        // Nobody rewrites the blob before everyone has read it.
+        self.group.wait()?;
+        Ok(got)
+    }
+
     /// `data = sum over ranks of each rank's data`, added in rank order so every member
     /// gets the same bits. Every member passes the same length.
     pub fn all_reduce_sum(&self, data: &mut [f32]) -> Result<(), BackendError> {
@@ -261,6 +282,20 @@ mod tests {
             assert_eq!(total, &want, "same bits on every rank");
             assert_eq!(all[..6], row);
             assert_eq!(all[6..], row);
+        }
+    }
+
+    #[test]
+    fn broadcast_bytes_hands_rank_0s_bytes_to_everyone() {
+        let got = on_threads(3, |m| {
+            let mine = vec![m.rank as u8 + 7; 4];
+            let first = m.broadcast_bytes(&mine).unwrap();
+            let second = m.broadcast_bytes(&[m.rank as u8]).unwrap();
+            (first, second)
+        });
+        for (first, second) in got {
+            assert_eq!(first, vec![7; 4]);
+            assert_eq!(second, vec![0]);
         }
     }
 

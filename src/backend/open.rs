@@ -114,12 +114,46 @@ pub fn open_group<W: WithBackends>(
                 .collect(),
         ),
         #[cfg(feature = "cuda")]
+        Some(DeviceId::Cuda(_)) if devices.len() > 1 && !gpus_visible(devices) => {
+            // Every shard fails to open (none joins, so none waits for the others).
+            let ordinals = gpu_ordinals(devices);
+            let visible = super::cuda::CudaBackend::device_count();
+            let why = format!(
+                "a tensor-parallel group of {} needs CUDA devices {ordinals:?}; {visible} visible",
+                ordinals.len()
+            );
+            with.run::<CpuBackend>(
+                devices
+                    .iter()
+                    .map(|_| {
+                        let message = why.clone();
+                        Box::new(move || {
+                            Err(BackendError::Device {
+                                op: "open",
+                                message,
+                            })
+                        }) as Maker<CpuBackend>
+                    })
+                    .collect(),
+            )
+        }
+        #[cfg(feature = "cuda")]
         Some(DeviceId::Cuda(_)) => with.run(
-            devices
-                .iter()
-                .map(|d| {
-                    let (i, o) = (ordinal(d), options.clone());
-                    Box::new(move || super::cuda::CudaBackend::new(i, o)) as Maker<_>
+            gpu_ordinals(devices)
+                .into_iter()
+                .map(|i| {
+                    let (o, size) = (options.clone(), devices.len());
+                    Box::new(move || {
+                        super::cuda::CudaBackend::new(i, o).map_err(|e| match size {
+                            1 => e,
+                            _ => BackendError::Device {
+                                op: "open",
+                                message: format!(
+                                    "cuda:{i} (a shard of a tensor-parallel group of {size}): {e}"
+                                ),
+                            },
+                        })
+                    }) as Maker<_>
                 })
                 .collect(),
         ),
@@ -142,6 +176,25 @@ pub fn open_group<W: WithBackends>(
             with.run::<CpuBackend>(vec![Box::new(|| Err(BackendError::NotCompiled("rocm")))])
         }
     }
+}
+
+/// The GPU ordinals of a group: distinct devices as named; one device named for every
+/// shard (a lane's `cuda:i` with `tensor_parallel_size` N) spans `i .. i + N`.
+#[cfg(feature = "cuda")]
+fn gpu_ordinals(devices: &[DeviceId]) -> Vec<usize> {
+    let first = devices.first().map_or(0, ordinal);
+    match devices.iter().all(|d| ordinal(d) == first) {
+        true => (first..first + devices.len()).collect(),
+        false => devices.iter().map(ordinal).collect(),
+    }
+}
+
+/// Whether every GPU of a group is visible (a shard that cannot open its device would leave
+/// the others waiting for it to join).
+#[cfg(feature = "cuda")]
+fn gpus_visible(devices: &[DeviceId]) -> bool {
+    let visible = super::cuda::CudaBackend::device_count();
+    gpu_ordinals(devices).iter().all(|&i| i < visible)
 }
 
 /// A GPU's ordinal (0 for the CPU).

@@ -125,7 +125,7 @@ pub struct EngineConfig {
     /// `~/.cache/kiln/kernels`; unset when neither is known: compile at every start).
     pub kernel_cache_dir: Option<std::path::PathBuf>,
     /// Shards per lane (tensor parallelism): each holds 1/N of the weights and of the KV
-    /// pool, on a thread of its own. CPU lanes only for now.
+    /// pool, on a thread of its own. CPU and CUDA lanes (`cuda:i` spans GPUs `i .. i + N`).
     pub tensor_parallel_size: usize,
 }
 

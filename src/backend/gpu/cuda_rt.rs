@@ -58,6 +58,7 @@ impl Runtime for Cuda {
     type Event = CudaEvent;
     type Blas = CudaBlas;
     type Graph = cudarc::driver::CudaGraph;
+    type Comm = super::nccl::NcclComm;
 
     fn available() -> RtResult<()> {
         let missing = |lib: &str| {
@@ -318,6 +319,61 @@ impl Runtime for Cuda {
 
     fn replay(&self, g: &cudarc::driver::CudaGraph) -> RtResult<()> {
         g.launch().map_err(failed)
+    }
+
+    fn device_count() -> RtResult<usize> {
+        Self::available()?;
+        Ok(CudaContext::device_count().map_err(failed)?.max(0) as usize)
+    }
+
+    fn comm_id() -> RtResult<Vec<u8>> {
+        super::nccl::unique_id()
+    }
+
+    fn comm_join(&self, id: &[u8], rank: usize, size: usize) -> RtResult<Self::Comm> {
+        // NCCL binds the communicator to the current device.
+        self.ctx.bind_to_thread().map_err(failed)?;
+        super::nccl::join(id, rank, size)
+    }
+
+    unsafe fn all_reduce_sum(
+        &self,
+        c: &Self::Comm,
+        dt: DType,
+        x: u64,
+        count: usize,
+    ) -> RtResult<()> {
+        self.ctx.bind_to_thread().map_err(failed)?;
+        // SAFETY: per the trait's contract.
+        unsafe { super::nccl::all_reduce_sum(c, self.stream.cu_stream(), dt, x, count) }
+    }
+
+    unsafe fn all_gather(
+        &self,
+        c: &Self::Comm,
+        dt: DType,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> RtResult<()> {
+        self.ctx.bind_to_thread().map_err(failed)?;
+        // SAFETY: per the trait's contract.
+        unsafe { super::nccl::all_gather(c, self.stream.cu_stream(), dt, send, recv, count) }
+    }
+
+    unsafe fn copy_2d(
+        &self,
+        dst: u64,
+        dst_pitch: usize,
+        src: u64,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+    ) -> RtResult<()> {
+        self.ctx.bind_to_thread().map_err(failed)?;
+        let s = self.stream.cu_stream();
+        // SAFETY: per the trait's contract.
+        unsafe { super::nccl::copy_2d(s, dst, dst_pitch, src, src_pitch, width, height) }
     }
 }
 

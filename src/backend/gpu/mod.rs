@@ -22,12 +22,15 @@ mod batch;
 pub mod cuda_rt;
 mod device;
 mod graphs;
+mod group;
 #[cfg(feature = "rocm")]
 pub mod hip_rt;
 pub mod kernels;
 mod matmul;
 mod meta;
 mod moe;
+#[cfg(feature = "cuda")]
+mod nccl;
 mod norm;
 mod qtype;
 mod qweight;
@@ -74,6 +77,8 @@ pub struct GpuBackend<R: Runtime> {
     sample_work: Option<DevBuf>,
     sample_out: Option<DevBuf>,
     sample_pack: sample::SamplePack,
+    /// The tensor-parallel group this backend is a shard of (`group.rs`; none: whole model).
+    group: Option<group::GpuGroup<R>>,
     dev: Device<R>,
 }
 
@@ -189,6 +194,7 @@ impl<R: Runtime> GpuBackend<R> {
             sample_work: None,
             sample_out: None,
             sample_pack: sample::SamplePack::default(),
+            group: None,
             dev,
         })
     }
@@ -533,6 +539,23 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         self.launch_moe_ffn(x, router_logits, experts, shape, n, out)
+    }
+
+    fn join_group(&mut self, member: super::GroupMember) -> Result<(), BackendError> {
+        self.join(member)
+    }
+
+    fn all_reduce_sum(&mut self, x: &mut GpuTensor, n: usize) -> Result<(), BackendError> {
+        self.launch_all_reduce(x, n)
+    }
+
+    fn all_gather(
+        &mut self,
+        part: &GpuTensor,
+        n: usize,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        self.launch_all_gather(part, n, out)
     }
 
     fn sample(

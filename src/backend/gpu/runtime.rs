@@ -72,6 +72,9 @@ pub trait Runtime: Sized + 'static {
     type Blas;
     /// An instantiated, replayable graph.
     type Graph;
+    /// A collective communicator joining this device to a tensor-parallel group (NCCL);
+    /// a runtime without collectives names a type it never makes.
+    type Comm;
 
     /// Whether the runtime libraries load and at least one device is visible.
     fn available() -> RtResult<()>;
@@ -159,6 +162,71 @@ pub trait Runtime: Sized + 'static {
     fn end_capture(&self) -> RtResult<Self::Graph>;
     /// Queues a replay of `g` on the stream.
     fn replay(&self, g: &Self::Graph) -> RtResult<()>;
+
+    /// Devices visible to this runtime (a tensor-parallel lane needs one per shard).
+    fn device_count() -> RtResult<usize> {
+        Self::available().map(|_| 1)
+    }
+    /// A fresh communicator id (made by rank 0, handed to the others by the host group).
+    fn comm_id() -> RtResult<Vec<u8>> {
+        Err(no_collectives())
+    }
+    /// Joins rank `rank` of `size` to the communicator `id` (blocks until every rank has
+    /// joined; each rank calls it on its own thread).
+    fn comm_join(&self, id: &[u8], rank: usize, size: usize) -> RtResult<Self::Comm> {
+        let _ = (id, rank, size);
+        Err(no_collectives())
+    }
+    /// Queues `x[..count] = sum over ranks of x[..count]` on the stream, in place.
+    ///
+    /// # Safety
+    /// `x` addresses a live allocation of at least `count` elements of `dt`.
+    unsafe fn all_reduce_sum(
+        &self,
+        c: &Self::Comm,
+        dt: DType,
+        x: u64,
+        count: usize,
+    ) -> RtResult<()> {
+        let _ = (c, dt, x, count);
+        Err(no_collectives())
+    }
+    /// Queues `recv[r * count ..][..count] = send[..count] of rank r` for every rank.
+    ///
+    /// # Safety
+    /// `send` and `recv` address live allocations of `count` and `size * count` elements.
+    unsafe fn all_gather(
+        &self,
+        c: &Self::Comm,
+        dt: DType,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> RtResult<()> {
+        let _ = (c, dt, send, recv, count);
+        Err(no_collectives())
+    }
+    /// Queues a strided device-to-device copy: `height` rows of `width` bytes, from rows
+    /// `src_pitch` bytes apart to rows `dst_pitch` bytes apart.
+    ///
+    /// # Safety
+    /// Both ranges lie inside live allocations.
+    unsafe fn copy_2d(
+        &self,
+        dst: u64,
+        dst_pitch: usize,
+        src: u64,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+    ) -> RtResult<()> {
+        let _ = (dst, dst_pitch, src, src_pitch, width, height);
+        Err(no_collectives())
+    }
+}
+
+fn no_collectives() -> RtError {
+    RtError::Failed("this runtime has no collectives (tensor parallelism)".into())
 }
 
 /// Maps a runtime error of `op` into the backend's error.

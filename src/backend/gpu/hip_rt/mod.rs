@@ -207,6 +207,9 @@ impl Runtime for Hip {
     type Event = HipEvent;
     type Blas = HipBlas;
     type Graph = HipGraph;
+    /// RCCL is not bound yet: no communicator is ever made (tensor parallelism is refused
+    /// on ROCm by the config).
+    type Comm = std::convert::Infallible;
 
     fn available() -> RtResult<()> {
         let no_device = |why: String| {

@@ -1,0 +1,173 @@
+//! NCCL for the CUDA runtime: a tensor-parallel group's communicator, its all-reduce and
+//! all-gather on the lane's stream (capturable into the decode graphs), and the strided
+//! device copy the gather's re-layout uses. libnccl is loaded at run time like the rest.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys as drv;
+use cudarc::nccl::{result as nccl, sys};
+
+use super::runtime::{RtError, RtResult};
+use crate::backend::DType;
+
+/// One rank's NCCL communicator; destroyed when dropped.
+pub struct NcclComm {
+    comm: sys::ncclComm_t,
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        // SAFETY: the communicator is live and destroyed once; nothing queued on it is
+        // still running (the backend syncs its stream before dropping); errors cannot be
+        // reported from drop.
+        let _ = unsafe { nccl::comm_destroy(self.comm) };
+    }
+}
+
+fn failed(e: nccl::NcclError) -> RtError {
+    RtError::Failed(format!("NCCL: {e:?}"))
+}
+
+/// Fails clearly when libnccl cannot be loaded (cudarc would panic on first use).
+fn loaded() -> RtResult<()> {
+    // SAFETY: only tries to dlopen the library by its candidate names; no symbol is called.
+    if unsafe { sys::is_culib_present() } {
+        return Ok(());
+    }
+    Err(RtError::Failed(
+        "libnccl cannot be loaded: tensor parallelism on CUDA needs NCCL (libnccl.so on the \
+         library path; pip's nvidia-nccl wheel ships only libnccl.so.2, link libnccl.so to it)"
+            .into(),
+    ))
+}
+
+fn nccl_type(dt: DType) -> sys::ncclDataType_t {
+    match dt {
+        DType::F32 => sys::ncclDataType_t::ncclFloat32,
+        DType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+    }
+}
+
+/// A fresh unique id, as bytes.
+pub fn unique_id() -> RtResult<Vec<u8>> {
+    loaded()?;
+    let id = nccl::get_uniqueid().map_err(failed)?;
+    Ok(id.internal.iter().map(|&c| c as u8).collect())
+}
+
+/// Joins rank `rank` of `size` to the communicator `id`; the device of the current
+/// context (bound by the caller) is the rank's device.
+pub fn join(id: &[u8], rank: usize, size: usize) -> RtResult<NcclComm> {
+    loaded()?;
+    let mut raw = sys::ncclUniqueId { internal: [0; 128] };
+    if id.len() != raw.internal.len() {
+        return Err(RtError::Failed(format!(
+            "NCCL unique id of {} bytes, expected {}",
+            id.len(),
+            raw.internal.len()
+        )));
+    }
+    for (d, &s) in raw.internal.iter_mut().zip(id) {
+        *d = s as _;
+    }
+    let mut comm = std::ptr::null_mut();
+    // SAFETY: `comm` is a valid out pointer; the id came from ncclGetUniqueId on rank 0.
+    unsafe { nccl::comm_init_rank(&mut comm, size as i32, raw, rank as i32) }.map_err(failed)?;
+    Ok(NcclComm { comm })
+}
+
+/// Queues an in-place sum over the group of `count` elements at `x` on `stream`.
+///
+/// # Safety
+/// `x` addresses at least `count` elements of `dt` on this rank's device.
+pub unsafe fn all_reduce_sum(
+    c: &NcclComm,
+    stream: drv::CUstream,
+    dt: DType,
+    x: u64,
+    count: usize,
+) -> RtResult<()> {
+    let p = x as *mut c_void;
+    // SAFETY: in place over `count` elements the caller vouches for.
+    unsafe {
+        nccl::all_reduce(
+            p,
+            p,
+            count,
+            nccl_type(dt),
+            sys::ncclRedOp_t::ncclSum,
+            c.comm,
+            stream as _,
+        )
+    }
+    .map(drop)
+    .map_err(failed)
+}
+
+/// Queues an all-gather of `count` elements per rank from `send` into `recv` (rank-major).
+///
+/// # Safety
+/// `send` holds `count` and `recv` `size * count` elements of `dt` on this rank's device.
+pub unsafe fn all_gather(
+    c: &NcclComm,
+    stream: drv::CUstream,
+    dt: DType,
+    send: u64,
+    recv: u64,
+    count: usize,
+) -> RtResult<()> {
+    // SAFETY: the ranges the caller vouches for.
+    unsafe {
+        nccl::all_gather(
+            send as *const c_void,
+            recv as *mut c_void,
+            count,
+            nccl_type(dt),
+            c.comm,
+            stream as _,
+        )
+    }
+    .map(drop)
+    .map_err(failed)
+}
+
+/// Queues a strided device-to-device copy of `height` rows of `width` bytes.
+///
+/// # Safety
+/// Both ranges lie inside live device allocations.
+pub unsafe fn copy_2d(
+    stream: drv::CUstream,
+    dst: u64,
+    dst_pitch: usize,
+    src: u64,
+    src_pitch: usize,
+    width: usize,
+    height: usize,
+) -> RtResult<()> {
+    if width == 0 || height == 0 {
+        return Ok(());
+    }
+    let p = drv::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: drv::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: drv::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: height,
+    };
+    // SAFETY: `p` describes ranges the caller vouches for; queued on the lane's stream.
+    unsafe { drv::cuMemcpy2DAsync_v2(&p, stream) }
+        .result()
+        .map_err(|e| RtError::Failed(e.to_string()))?;
+    Ok(())
+}
