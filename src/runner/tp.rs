@@ -58,14 +58,20 @@ pub fn load_shard<B: Backend>(
     member: GroupMember,
     src: &ShardSource,
 ) -> Result<(B, Llama<B>), LoadError> {
-    let mut backend = make()?;
     let shard = Shard {
         rank: member.rank,
         size: member.size,
     };
-    if shard.size > 1 {
-        backend.join_group(member)?;
-    }
+    // A shard that cannot open its device or join releases the others from the group's
+    // barriers (e.g. rank 0's id exchange) instead of leaving them waiting.
+    let group = member.group().clone();
+    let joined = make().and_then(|mut backend| {
+        if shard.size > 1 {
+            backend.join_group(member)?;
+        }
+        Ok(backend)
+    });
+    let mut backend = joined.inspect_err(|_| group.abort())?;
     let model = Llama::load_shard(
         &mut backend,
         &src.spec,
