@@ -7,7 +7,7 @@
 //   (bf16 only, the decode path there:)
 //   quantize_x:  x[rows, k] to 8-bit blocks of 32 (scale amax/127, and the block's sum)
 //   qdot:        y[m, j] = sum_k x[m, k] * W[j, k] (+ bias[j]) on those 8-bit activations by
-//                dp4a, for up to three parts of a stacked weight (each its own type) in one
+//                dp4a, for up to three parts of a stacked weight (of one type) in one
 //                launch; qdot_silu: the fused gate/up SiLU of qgemv_silu the same way
 //
 // (Block types and their device layout: quant.cuh, prepended to this file.) Each lane decodes
@@ -186,7 +186,7 @@ KILN_FOR_DTYPES(KILN_QGEMV)
 // i8 qs[rows][k] at 0, then float2 ds[rows][k / 32] (d = amax / 127, s = the exact sum of
 // the 32 values) at plane_align(rows * k). Each weight run of 16 becomes 4 words of signed
 // 8-bit quants (run8 in quant.cuh), multiplied with 4 words of qs by dp4a; the run adds
-// sc * d * sumi (+ mn * s once per block for the types with an offset or a min).
+// sc * d * sumi (+ mn * s once per block for the k-quants' min and centering).
 
 constexpr int QX_THREADS = 256;
 
@@ -283,39 +283,26 @@ __device__ __forceinline__ void qdot_rows(const u8* w, int n, int j0, const u8* 
     qdot_acc<Q, M, R, U>(wr, xq, k, rows, lane, acc);
 }
 
-// qdot_rows of type code ty (QType::code: q80 q40 q4k q5k q6k); the branch is warp-uniform.
-template <int M, int R, int U>
-__device__ __forceinline__ void qdot_part(int ty, const u8* w, int n, int j0, const u8* xq, int k, int rows,
-                                          int lane, float (&acc)[M][R]) {
-    switch (ty) {
-        case 0: qdot_rows<Q8_0, M, R, U>(w, n, j0, xq, k, rows, lane, acc); break;
-        case 1: qdot_rows<Q4_0, M, R, U>(w, n, j0, xq, k, rows, lane, acc); break;
-        case 2: qdot_rows<Q4_K, M, R, U>(w, n, j0, xq, k, rows, lane, acc); break;
-        case 3: qdot_rows<Q5_K, M, R, U>(w, n, j0, xq, k, rows, lane, acc); break;
-        case 4: qdot_rows<Q6_K, M, R, U>(w, n, j0, xq, k, rows, lane, acc); break;
-        default: break;
-    }
-}
-
-// One warp per R rows of one part: part p (of r0, r1, r2 rows, weights w0, w1, w2, types in
-// bits 4p..4p+3 of `types`) takes ceil(rp / R) warps, in part order; its rows land at
-// columns r0 (+ r1) + j of y (row stride ldy) with bias at the same index.
-template <int M, int R, int U>
+// One warp per R rows of one part: part p (of r0, r1, r2 rows, weights w0, w1, w2, all of
+// type Q) takes ceil(rp / R) warps, in part order; its rows land at columns r0 (+ r1) + j
+// of y (row stride ldy) with bias at the same index. (One type per launch keeps the
+// registers of that type alone, so more warps stay resident.)
+template <typename Q, int M, int R, int U>
 __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* __restrict__ w0,
                                           const u8* __restrict__ w1, const u8* __restrict__ w2,
                                           const bf16* __restrict__ bias, bf16* __restrict__ y, int k, int r0,
-                                          int r1, int r2, int types, int rows, int ldy) {
+                                          int r1, int r2, int rows, int ldy) {
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int wid = blockIdx.x * (blockDim.x / WARP) + warp;
     const int c0 = (r0 + R - 1) / R, c1 = (r1 + R - 1) / R, c2 = (r2 + R - 1) / R;
-    int p, n, col0;
+    int n, col0;
     const u8* w;
     if (wid < c0) {
-        p = 0, n = r0, col0 = 0, w = w0;
+        n = r0, col0 = 0, w = w0;
     } else if (wid < c0 + c1) {
-        p = 1, n = r1, col0 = r0, w = w1, wid -= c0;
+        n = r1, col0 = r0, w = w1, wid -= c0;
     } else if (wid < c0 + c1 + c2) {
-        p = 2, n = r2, col0 = r0 + r1, w = w2, wid -= c0 + c1;
+        n = r2, col0 = r0 + r1, w = w2, wid -= c0 + c1;
     } else {
         return;  // whole warps leave; nothing below synchronizes the block
     }
@@ -325,7 +312,7 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
     for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-    qdot_part<M, R, U>((types >> (4 * p)) & 15, w, n, j0, xq, k, rows, lane, acc);
+    qdot_rows<Q, M, R, U>(w, n, j0, xq, k, rows, lane, acc);
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -361,28 +348,23 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
     }
 }
 
-#define KILN_QDOT_M(M, U)                                                                           \
+// Units in flight per lane (U) by row bucket: more where a unit's registers are few.
+#define KILN_QDOT(QN, Q, M, U)                                                                      \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
-        qdot_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2, const bf16* bias, bf16* y, \
-                       int k, int r0, int r1, int r2, int types, int rows, int ldy) {               \
-        qdot_impl<M, 2, U>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, types, rows, ldy);               \
-    }
-#define KILN_QDOT_SILU(QN, Q, M, U)                                                                 \
+        qdot_##QN##_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2, const bf16* bias, \
+                              bf16* y, int k, int r0, int r1, int r2, int rows, int ldy) {          \
+        qdot_impl<Q, M, 2, U>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);                   \
+    }                                                                                               \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
         qdot_silu_##QN##_bf16_m##M(const u8* xq, const u8* wg, const u8* wu, bf16* y, int k, int f, \
                                    int rows, int ldy) {                                             \
         qdot_silu_impl<Q, M, U>(xq, wg, wu, y, k, f, rows, ldy);                                    \
     }
-#define KILN_QDOT_SILU_T(QN, Q)                                                                     \
-    KILN_QDOT_SILU(QN, Q, 1, 2) KILN_QDOT_SILU(QN, Q, 2, 2) KILN_QDOT_SILU(QN, Q, 4, 1)            \
-        KILN_QDOT_SILU(QN, Q, 8, 1)
-KILN_QDOT_M(1, 2)
-KILN_QDOT_M(2, 2)
-KILN_QDOT_M(4, 1)
-KILN_QDOT_M(8, 1)
-KILN_QDOT_SILU_T(q80, Q8_0)
-KILN_QDOT_SILU_T(q40, Q4_0)
-KILN_QDOT_SILU_T(q4k, Q4_K)
-KILN_QDOT_SILU_T(q5k, Q5_K)
-KILN_QDOT_SILU_T(q6k, Q6_K)
+#define KILN_QDOT_T(QN, Q, U1, U2) \
+    KILN_QDOT(QN, Q, 1, U1) KILN_QDOT(QN, Q, 2, U2) KILN_QDOT(QN, Q, 4, 1) KILN_QDOT(QN, Q, 8, 1)
+KILN_QDOT_T(q80, Q8_0, 4, 2)
+KILN_QDOT_T(q40, Q4_0, 2, 2)
+KILN_QDOT_T(q4k, Q4_K, 2, 2)
+KILN_QDOT_T(q5k, Q5_K, 2, 2)
+KILN_QDOT_T(q6k, Q6_K, 2, 1)
 #endif

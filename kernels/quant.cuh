@@ -16,7 +16,9 @@
 // multiplying 16 consecutive elements of x (at xoff); bytes become exact floats through the
 // exponent trick. run8() gives the same run as 4 words of signed 8-bit quants for dp4a
 // against 8-bit activations (qdot in qgemv.cu): weight = sc * q, plus mn * (sum of x over
-// the run's 32-element block) when XSUM (the min of k-quants, Q4_0's -8).
+// the run's 32-element block) when XSUM (the k-quants' min and centering). The quants are
+// centred (Q4_0 and Q4_K less 8, Q5_K less 16, Q6_K less 32) so that the activations'
+// rounding error multiplies small values.
 
 __device__ __forceinline__ size_t plane_align(size_t b) { return (b + 255) & ~(size_t)255; }
 
@@ -81,7 +83,7 @@ __device__ __forceinline__ int dp4a(u32 a, u32 b, int c) {
 #endif
 }
 
-// Each byte of v (0..63) less `bias` (32 or 8), as signed bytes (no borrow crosses bytes).
+// Each byte of v (0..127) less `bias` (at most 128), as signed bytes (no borrow crosses bytes).
 __device__ __forceinline__ u32 bytes_less(u32 v, u32 bias) {
     return ((v | 0x80808080u) - bias * 0x01010101u) ^ 0x80808080u;
 }
@@ -145,7 +147,7 @@ struct Q8_0 {
 // ---- Q4_0: unit = one block of 32 (low nibbles: run 0, high: run 1) -----------------------
 struct Q4_0 {
     static constexpr int UNIT = 32, RUNS = 2;
-    static constexpr bool MIN = false, XSUM = true;
+    static constexpr bool MIN = false, XSUM = false;
     struct Row {
         const u8* qs;
         const u16* d;
@@ -168,12 +170,11 @@ struct Q4_0 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) q4((word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu, 8.f, q + 4 * i);
     }
-    // Nibbles 0..15 as they are; the -8 comes once per block (run 0) through the x sum.
     static __device__ __forceinline__ void run8(const Raw& raw, int, int ri, u32* q, float& sc, float& mn) {
         sc = half_to_f(raw.d);
-        mn = ri == 0 ? -8.f * sc : 0.f;
+        mn = 0.f;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = (word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu;
+        for (int i = 0; i < 4; ++i) q[i] = bytes_less((word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu, 8u);
     }
 };
 
@@ -221,19 +222,21 @@ struct QK45 {
             q4(v, 0.f, q + 4 * i);
         }
     }
-    // The min multiplies the sum of x over the whole 32-element sub-block: the unit of the
-    // first 16 (even lo) adds it, the other none.
+    // weight = sc * (q - C) + (C * sc - dmin * m), C = 8 (16 for Q5_K): the constant
+    // multiplies the sum of x over the whole 32-element sub-block, added by the unit of the
+    // first 16 (even lo), none by the other.
     static __device__ __forceinline__ void run8(const Raw& raw, int lo, int ri, u32* q, float& sc, float& mn) {
+        constexpr u32 C = Q5 ? 16u : 8u;
         const int sub = 2 * ((lo & 7) >> 1) + ri;
         float s, m;
         kq_scale_min(raw.meta, sub, s, m);
         sc = half_to_f(raw.meta.x & 0xffffu) * s;
-        mn = (lo & 1) ? 0.f : -half_to_f(raw.meta.x >> 16) * m;
+        mn = (lo & 1) ? 0.f : fmaf((float)C, sc, -half_to_f(raw.meta.x >> 16) * m);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             u32 v = (word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu;
             if (Q5) v |= ((word(raw.h, i) >> sub) & 0x01010101u) << 4;
-            q[i] = v;
+            q[i] = bytes_less(v, C);
         }
     }
 };

@@ -3,8 +3,8 @@
 //! streaming kernels; in bf16 on 8-bit activations with dp4a, whose relative error is
 //! printed), batch (9, 16, 33, 64 rows: the tiled kernel in bf16) and prefill (300
 //! rows: dequantized scratch and GEMM) sizes, the
-//! fused gate/up SiLU, stacked parts of mixed types (three per decode launch, more in
-//! several; odd row counts), quantized embedding tables. The CPU runs the small shapes (CI);
+//! fused gate/up SiLU, stacked parts of mixed types (up to three adjacent parts of one type
+//! per decode launch; odd row counts), quantized embedding tables. The CPU runs the small shapes (CI);
 //! a GPU also the 4096x4096 ones.
 
 use kiln::backend::cpu::CpuBackend;
@@ -29,6 +29,18 @@ fn qtol<B: TestBackend>(b: &B) -> f64 {
     if b.label() == "cpu" { 3e-2 } else { b.tol() }
 }
 
+/// Relative error allowed at `n` rows: a GPU's decode rows in bf16 quantize the activations
+/// to 8 bits per 32 as the CPU does, and get the CPU's allowance (measured on the H100:
+/// median 5e-3, largest 1.2e-2 with centred quants; the uncentred first version reached 2.6e-2
+/// once on the 96-column SiLU case).
+fn row_tol<B: TestBackend>(b: &B, n: usize) -> f64 {
+    if gpu(b) && n <= 8 && b.label().contains("Bf16") {
+        3e-2
+    } else {
+        qtol(b)
+    }
+}
+
 fn gpu<B: TestBackend>(b: &B) -> bool {
     b.label() != "cpu"
 }
@@ -49,7 +61,7 @@ fn check_rows<B: TestBackend>(b: &B, what: &str, n: usize, got: &[f32], want: &[
     if gpu(b) && n <= 8 {
         eprintln!("decode error {what}: {:.2e}", rel_err(got, want));
     }
-    assert_rows_only(what, got, want, qtol(b));
+    assert_rows_only(what, got, want, row_tol(b, n));
 }
 
 fn raw(rng: &mut rand_chacha::ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -> HostTensor {
@@ -87,13 +99,9 @@ fn check_matmul<B: TestBackend>(
         };
         b.matmul(&bx, &bw, bias_b, n, &mut out).expect("matmul");
         reference.matmul(&rx, &rw, bias_r, n, &mut rout).unwrap();
-        check_rows(
-            b,
-            &format!("{} {what} {n}x{k}x{m}", b.label()),
-            n,
-            &b.to_host(&out, n + 1).unwrap(),
-            &reference.to_host(&rout, n).unwrap(),
-        );
+        let got = b.to_host(&out, n + 1).unwrap();
+        let what = format!("{} {what} {n}x{k}x{m}", b.label());
+        check_rows(b, &what, n, &got, &reference.to_host(&rout, n).unwrap());
     }
 }
 
@@ -135,13 +143,13 @@ fn quant_stacked<B: TestBackend>(b: &mut B) {
         let w = HostTensor::concat_rows(parts).unwrap();
         check_matmul(b, &mut rng, w, true, &ROWS, "Q4_K+Q6_K stack");
     }
-    // Four parts (two decode launches) of odd row counts and four types.
-    let parts = vec![
-        raw(&mut rng, GgmlType::Q4K, 37, 512),
-        raw(&mut rng, GgmlType::Q6K, 33, 512),
-        raw(&mut rng, GgmlType::Q8_0, 31, 512),
-        raw(&mut rng, GgmlType::Q4_0, 29, 512),
-    ];
+    // Five parts of odd row counts: four Q4_K (decode launches of three parts and of one),
+    // then a Q6_K.
+    let mut parts: Vec<HostTensor> = [37, 33, 31, 29]
+        .iter()
+        .map(|&r| raw(&mut rng, GgmlType::Q4K, r, 512))
+        .collect();
+    parts.push(raw(&mut rng, GgmlType::Q6K, 27, 512));
     let w = HostTensor::concat_rows(parts).unwrap();
     check_matmul(
         b,
@@ -149,7 +157,7 @@ fn quant_stacked<B: TestBackend>(b: &mut B) {
         w,
         true,
         &[1, 2, 4, 7, 8, 33],
-        "four-part stack",
+        "five-part stack",
     );
 }
 crate::parity_test!(quantized_matmul_stacked_mixed_types, quant_stacked);
@@ -183,13 +191,9 @@ fn quant_glu<B: TestBackend>(b: &mut B) {
             reference
                 .matmul_silu_mul(&rx, &rw, n, &mut rgu, &mut rout)
                 .unwrap();
-            check_rows(
-                b,
-                &format!("{} matmul_silu_mul {tg}+{tu} {n}x{k}x{f}", b.label()),
-                n,
-                &b.to_host(&out, n + 1).unwrap(),
-                &reference.to_host(&rout, n).unwrap(),
-            );
+            let got = b.to_host(&out, n + 1).unwrap();
+            let what = format!("{} matmul_silu_mul {tg}+{tu} {n}x{k}x{f}", b.label());
+            check_rows(b, &what, n, &got, &reference.to_host(&rout, n).unwrap());
         }
     }
 }

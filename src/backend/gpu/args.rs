@@ -189,13 +189,11 @@ kernel_args! {
     /// `quantize_x_bf16`: `rows` rows of `x` (`k` columns) to 8-bit blocks of 32 at `xq`
     /// (i8 values, then the (scale, sum) pairs; `kernels/qgemv.cu`).
     QuantizeXArgs (Kernel::QuantizeX) { x: ptr, xq: ptr, k: i32, rows: i32 }
-    /// `qdot_bf16_m<rows>`: `y[:, ..r0 + r1 + r2] = x @ [w0; w1; w2]^T (+ bias)` from the 8-bit
-    /// activations at `xq`, part `p` of type code `(types >> 4p) & 15` ([`QType::code`]).
-    ///
-    /// [`QType::code`]: super::qtype::QType::code
+    /// `qdot_<q>_bf16_m<rows>`: `y[:, ..r0 + r1 + r2] = x @ [w0; w1; w2]^T (+ bias)` from the
+    /// 8-bit activations at `xq` (parts of `r0`, `r1`, `r2` rows; absent parts have 0).
     QdotArgs (Kernel::Qdot { .. }) {
         xq: ptr, w0: ptr, w1: ptr, w2: ptr, bias: ptr, y: ptr, k: i32, r0: i32, r1: i32, r2: i32,
-        types: i32, rows: i32, ldy: i32,
+        rows: i32, ldy: i32,
     }
     /// `qdot_silu_<q>_bf16_m<rows>`: [`QgemvSiluArgs`] from the 8-bit activations at `xq`.
     QdotSiluArgs (Kernel::QdotSilu { .. }) {

@@ -282,9 +282,10 @@ pub enum Kernel {
     QmmaReduce,
     /// Activation rows to 8-bit blocks of 32 for [`Kernel::Qdot`] (bf16 only).
     QuantizeX,
-    /// Decode matmul of up to three quantized parts of any types in one launch, dp4a on the
+    /// Decode matmul of up to three quantized parts of type `q` in one launch, dp4a on the
     /// 8-bit activations of [`Kernel::QuantizeX`]; `rows` is one of [`QGEMV_ROWS`] (bf16 only).
     Qdot {
+        q: QType,
         rows: u32,
     },
     /// [`Kernel::Qdot`] of a gate and an up part of type `q`, fused with SiLU-mul (bf16 only).
@@ -349,11 +350,11 @@ impl Kernel {
             }
             v.push(Kernel::Dequant { q });
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
+            v.extend(QGEMV_ROWS.map(|rows| Kernel::Qdot { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotSilu { q, rows }));
         }
         v.push(Kernel::QmmaReduce);
         v.push(Kernel::QuantizeX);
-        v.extend(QGEMV_ROWS.map(|rows| Kernel::Qdot { rows }));
         v.push(Kernel::Convert { bf16: false });
         v.push(Kernel::Convert { bf16: true });
         for head in [
@@ -496,7 +497,7 @@ impl Kernel {
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
             Kernel::QuantizeX => format!("quantize_x_{d}"),
-            Kernel::Qdot { rows } => format!("qdot_{d}_m{rows}"),
+            Kernel::Qdot { q, rows } => format!("qdot_{}_{d}_m{rows}", q.tag()),
             Kernel::QdotSilu { q, rows } => format!("qdot_silu_{}_{d}_m{rows}", q.tag()),
             Kernel::Convert { bf16 } => {
                 format!("convert_{}_{d}", if bf16 { "bf16" } else { "f16" })

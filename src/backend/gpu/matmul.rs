@@ -4,7 +4,7 @@
 //!
 //! Quantized weights: up to 8 rows stream the weight through `kernels/qgemv.cu`. In bf16
 //! the activations are first quantized to 8-bit blocks of 32 in the dequant scratch
-//! (`quantize_x`), then `qdot` takes up to three parts of any types in one launch, their
+//! (`quantize_x`), then `qdot` takes up to three adjacent parts of one type per launch, their
 //! quants multiplied with dp4a (llama.cpp's MMVQ scheme: an activation error of about 0.5%
 //! against exact products, under bf16's tolerance); f32 keeps exact float products in
 //! registers (`qgemv`, one launch per part, each writing its columns). Batches of up
@@ -125,7 +125,8 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// `out = x @ w^T (+ bias)` for `n` decode rows on `qdot_*` (`rows` bucket): the rows
-    /// quantized once, then one launch per [`QDOT_PARTS`] parts.
+    /// quantized once, then one launch per run of up to [`QDOT_PARTS`] adjacent parts of one
+    /// type (a Q4_K_M qkv: q and k together, v alone).
     fn launch_qdot(
         &mut self,
         x: &GpuTensor,
@@ -136,7 +137,17 @@ impl<R: Runtime> GpuBackend<R> {
         out: &GpuTensor,
     ) -> Result<(), BackendError> {
         let xq = self.quantize_x(x, n)?;
-        for chunk in w.parts.chunks(QDOT_PARTS) {
+        let mut first = 0;
+        while first < w.parts.len() {
+            let q = w.parts[first].q;
+            let run = w.parts[first..]
+                .iter()
+                .take(QDOT_PARTS)
+                .take_while(|p| p.q == q)
+                .count();
+            let chunk = &w.parts[first..first + run];
+            first += run;
+            let Some(q) = q else { continue };
             let (bias, y) = self.part_out(&chunk[0], bias, out);
             let mut args = QdotArgs {
                 xq,
@@ -149,18 +160,16 @@ impl<R: Runtime> GpuBackend<R> {
             };
             let mut warps = 0;
             for (i, p) in chunk.iter().enumerate() {
-                let Some(q) = p.q else { continue };
                 let (wp, r) = match i {
                     0 => (&mut args.w0, &mut args.r0),
                     1 => (&mut args.w1, &mut args.r1),
                     _ => (&mut args.w2, &mut args.r2),
                 };
                 (*wp, *r) = (p.buf.ptr(), p.rows as i32);
-                args.types |= (q.code() << (4 * i)) as i32;
                 warps += p.rows.div_ceil(QGEMV_ROWS_PER_WARP);
             }
             let grid = self.gemv_grid(warps.div_ceil(GEMV_WARPS));
-            self.launch_with(Kernel::Qdot { rows }, grid, &args)?;
+            self.launch_with(Kernel::Qdot { q, rows }, grid, &args)?;
         }
         Ok(())
     }

@@ -35,18 +35,6 @@ impl QType {
         }
     }
 
-    /// The type's code in the kernels' part tables (`qdot_part` in `kernels/qgemv.cu`): its
-    /// index in [`QType::ALL`].
-    pub fn code(self) -> u32 {
-        match self {
-            QType::Q8_0 => 0,
-            QType::Q4_0 => 1,
-            QType::Q4K => 2,
-            QType::Q5K => 3,
-            QType::Q6K => 4,
-        }
-    }
-
     /// The kernel name piece (`q4k`; one alphanumeric run).
     pub fn tag(self) -> &'static str {
         match self {
