@@ -229,19 +229,29 @@ extern "C" __global__ void __launch_bounds__(QX_THREADS)
 }
 
 // Accumulates acc[m][r] += x row m . weight row r (rows wr[r], each of k columns) for M rows
-// of x (those past `rows` reread row rows - 1), from the 8-bit activations at xq.
+// of x (those past `rows` reread row rows - 1), from the 8-bit activations at xq. Each lane
+// takes U units of each row per step; at 1 and 2 rows the next step's units are fetched
+// before this step's products (loads stay in flight through the arithmetic).
 template <typename Q, int M, int R, int U>
 __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u8* __restrict__ xq, int k,
                                          int rows, int lane, float (&acc)[M][R]) {
+    constexpr bool AHEAD = M <= 2;
     const QxScale* ds = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)rows * k));
     const int nu = k / Q::UNIT;
-    for (int u0 = lane; u0 < nu; u0 += U * WARP) {
-        typename Q::Raw raw[U][R];
+    typename Q::Raw raw[U][R], next[U][R];
+    auto fetch = [&](typename Q::Raw (&dst)[U][R], int u0) {
 #pragma unroll
         for (int t = 0; t < U; ++t)
             if (u0 + t * WARP < nu)
 #pragma unroll
-                for (int r = 0; r < R; ++r) raw[t][r] = Q::load(wr[r], u0 + t * WARP);
+                for (int r = 0; r < R; ++r) dst[t][r] = Q::load(wr[r], u0 + t * WARP);
+    };
+    if (AHEAD) fetch(raw, lane);
+    for (int u0 = lane; u0 < nu; u0 += U * WARP) {
+        if (AHEAD)
+            fetch(next, u0 + U * WARP);
+        else
+            fetch(raw, u0);
 #pragma unroll
         for (int t = 0; t < U; ++t) {
             const int u = u0 + t * WARP;
@@ -270,6 +280,11 @@ __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u
                 }
             }
         }
+        if (AHEAD)
+#pragma unroll
+            for (int t = 0; t < U; ++t)
+#pragma unroll
+                for (int r = 0; r < R; ++r) raw[t][r] = next[t][r];
     }
 }
 
@@ -362,9 +377,9 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
     }
 #define KILN_QDOT_T(QN, Q, U1, U2) \
     KILN_QDOT(QN, Q, 1, U1) KILN_QDOT(QN, Q, 2, U2) KILN_QDOT(QN, Q, 4, 1) KILN_QDOT(QN, Q, 8, 1)
-KILN_QDOT_T(q80, Q8_0, 4, 2)
-KILN_QDOT_T(q40, Q4_0, 2, 2)
-KILN_QDOT_T(q4k, Q4_K, 2, 2)
-KILN_QDOT_T(q5k, Q5_K, 2, 2)
-KILN_QDOT_T(q6k, Q6_K, 2, 1)
+KILN_QDOT_T(q80, Q8_0, 2, 1)
+KILN_QDOT_T(q40, Q4_0, 2, 1)
+KILN_QDOT_T(q4k, Q4_K, 2, 1)
+KILN_QDOT_T(q5k, Q5_K, 2, 1)
+KILN_QDOT_T(q6k, Q6_K, 1, 1)
 #endif
