@@ -4,6 +4,11 @@
 //   dequant:     out[i] = W[ids ? ids[i] : i] as the compute type  (embedding rows; the
 //                weight of a batch step, dequantized into a scratch for the BLAS GEMM)
 //   convert:     f16 / bf16 elements to the compute type (dense F16/BF16 weights)
+//   (bf16 only, the decode path there:)
+//   quantize_x:  x[rows, k] to 8-bit blocks of 32 (scale amax/127, and the block's sum)
+//   qdot:        y[m, j] = sum_k x[m, k] * W[j, k] (+ bias[j]) on those 8-bit activations by
+//                dp4a, for up to three parts of a stacked weight (of one type) in one
+//                launch; qdot_silu: the fused gate/up SiLU of qgemv_silu the same way
 //
 // (Block types and their device layout: quant.cuh, prepended to this file.) Each lane decodes
 // units in registers, products accumulate in f32, lane sums are reduced with shuffles: one
@@ -174,3 +179,207 @@ __device__ __forceinline__ void convert_impl(const u16* __restrict__ src, T* __r
         convert_impl<1, T>(src, dst, total);                                                        \
     }
 KILN_FOR_DTYPES(KILN_QGEMV)
+
+#if !defined(KILN_DTYPE_F32)
+// ---- 8-bit activations (bf16 compute only): llama.cpp's MMVQ idea ----------------------
+// The activations of a decode step are quantized once per matmul into the scratch `xq`:
+// i8 qs[rows][k] at 0, then float2 ds[rows][k / 32] (d = amax / 127, s = the exact sum of
+// the 32 values) at plane_align(rows * k). Each weight run of 16 becomes 4 words of signed
+// 8-bit quants (run8 in quant.cuh), multiplied with 4 words of qs by dp4a; the run adds
+// sc * d * sumi (+ mn * s once per block for the k-quants' min and centering).
+
+constexpr int QX_THREADS = 256;
+
+// The scale and the exact sum of one block of 32 activations.
+struct alignas(8) QxScale {
+    float d, s;
+};
+
+// Grid ceil(rows * k / 32 / QX_THREADS); each thread quantizes one block of 32 values.
+extern "C" __global__ void __launch_bounds__(QX_THREADS)
+    quantize_x_bf16(const bf16* __restrict__ x, u8* __restrict__ xq, int k, int rows) {
+    const size_t c = (size_t)blockIdx.x * QX_THREADS + threadIdx.x;  // block of 32
+    if (c >= (size_t)rows * k / 32) return;
+    const vec4u* src = reinterpret_cast<const vec4u*>(x + 32 * c);
+    vec4u raw[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) raw[i] = src[i];
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) Chunk<bf16>::unpack(raw[i], v + 8 * i);
+    float amax = 0.f, sum = 0.f;
+#pragma unroll
+    for (int e = 0; e < 32; ++e) {
+        amax = fmaxf(amax, fabsf(v[e]));
+        sum += v[e];
+    }
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    u32 w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 r = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) r |= ((u32)(int)rintf(v[4 * i + e] * id) & 0xffu) << (8 * e);
+        w[i] = r;
+    }
+    vec4u* dst = reinterpret_cast<vec4u*>(xq + 32 * c);
+    dst[0] = vec4u{w[0], w[1], w[2], w[3]};
+    dst[1] = vec4u{w[4], w[5], w[6], w[7]};
+    reinterpret_cast<QxScale*>(xq + plane_align((size_t)rows * k))[c] = QxScale{amax / 127.f, sum};
+}
+
+// Accumulates acc[m][r] += x row m . weight row r (rows wr[r], each of k columns) for M rows
+// of x (those past `rows` reread row rows - 1), from the 8-bit activations at xq. Each lane
+// takes U units of each row per step; at 1 and 2 rows the next step's units are fetched
+// before this step's products (loads stay in flight through the arithmetic).
+template <typename Q, int M, int R, int U>
+__device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u8* __restrict__ xq, int k,
+                                         int rows, int lane, float (&acc)[M][R]) {
+    constexpr bool AHEAD = M <= 2;
+    const QxScale* ds = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)rows * k));
+    const int nu = k / Q::UNIT;
+    typename Q::Raw raw[U][R], next[U][R];
+    auto fetch = [&](typename Q::Raw (&dst)[U][R], int u0) {
+#pragma unroll
+        for (int t = 0; t < U; ++t)
+            if (u0 + t * WARP < nu)
+#pragma unroll
+                for (int r = 0; r < R; ++r) dst[t][r] = Q::load(wr[r], u0 + t * WARP);
+    };
+    if (AHEAD) fetch(raw, lane);
+    for (int u0 = lane; u0 < nu; u0 += U * WARP) {
+        if (AHEAD)
+            fetch(next, u0 + U * WARP);
+        else
+            fetch(raw, u0);
+#pragma unroll
+        for (int t = 0; t < U; ++t) {
+            const int u = u0 + t * WARP;
+            if (u >= nu) continue;
+#pragma unroll
+            for (int run = 0; run < Q::RUNS; ++run) {
+                u32 wq[R][4];
+                float sc[R], mn[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) Q::run8(raw[t][r], lane, run, wq[r], sc[r], mn[r]);
+                const int off = Q::xoff(u, run);
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    const int mr = min(m, rows - 1);
+                    const vec4u xv = *reinterpret_cast<const vec4u*>(xq + (size_t)mr * k + off);
+                    const QxScale dx = ds[(size_t)mr * (k / 32) + off / 32];
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        int si = dp4a(wq[r][0], xv.x, 0);
+                        si = dp4a(wq[r][1], xv.y, si);
+                        si = dp4a(wq[r][2], xv.z, si);
+                        si = dp4a(wq[r][3], xv.w, si);
+                        acc[m][r] = fmaf(sc[r] * dx.d, (float)si, acc[m][r]);
+                        if (Q::XSUM) acc[m][r] = fmaf(mn[r], dx.s, acc[m][r]);
+                    }
+                }
+            }
+        }
+        if (AHEAD)
+#pragma unroll
+            for (int t = 0; t < U; ++t)
+#pragma unroll
+                for (int r = 0; r < R; ++r) raw[t][r] = next[t][r];
+    }
+}
+
+// Rows j0..j0+R of a part of n rows of type Q.
+template <typename Q, int M, int R, int U>
+__device__ __forceinline__ void qdot_rows(const u8* w, int n, int j0, const u8* xq, int k, int rows, int lane,
+                                          float (&acc)[M][R]) {
+    typename Q::Row wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = Q::row(w, n, k, min(j0 + r, n - 1));
+    qdot_acc<Q, M, R, U>(wr, xq, k, rows, lane, acc);
+}
+
+// One warp per R rows of one part: part p (of r0, r1, r2 rows, weights w0, w1, w2, all of
+// type Q) takes ceil(rp / R) warps, in part order; its rows land at columns r0 (+ r1) + j
+// of y (row stride ldy) with bias at the same index. (One type per launch keeps the
+// registers of that type alone, so more warps stay resident.)
+template <typename Q, int M, int R, int U>
+__device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* __restrict__ w0,
+                                          const u8* __restrict__ w1, const u8* __restrict__ w2,
+                                          const bf16* __restrict__ bias, bf16* __restrict__ y, int k, int r0,
+                                          int r1, int r2, int rows, int ldy) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int wid = blockIdx.x * (blockDim.x / WARP) + warp;
+    const int c0 = (r0 + R - 1) / R, c1 = (r1 + R - 1) / R, c2 = (r2 + R - 1) / R;
+    int n, col0;
+    const u8* w;
+    if (wid < c0) {
+        n = r0, col0 = 0, w = w0;
+    } else if (wid < c0 + c1) {
+        n = r1, col0 = r0, w = w1, wid -= c0;
+    } else if (wid < c0 + c1 + c2) {
+        n = r2, col0 = r0 + r1, w = w2, wid -= c0 + c1;
+    } else {
+        return;  // whole warps leave; nothing below synchronizes the block
+    }
+    const int j0 = wid * R;
+    float acc[M][R];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+    qdot_rows<Q, M, R, U>(w, n, j0, xq, k, rows, lane, acc);
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[m][r] = warp_sum(acc[m][r]);
+    if (lane != 0) return;
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int j = col0 + j0 + r;
+            if (m < rows && j0 + r < n)
+                y[(size_t)m * ldy + j] = from_f<bf16>(acc[m][r] + (bias ? to_f(bias[j]) : 0.f));
+        }
+}
+
+// One warp per output column j: gate row j of wg and up row j of wu (f rows each, type Q).
+template <typename Q, int M, int U>
+__device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const u8* __restrict__ wg,
+                                               const u8* __restrict__ wu, bf16* __restrict__ y, int k, int f,
+                                               int rows, int ldy) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int j = blockIdx.x * (blockDim.x / WARP) + warp;
+    if (j >= f) return;
+    const typename Q::Row wr[2] = {Q::row(wg, f, k, j), Q::row(wu, f, k, j)};
+    float acc[M][2];
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = 0.f;
+    qdot_acc<Q, M, 2, U>(wr, xq, k, rows, lane, acc);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        const float g = warp_sum(acc[m][0]), v = warp_sum(acc[m][1]);
+        if (lane == 0 && m < rows) y[(size_t)m * ldy + j] = from_f<bf16>(g / (1.0f + expf(-g)) * v);
+    }
+}
+
+// Units in flight per lane (U) by row bucket: more where a unit's registers are few.
+#define KILN_QDOT(QN, Q, M, U)                                                                      \
+    extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
+        qdot_##QN##_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2, const bf16* bias, \
+                              bf16* y, int k, int r0, int r1, int r2, int rows, int ldy) {          \
+        qdot_impl<Q, M, 2, U>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);                   \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
+        qdot_silu_##QN##_bf16_m##M(const u8* xq, const u8* wg, const u8* wu, bf16* y, int k, int f, \
+                                   int rows, int ldy) {                                             \
+        qdot_silu_impl<Q, M, U>(xq, wg, wu, y, k, f, rows, ldy);                                    \
+    }
+#define KILN_QDOT_T(QN, Q, U1, U2) \
+    KILN_QDOT(QN, Q, 1, U1) KILN_QDOT(QN, Q, 2, U2) KILN_QDOT(QN, Q, 4, 1) KILN_QDOT(QN, Q, 8, 1)
+KILN_QDOT_T(q80, Q8_0, 2, 1)
+KILN_QDOT_T(q40, Q4_0, 2, 1)
+KILN_QDOT_T(q4k, Q4_K, 2, 1)
+KILN_QDOT_T(q5k, Q5_K, 2, 1)
+KILN_QDOT_T(q6k, Q6_K, 1, 1)
+#endif

@@ -14,7 +14,11 @@
 //
 // A "unit" is what one thread decodes at a time: RUNS runs of 16 weights, each run
 // multiplying 16 consecutive elements of x (at xoff); bytes become exact floats through the
-// exponent trick.
+// exponent trick. run8() gives the same run as 4 words of signed 8-bit quants for dp4a
+// against 8-bit activations (qdot in qgemv.cu): weight = sc * q, plus mn * (sum of x over
+// the run's 32-element block) when XSUM (the k-quants' min and centering). The quants are
+// centred (Q4_0 and Q4_K less 8, Q5_K less 16, Q6_K less 32) so that the activations'
+// rounding error multiplies small values.
 
 __device__ __forceinline__ size_t plane_align(size_t b) { return (b + 255) & ~(size_t)255; }
 
@@ -66,6 +70,24 @@ __device__ __forceinline__ u32 word(const vec4u& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// c + the dot product of the four signed bytes of a and of b.
+__device__ __forceinline__ int dp4a(u32 a, u32 b, int c) {
+#if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+#else
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+    return c;
+#endif
+}
+
+// Each byte of v (0..127) less `bias` (at most 128), as signed bytes (no borrow crosses bytes).
+__device__ __forceinline__ u32 bytes_less(u32 v, u32 bias) {
+    return ((v | 0x80808080u) - bias * 0x01010101u) ^ 0x80808080u;
+}
+
 
 // The 6-bit (scale, min) of sub-block j of a k-quant block's 16-byte meta (d, dmin,
 // scales[12]: words y, z, w); j is the same for every unit of a lane, so the shifts are too.
@@ -91,7 +113,7 @@ __device__ __forceinline__ void kq_scale_min(const vec4u& meta, int j, float& sc
 // ---- Q8_0: unit = half a block, 16 quants (1 run) ---------------------------------------
 struct Q8_0 {
     static constexpr int UNIT = 16, RUNS = 1;
-    static constexpr bool MIN = false;
+    static constexpr bool MIN = false, XSUM = false;
     struct Row {
         const u8* qs;
         const u16* d;
@@ -114,12 +136,18 @@ struct Q8_0 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) q4(word(raw.q, i) ^ 0x80808080u, 128.f, q + 4 * i);
     }
+    static __device__ __forceinline__ void run8(const Raw& raw, int, int, u32* q, float& sc, float& mn) {
+        sc = half_to_f(raw.d);
+        mn = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = word(raw.q, i);
+    }
 };
 
 // ---- Q4_0: unit = one block of 32 (low nibbles: run 0, high: run 1) -----------------------
 struct Q4_0 {
     static constexpr int UNIT = 32, RUNS = 2;
-    static constexpr bool MIN = false;
+    static constexpr bool MIN = false, XSUM = false;
     struct Row {
         const u8* qs;
         const u16* d;
@@ -142,6 +170,12 @@ struct Q4_0 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) q4((word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu, 8.f, q + 4 * i);
     }
+    static __device__ __forceinline__ void run8(const Raw& raw, int, int ri, u32* q, float& sc, float& mn) {
+        sc = half_to_f(raw.d);
+        mn = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = bytes_less((word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu, 8u);
+    }
 };
 
 // ---- Q4_K / Q5_K: unit = 16 quant bytes of one 32-byte group g of a super-block: elements
@@ -149,7 +183,7 @@ struct Q4_0 {
 template <bool Q5>
 struct QK45 {
     static constexpr int UNIT = 32, RUNS = 2;
-    static constexpr bool MIN = true;
+    static constexpr bool MIN = true, XSUM = true;
     struct Row {
         const u8* qs;
         const u8* qh;
@@ -188,6 +222,23 @@ struct QK45 {
             q4(v, 0.f, q + 4 * i);
         }
     }
+    // weight = sc * (q - C) + (C * sc - dmin * m), C = 8 (16 for Q5_K): the constant
+    // multiplies the sum of x over the whole 32-element sub-block, added by the unit of the
+    // first 16 (even lo), none by the other.
+    static __device__ __forceinline__ void run8(const Raw& raw, int lo, int ri, u32* q, float& sc, float& mn) {
+        constexpr u32 C = Q5 ? 16u : 8u;
+        const int sub = 2 * ((lo & 7) >> 1) + ri;
+        float s, m;
+        kq_scale_min(raw.meta, sub, s, m);
+        sc = half_to_f(raw.meta.x & 0xffffu) * s;
+        mn = (lo & 1) ? 0.f : fmaf((float)C, sc, -half_to_f(raw.meta.x >> 16) * m);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            u32 v = (word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu;
+            if (Q5) v |= ((word(raw.h, i) >> sub) & 0x01010101u) << 4;
+            q[i] = bytes_less(v, C);
+        }
+    }
 };
 typedef QK45<false> Q4_K;
 typedef QK45<true> Q5_K;
@@ -195,7 +246,7 @@ typedef QK45<true> Q5_K;
 // ---- Q6_K: unit = l0..l0+16 of one half h of a super-block: 4 runs, one scale each --------
 struct Q6_K {
     static constexpr int UNIT = 64, RUNS = 4;
-    static constexpr bool MIN = false;
+    static constexpr bool MIN = false, XSUM = false;
     struct Row {
         const u8* ql;
         const u8* qh;
@@ -243,6 +294,20 @@ struct Q6_K {
             const u32 qq = (ri < 2 ? lw : lw >> 4) & 0x0f0f0f0fu;
             const u32 hb = ((word(raw.h, i) >> (2 * ri)) & 0x03030303u) << 4;
             q4(qq | hb, 32.f, q + 4 * i);
+        }
+    }
+    static __device__ __forceinline__ void run8(const Raw& raw, int lo, int ri, u32* q, float& sc, float& mn) {
+        const int h = (lo >> 1) & 1, c = lo & 1;
+        const u32 wsel = ri < 2 ? (h ? raw.sc.z : raw.sc.x) : (h ? raw.sc.w : raw.sc.y);
+        const int s = (int)(signed char)((wsel >> (8 * ((c + 2 * ri) & 3))) & 0xffu);
+        sc = half_to_f(raw.d) * (float)s;
+        mn = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 lw = word(ri & 1 ? raw.b : raw.a, i);
+            const u32 qq = (ri < 2 ? lw : lw >> 4) & 0x0f0f0f0fu;
+            const u32 hb = ((word(raw.h, i) >> (2 * ri)) & 0x03030303u) << 4;
+            q[i] = bytes_less(qq | hb, 32u);
         }
     }
 };

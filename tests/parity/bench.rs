@@ -301,6 +301,15 @@ fn bench_llama3_8b_quant() {
             other => panic!("KILN_BENCH_MIX: unknown mix {other}"),
         };
         let mut rig = Rig::new(64 * (2048 + 64) / 16 + 64, 64, mix);
+        for (k, regs, local, shared) in rig.b.kernel_resources() {
+            let name = format!("{k:?}");
+            if ["Qdot", "QuantizeX", "Qgemv", "Qmma"]
+                .iter()
+                .any(|p| name.starts_with(p))
+            {
+                eprintln!("RESOURCES {name}: {regs} regs, {local} B local, {shared} B shared");
+            }
+        }
         if on("prefill") {
             rig.prefill();
         }

@@ -1,9 +1,11 @@
 //! Quantized weights (GGUF Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, and F16) against the f32 matmul of
-//! the same weights dequantized on the CPU: every type at decode (1, 2, 7 rows: the
-//! streaming kernels), batch (9, 16, 33, 64 rows: the tiled kernel in bf16) and prefill (300
+//! the same weights dequantized on the CPU: every type at decode (1, 2, 4, 7, 8 rows: the
+//! streaming kernels; in bf16 on 8-bit activations with dp4a, whose relative error is
+//! printed), batch (9, 16, 33, 64 rows: the tiled kernel in bf16) and prefill (300
 //! rows: dequantized scratch and GEMM) sizes, the
-//! fused gate/up SiLU, stacked parts of mixed types, quantized embedding tables. The CPU runs
-//! the small shapes (CI); a GPU also the 4096x4096 ones.
+//! fused gate/up SiLU, stacked parts of mixed types (up to three adjacent parts of one type
+//! per decode launch; odd row counts), quantized embedding tables. The CPU runs the small shapes (CI);
+//! a GPU also the 4096x4096 ones.
 
 use kiln::backend::cpu::CpuBackend;
 use kiln::backend::quant::GgmlType;
@@ -19,7 +21,7 @@ const TYPES: [GgmlType; 5] = [
     GgmlType::Q5K,
     GgmlType::Q6K,
 ];
-const ROWS: [usize; 8] = [1, 2, 7, 9, 16, 33, 64, 300];
+const ROWS: [usize; 10] = [1, 2, 4, 7, 8, 9, 16, 33, 64, 300];
 
 /// Relative error allowed: the backend's, widened on the CPU (whose quantized matmul
 /// quantizes activations to 8 bits, as llama.cpp does).
@@ -27,8 +29,39 @@ fn qtol<B: TestBackend>(b: &B) -> f64 {
     if b.label() == "cpu" { 3e-2 } else { b.tol() }
 }
 
+/// Relative error allowed at `n` rows: a GPU's decode rows in bf16 quantize the activations
+/// to 8 bits per 32 as the CPU does, and get the CPU's allowance (measured on the H100:
+/// median 5e-3, largest 1.2e-2 with centred quants; the uncentred first version reached 2.6e-2
+/// once on the 96-column SiLU case).
+fn row_tol<B: TestBackend>(b: &B, n: usize) -> f64 {
+    if gpu(b) && n <= 8 && b.label().contains("Bf16") {
+        3e-2
+    } else {
+        qtol(b)
+    }
+}
+
 fn gpu<B: TestBackend>(b: &B) -> bool {
     b.label() != "cpu"
+}
+
+/// `‖got − want‖ / ‖want‖` over the first `want.len()` values (as `assert_close` measures).
+fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += (*g as f64 - *w as f64).powi(2);
+        den += (*w as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Checks `got` against `want` (rows only, see `assert_rows_only`); on a GPU at decode sizes
+/// (the 8-bit activation path in bf16) also prints the error, for the record.
+fn check_rows<B: TestBackend>(b: &B, what: &str, n: usize, got: &[f32], want: &[f32]) {
+    if gpu(b) && n <= 8 {
+        eprintln!("decode error {what}: {:.2e}", rel_err(got, want));
+    }
+    assert_rows_only(what, got, want, row_tol(b, n));
 }
 
 fn raw(rng: &mut rand_chacha::ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -> HostTensor {
@@ -66,12 +99,9 @@ fn check_matmul<B: TestBackend>(
         };
         b.matmul(&bx, &bw, bias_b, n, &mut out).expect("matmul");
         reference.matmul(&rx, &rw, bias_r, n, &mut rout).unwrap();
-        assert_rows_only(
-            &format!("{} {what} {n}x{k}x{m}", b.label()),
-            &b.to_host(&out, n + 1).unwrap(),
-            &reference.to_host(&rout, n).unwrap(),
-            qtol(b),
-        );
+        let got = b.to_host(&out, n + 1).unwrap();
+        let what = format!("{} {what} {n}x{k}x{m}", b.label());
+        check_rows(b, &what, n, &got, &reference.to_host(&rout, n).unwrap());
     }
 }
 
@@ -113,6 +143,22 @@ fn quant_stacked<B: TestBackend>(b: &mut B) {
         let w = HostTensor::concat_rows(parts).unwrap();
         check_matmul(b, &mut rng, w, true, &ROWS, "Q4_K+Q6_K stack");
     }
+    // Five parts of odd row counts: four Q4_K (decode launches of three parts and of one),
+    // then a Q6_K.
+    let mut parts: Vec<HostTensor> = [37, 33, 31, 29]
+        .iter()
+        .map(|&r| raw(&mut rng, GgmlType::Q4K, r, 512))
+        .collect();
+    parts.push(raw(&mut rng, GgmlType::Q6K, 27, 512));
+    let w = HostTensor::concat_rows(parts).unwrap();
+    check_matmul(
+        b,
+        &mut rng,
+        w,
+        true,
+        &[1, 2, 4, 7, 8, 33],
+        "five-part stack",
+    );
 }
 crate::parity_test!(quantized_matmul_stacked_mixed_types, quant_stacked);
 
@@ -132,7 +178,7 @@ fn quant_glu<B: TestBackend>(b: &mut B) {
             .unwrap();
         let bw = b.upload_weight(w.clone()).expect("upload");
         let rw = reference.upload_weight(w).unwrap();
-        for n in [1, 2, 7, 9, 16, 33, 64] {
+        for n in [1, 2, 4, 7, 8, 9, 16, 33, 64] {
             let x = b.quantize(&random(&mut rng, n * k, 1.0));
             let bx = tensor(b, n, k, &x);
             let rx = tensor(&mut reference, n, k, &x);
@@ -145,12 +191,9 @@ fn quant_glu<B: TestBackend>(b: &mut B) {
             reference
                 .matmul_glu(Activation::Silu, &rx, &rw, n, &mut rgu, &mut rout)
                 .unwrap();
-            assert_rows_only(
-                &format!("{} matmul_silu_mul {tg}+{tu} {n}x{k}x{f}", b.label()),
-                &b.to_host(&out, n + 1).unwrap(),
-                &reference.to_host(&rout, n).unwrap(),
-                qtol(b),
-            );
+            let got = b.to_host(&out, n + 1).unwrap();
+            let what = format!("{} matmul_silu_mul {tg}+{tu} {n}x{k}x{f}", b.label());
+            check_rows(b, &what, n, &got, &reference.to_host(&rout, n).unwrap());
         }
     }
 }

@@ -295,6 +295,19 @@ pub enum Kernel {
     },
     /// Sums the split-k partials of [`Kernel::Qmma`] (+ bias) into the output (bf16 only).
     QmmaReduce,
+    /// Activation rows to 8-bit blocks of 32 for [`Kernel::Qdot`] (bf16 only).
+    QuantizeX,
+    /// Decode matmul of up to three quantized parts of type `q` in one launch, dp4a on the
+    /// 8-bit activations of [`Kernel::QuantizeX`]; `rows` is one of [`QGEMV_ROWS`] (bf16 only).
+    Qdot {
+        q: QType,
+        rows: u32,
+    },
+    /// [`Kernel::Qdot`] of a gate and an up part of type `q`, fused with SiLU-mul (bf16 only).
+    QdotSilu {
+        q: QType,
+        rows: u32,
+    },
 }
 
 /// Row tiles of the tiled quantized matmul (`kernels/qmma.cu`): a step runs the smallest
@@ -355,8 +368,11 @@ impl Kernel {
             v.push(Kernel::MoeQGateUp { q });
             v.push(Kernel::MoeQDown { q });
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
+            v.extend(QGEMV_ROWS.map(|rows| Kernel::Qdot { q, rows }));
+            v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotSilu { q, rows }));
         }
         v.push(Kernel::QmmaReduce);
+        v.push(Kernel::QuantizeX);
         v.push(Kernel::Convert { bf16: false });
         v.push(Kernel::Convert { bf16: true });
         for head in [
@@ -421,8 +437,12 @@ impl Kernel {
             Kernel::Gemv { .. }
             | Kernel::Qgemv { .. }
             | Kernel::Qmma { .. }
-            | Kernel::QmmaReduce => "matmul",
-            Kernel::GemvSiluMul { .. } | Kernel::QgemvSilu { .. } => "matmul_silu_mul",
+            | Kernel::QmmaReduce
+            | Kernel::Qdot { .. } => "matmul",
+            Kernel::GemvSiluMul { .. } | Kernel::QgemvSilu { .. } | Kernel::QdotSilu { .. } => {
+                "matmul_silu_mul"
+            }
+            Kernel::QuantizeX => "quantize_x",
             Kernel::Dequant { .. } => "dequant",
             Kernel::Convert { .. } => "convert",
         }
@@ -460,15 +480,27 @@ impl Kernel {
             Kernel::Qgemv { .. }
             | Kernel::QgemvSilu { .. }
             | Kernel::Dequant { .. }
-            | Kernel::Convert { .. } => Source::Qgemv,
+            | Kernel::Convert { .. }
+            | Kernel::QuantizeX
+            | Kernel::Qdot { .. }
+            | Kernel::QdotSilu { .. } => Source::Qgemv,
             Kernel::Qmma { .. } | Kernel::QmmaReduce => Source::Qmma,
         }
     }
 
     /// Whether the kernel exists for storage type `dt` (the tensor-core quantized matmul
-    /// is bf16 only; f32 batches dequantize and run the f32 GEMM).
+    /// and the 8-bit activation decode path are bf16 only; f32 keeps exact float products:
+    /// batches dequantize and run the f32 GEMM, decode streams through `qgemv`).
     pub fn available(self, dt: DType) -> bool {
-        !matches!(self, Kernel::Qmma { .. } | Kernel::QmmaReduce) || dt == DType::Bf16
+        let bf16_only = matches!(
+            self,
+            Kernel::Qmma { .. }
+                | Kernel::QmmaReduce
+                | Kernel::QuantizeX
+                | Kernel::Qdot { .. }
+                | Kernel::QdotSilu { .. }
+        );
+        !bf16_only || dt == DType::Bf16
     }
 
     /// Entry point name for storage type `dt`.
@@ -487,6 +519,9 @@ impl Kernel {
             Kernel::MoeQDown { q } => format!("moe_down_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
+            Kernel::QuantizeX => format!("quantize_x_{d}"),
+            Kernel::Qdot { q, rows } => format!("qdot_{}_{d}_m{rows}", q.tag()),
+            Kernel::QdotSilu { q, rows } => format!("qdot_silu_{}_{d}_m{rows}", q.tag()),
             Kernel::Convert { bf16 } => {
                 format!("convert_{}_{d}", if bf16 { "bf16" } else { "f16" })
             }
@@ -523,8 +558,17 @@ impl<R: Runtime> Kernels<R> {
             dev.info.driver_version,
             R::compiler_version()
         );
+        // A source with no entry point for `dt` (qmma.cu in f32) is not compiled.
+        let used: Vec<Source> = Source::ALL
+            .into_iter()
+            .filter(|&src| {
+                Kernel::all()
+                    .into_iter()
+                    .any(|k| k.source() == src && k.available(dt))
+            })
+            .collect();
         let images: Vec<Result<Vec<u8>, BackendError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = Source::ALL
+            let handles: Vec<_> = used
                 .iter()
                 .map(|&src| {
                     let (opts, salt) = (&opts, &salt);
@@ -540,7 +584,7 @@ impl<R: Runtime> Kernels<R> {
                 .collect()
         });
         let mut modules = HashMap::new();
-        for (src, image) in Source::ALL.iter().zip(images) {
+        for (src, image) in used.iter().zip(images) {
             let module = dev
                 .rt
                 .load_module(&image?)

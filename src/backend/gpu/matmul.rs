@@ -2,8 +2,12 @@
 //! than the BLAS there), more rows go to the vendor BLAS GEMM plus a bias kernel; the
 //! SwiGLU activation, alone or fused into the gate/up streaming matmul.
 //!
-//! Quantized weights: up to 8 rows stream each part through `kernels/qgemv.cu`
-//! (dequantized in registers, each part writing its columns of the output); batches of up
+//! Quantized weights: up to 8 rows stream the weight through `kernels/qgemv.cu`. In bf16
+//! the activations are first quantized to 8-bit blocks of 32 in the dequant scratch
+//! (`quantize_x`), then `qdot` takes up to three adjacent parts of one type per launch, their
+//! quants multiplied with dp4a (llama.cpp's MMVQ scheme: an activation error of about 0.5%
+//! against exact products, under bf16's tolerance); f32 keeps exact float products in
+//! registers (`qgemv`, one launch per part, each writing its columns). Batches of up
 //! to [`QMMA_MAX_ROWS`] rows (bf16) run the tiled kernel of `kernels/qmma.cu` (weight tiles
 //! dequantized into shared memory, tensor-core products, no full-size copy; k split over
 //! the grid when the blocks would not fill the SMs, the f32 partials summed in the dequant
@@ -12,10 +16,11 @@
 //! type, then the BLAS GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 
 use super::args::{
-    AddBiasArgs, GemvArgs, GemvSiluMulArgs, QgemvArgs, QgemvSiluArgs, QmmaArgs, QmmaReduceArgs,
-    SiluMulArgs, SiluMulVecArgs,
+    AddBiasArgs, GemvArgs, GemvSiluMulArgs, QdotArgs, QdotSiluArgs, QgemvArgs, QgemvSiluArgs,
+    QmmaArgs, QmmaReduceArgs, QuantizeXArgs, SiluMulArgs, SiluMulVecArgs,
 };
 use super::kernels::{GEMV_MAX_ROWS, Kernel, QGEMV_ROWS, QMMA_ROWS};
+use super::qweight::WeightPart;
 use super::runtime::{self, Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
 use crate::backend::BackendError;
@@ -35,6 +40,19 @@ const QMMA_WAVES: usize = 4;
 /// Fewest k-tiles per split, and most splits, of a `qmma_*` launch.
 const QMMA_MIN_SPLIT_TILES: usize = 2;
 const QMMA_MAX_SPLITS: usize = 16;
+
+/// Most parts of a stacked weight in one `qdot_*` launch (`qdot_impl` in `kernels/qgemv.cu`).
+const QDOT_PARTS: usize = 3;
+/// Weight rows per warp of `qgemv_*` and `qdot_*` at every row bucket.
+const QGEMV_ROWS_PER_WARP: usize = 2;
+/// Threads per block of `quantize_x_bf16`; each quantizes a block of 32 activations.
+const QX_THREADS: usize = 256;
+
+/// Scratch bytes of `n` activation rows of `k` columns quantized to 8 bits: the values,
+/// then at the next 256-byte boundary one (scale, sum) pair of f32 per 32.
+fn qx_bytes(n: usize, k: usize) -> usize {
+    (n * k).next_multiple_of(256) + n * (k / 32) * 8
+}
 
 /// Weight rows per warp of `gemv_*_m{n}` (the instantiations in `kernels/gemv.cu`).
 fn gemv_rows_per_warp(n: usize) -> usize {
@@ -66,6 +84,94 @@ impl<R: Runtime> GpuBackend<R> {
             .into_iter()
             .find(|&r| r as usize >= n)
             .filter(|_| fits && n > 0)
+    }
+
+    /// The row bucket of the 8-bit activation kernels (`qdot_*`), when they take the step:
+    /// the streaming bucket, bf16, and a scratch that holds the quantized rows.
+    fn qdot_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
+        let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes());
+        self.qgemv_rows(n, x, w).filter(|_| {
+            self.dt == crate::backend::DType::Bf16
+                && w.cols.is_multiple_of(32)
+                && w.cols <= i32::MAX as usize
+                && qx_bytes(n, w.cols) <= room
+        })
+    }
+
+    /// Quantizes `n` rows of `x` to 8-bit blocks of 32 in the dequant scratch (free during
+    /// decode steps: the batch paths alone use it); returns its device address.
+    fn quantize_x(&mut self, x: &GpuTensor, n: usize) -> Result<u64, BackendError> {
+        let xq = self.scratch.dequant.as_ref().map_or(0, |b| b.ptr());
+        let chunks = n * x.cols / 32;
+        let args = QuantizeXArgs {
+            x: x.buf.ptr(),
+            xq,
+            k: x.cols as i32,
+            rows: n as i32,
+        };
+        let grid = Grid {
+            blocks: (chunks.div_ceil(QX_THREADS) as u32, 1, 1),
+            threads: QX_THREADS as u32,
+        };
+        self.launch_with(Kernel::QuantizeX, grid, &args)?;
+        Ok(xq)
+    }
+
+    /// Where part `p`'s columns start in the bias and in `out`: (bias, y) device addresses
+    /// (bias 0 without one).
+    fn part_out(&self, p: &WeightPart, bias: Option<u64>, out: &GpuTensor) -> (u64, u64) {
+        let at = p.row0 as u64 * self.dt.size() as u64;
+        (bias.map_or(0, |b| b + at), out.buf.ptr() + at)
+    }
+
+    /// `out = x @ w^T (+ bias)` for `n` decode rows on `qdot_*` (`rows` bucket): the rows
+    /// quantized once, then one launch per run of up to [`QDOT_PARTS`] adjacent parts of one
+    /// type (a Q4_K_M qkv: q and k together, v alone).
+    fn launch_qdot(
+        &mut self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        bias: Option<u64>,
+        n: usize,
+        rows: u32,
+        out: &GpuTensor,
+    ) -> Result<(), BackendError> {
+        let xq = self.quantize_x(x, n)?;
+        let mut first = 0;
+        while first < w.parts.len() {
+            let q = w.parts[first].q;
+            let run = w.parts[first..]
+                .iter()
+                .take(QDOT_PARTS)
+                .take_while(|p| p.q == q)
+                .count();
+            let chunk = &w.parts[first..first + run];
+            first += run;
+            let Some(q) = q else { continue };
+            let (bias, y) = self.part_out(&chunk[0], bias, out);
+            let mut args = QdotArgs {
+                xq,
+                bias,
+                y,
+                k: w.cols as i32,
+                rows: n as i32,
+                ldy: w.rows as i32,
+                ..QdotArgs::default()
+            };
+            let mut warps = 0;
+            for (i, p) in chunk.iter().enumerate() {
+                let (wp, r) = match i {
+                    0 => (&mut args.w0, &mut args.r0),
+                    1 => (&mut args.w1, &mut args.r1),
+                    _ => (&mut args.w2, &mut args.r2),
+                };
+                (*wp, *r) = (p.buf.ptr(), p.rows as i32);
+                warps += p.rows.div_ceil(QGEMV_ROWS_PER_WARP);
+            }
+            let grid = self.gemv_grid(warps.div_ceil(GEMV_WARPS));
+            self.launch_with(Kernel::Qdot { q, rows }, grid, &args)?;
+        }
+        Ok(())
     }
 
     /// The row tile of `kernels/qmma.cu` for `n` rows of `x` times quantized `w`, when the
@@ -212,17 +318,22 @@ impl<R: Runtime> GpuBackend<R> {
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         let (m, k) = (w.rows, w.cols);
-        let size = self.dt.size() as u64;
+        if m > 0
+            && let Some(rows) = self.qdot_rows(n, x, w)
+        {
+            return self.launch_qdot(x, w, bias, n, rows, out);
+        }
         if let Some(rows) = self.qgemv_rows(n, x, w) {
             // Two weight rows per warp at every row bucket (`KILN_QGEMV_T` in kernels/qgemv.cu).
-            let per_block = GEMV_WARPS * 2;
+            let per_block = GEMV_WARPS * QGEMV_ROWS_PER_WARP;
             for p in &w.parts {
                 let Some(q) = p.q else { continue };
+                let (bias, y) = self.part_out(p, bias, out);
                 let args = QgemvArgs {
                     w: p.buf.ptr(),
                     x: x.buf.ptr(),
-                    bias: bias.map_or(0, |b| b + p.row0 as u64 * size),
-                    y: out.buf.ptr() + p.row0 as u64 * size,
+                    bias,
+                    y,
                     k: k as i32,
                     n: p.rows as i32,
                     rows: n as i32,
@@ -241,11 +352,12 @@ impl<R: Runtime> GpuBackend<R> {
                 let Some(q) = p.q else { continue };
                 let tiles = (p.rows.div_ceil(QMMA_BN), n.div_ceil(rows as usize));
                 let splits = self.qmma_splits(tiles.0 * tiles.1, k, n * p.rows);
+                let (bias, y) = self.part_out(p, bias, out);
                 let args = QmmaArgs {
                     w: p.buf.ptr(),
                     x: x.buf.ptr(),
-                    bias: bias.map_or(0, |b| b + p.row0 as u64 * size),
-                    y: out.buf.ptr() + p.row0 as u64 * size,
+                    bias,
+                    y,
                     ws: self.scratch.dequant.as_ref().map_or(0, |b| b.ptr()),
                     k: k as i32,
                     n: p.rows as i32,
@@ -392,6 +504,22 @@ impl<R: Runtime> GpuBackend<R> {
             self.launch_matmul(x, w, None, n, gate_up)?;
             return self.launch_silu_mul(gate_up, n, act);
         };
+        // One warp per output column (a gate row and its up row).
+        let grid = self.gemv_grid(f.div_ceil(GEMV_WARPS));
+        if let Some(rows) = self.qdot_rows(n, x, w) {
+            let xq = self.quantize_x(x, n)?;
+            let args = QdotSiluArgs {
+                xq,
+                wg: g.buf.ptr(),
+                wu: u.buf.ptr(),
+                y: act.buf.ptr(),
+                k: w.cols as i32,
+                f: f as i32,
+                rows: n as i32,
+                ldy: f as i32,
+            };
+            return self.launch_with(Kernel::QdotSilu { q, rows }, grid, &args);
+        }
         let args = QgemvSiluArgs {
             wg: g.buf.ptr(),
             wu: u.buf.ptr(),
@@ -402,10 +530,6 @@ impl<R: Runtime> GpuBackend<R> {
             rows: n as i32,
             ldy: f as i32,
         };
-        self.launch_with(
-            Kernel::QgemvSilu { q, rows },
-            self.gemv_grid(f.div_ceil(GEMV_WARPS)),
-            &args,
-        )
+        self.launch_with(Kernel::QgemvSilu { q, rows }, grid, &args)
     }
 }

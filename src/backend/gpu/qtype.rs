@@ -93,31 +93,35 @@ impl QType {
     }
 
     /// The device layout of `bytes`, a `[rows, k]` matrix of file blocks.
+    #[cfg(test)]
     pub fn repack(self, bytes: &[u8], rows: usize, k: usize) -> Vec<u8> {
-        let (elems, bb) = self.block();
-        let nb = k / elems;
         let (planes, total) = self.planes(rows, k);
         let mut out = vec![0u8; total];
-        let mut rest = out.as_mut_slice();
-        let mut consumed = 0;
-        for (&(start, row_bytes), &(from, len)) in planes.iter().zip(self.pieces()) {
-            let (_, tail) = rest.split_at_mut(start - consumed);
-            let (plane, tail) = tail.split_at_mut(rows * row_bytes);
-            consumed = start + rows * row_bytes;
-            rest = tail;
-            if row_bytes == 0 {
-                continue;
-            }
-            plane
-                .par_chunks_mut(row_bytes)
-                .enumerate()
-                .for_each(|(j, row)| {
-                    let src = &bytes[j * nb * bb..(j + 1) * nb * bb];
-                    for (dst, block) in row.chunks_exact_mut(len).zip(src.chunks_exact(bb)) {
-                        dst.copy_from_slice(&block[from..from + len]);
-                    }
-                });
+        for (i, &(start, row_bytes)) in planes.iter().enumerate() {
+            self.repack_rows(bytes, k, i, 0, &mut out[start..start + rows * row_bytes]);
         }
         out
+    }
+
+    /// Rows `j0..` of plane `plane` of `bytes` (a matrix of file blocks, `k` columns) into
+    /// `out`, as many whole plane rows as it holds (the upload stages a matrix this way, a
+    /// chunk at a time).
+    pub fn repack_rows(self, bytes: &[u8], k: usize, plane: usize, j0: usize, out: &mut [u8]) {
+        let (elems, bb) = self.block();
+        let nb = k / elems;
+        let (from, len) = self.pieces()[plane];
+        let row_bytes = nb * len;
+        if row_bytes == 0 {
+            return;
+        }
+        out.par_chunks_exact_mut(row_bytes)
+            .enumerate()
+            .for_each(|(i, row)| {
+                let j = j0 + i;
+                let src = &bytes[j * nb * bb..(j + 1) * nb * bb];
+                for (dst, block) in row.chunks_exact_mut(len).zip(src.chunks_exact(bb)) {
+                    dst.copy_from_slice(&block[from..from + len]);
+                }
+            });
     }
 }

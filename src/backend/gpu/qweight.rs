@@ -23,7 +23,7 @@ pub struct WeightPart {
     pub(super) rows: usize,
 }
 
-/// Largest staging buffer of an on-device F16/BF16 conversion.
+/// Largest staging buffer of an on-device F16/BF16 conversion, and of a quantized repack.
 const STAGE_BYTES: usize = 32 << 20;
 
 impl<R: Runtime> GpuBackend<R> {
@@ -65,9 +65,7 @@ impl<R: Runtime> GpuBackend<R> {
             if !cols.is_multiple_of(q.block().0) || cols > i32::MAX as usize {
                 return Err(unsupported(R::NAME, format!("{ty} with {cols} columns")));
             }
-            let packed = q.repack(bytes, n, cols);
-            let buf = self.dev.alloc(packed.len(), "weight")?;
-            self.dev.upload(&buf, 0, &packed)?;
+            let buf = self.upload_repacked(q, bytes, n, cols)?;
             out.push(WeightPart {
                 buf,
                 q: Some(q),
@@ -77,6 +75,33 @@ impl<R: Runtime> GpuBackend<R> {
             row0 += n;
         }
         Ok(out)
+    }
+
+    /// A device buffer with `bytes` (`rows` x `k` file blocks of `q`) in its device layout,
+    /// repacked and uploaded a chunk of plane rows at a time (no host copy of the matrix).
+    fn upload_repacked(
+        &mut self,
+        q: QType,
+        bytes: &[u8],
+        rows: usize,
+        k: usize,
+    ) -> Result<DevBuf, BackendError> {
+        let (planes, total) = q.planes(rows, k);
+        let buf = self.dev.alloc(total, "weight")?;
+        let mut stage = Vec::new();
+        for (i, &(start, row_bytes)) in planes.iter().enumerate() {
+            if row_bytes == 0 {
+                continue;
+            }
+            let per = (STAGE_BYTES / row_bytes).max(1);
+            for j0 in (0..rows).step_by(per) {
+                stage.resize(per.min(rows - j0) * row_bytes, 0);
+                q.repack_rows(bytes, k, i, j0, &mut stage);
+                // The copy is staged by the driver before it returns: `stage` is free again.
+                self.dev.upload(&buf, start + j0 * row_bytes, &stage)?;
+            }
+        }
+        Ok(buf)
     }
 
     /// Writes plain tensor `p` as compute-type elements at byte `offset` of `buf`.
@@ -197,6 +222,12 @@ mod tests {
                         assert_eq!(&packed[at..at + len], &block[from..from + len], "{q:?}");
                     }
                 }
+            }
+            // A chunk of rows repacked alone is the same bytes (the upload stages chunks).
+            for (i, &(start, rb)) in planes.iter().enumerate() {
+                let mut chunk = vec![0u8; 2 * rb];
+                q.repack_rows(&bytes, k, i, 1, &mut chunk);
+                assert_eq!(chunk, packed[start + rb..start + 3 * rb], "{q:?} plane {i}");
             }
             assert_eq!(q.ggml().block_bytes(), Some(bb as u64));
             assert!(planes.iter().all(|p| p.0 % PLANE_ALIGN == 0));
