@@ -301,7 +301,7 @@ fn bench_llama3_8b_quant() {
             other => panic!("KILN_BENCH_MIX: unknown mix {other}"),
         };
         let mut rig = Rig::new(64 * (2048 + 64) / 16 + 64, 64, mix);
-        for (k, regs, local, shared) in rig.b.kernel_resources() {
+        for (k, regs, local, shared) in rig.rig.b.kernel_resources() {
             let name = format!("{k:?}");
             if ["Qdot", "QuantizeX", "Qgemv", "Qmma"]
                 .iter()

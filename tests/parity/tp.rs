@@ -256,11 +256,11 @@ struct Stepped {
 
 /// A prefill of two prompts, then ten decode steps of both (fixed tokens).
 fn gqa_steps(vocab: u32) -> Vec<BatchPlan> {
-    let mut first = crate::bench::plan(&[(13, 13), (6, 6)], 0, 4, 16);
+    let mut first = crate::harness::rig::plan(&[(13, 13), (6, 6)], 0, 4, 16);
     first.token_ids.iter_mut().for_each(|t| *t %= vocab);
     let mut steps = vec![first];
     for i in 0..10u32 {
-        let mut p = crate::bench::plan(&[(1, 14 + i), (1, 7 + i)], 0, 4, 16);
+        let mut p = crate::harness::rig::plan(&[(1, 14 + i), (1, 7 + i)], 0, 4, 16);
         p.token_ids = vec![(i * 31 + 5) % vocab, (i * 17 + 9) % vocab];
         steps.push(p);
     }
@@ -328,12 +328,12 @@ fn bench_tp_llama3_8b_shape() {
                 t0.elapsed().as_secs_f64()
             );
             for batch in [1usize, 32] {
-                let p = crate::bench::plan(&vec![(1, 512); batch], 0, 36, 16);
+                let p = crate::harness::rig::plan(&vec![(1, 512); batch], 0, 36, 16);
                 let times: Vec<f64> = (0..25)
                     .map(|_| step(&p, Probe::Time).secs)
                     .skip(5)
                     .collect();
-                let ms = crate::bench::median(times) * 1e3;
+                let ms = crate::harness::rig::median(times) * 1e3;
                 let timed: Vec<Stepped> = (0..3).map(|_| step(&p, Probe::Timed)).collect();
                 let ar: f64 = timed.iter().map(|t| t.all_reduce).sum::<f64>() / 3.0;
                 let all: f64 = timed.iter().map(|t| t.total).sum::<f64>() / 3.0;
