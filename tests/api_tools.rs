@@ -4,13 +4,9 @@
 
 mod api_support;
 
-use std::net::TcpListener;
 use std::sync::OnceLock;
 
-use actix_web::web::Data;
 use api_support::*;
-use kiln::api::{AppState, Server};
-use kiln::engine::{Device, Engine};
 use kiln::model::{LoadFormat, ModelFiles};
 use kiln::tokenizer::chat::{ChatMessage, ChatTemplate, TemplateTool, TemplateToolCall};
 use serde_json::{Value, json};
@@ -23,20 +19,7 @@ fn tiny_files() -> ModelFiles {
 /// One server on the tiny random Llama-2 for the whole binary.
 fn server() -> &'static TestServer {
     static SERVER: OnceLock<TestServer> = OnceLock::new();
-    SERVER.get_or_init(|| {
-        let cfg = test_config();
-        let engine = Engine::start(tiny_files(), &[Device::Cpu], cfg.engine.clone()).unwrap();
-        let state = Data::new(AppState::new(cfg));
-        state.set_engine(engine.client()).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let server = Server::start(state.clone(), listener).unwrap();
-        TestServer {
-            base: format!("http://{}", server.addr()),
-            state,
-            server,
-            engine,
-        }
-    })
+    SERVER.get_or_init(|| start_with(tiny_files(), test_config()))
 }
 
 fn weather_tool() -> Value {

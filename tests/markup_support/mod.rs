@@ -3,19 +3,15 @@
 //! special tokens, and a `chat_template` list with a `tool_use` entry.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use actix_web::web::Data;
-use kiln::api::{AppState, Server};
 use kiln::config::Config;
-use kiln::engine::{Device, Engine};
 use kiln::model::{LoadFormat, ModelFiles};
 use kiln::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
-use super::api_support::TestServer;
+use super::api_support::{TestServer, start_with};
 
 /// Ids given to the markup tokens (pieces of the Llama-2 vocabulary that prompts here never use).
 pub const TOOL_CALL: u32 = 31990;
@@ -99,15 +95,5 @@ pub fn fixture() -> ModelFiles {
 pub fn start_patched(cfg: Config) -> TestServer {
     let mut files = fixture();
     files.tokenizer = Some(patched_tokenizer());
-    let engine = Engine::start(files, &[Device::Cpu], cfg.engine.clone()).unwrap();
-    let state = Data::new(AppState::new(cfg));
-    state.set_engine(engine.client()).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let server = Server::start(state.clone(), listener).unwrap();
-    TestServer {
-        base: format!("http://{}", server.addr()),
-        state,
-        server,
-        engine,
-    }
+    start_with(files, cfg)
 }
