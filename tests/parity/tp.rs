@@ -296,13 +296,13 @@ fn tp2_random_gqa_logits_match_tp1_in_f32_and_bf16() {
     if !two_gpus("tp2_random_gqa_logits_match_tp1_in_f32_and_bf16") {
         return;
     }
-    logits_agree(&random_gqa(), "random gqa", 1e-4);
+    logits_agree(&random_gqa(), "random gqa", (1e-4, 3e-2));
 }
 
-/// TP 2 against TP 1 on `files`, every step's logits within `tol` (f32) and 3e-2 (bf16).
-fn logits_agree(files: &ModelFiles, label: &str, tol: f64) {
+/// TP 2 against TP 1 on `files`, every step's logits within `tols` (f32, bf16).
+fn logits_agree(files: &ModelFiles, label: &str, tols: (f64, f64)) {
     let steps = gqa_steps(files.spec.vocab_size as u32);
-    for (dtype, tol) in [(DType::F32, tol), (DType::Bf16, 3e-2)] {
+    for (dtype, tol) in [(DType::F32, tols.0), (DType::Bf16, tols.1)] {
         let run = |n| {
             with_group(files, n, &options(dtype), 16, 64, |step, _| {
                 steps
@@ -353,7 +353,10 @@ fn tp2_quantized_logits_match_tp1() {
             _ => unreachable!("a dense model"),
         };
         assert_ne!(down, GgmlType::F32, "{label}: ffn_down shard dequantized");
-        logits_agree(&files, label, 1e-3);
+        // In bf16 the quantized matmuls take 8-bit activations: each shard re-quantizes
+        // inputs made from bf16 partial sums, so one rounding step flips some 8-bit codes
+        // (2.7e-2 measured for Q8_0 on H100s); a broken split is off by ~1.
+        logits_agree(&files, label, (1e-3, 5e-2));
     }
 }
 
@@ -548,7 +551,7 @@ fn a_rank_that_never_joins_does_not_hang_the_communicator_init() {
             std::thread::sleep(std::time::Duration::from_millis(300));
             second.abort();
         });
-        b.join_group(first).err().expect("rank 0 cannot join alone")
+        b.join_group(first).expect_err("rank 0 cannot join alone")
     });
     let e = err.to_string();
     assert!(e.contains("gave up waiting"), "{e}");
