@@ -4,19 +4,14 @@
 # qbench [MIXES] | profile CASES KERNEL_REGEX [SKIP [COUNT]]]
 # Logs go to $OUT (or /tmp/kiln-out). KILN_DEV_DIR overrides the staged directory.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/.."
 dev=${KILN_DEV_DIR:-target/device}
 out=${OUT:-/tmp/kiln-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
-# The CUDA libraries cudarc loads at run time: the toolkit's, else pip's nvidia wheels.
-pylibs=$(python3 -c 'import os, nvidia
-for p in nvidia.__path__:
-    for sub in sorted(os.listdir(p)):
-        if os.path.isdir(os.path.join(p, sub, "lib")): print(os.path.join(p, sub, "lib"))' 2>/dev/null)
-for d in /usr/local/cuda/lib64 $pylibs; do
-    [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
+# The CUDA libraries cudarc loads at run time.
+source "$here/cuda_env.sh"
 ldconfig -p | grep -E "libcuda\.so|libnvrtc\.so|libcublas\.so" | head -6
 export KILN_MODELS_DIR=$dev/models
 parity() {

@@ -1,12 +1,15 @@
 //! A device error fails the in-flight requests of that lane with a typed error, and the
-//! lane keeps serving afterwards (DESIGN invariant 3), with every block returned.
+//! lane keeps serving afterwards (DESIGN invariant 3), with every block returned. A device
+//! failing in one shard of a tensor-parallel lane fails that lane's requests and marks it
+//! unhealthy, while the process serves on with its other lanes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kiln::backend::cpu::{CpuBackend, CpuBatch, CpuKv, CpuTensor};
 use kiln::backend::{
-    Activation, AttnShape, Backend, BackendError, BatchPlan, HostTensor, KvShape, RopeSpec,
+    Activation, AttnShape, Backend, BackendError, BatchPlan, GroupMember, HostTensor, KvShape,
+    Maker, RopeSpec,
 };
 use kiln::engine::{Engine, EngineConfig, EngineError, GenerateRequest, StreamEvent};
 use kiln::model::{LoadFormat, ModelFiles};
@@ -146,6 +149,20 @@ impl Backend for Faulty {
     fn to_host(&mut self, x: &CpuTensor, n: usize) -> Result<Vec<f32>, BackendError> {
         self.inner.to_host(x, n)
     }
+    fn join_group(&mut self, member: GroupMember) -> Result<(), BackendError> {
+        self.inner.join_group(member)
+    }
+    fn all_reduce_sum(&mut self, x: &mut CpuTensor, n: usize) -> Result<(), BackendError> {
+        self.inner.all_reduce_sum(x, n)
+    }
+    fn all_gather(
+        &mut self,
+        part: &CpuTensor,
+        n: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), BackendError> {
+        self.inner.all_gather(part, n, out)
+    }
 }
 
 async fn outcome(
@@ -256,4 +273,68 @@ async fn a_lane_that_panics_is_unhealthy_and_fails_its_requests() {
         );
     }
     assert!(!client.is_healthy(), "a panicked lane stays unhealthy");
+}
+
+/// Two lanes of two CPU shards each; shard `failing` of lane 0 fails every step. The two
+/// requests sent at once go one to each lane (the router balances free blocks): lane 0's
+/// fails with the shard's error and lane 0 turns unhealthy, lane 1's completes. Later
+/// requests all go to the healthy lane 1 and complete, and the engine shuts down (no shard
+/// is left waiting in a collective).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_shard_fails_its_tp_lane_and_the_other_lane_serves_on() {
+    for failing in [1, 0] {
+        let files =
+            ModelFiles::open(&kiln::config::default_model_path(), LoadFormat::Gguf).unwrap();
+        let shard = |fail: bool| -> Maker<Faulty> {
+            Box::new(move || {
+                Ok(Faulty {
+                    inner: CpuBackend::new(),
+                    fail: Arc::new(AtomicBool::new(fail)),
+                    panic: Arc::default(),
+                })
+            })
+        };
+        let groups = vec![
+            (
+                "tp-lane-0".to_string(),
+                vec![shard(failing == 0), shard(failing == 1)],
+            ),
+            ("tp-lane-1".to_string(), vec![shard(false), shard(false)]),
+        ];
+        let cfg = EngineConfig {
+            tensor_parallel_size: 2,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::start_with_groups(files, groups, cfg).unwrap();
+        let client = engine.client();
+        let (a, b) = tokio::join!(
+            outcome(&client, vec![1, 400, 401]),
+            outcome(&client, vec![1, 402, 403])
+        );
+        let (failed, served): (Vec<_>, Vec<_>) = [a, b].into_iter().partition(Result::is_err);
+        assert_eq!(
+            (failed.len(), served.len()),
+            (1, 1),
+            "shard {failing}: one request per lane"
+        );
+        let err = failed[0].as_ref().unwrap_err();
+        assert!(
+            matches!(err, EngineError::LaneFailed { lane: 0, .. }),
+            "shard {failing}: {err}"
+        );
+        assert!(err.to_string().contains("injected fault"), "{err}");
+        assert_eq!(served[0].as_ref().unwrap(), &8);
+        let stats = client.stats();
+        assert!(!stats.lanes[0].healthy, "shard {failing}: lane 0 unhealthy");
+        assert!(stats.lanes[1].healthy, "shard {failing}: lane 1 healthy");
+        assert!(!client.is_healthy(), "a lane is down: not ready");
+        let later = futures_util::future::join_all(
+            (0..3).map(|i| outcome(&client, vec![1, 410 + i, 411 + i])),
+        )
+        .await;
+        for r in later {
+            assert_eq!(r.unwrap(), 8, "shard {failing}: served by lane 1");
+        }
+        engine.shutdown();
+    }
 }

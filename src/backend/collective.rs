@@ -171,6 +171,12 @@ impl GroupMember {
         self.group.abort();
     }
 
+    /// Whether a member has broken the group (and it is not yet mended): a wait outside
+    /// this group (a GPU communicator's set-up) polls it to give up too.
+    pub fn is_broken(&self) -> bool {
+        self.group.lock().broken
+    }
+
     /// Rank 0's `data` on every member (the others' `data` is ignored): how a GPU group
     /// hands its communicator's unique id around before its first collective.
     pub fn broadcast_bytes(&self, data: &[u8]) -> Result<Vec<u8>, BackendError> {

@@ -168,6 +168,24 @@ impl Engine {
         Self::start_lanes(files, bodies, cfg)
     }
 
+    /// [`Engine::start_with_backends`] for tensor-parallel lanes: per lane, one backend
+    /// constructor per shard (`cfg.tensor_parallel_size` of them); shard 0's runs on the
+    /// lane's thread, the others on threads of their own.
+    pub fn start_with_groups<B: crate::backend::Backend + 'static>(
+        files: ModelFiles,
+        groups: Vec<(String, Vec<crate::backend::Maker<B>>)>,
+        cfg: EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        let bodies = groups
+            .into_iter()
+            .map(|(label, makers)| {
+                let body = move |ctx| lane::run_group(makers, ctx);
+                (label, Box::new(body) as LaneBody)
+            })
+            .collect();
+        Self::start_lanes(files, bodies, cfg)
+    }
+
     fn start_lanes(
         files: ModelFiles,
         devices: Vec<(String, LaneBody)>,

@@ -1,6 +1,7 @@
 //! Model files (GGUF, Hugging Face directories, dummy weights) and the model spec read from
 //! them. Loading the weights onto a backend and running them is `runner`'s job.
 
+pub mod dummy;
 pub mod gguf;
 pub mod moe;
 pub mod source;
@@ -59,6 +60,31 @@ pub enum LoadFormat {
     Hf,
     /// Random weights at the shapes of a `config.json` (file or directory).
     Dummy,
+    /// Dummy weights with bf16 matrices, made without host memory or time: for benchmarks
+    /// at sizes like a Llama-3-70B.
+    #[value(name = "dummy-bf16")]
+    #[serde(rename = "dummy-bf16")]
+    DummyBf16,
+    /// The same with Q8_0 matrices.
+    #[value(name = "dummy-q8_0")]
+    #[serde(rename = "dummy-q8_0")]
+    DummyQ8_0,
+    /// The same with Q4_K matrices (bf16 where rows do not fill 256-element blocks).
+    #[value(name = "dummy-q4_k")]
+    #[serde(rename = "dummy-q4_k")]
+    DummyQ4K,
+}
+
+impl LoadFormat {
+    /// The matrix type of a pooled dummy format.
+    fn dummy_type(self) -> Option<quant::GgmlType> {
+        match self {
+            LoadFormat::DummyBf16 => Some(quant::GgmlType::BF16),
+            LoadFormat::DummyQ8_0 => Some(quant::GgmlType::Q8_0),
+            LoadFormat::DummyQ4K => Some(quant::GgmlType::Q4K),
+            _ => None,
+        }
+    }
 }
 
 /// A model opened but not yet uploaded: its spec, tokenizer and a tensor source.
@@ -125,18 +151,25 @@ impl ModelFiles {
                     source: Box::new(source),
                 })
             }
-            LoadFormat::Dummy => {
+            LoadFormat::Dummy
+            | LoadFormat::DummyBf16
+            | LoadFormat::DummyQ8_0
+            | LoadFormat::DummyQ4K => {
                 let dir = if path.is_dir() {
                     path
                 } else {
                     path.parent().unwrap_or(Path::new("."))
                 };
                 let (spec, tokenizer) = hf_spec_and_tokenizer_at(path, dir)?;
+                let source: Box<dyn TensorSource> = match format.dummy_type() {
+                    Some(ty) => Box::new(dummy::PooledDummy::new(ty)?),
+                    None => Box::new(DummySource { seed: 0 }),
+                };
                 Ok(Self {
                     name: file_name(path),
                     spec,
                     tokenizer,
-                    source: Box::new(DummySource { seed: 0 }),
+                    source,
                 })
             }
             LoadFormat::Auto => unreachable!("resolved above"),

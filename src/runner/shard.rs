@@ -132,14 +132,16 @@ pub fn shard_weights(
         let name = |leaf: &str| format!("blk.{i}.{leaf}");
         let ffn = match &l.ffn {
             Ffn::Dense { w_gate_up, w_down } => {
-                let ff = spec.intermediate;
-                let part = s.even(ff);
+                let (gate_up, down) = split_glu(
+                    w_gate_up,
+                    w_down,
+                    spec.intermediate,
+                    s,
+                    &name("ffn_down.weight"),
+                )?;
                 Ffn::Dense {
-                    w_gate_up: take_rows(
-                        w_gate_up,
-                        &[part.clone(), ff + part.start..ff + part.end],
-                    )?,
-                    w_down: cols(w_down, part, &name("ffn_down.weight"))?,
+                    w_gate_up: gate_up,
+                    w_down: down,
                 }
             }
             Ffn::Moe {
@@ -165,14 +167,16 @@ pub fn shard_weights(
                     // replicated, so each shard scales its partial sum by the same factor.
                     shared: match shared {
                         Some(sh) => {
-                            let part = s.even(m.shared_ff);
-                            let sf = m.shared_ff;
+                            let (gate_up, down) = split_glu(
+                                &sh.gate_up,
+                                &sh.down,
+                                m.shared_ff,
+                                s,
+                                &name("ffn_down_shexp.weight"),
+                            )?;
                             Some(SharedFfn {
-                                gate_up: take_rows(
-                                    &sh.gate_up,
-                                    &[part.clone(), sf + part.start..sf + part.end],
-                                )?,
-                                down: cols(&sh.down, part, &name("ffn_down_shexp.weight"))?,
+                                gate_up,
+                                down,
                                 gate: sh.gate.clone(),
                             })
                         }
@@ -204,6 +208,21 @@ pub fn shard_weights(
         norm: w.norm.clone(),
         output: Some(rows(w.output(), s.vocab(spec.vocab_size))?),
     })
+}
+
+/// Shard `s`'s part of a gated FFN of width `ff`: the matching rows of the gate and up
+/// halves of `gate_up` (`[2 * ff, hidden]`, stacked as `[gate part; up part]`) and the
+/// same columns of `down` (`[hidden, ff]`, named `down_name` in errors).
+fn split_glu(
+    gate_up: &HostTensor,
+    down: &HostTensor,
+    ff: usize,
+    s: Shard,
+    down_name: &str,
+) -> Result<(HostTensor, HostTensor), ModelError> {
+    let part = s.even(ff);
+    let rows = [part.clone(), ff + part.start..ff + part.end];
+    Ok((take_rows(gate_up, &rows)?, cols(down, part, down_name)?))
 }
 
 fn shape_err(what: String) -> ModelError {

@@ -65,37 +65,6 @@ pub struct SharedFfn<W> {
     pub gate: W,
 }
 
-impl<W> Ffn<W> {
-    fn try_map<U, E>(&self, f: &mut impl FnMut(&W) -> Result<U, E>) -> Result<Ffn<U>, E> {
-        Ok(match self {
-            Ffn::Dense { w_gate_up, w_down } => Ffn::Dense {
-                w_gate_up: f(w_gate_up)?,
-                w_down: f(w_down)?,
-            },
-            Ffn::Moe {
-                router,
-                gate,
-                up,
-                down,
-                shared,
-            } => Ffn::Moe {
-                router: f(router)?,
-                gate: f(gate)?,
-                up: f(up)?,
-                down: f(down)?,
-                shared: match shared {
-                    Some(sh) => Some(SharedFfn {
-                        gate_up: f(&sh.gate_up)?,
-                        down: f(&sh.down)?,
-                        gate: f(&sh.gate)?,
-                    }),
-                    None => None,
-                },
-            },
-        })
-    }
-}
-
 /// All weights of a Llama-family model.
 #[derive(Debug, Clone)]
 pub struct ModelWeights<W> {
@@ -108,53 +77,44 @@ pub struct ModelWeights<W> {
     pub output: Option<W>,
 }
 
-impl<W> ModelWeights<W> {
-    /// Converts every tensor with `f`, in a fixed order (embed, layers, norm, output).
-    pub fn try_map<U, E>(
-        &self,
-        mut f: impl FnMut(&W) -> Result<U, E>,
-    ) -> Result<ModelWeights<U>, E> {
-        let mut layers = Vec::with_capacity(self.layers.len());
-        for l in &self.layers {
-            layers.push(LayerWeights {
-                attn_norm: f(&l.attn_norm)?,
-                wqkv: f(&l.wqkv)?,
-                bqkv: l.bqkv.as_ref().map(&mut f).transpose()?,
-                wo: f(&l.wo)?,
-                ffn_norm: f(&l.ffn_norm)?,
-                ffn: l.ffn.try_map(&mut f)?,
-                q_norm: l.q_norm.as_ref().map(&mut f).transpose()?,
-                k_norm: l.k_norm.as_ref().map(&mut f).transpose()?,
-                post_attn_norm: l.post_attn_norm.as_ref().map(&mut f).transpose()?,
-                post_ffn_norm: l.post_ffn_norm.as_ref().map(&mut f).transpose()?,
-            });
-        }
-        Ok(ModelWeights {
-            embed: f(&self.embed)?,
+/// The one walk over every tensor of a model, in a fixed order (embed, then each layer's
+/// tensors in declaration order, norm, output), applying `$f` (an `FnMut`) to each.
+/// `$w` is a `ModelWeights<W>` (fields arrive by value, `$opt` is the identity) or a
+/// `&ModelWeights<W>` (fields arrive as `&W` through match ergonomics, `$opt` is
+/// `Option::as_ref`, turning `&Option<W>` into `Option<&W>`).
+macro_rules! map_weights {
+    ($w:expr, $f:ident, $opt:path) => {{
+        let ModelWeights {
+            embed,
             layers,
-            norm: f(&self.norm)?,
-            output: self.output.as_ref().map(&mut f).transpose()?,
-        })
-    }
-
-    /// Converts every tensor with `f`, consuming them, in the order of [`ModelWeights::try_map`].
-    pub fn into_map<U, E>(
-        self,
-        mut f: impl FnMut(W) -> Result<U, E>,
-    ) -> Result<ModelWeights<U>, E> {
-        let mut layers = Vec::with_capacity(self.layers.len());
-        let embed = f(self.embed)?;
-        for l in self.layers {
-            layers.push(LayerWeights {
-                attn_norm: f(l.attn_norm)?,
-                wqkv: f(l.wqkv)?,
-                bqkv: l.bqkv.map(&mut f).transpose()?,
-                wo: f(l.wo)?,
-                ffn_norm: f(l.ffn_norm)?,
-                ffn: match l.ffn {
+            norm,
+            output,
+        } = $w;
+        let embed = $f(embed)?;
+        let mut mapped = Vec::with_capacity(layers.len());
+        for l in layers {
+            let LayerWeights {
+                attn_norm,
+                wqkv,
+                bqkv,
+                wo,
+                ffn_norm,
+                ffn,
+                q_norm,
+                k_norm,
+                post_attn_norm,
+                post_ffn_norm,
+            } = l;
+            mapped.push(LayerWeights {
+                attn_norm: $f(attn_norm)?,
+                wqkv: $f(wqkv)?,
+                bqkv: $opt(bqkv).map(&mut $f).transpose()?,
+                wo: $f(wo)?,
+                ffn_norm: $f(ffn_norm)?,
+                ffn: match ffn {
                     Ffn::Dense { w_gate_up, w_down } => Ffn::Dense {
-                        w_gate_up: f(w_gate_up)?,
-                        w_down: f(w_down)?,
+                        w_gate_up: $f(w_gate_up)?,
+                        w_down: $f(w_down)?,
                     },
                     Ffn::Moe {
                         router,
@@ -163,32 +123,54 @@ impl<W> ModelWeights<W> {
                         down,
                         shared,
                     } => Ffn::Moe {
-                        router: f(router)?,
-                        gate: f(gate)?,
-                        up: f(up)?,
-                        down: f(down)?,
-                        shared: match shared {
-                            Some(sh) => Some(SharedFfn {
-                                gate_up: f(sh.gate_up)?,
-                                down: f(sh.down)?,
-                                gate: f(sh.gate)?,
+                        router: $f(router)?,
+                        gate: $f(gate)?,
+                        up: $f(up)?,
+                        down: $f(down)?,
+                        shared: match $opt(shared) {
+                            Some(SharedFfn {
+                                gate_up,
+                                down,
+                                gate,
+                            }) => Some(SharedFfn {
+                                gate_up: $f(gate_up)?,
+                                down: $f(down)?,
+                                gate: $f(gate)?,
                             }),
                             None => None,
                         },
                     },
                 },
-                q_norm: l.q_norm.map(&mut f).transpose()?,
-                k_norm: l.k_norm.map(&mut f).transpose()?,
-                post_attn_norm: l.post_attn_norm.map(&mut f).transpose()?,
-                post_ffn_norm: l.post_ffn_norm.map(&mut f).transpose()?,
+                q_norm: $opt(q_norm).map(&mut $f).transpose()?,
+                k_norm: $opt(k_norm).map(&mut $f).transpose()?,
+                post_attn_norm: $opt(post_attn_norm).map(&mut $f).transpose()?,
+                post_ffn_norm: $opt(post_ffn_norm).map(&mut $f).transpose()?,
             });
         }
         Ok(ModelWeights {
             embed,
-            layers,
-            norm: f(self.norm)?,
-            output: self.output.map(&mut f).transpose()?,
+            layers: mapped,
+            norm: $f(norm)?,
+            output: $opt(output).map(&mut $f).transpose()?,
         })
+    }};
+}
+
+impl<W> ModelWeights<W> {
+    /// Converts every tensor with `f`, in a fixed order (embed, layers, norm, output).
+    pub fn try_map<U, E>(
+        &self,
+        mut f: impl FnMut(&W) -> Result<U, E>,
+    ) -> Result<ModelWeights<U>, E> {
+        map_weights!(self, f, Option::as_ref)
+    }
+
+    /// Converts every tensor with `f`, consuming them, in the order of [`ModelWeights::try_map`].
+    pub fn into_map<U, E>(
+        self,
+        mut f: impl FnMut(W) -> Result<U, E>,
+    ) -> Result<ModelWeights<U>, E> {
+        map_weights!(self, f, std::convert::identity)
     }
 
     /// The output projection (the embedding when tied).

@@ -336,6 +336,18 @@ impl Runtime for Cuda {
         super::nccl::join(id, rank, size)
     }
 
+    fn comm_join_or_give_up(
+        &self,
+        id: &[u8],
+        rank: usize,
+        size: usize,
+        give_up: &dyn Fn() -> bool,
+    ) -> RtResult<Self::Comm> {
+        let ctx = self.ctx.clone();
+        let bind = move || ctx.bind_to_thread().map_err(failed);
+        super::nccl::join_or_give_up(id.to_vec(), rank, size, bind, give_up)
+    }
+
     unsafe fn all_reduce_sum(
         &self,
         c: &Self::Comm,

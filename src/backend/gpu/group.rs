@@ -8,10 +8,15 @@
 //! full part width, the runtime gathers them rank-major (`[N, n, ceil(V / N)]`), and one
 //! strided copy per rank moves each block to its columns of `out` (`[n, V]`).
 
+use std::time::{Duration, Instant};
+
 use super::device::DevBuf;
 use super::runtime::{self, Runtime};
 use super::{GpuBackend, GpuTensor, check_rows, ensure, invalid};
 use crate::backend::{BackendError, GroupMember};
+
+/// How long a rank waits in the communicator's init for the others to join.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// This backend's membership of a tensor-parallel group.
 pub(super) struct GpuGroup<R: Runtime> {
@@ -47,11 +52,19 @@ impl<R: Runtime> GpuBackend<R> {
             _ => Vec::new(),
         };
         let id = member.broadcast_bytes(&id)?;
+        // Every rank waits in the runtime's init for the others: it gives up when one of
+        // them breaks the host group (it failed), or after JOIN_TIMEOUT, and then breaks
+        // the group itself so the others give up too.
+        let deadline = Instant::now() + JOIN_TIMEOUT;
+        let give_up = || member.is_broken() || Instant::now() > deadline;
         let comm = self
             .dev
             .rt
-            .comm_join(&id, member.rank, member.size)
-            .map_err(runtime::dev_err("communicator init"))?;
+            .comm_join_or_give_up(&id, member.rank, member.size, &give_up)
+            .map_err(|e| {
+                member.abort();
+                runtime::dev_err("communicator init")(e)
+            })?;
         tracing::info!(
             backend = R::NAME,
             rank = member.rank,

@@ -76,6 +76,51 @@ pub fn join(id: &[u8], rank: usize, size: usize) -> RtResult<NcclComm> {
     Ok(NcclComm { comm })
 }
 
+/// A communicator made on a set-up thread, handed back to the rank's thread.
+struct Made(RtResult<NcclComm>);
+
+// SAFETY: an NCCL communicator is not tied to the thread that made it; each call on it
+// binds its device's context first, and only one thread holds it at a time.
+unsafe impl Send for Made {}
+
+/// [`join`] on a thread of its own (`bind` makes the rank's device current there), waited
+/// for until it ends or `give_up` says so. `ncclCommInitRank` waits for every rank of the
+/// group and cannot be interrupted; when another rank never joins (it failed before, or
+/// in, its own init), this returns an error instead of waiting forever, and the set-up
+/// thread is left waiting inside NCCL (the lane then fails to load, which ends a server's
+/// start).
+pub fn join_or_give_up(
+    id: Vec<u8>,
+    rank: usize,
+    size: usize,
+    bind: impl FnOnce() -> RtResult<()> + Send + 'static,
+    give_up: &dyn Fn() -> bool,
+) -> RtResult<NcclComm> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("kiln-nccl-init-{rank}"))
+        .spawn(move || {
+            let made = bind().and_then(|()| join(&id, rank, size));
+            let _ = tx.send(Made(made));
+        })
+        .map_err(|e| RtError::Failed(format!("cannot start the NCCL set-up thread: {e}")))?;
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_millis(5)) {
+            Ok(Made(made)) => return made,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if give_up() => {
+                return Err(RtError::Failed(format!(
+                    "NCCL: rank {rank} of {size} gave up waiting for the other ranks to join \
+                     the communicator"
+                )));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(RtError::Failed("NCCL: the set-up thread ended".into()));
+            }
+        }
+    }
+}
+
 /// Queues an in-place sum over the group of `count` elements at `x` on `stream`.
 ///
 /// # Safety

@@ -177,6 +177,19 @@ pub trait Runtime: Sized + 'static {
         let _ = (id, rank, size);
         Err(no_collectives())
     }
+    /// [`Runtime::comm_join`] that stops waiting for the other ranks once `give_up` says
+    /// so (polled while it waits: another rank failed, or it waited too long). By default
+    /// the plain join, which waits for every rank.
+    fn comm_join_or_give_up(
+        &self,
+        id: &[u8],
+        rank: usize,
+        size: usize,
+        give_up: &dyn Fn() -> bool,
+    ) -> RtResult<Self::Comm> {
+        let _ = give_up;
+        self.comm_join(id, rank, size)
+    }
     /// Queues `x[..count] = sum over ranks of x[..count]` on the stream, in place.
     ///
     /// # Safety
