@@ -74,6 +74,42 @@ mod rocm {
         }
     }
 
+    /// A tensor-parallel ROCm lane starts only with RCCL and its GPUs: without librccl (CI)
+    /// it is refused at start naming the library, without the GPUs naming them; no shard
+    /// waits for the others.
+    #[test]
+    fn a_tensor_parallel_rocm_lane_needs_rccl_and_its_gpus() {
+        use kiln::backend::rocm::collectives_available;
+        let cfg = super::EngineConfig {
+            tensor_parallel_size: 2,
+            kv_blocks: Some(64),
+            ..Default::default()
+        };
+        let dev: super::Device = "rocm:0".parse().unwrap();
+        let started = super::Engine::start(super::files(), &[dev], cfg);
+        match collectives_available() {
+            Err(why) => {
+                assert!(why.contains("librccl"), "{why}");
+                let e = started.err().expect("no RCCL: the lane must not start");
+                let e = e.to_string();
+                assert!(
+                    e.contains(&why) && e.contains("tensor-parallel group of 2 on ROCm"),
+                    "{e}"
+                );
+            }
+            Ok(()) if RocmBackend::device_count() < 2 => {
+                let e = started
+                    .err()
+                    .expect("fewer than 2 GPUs: the lane must not start");
+                let e = e.to_string();
+                assert!(e.contains("needs ROCm devices [0, 1]"), "{e}");
+            }
+            Ok(()) => {
+                started.expect("RCCL and 2 AMD GPUs: the TP 2 lane starts");
+            }
+        }
+    }
+
     /// ELF `e_machine` of AMDGPU code objects.
     const EM_AMDGPU: u16 = 224;
     /// `e_flags` (`hsa/amd_hsa_elf.h`, code object v4): `EF_AMDGPU_MACH_AMDGCN_GFX90A` (0x3f)
