@@ -18,7 +18,6 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use super::runtime::{DeviceInfo, Grid, RtError, RtResult, Runtime};
 use crate::backend::DType;
 
-/// Maps a HIP status of `call` into an [`RtError`] naming the call and HIP's description.
 /// The first of `candidates` that loads and whose symbols `resolve` finds; otherwise what
 /// each attempt said.
 ///
@@ -35,12 +34,17 @@ unsafe fn load_first<A>(
         // contract `resolve` reads its symbols with their true signatures.
         match unsafe { libloading::Library::new(name) }.and_then(|lib| unsafe { resolve(lib) }) {
             Ok(api) => return Ok(api),
-            Err(e) => tried.push(format!("{name}: {e}")),
+            Err(e) => match std::error::Error::source(&e) {
+                // libloading says "dlopen failed" and keeps the loader's reason as the source.
+                Some(why) => tried.push(format!("{name}: {why}")),
+                None => tried.push(format!("{name}: {e}")),
+            },
         }
     }
     Err(tried.join("; "))
 }
 
+/// Maps a HIP status of `call` into an [`RtError`] naming the call and HIP's description.
 fn check(call: &str, e: ffi::HipError) -> RtResult<()> {
     match e {
         ffi::SUCCESS => Ok(()),
