@@ -7,80 +7,7 @@
 //! them the checks are skipped, unless `KILN_REQUIRE_RCCL_HEADER=1` (CI sets it once it has
 //! the headers).
 
-use std::ffi::{c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
-
-use super::rccl::{CommHandle, DataType, HipStream, NcclResult, RedOp, UniqueId};
-
-/// The C spelling of a type the bindings pass across the boundary.
-pub trait CType {
-    fn c() -> String;
-}
-
-macro_rules! c_names {
-    ($($t:ty => $c:literal,)*) => {
-        $(impl CType for $t {
-            fn c() -> String {
-                $c.into()
-            }
-        })*
-    };
-}
-
-c_names! {
-    c_void => "void",
-    c_char => "char",
-    c_int => "int",
-    usize => "size_t",
-    UniqueId => "ncclUniqueId",
-    NcclResult => "ncclResult_t",
-    DataType => "ncclDataType_t",
-    RedOp => "ncclRedOp_t",
-    CommHandle => "ncclComm_t",
-    HipStream => "hipStream_t",
-}
-
-impl<T: CType> CType for *mut T {
-    fn c() -> String {
-        format!("{}*", T::c())
-    }
-}
-
-impl<T: CType> CType for *const T {
-    fn c() -> String {
-        format!("const {}*", T::c())
-    }
-}
-
-/// A C function pointer type, declared as a variable initialized from a symbol.
-pub trait CFn {
-    /// `ret (*var)(args) = symbol;`
-    fn declare(var: &str, symbol: &str) -> String;
-}
-
-macro_rules! c_fn {
-    ($($a:ident),*) => {
-        impl<R: CType, $($a: CType),*> CFn for unsafe extern "C" fn($($a),*) -> R {
-            fn declare(var: &str, symbol: &str) -> String {
-                let args: Vec<String> = vec![$($a::c()),*];
-                let args = match args.is_empty() {
-                    true => "void".to_string(),
-                    false => args.join(", "),
-                };
-                format!("{} (*{var})({args}) = {symbol};", R::c())
-            }
-        }
-    };
-}
-
-c_fn!();
-c_fn!(A);
-c_fn!(A, B);
-c_fn!(A, B, C);
-c_fn!(A, B, C, D);
-c_fn!(A, B, C, D, E);
-c_fn!(A, B, C, D, E, F);
-c_fn!(A, B, C, D, E, F, G);
 
 /// The directory holding `rel` among `KILN_RCCL_INCLUDE`, `/usr/include` and ROCm's include
 /// directory (`$ROCM_PATH`, default `/opt/rocm`).
@@ -145,6 +72,10 @@ fn compile(name: &str, source: &str, includes: &[PathBuf]) -> Result<(), String>
 
 #[cfg(test)]
 mod tests {
+    use std::ffi::c_void;
+
+    use super::super::c_types::CFn;
+    use super::super::rccl::{CommHandle, DataType, HipStream, NcclResult};
     use super::*;
 
     #[test]

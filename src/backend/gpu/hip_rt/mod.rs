@@ -9,6 +9,8 @@
 mod blas;
 #[cfg(test)]
 mod c_check;
+#[cfg(test)]
+mod c_types;
 mod ffi;
 mod rccl;
 mod rtc;

@@ -93,7 +93,7 @@ macro_rules! rccl_api {
         /// signature that differs from the header's does not compile).
         #[cfg(test)]
         pub(super) fn c_declarations() -> Vec<String> {
-            use super::c_check::CFn;
+            use super::c_types::CFn;
             vec![$(
                 <unsafe extern "C" fn($($arg),*) -> $ret as CFn>::declare(
                     stringify!($field),
@@ -118,6 +118,16 @@ rccl_api! {
     all_gather: fn(
         *const c_void, *mut c_void, usize, DataType, CommHandle, HipStream
     ) -> NcclResult = "ncclAllGather";
+}
+
+#[cfg(test)]
+super::c_types::c_names! {
+    UniqueId => "ncclUniqueId",
+    NcclResult => "ncclResult_t",
+    DataType => "ncclDataType_t",
+    RedOp => "ncclRedOp_t",
+    CommHandle => "ncclComm_t",
+    HipStream => "hipStream_t",
 }
 
 /// Values and sizes `c_check` asserts against the header, as C expressions.
