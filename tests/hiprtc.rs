@@ -4,7 +4,8 @@
 //!   (RDNA2, wave32) in both storage types, into AMDGPU code objects defining every entry
 //!   point the backend loads. hipRTC needs no device: the target is an option.
 //! - Without a device, `Hip::available`, `GpuBackend::<Hip>::new` and an engine on
-//!   `rocm:0` fail with a clear error instead of panicking.
+//!   `rocm:0` fail with a clear error instead of panicking; a tensor-parallel lane on
+//!   `rocm:0` without RCCL is refused at start naming `librccl`.
 //!
 //! Without the feature, `rocm:0` reports that the backend is not compiled in.
 
