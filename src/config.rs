@@ -426,39 +426,34 @@ impl Config {
     }
 }
 
-/// Tensor parallelism `tp` > 1 on GPUs: a lane named `cuda:i` spans devices `i .. i + tp`
-/// (the lanes' spans must not overlap); ROCm lanes cannot be sharded yet (no RCCL binding).
+/// Tensor parallelism `tp` > 1 on GPUs: a lane named `cuda:i` (or `rocm:i`) spans devices
+/// `i .. i + tp` of its vendor (the lanes' spans must not overlap). Whether the collectives
+/// library (NCCL, RCCL) loads is checked when the lane opens its devices.
 fn check_gpu_groups(devices: &[Device], tp: usize) -> Result<(), ConfigError> {
-    let refuse = |message: String| {
-        Err(ConfigError::Invalid {
-            key: "engine.tensor_parallel_size",
-            message,
-        })
-    };
-    let mut spans: Vec<(usize, usize)> = Vec::new();
+    let mut spans: Vec<(&str, usize, usize)> = Vec::new();
     for d in devices {
-        match d {
-            Device::Cpu => {}
-            Device::Rocm(_) => {
-                return refuse(format!(
-                    "tensor parallelism {tp} on {d}: the RCCL collectives ROCm shards need are \
-                     not built yet; only CPU and CUDA lanes can be sharded"
-                ));
-            }
-            Device::Cuda(i) => {
-                let span = (*i, i + tp);
-                if let Some(o) = spans.iter().find(|o| o.0 < span.1 && span.0 < o.1) {
-                    return refuse(format!(
-                        "tensor parallelism {tp}: lane {d} spans cuda:{}..cuda:{}, which \
-                         overlaps the lane on cuda:{} (name each lane's first GPU, {tp} apart)",
-                        span.0,
-                        span.1 - 1,
-                        o.0
-                    ));
-                }
-                spans.push(span);
-            }
+        let (vendor, i) = match d {
+            Device::Cpu => continue,
+            Device::Cuda(i) => ("cuda", *i),
+            Device::Rocm(i) => ("rocm", *i),
+        };
+        let (start, end) = (i, i + tp);
+        if let Some(o) = spans
+            .iter()
+            .find(|o| o.0 == vendor && o.1 < end && start < o.2)
+        {
+            return Err(ConfigError::Invalid {
+                key: "engine.tensor_parallel_size",
+                message: format!(
+                    "tensor parallelism {tp}: lane {d} spans {vendor}:{start}..{vendor}:{}, \
+                     which overlaps the lane on {vendor}:{} (name each lane's first GPU, {tp} \
+                     apart)",
+                    end - 1,
+                    o.1
+                ),
+            });
         }
+        spans.push((vendor, start, end));
     }
     Ok(())
 }
@@ -527,8 +522,15 @@ mod tests {
         cfg.apply(&cli.unwrap().serve);
         assert_eq!(cfg.engine.tensor_parallel_size, 2);
         cfg.model.devices = vec!["cpu".into(), "rocm:1".into()];
+        assert!(
+            cfg.validate().is_ok(),
+            "ROCm lanes shard too (RCCL is checked at open)"
+        );
+        cfg.model.devices = vec!["rocm:0".into(), "rocm:1".into()];
         let err = cfg.validate().unwrap_err().to_string();
-        assert!(err.contains("RCCL") && err.contains("rocm:1"), "{err}");
+        assert!(err.contains("overlaps") && err.contains("rocm:0"), "{err}");
+        cfg.model.devices = vec!["rocm:0".into(), "cuda:1".into()];
+        assert!(cfg.validate().is_ok(), "each vendor numbers its own GPUs");
         cfg.model.devices = vec!["cuda:0".into(), "cuda:2".into()];
         assert!(cfg.validate().is_ok(), "two lanes of two GPUs each");
         cfg.model.devices = vec!["cuda:0".into(), "cuda:1".into()];

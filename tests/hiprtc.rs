@@ -4,7 +4,8 @@
 //!   (RDNA2, wave32) in both storage types, into AMDGPU code objects defining every entry
 //!   point the backend loads. hipRTC needs no device: the target is an option.
 //! - Without a device, `Hip::available`, `GpuBackend::<Hip>::new` and an engine on
-//!   `rocm:0` fail with a clear error instead of panicking.
+//!   `rocm:0` fail with a clear error instead of panicking; a tensor-parallel lane on
+//!   `rocm:0` without RCCL is refused at start naming `librccl`.
 //!
 //! Without the feature, `rocm:0` reports that the backend is not compiled in.
 
@@ -70,6 +71,42 @@ mod rocm {
                 assert!(b.to_string().contains(&e), "backend error {b} lost '{e}'");
                 let engine = super::rocm_engine_error().expect("no device: the engine must fail");
                 assert!(engine.contains(&e), "engine error {engine} lost '{e}'");
+            }
+        }
+    }
+
+    /// A tensor-parallel ROCm lane starts only with RCCL and its GPUs: without librccl (CI)
+    /// it is refused at start naming the library, without the GPUs naming them; no shard
+    /// waits for the others.
+    #[test]
+    fn a_tensor_parallel_rocm_lane_needs_rccl_and_its_gpus() {
+        use kiln::backend::rocm::collectives_available;
+        let cfg = super::EngineConfig {
+            tensor_parallel_size: 2,
+            kv_blocks: Some(64),
+            ..Default::default()
+        };
+        let dev: super::Device = "rocm:0".parse().unwrap();
+        let started = super::Engine::start(super::files(), &[dev], cfg);
+        match collectives_available() {
+            Err(why) => {
+                assert!(why.contains("librccl"), "{why}");
+                let e = started.err().expect("no RCCL: the lane must not start");
+                let e = e.to_string();
+                assert!(
+                    e.contains(&why) && e.contains("tensor-parallel group of 2 on ROCm"),
+                    "{e}"
+                );
+            }
+            Ok(()) if RocmBackend::device_count() < 2 => {
+                let e = started
+                    .err()
+                    .expect("fewer than 2 GPUs: the lane must not start");
+                let e = e.to_string();
+                assert!(e.contains("needs ROCm devices [0, 1]"), "{e}");
+            }
+            Ok(()) => {
+                started.expect("RCCL and 2 AMD GPUs: the TP 2 lane starts");
             }
         }
     }

@@ -162,15 +162,11 @@ pub fn open_group<W: WithBackends>(
             with.run::<CpuBackend>(vec![Box::new(|| Err(BackendError::NotCompiled("cuda")))])
         }
         #[cfg(feature = "rocm")]
-        Some(DeviceId::Rocm(_)) => with.run(
-            devices
-                .iter()
-                .map(|d| {
-                    let (i, o) = (ordinal(d), options.clone());
-                    Box::new(move || super::rocm::RocmBackend::new(i, o)) as Maker<_>
-                })
-                .collect(),
-        ),
+        Some(DeviceId::Rocm(_)) => match rocm_group_refusal(devices) {
+            // Every shard fails to open (none joins, so none waits for the others).
+            Some(why) => with.run::<CpuBackend>(refuse_all(devices.len(), why)),
+            None => with.run(rocm_shards(devices, &options)),
+        },
         #[cfg(not(feature = "rocm"))]
         Some(DeviceId::Rocm(_)) => {
             with.run::<CpuBackend>(vec![Box::new(|| Err(BackendError::NotCompiled("rocm")))])
@@ -179,8 +175,8 @@ pub fn open_group<W: WithBackends>(
 }
 
 /// The GPU ordinals of a group: distinct devices as named; one device named for every
-/// shard (a lane's `cuda:i` with `tensor_parallel_size` N) spans `i .. i + N`.
-#[cfg(feature = "cuda")]
+/// shard (a lane's `cuda:i` or `rocm:i` with `tensor_parallel_size` N) spans `i .. i + N`.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 fn gpu_ordinals(devices: &[DeviceId]) -> Vec<usize> {
     let first = devices.first().map_or(0, ordinal);
     match devices.iter().all(|d| ordinal(d) == first) {
@@ -195,6 +191,65 @@ fn gpu_ordinals(devices: &[DeviceId]) -> Vec<usize> {
 fn gpus_visible(devices: &[DeviceId]) -> bool {
     let visible = super::cuda::CudaBackend::device_count();
     gpu_ordinals(devices).iter().all(|&i| i < visible)
+}
+
+/// Why a ROCm group of several devices cannot start, checked before any shard opens: RCCL
+/// does not load, or the group names more GPUs than are visible.
+#[cfg(feature = "rocm")]
+fn rocm_group_refusal(devices: &[DeviceId]) -> Option<String> {
+    let size = devices.len();
+    if size < 2 {
+        return None;
+    }
+    if let Err(e) = super::rocm::collectives_available() {
+        return Some(format!("a tensor-parallel group of {size} on ROCm: {e}"));
+    }
+    let ordinals = gpu_ordinals(devices);
+    let visible = super::rocm::RocmBackend::device_count();
+    (!ordinals.iter().all(|&i| i < visible)).then(|| {
+        format!(
+            "a tensor-parallel group of {size} needs ROCm devices {ordinals:?}; {visible} visible"
+        )
+    })
+}
+
+/// One constructor per GPU of a ROCm group; a shard's error names its device and group.
+#[cfg(feature = "rocm")]
+fn rocm_shards(devices: &[DeviceId], options: &GpuOptions) -> Vec<Maker<super::rocm::RocmBackend>> {
+    let size = devices.len();
+    gpu_ordinals(devices)
+        .into_iter()
+        .map(|i| {
+            let o = options.clone();
+            Box::new(move || {
+                super::rocm::RocmBackend::new(i, o).map_err(|e| match size {
+                    1 => e,
+                    _ => BackendError::Device {
+                        op: "open",
+                        message: format!(
+                            "rocm:{i} (a shard of a tensor-parallel group of {size}): {e}"
+                        ),
+                    },
+                })
+            }) as Maker<_>
+        })
+        .collect()
+}
+
+/// One constructor per shard, each failing to open with `why`.
+#[cfg(feature = "rocm")]
+fn refuse_all(size: usize, why: String) -> Vec<Maker<CpuBackend>> {
+    (0..size)
+        .map(|_| {
+            let message = why.clone();
+            Box::new(move || {
+                Err(BackendError::Device {
+                    op: "open",
+                    message,
+                })
+            }) as Maker<CpuBackend>
+        })
+        .collect()
 }
 
 /// A GPU's ordinal (0 for the CPU).

@@ -2,7 +2,8 @@
 //! `libamdhip64` (build.rs, `rocm` feature). Every value below was checked against ROCm 5.2's
 //! `/usr/include/hip/hip_runtime_api.h` (Debian's libamdhip64-dev, what CI links against) by
 //! a C program built with `gcc -D__HIP_PLATFORM_AMD__ -I/usr/include`, and against the current
-//! header of ROCm/rocm-systems (ROCm 6/7) for stability across releases.
+//! header of ROCm/rocm-systems (ROCm 6/7) for stability across releases. The values and
+//! layout offsets below are also asserted against the installed header by `c_check` (CI).
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
@@ -30,6 +31,7 @@ pub const ATTR_WARP_SIZE: c_int = 87;
 /// `hipMemcpyKind` values (as CUDA's `cudaMemcpyKind`).
 pub const MEMCPY_HOST_TO_DEVICE: c_int = 1;
 pub const MEMCPY_DEVICE_TO_HOST: c_int = 2;
+pub const MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 
 /// `hipStreamNonBlocking` (a `#define`).
 pub const STREAM_NON_BLOCKING: c_uint = 1;
@@ -83,6 +85,19 @@ unsafe extern "C" {
         stream: Stream,
     ) -> HipError;
 
+    /// Captured into graphs like the other async copies (tensor parallelism's gather).
+    #[allow(clippy::too_many_arguments)]
+    pub fn hipMemcpy2DAsync(
+        dst: *mut c_void,
+        dst_pitch: usize,
+        src: *const c_void,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+        kind: c_int,
+        stream: Stream,
+    ) -> HipError;
+
     pub fn hipModuleLoadData(module: *mut Module, image: *const c_void) -> HipError;
     pub fn hipModuleUnload(module: Module) -> HipError;
     pub fn hipModuleGetFunction(f: *mut Function, module: Module, name: *const c_char) -> HipError;
@@ -120,4 +135,32 @@ unsafe extern "C" {
     pub fn hipGraphLaunch(exec: GraphExec, stream: Stream) -> HipError;
     pub fn hipGraphExecDestroy(exec: GraphExec) -> HipError;
     pub fn hipGraphDestroy(graph: Graph) -> HipError;
+}
+
+/// Values and layout offsets `c_check` asserts against `hip/hip_runtime_api.h`, as C
+/// expressions (`hipDeviceProp_t` is the ROCm 5 layout or, under ROCm 6+ headers, R0600's).
+#[cfg(test)]
+pub(super) fn c_facts() -> Vec<String> {
+    let [arch5, arch6] = PROP_GCN_ARCH_NAME_OFFSETS;
+    let arch = "offsetof(hipDeviceProp_t, gcnArchName)";
+    vec![
+        format!("hipSuccess == {SUCCESS}"),
+        format!("hipErrorOutOfMemory == {ERROR_OUT_OF_MEMORY}"),
+        format!("hipDeviceAttributeMultiprocessorCount == {ATTR_MULTIPROCESSOR_COUNT}"),
+        format!("hipDeviceAttributeWarpSize == {ATTR_WARP_SIZE}"),
+        format!("hipMemcpyHostToDevice == {MEMCPY_HOST_TO_DEVICE}"),
+        format!("hipMemcpyDeviceToHost == {MEMCPY_DEVICE_TO_HOST}"),
+        format!("hipMemcpyDeviceToDevice == {MEMCPY_DEVICE_TO_DEVICE}"),
+        format!("hipStreamNonBlocking == {STREAM_NON_BLOCKING}"),
+        format!("hipStreamCaptureModeThreadLocal == {CAPTURE_MODE_THREAD_LOCAL}"),
+        format!("HIP_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES == {FUNC_ATTRIBUTE_SHARED_SIZE_BYTES}"),
+        format!("HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES == {FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES}"),
+        format!("HIP_FUNC_ATTRIBUTE_NUM_REGS == {FUNC_ATTRIBUTE_NUM_REGS}"),
+        format!("sizeof(hipError_t) == {}", std::mem::size_of::<HipError>()),
+        format!("offsetof(hipDeviceProp_t, name) == {PROP_NAME_OFFSET}"),
+        format!("sizeof(((hipDeviceProp_t*)0)->name) == {PROP_STRING_BYTES}"),
+        format!("sizeof(((hipDeviceProp_t*)0)->gcnArchName) == {PROP_STRING_BYTES}"),
+        format!("{arch} == {arch5} || {arch} == {arch6}"),
+        format!("sizeof(hipDeviceProp_t) <= {PROP_BUFFER_BYTES}"),
+    ]
 }

@@ -1,13 +1,18 @@
 //! [`Runtime`] for AMD through the HIP runtime: a hand-written FFI to `libamdhip64` (linked;
-//! see `ffi`), hipRTC and rocBLAS loaded at run time (`rtc`, `blas`). A machine without a
-//! GPU gets a clear error from [`Runtime::available`]; one without rocBLAS, from
-//! [`Runtime::blas`].
+//! see `ffi`), hipRTC, rocBLAS and RCCL loaded at run time (`rtc`, `blas`, `rccl`). A machine
+//! without a GPU gets a clear error from [`Runtime::available`]; one without rocBLAS, from
+//! [`Runtime::blas`]; one without RCCL, from [`collectives_available`] and the collectives.
 //!
 //! HIP's current device is per host thread: every method selects this lane's device first
 //! (`hipSetDevice`, a thread-local store), as `cuda_rt` binds its context.
 
 mod blas;
+#[cfg(test)]
+mod c_check;
+#[cfg(test)]
+mod c_types;
 mod ffi;
+mod rccl;
 mod rtc;
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -15,7 +20,6 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use super::runtime::{DeviceInfo, Grid, RtError, RtResult, Runtime};
 use crate::backend::DType;
 
-/// Maps a HIP status of `call` into an [`RtError`] naming the call and HIP's description.
 /// The first of `candidates` that loads and whose symbols `resolve` finds; otherwise what
 /// each attempt said.
 ///
@@ -32,12 +36,17 @@ unsafe fn load_first<A>(
         // contract `resolve` reads its symbols with their true signatures.
         match unsafe { libloading::Library::new(name) }.and_then(|lib| unsafe { resolve(lib) }) {
             Ok(api) => return Ok(api),
-            Err(e) => tried.push(format!("{name}: {e}")),
+            Err(e) => match std::error::Error::source(&e) {
+                // libloading says "dlopen failed" and keeps the loader's reason as the source.
+                Some(why) => tried.push(format!("{name}: {why}")),
+                None => tried.push(format!("{name}: {e}")),
+            },
         }
     }
     Err(tried.join("; "))
 }
 
+/// Maps a HIP status of `call` into an [`RtError`] naming the call and HIP's description.
 fn check(call: &str, e: ffi::HipError) -> RtResult<()> {
     match e {
         ffi::SUCCESS => Ok(()),
@@ -207,9 +216,7 @@ impl Runtime for Hip {
     type Event = HipEvent;
     type Blas = HipBlas;
     type Graph = HipGraph;
-    /// RCCL is not bound yet: no communicator is ever made (tensor parallelism is refused
-    /// on ROCm by the config).
-    type Comm = std::convert::Infallible;
+    type Comm = rccl::RcclComm;
 
     fn available() -> RtResult<()> {
         let no_device = |why: String| {
@@ -539,4 +546,79 @@ impl Runtime for Hip {
             ffi::hipGraphLaunch(g.exec, self.stream)
         })
     }
+
+    fn device_count() -> RtResult<usize> {
+        Self::available()?;
+        device_count()
+    }
+
+    fn comm_id() -> RtResult<Vec<u8>> {
+        rccl::unique_id()
+    }
+
+    fn comm_join(&self, id: &[u8], rank: usize, size: usize) -> RtResult<rccl::RcclComm> {
+        // RCCL binds the communicator to the thread's current device.
+        self.bind()?;
+        rccl::join(id, rank, size)
+    }
+
+    unsafe fn all_reduce_sum(
+        &self,
+        c: &rccl::RcclComm,
+        dt: DType,
+        x: u64,
+        count: usize,
+    ) -> RtResult<()> {
+        self.bind()?;
+        // SAFETY: per the trait's contract; this lane's device is selected and its stream live.
+        unsafe { rccl::all_reduce_sum(c, self.stream, dt, x, count) }
+    }
+
+    unsafe fn all_gather(
+        &self,
+        c: &rccl::RcclComm,
+        dt: DType,
+        send: u64,
+        recv: u64,
+        count: usize,
+    ) -> RtResult<()> {
+        self.bind()?;
+        // SAFETY: per the trait's contract; this lane's device is selected and its stream live.
+        unsafe { rccl::all_gather(c, self.stream, dt, send, recv, count) }
+    }
+
+    unsafe fn copy_2d(
+        &self,
+        dst: u64,
+        dst_pitch: usize,
+        src: u64,
+        src_pitch: usize,
+        width: usize,
+        height: usize,
+    ) -> RtResult<()> {
+        if width == 0 || height == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both ranges lie inside live device allocations (the trait's contract);
+        // queued on the lane's stream, so graph capture records it.
+        check("hipMemcpy2DAsync", unsafe {
+            ffi::hipMemcpy2DAsync(
+                dst as *mut c_void,
+                dst_pitch,
+                src as *const c_void,
+                src_pitch,
+                width,
+                height,
+                ffi::MEMCPY_DEVICE_TO_DEVICE,
+                self.stream,
+            )
+        })
+    }
+}
+
+/// Whether RCCL, which a tensor-parallel ROCm lane needs, loads (the reason, naming
+/// `librccl`, where it does not). Needs no device.
+pub fn collectives_available() -> RtResult<()> {
+    rccl::available()
 }
