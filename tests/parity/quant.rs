@@ -109,7 +109,9 @@ fn quant_matmuls<B: TestBackend>(b: &mut B) {
     let mut rng = rng("quant_matmuls");
     let mut shapes = vec![(37, 768)];
     if gpu(b) {
-        shapes.push((4096, 4096));
+        // 256x14336: down_proj's k; from 4 rows on, the 8-bit rows outgrow a block's shared
+        // memory and are quantized once into the scratch (`quantize_x`) instead.
+        shapes.extend([(4096, 4096), (256, 14336)]);
     }
     for ty in TYPES {
         for &(m, k) in &shapes {
@@ -127,24 +129,25 @@ fn quant_matmuls<B: TestBackend>(b: &mut B) {
 }
 crate::parity_test!(quantized_matmul_every_type, quant_matmuls);
 
-/// Stacked parts of mixed types (fused qkv of a Q4_K_M file: Q4_K, Q4_K, Q6_K).
+/// Stacked parts of mixed types (fused qkv of a Q4_K_M file: Q4_K, Q4_K, Q6_K; of a Q5_K_M
+/// file: Q5_K, Q5_K, Q6_K: one decode launch in bf16).
 fn quant_stacked<B: TestBackend>(b: &mut B) {
     let mut rng = rng("quant_stacked");
-    let mut shapes = vec![(64, 32, 512)];
+    let mut shapes = vec![(GgmlType::Q4K, 64, 32, 512), (GgmlType::Q5K, 64, 32, 512)];
     if gpu(b) {
-        shapes.push((4096, 1024, 4096));
+        shapes.push((GgmlType::Q4K, 4096, 1024, 4096));
     }
-    for (q, kv, k) in shapes {
+    for (ty, q, kv, k) in shapes {
         let parts = vec![
-            raw(&mut rng, GgmlType::Q4K, q, k),
-            raw(&mut rng, GgmlType::Q4K, kv, k),
+            raw(&mut rng, ty, q, k),
+            raw(&mut rng, ty, kv, k),
             raw(&mut rng, GgmlType::Q6K, kv, k),
         ];
         let w = HostTensor::concat_rows(parts).unwrap();
-        check_matmul(b, &mut rng, w, true, &ROWS, "Q4_K+Q6_K stack");
+        check_matmul(b, &mut rng, w, true, &ROWS, &format!("{ty}+Q6_K stack"));
     }
-    // Five parts of odd row counts: four Q4_K (decode launches of three parts and of one),
-    // then a Q6_K.
+    // Five parts of odd row counts: four Q4_K (decode launches of three parts, then of one
+    // with the Q6_K), then a Q6_K.
     let mut parts: Vec<HostTensor> = [37, 33, 31, 29]
         .iter()
         .map(|&r| raw(&mut rng, GgmlType::Q4K, r, 512))

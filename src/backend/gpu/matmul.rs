@@ -3,10 +3,12 @@
 //! SwiGLU activation, alone or fused into the gate/up streaming matmul.
 //!
 //! Quantized weights: up to 8 rows stream the weight through `kernels/qgemv.cu`. In bf16
-//! the activations are first quantized to 8-bit blocks of 32 in the dequant scratch
-//! (`quantize_x`), then `qdot` takes up to three adjacent parts of one type per launch, their
-//! quants multiplied with dp4a (llama.cpp's MMVQ scheme: an activation error of about 0.5%
-//! against exact products, under bf16's tolerance); f32 keeps exact float products in
+//! `qdot` takes up to three adjacent parts of one type per launch on activations quantized
+//! to 8-bit blocks of 32, their quants multiplied with dp4a (llama.cpp's MMVQ scheme: an
+//! activation error of about 0.5% against exact products, under bf16's tolerance). Each
+//! block quantizes the rows into its shared memory itself (no launch before the matmul);
+//! rows too long for [`QDOT_SMEM_MAX`] are quantized once into the dequant scratch by
+//! `quantize_x` first. f32 keeps exact float products in
 //! registers (`qgemv`, one launch per part, each writing its columns). Batches of up
 //! to [`QMMA_MAX_ROWS`] rows (bf16) run the tiled kernel of `kernels/qmma.cu` (weight tiles
 //! dequantized into shared memory, tensor-core products, no full-size copy; k split over
@@ -19,7 +21,8 @@ use super::args::{
     AddBiasArgs, GemvArgs, GemvSiluMulArgs, QdotArgs, QdotSiluArgs, QgemvArgs, QgemvSiluArgs,
     QmmaArgs, QmmaReduceArgs, QuantizeXArgs, SiluMulArgs, SiluMulVecArgs,
 };
-use super::kernels::{GEMV_MAX_ROWS, Kernel, QGEMV_ROWS, QMMA_ROWS};
+use super::kernels::{GEMV_MAX_ROWS, Kernel, QDOT_MIX_TYPES, QGEMV_ROWS, QMMA_ROWS};
+use super::qtype::QType;
 use super::qweight::WeightPart;
 use super::runtime::{self, Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
@@ -47,11 +50,25 @@ const QDOT_PARTS: usize = 3;
 const QGEMV_ROWS_PER_WARP: usize = 2;
 /// Threads per block of `quantize_x_bf16`; each quantizes a block of 32 activations.
 const QX_THREADS: usize = 256;
+/// Most dynamic shared memory a `qdot_*` block takes for its quantized activation rows
+/// (launches need no opt-in up to 48 KiB on CUDA; HIP allows 64 KiB).
+const QDOT_SMEM_MAX: usize = 48 << 10;
+/// Most blocks per SM of a `qdot_*` launch (0: one warp per row group, no cap); with a
+/// cap, warps stride over the groups and each block quantizes the activations once.
+const QDOT_BLOCKS_PER_SM: usize = 0;
 
 /// Scratch bytes of `n` activation rows of `k` columns quantized to 8 bits: the values,
 /// then at the next 256-byte boundary one (scale, sum) pair of f32 per 32.
 fn qx_bytes(n: usize, k: usize) -> usize {
     (n * k).next_multiple_of(256) + n * (k / 32) * 8
+}
+
+/// [`QDOT_BLOCKS_PER_SM`], or `KILN_QDOT_BPS` (experiment build only).
+fn qdot_blocks_per_sm() -> usize {
+    std::env::var("KILN_QDOT_BPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(QDOT_BLOCKS_PER_SM)
 }
 
 /// Weight rows per warp of `gemv_*_m{n}` (the instantiations in `kernels/gemv.cu`).
@@ -87,15 +104,49 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// The row bucket of the 8-bit activation kernels (`qdot_*`), when they take the step:
-    /// the streaming bucket, bf16, and a scratch that holds the quantized rows.
+    /// the streaming bucket, bf16, and room for the quantized rows (shared memory, else the
+    /// dequant scratch).
     fn qdot_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
         let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes());
         self.qgemv_rows(n, x, w).filter(|_| {
             self.dt == crate::backend::DType::Bf16
                 && w.cols.is_multiple_of(32)
                 && w.cols <= i32::MAX as usize
-                && qx_bytes(n, w.cols) <= room
+                && qx_bytes(n, w.cols) <= room.max(QDOT_SMEM_MAX)
         })
+    }
+
+    /// Where a `qdot_*` launch on `n` rows of `x` reads its 8-bit activations: (global
+    /// address, dynamic shared bytes). Rows that fit [`QDOT_SMEM_MAX`] are quantized by each
+    /// block into its shared memory (0, bytes); longer ones once into the dequant scratch
+    /// here (address, 0).
+    fn qdot_source(&mut self, x: &GpuTensor, n: usize) -> Result<(u64, u32), BackendError> {
+        let bytes = qx_bytes(n, x.cols);
+        if bytes <= QDOT_SMEM_MAX {
+            return Ok((0, bytes as u32));
+        }
+        Ok((self.quantize_x(x, n)?, 0))
+    }
+
+    /// The grid of a `qdot_*` launch of `warps` warp groups ([`QDOT_BLOCKS_PER_SM`]).
+    fn qdot_grid(&self, warps: usize) -> Grid {
+        let blocks = warps.div_ceil(GEMV_WARPS);
+        let cap = qdot_blocks_per_sm() * self.dev.info.sm_count;
+        self.gemv_grid(if cap > 0 { blocks.min(cap) } else { blocks })
+    }
+
+    /// Launches a `qdot_*` kernel with `smem` bytes of dynamic shared memory.
+    fn launch_qdot_kernel<A: super::args::KernelArgs>(
+        &mut self,
+        k: Kernel,
+        grid: Grid,
+        smem: u32,
+        args: &A,
+    ) -> Result<(), BackendError> {
+        if !A::takes(k) {
+            return Err(invalid(format!("{k:?} launched with another kernel's arguments")));
+        }
+        self.dev.launch(k.op(), self.kernels.get(k)?, grid, smem, args.args().as_ref())
     }
 
     /// Quantizes `n` rows of `x` to 8-bit blocks of 32 in the dequant scratch (free during
@@ -124,9 +175,9 @@ impl<R: Runtime> GpuBackend<R> {
         (bias.map_or(0, |b| b + at), out.buf.ptr() + at)
     }
 
-    /// `out = x @ w^T (+ bias)` for `n` decode rows on `qdot_*` (`rows` bucket): the rows
-    /// quantized once, then one launch per run of up to [`QDOT_PARTS`] adjacent parts of one
-    /// type (a Q4_K_M qkv: q and k together, v alone).
+    /// `out = x @ w^T (+ bias)` for `n` decode rows on `qdot_*` (`rows` bucket): one launch
+    /// per run of up to [`QDOT_PARTS`] adjacent parts of one type, or of one or two parts
+    /// of a [`QDOT_MIX_TYPES`] type and a Q6_K part after them (a Q4_K_M qkv: one launch).
     fn launch_qdot(
         &mut self,
         x: &GpuTensor,
@@ -136,7 +187,7 @@ impl<R: Runtime> GpuBackend<R> {
         rows: u32,
         out: &GpuTensor,
     ) -> Result<(), BackendError> {
-        let xq = self.quantize_x(x, n)?;
+        let (xq, smem) = self.qdot_source(x, n)?;
         let mut first = 0;
         while first < w.parts.len() {
             let q = w.parts[first].q;
@@ -145,11 +196,22 @@ impl<R: Runtime> GpuBackend<R> {
                 .take(QDOT_PARTS)
                 .take_while(|p| p.q == q)
                 .count();
-            let chunk = &w.parts[first..first + run];
-            first += run;
+            // One or two parts of a mix type, then a Q6_K part: one `qdot_<q>_q6k` launch,
+            // the Q6_K part in the last slot.
+            let mix = run < QDOT_PARTS
+                && q.is_some_and(|q| QDOT_MIX_TYPES.contains(&q))
+                && w.parts.get(first + run).is_some_and(|p| p.q == Some(QType::Q6K));
+            let mut slots: Vec<(usize, &WeightPart)> =
+                w.parts[first..first + run].iter().enumerate().collect();
+            if mix {
+                slots.push((QDOT_PARTS - 1, &w.parts[first + run]));
+            }
+            let chunk0 = &w.parts[first];
+            first += slots.len();
             let Some(q) = q else { continue };
-            let (bias, y) = self.part_out(&chunk[0], bias, out);
+            let (bias, y) = self.part_out(chunk0, bias, out);
             let mut args = QdotArgs {
+                x: x.buf.ptr(),
                 xq,
                 bias,
                 y,
@@ -159,7 +221,7 @@ impl<R: Runtime> GpuBackend<R> {
                 ..QdotArgs::default()
             };
             let mut warps = 0;
-            for (i, p) in chunk.iter().enumerate() {
+            for (i, p) in slots {
                 let (wp, r) = match i {
                     0 => (&mut args.w0, &mut args.r0),
                     1 => (&mut args.w1, &mut args.r1),
@@ -168,8 +230,13 @@ impl<R: Runtime> GpuBackend<R> {
                 (*wp, *r) = (p.buf.ptr(), p.rows as i32);
                 warps += p.rows.div_ceil(QGEMV_ROWS_PER_WARP);
             }
-            let grid = self.gemv_grid(warps.div_ceil(GEMV_WARPS));
-            self.launch_with(Kernel::Qdot { q, rows }, grid, &args)?;
+            let kernel = if mix {
+                Kernel::QdotMix { q, rows }
+            } else {
+                Kernel::Qdot { q, rows }
+            };
+            let grid = self.qdot_grid(warps);
+            self.launch_qdot_kernel(kernel, grid, smem, &args)?;
         }
         Ok(())
     }
@@ -507,8 +574,9 @@ impl<R: Runtime> GpuBackend<R> {
         // One warp per output column (a gate row and its up row).
         let grid = self.gemv_grid(f.div_ceil(GEMV_WARPS));
         if let Some(rows) = self.qdot_rows(n, x, w) {
-            let xq = self.quantize_x(x, n)?;
+            let (xq, smem) = self.qdot_source(x, n)?;
             let args = QdotSiluArgs {
+                x: x.buf.ptr(),
                 xq,
                 wg: g.buf.ptr(),
                 wu: u.buf.ptr(),
@@ -518,7 +586,8 @@ impl<R: Runtime> GpuBackend<R> {
                 rows: n as i32,
                 ldy: f as i32,
             };
-            return self.launch_with(Kernel::QdotSilu { q, rows }, grid, &args);
+            let grid = self.qdot_grid(f);
+            return self.launch_qdot_kernel(Kernel::QdotSilu { q, rows }, grid, smem, &args);
         }
         let args = QgemvSiluArgs {
             wg: g.buf.ptr(),
