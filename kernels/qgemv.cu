@@ -182,14 +182,13 @@ KILN_FOR_DTYPES(KILN_QGEMV)
 
 #if !defined(KILN_DTYPE_F32)
 // ---- 8-bit activations (bf16 compute only): llama.cpp's MMVQ idea ----------------------
-// The activations of a decode step become 8-bit blocks of 32: i8 qs[rows][k] at 0, then
-// float2 ds[rows][k / 32] (d = amax / 127, s = the exact sum of the 32 values) at
-// plane_align(rows * k). Each block of a qdot launch makes them itself, in shared memory,
-// from the bf16 rows (the weight loads of its first rows already in flight), so no launch
-// precedes the matmul; rows too long for shared memory are quantized once into a global
-// scratch by `quantize_x` instead (xq non-null). Each weight run of 16 becomes 4 words of
-// signed 8-bit quants (run8 in quant.cuh), multiplied with 4 words of qs by dp4a; the run
-// adds sc * d * sumi (+ mn * s once per block for the k-quants' min and centering).
+// The activations of a decode step are quantized once per matmul input into a scratch
+// `xq`: i8 qs[rows][k] at 0, then float2 ds[rows][k / 32] (d = amax / 127, s = the exact
+// sum of the 32 values) at plane_align(rows * k). The RMSNorm before a matmul writes it as
+// it goes (norm.cu); `quantize_x` makes it for the other inputs (the attention output, the
+// SiLU output). Each weight run of 16 becomes 4 words of signed 8-bit quants (run8 in
+// quant.cuh), multiplied with 4 words of qs by dp4a; the run adds sc * d * sumi (+ mn * s
+// once per block for the k-quants' min and centering).
 
 constexpr int QX_THREADS = 256;
 
@@ -198,12 +197,15 @@ struct alignas(8) QxScale {
     float d, s;
 };
 
-// The 32 values at src to 8-bit quants at dq and their (scale, sum) at ds.
-__device__ __forceinline__ void qx_block(const bf16* __restrict__ src, u8* __restrict__ dq, QxScale* __restrict__ ds) {
-    const vec4u* p = reinterpret_cast<const vec4u*>(src);
+// Grid ceil(rows * k / 32 / QX_THREADS); each thread quantizes one block of 32 values.
+extern "C" __global__ void __launch_bounds__(QX_THREADS)
+    quantize_x_bf16(const bf16* __restrict__ x, u8* __restrict__ xq, int k, int rows) {
+    const size_t c = (size_t)blockIdx.x * QX_THREADS + threadIdx.x;  // block of 32
+    if (c >= (size_t)rows * k / 32) return;
+    const vec4u* src = reinterpret_cast<const vec4u*>(x + 32 * c);
     vec4u raw[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) raw[i] = p[i];
+    for (int i = 0; i < 4; ++i) raw[i] = src[i];
     float v[32];
 #pragma unroll
     for (int i = 0; i < 4; ++i) Chunk<bf16>::unpack(raw[i], v + 8 * i);
@@ -222,38 +224,19 @@ __device__ __forceinline__ void qx_block(const bf16* __restrict__ src, u8* __res
         for (int e = 0; e < 4; ++e) r |= ((u32)(int)rintf(v[4 * i + e] * id) & 0xffu) << (8 * e);
         w[i] = r;
     }
-    vec4u* dst = reinterpret_cast<vec4u*>(dq);
+    vec4u* dst = reinterpret_cast<vec4u*>(xq + 32 * c);
     dst[0] = vec4u{w[0], w[1], w[2], w[3]};
     dst[1] = vec4u{w[4], w[5], w[6], w[7]};
-    *ds = QxScale{amax / 127.f, sum};
-}
-
-// Grid ceil(rows * k / 32 / QX_THREADS); each thread quantizes one block of 32 values.
-extern "C" __global__ void __launch_bounds__(QX_THREADS)
-    quantize_x_bf16(const bf16* __restrict__ x, u8* __restrict__ xq, int k, int rows) {
-    const size_t c = (size_t)blockIdx.x * QX_THREADS + threadIdx.x;  // block of 32
-    if (c >= (size_t)rows * k / 32) return;
-    qx_block(x + 32 * c, xq + 32 * c, reinterpret_cast<QxScale*>(xq + plane_align((size_t)rows * k)) + c);
-}
-
-// The whole block quantizes `rows` rows of x into xq (shared memory, the same layout).
-__device__ __forceinline__ void qx_rows(const bf16* __restrict__ x, u8* __restrict__ xq, int k, int rows) {
-    QxScale* ds = reinterpret_cast<QxScale*>(xq + plane_align((size_t)rows * k));
-    const int n = rows * (k / 32);
-    for (int c = threadIdx.x; c < n; c += blockDim.x) qx_block(x + 32 * c, xq + 32 * c, ds + c);
+    reinterpret_cast<QxScale*>(xq + plane_align((size_t)rows * k))[c] = QxScale{amax / 127.f, sum};
 }
 
 // Accumulates acc[m][r] += x row m . weight row r (rows wr[r], each of k columns) for M rows
 // of x (those past `rows` reread row rows - 1), from the 8-bit activations at xq. Each lane
 // takes U units of each row per step; at 1 and 2 rows the next step's units are fetched
-// before this step's products (loads stay in flight through the arithmetic). With `pro`
-// (block-uniform; SX: xq is the block's shared memory), the block first quantizes x into
-// xq, after this warp's first loads are issued; a warp with no rows (!active) helps, then
-// leaves.
-template <typename Q, int M, int R, int U, bool SX>
-__device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u8* xq, int k,
-                                         int rows, int lane, bool active, bool pro, const bf16* __restrict__ x,
-                                         float (&acc)[M][R]) {
+// before this step's products (loads stay in flight through the arithmetic).
+template <typename Q, int M, int R, int U>
+__device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u8* __restrict__ xq, int k,
+                                         int rows, int lane, float (&acc)[M][R]) {
     constexpr bool AHEAD = M <= 2;
     const QxScale* ds = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)rows * k));
     const int nu = k / Q::UNIT;
@@ -265,12 +248,7 @@ __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u
 #pragma unroll
                 for (int r = 0; r < R; ++r) dst[t][r] = Q::load(wr[r], u0 + t * WARP);
     };
-    if (AHEAD && active) fetch(raw, lane);
-    if (SX && pro) {
-        qx_rows(x, const_cast<u8*>(xq), k, rows);
-        __syncthreads();
-    }
-    if (!active) return;
+    if (AHEAD) fetch(raw, lane);
     for (int u0 = lane; u0 < nu; u0 += U * WARP) {
         if (AHEAD)
             fetch(next, u0 + U * WARP);
@@ -312,11 +290,14 @@ __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u
     }
 }
 
-// Where the 8-bit activations are read: the block's shared memory (SX) or xq.
-template <bool SX>
-__device__ __forceinline__ const u8* qx_source(const u8* xq) {
-    extern __shared__ vec4u qx_smem[];
-    return SX ? reinterpret_cast<const u8*>(qx_smem) : xq;
+// Rows j0..j0+R of a part of n rows of type Q.
+template <typename Q, int M, int R, int U>
+__device__ __forceinline__ void qdot_rows(const u8* w, int n, int j0, const u8* xq, int k, int rows, int lane,
+                                          float (&acc)[M][R]) {
+    typename Q::Row wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = Q::row(w, n, k, min(j0 + r, n - 1));
+    qdot_acc<Q, M, R, U>(wr, xq, k, rows, lane, acc);
 }
 
 template <typename A, typename B>
@@ -328,119 +309,86 @@ struct SameType<A, A> {
     static constexpr bool value = true;
 };
 
-// Warp groups of R rows over parts p (of r0, r1, r2 rows, weights w0, w1, w2; parts 0 and 1
-// of type QA, part 2 of type QB): part p takes ceil(rp / R) groups, in part order; its rows
-// land at columns r0 (+ r1) + j of y (row stride ldy) with bias at the same index. Warps
-// stride over the groups by the grid's warps, so the grid may be smaller than the groups.
-// One type per launch (QA = QB) keeps the registers of that type alone, so more warps stay
-// resident; two (a Q4_K_M qkv: Q4_K q and k, Q6_K v) save a launch, and quantize x before
-// any weight load is issued (the barrier stays outside the type branches).
-template <typename QA, typename QB, int M, int R, int UA, int UB, bool SX>
-__device__ __forceinline__ void qdot_impl(const bf16* __restrict__ x, const u8* __restrict__ xq,
-                                          const u8* __restrict__ w0, const u8* __restrict__ w1,
-                                          const u8* __restrict__ w2, const bf16* __restrict__ bias,
-                                          bf16* __restrict__ y, int k, int r0, int r1, int r2, int rows, int ldy) {
-    constexpr bool MIX = !SameType<QA, QB>::value;
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+// One warp per R rows of one part: part p (of r0, r1, r2 rows, weights w0, w1, w2; parts 0
+// and 1 of type QA, part 2 of type QB) takes ceil(rp / R) warps, in part order; its rows land
+// at columns r0 (+ r1) + j of y (row stride ldy) with bias at the same index. One type per
+// launch (QA = QB) keeps the registers of that type alone, so more warps stay resident; two
+// (a Q4_K_M qkv: Q4_K q and k, Q6_K v) save a launch.
+template <typename QA, typename QB, int M, int R, int UA, int UB>
+__device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* __restrict__ w0,
+                                          const u8* __restrict__ w1, const u8* __restrict__ w2,
+                                          const bf16* __restrict__ bias, bf16* __restrict__ y, int k, int r0,
+                                          int r1, int r2, int rows, int ldy) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int wid = blockIdx.x * (blockDim.x / WARP) + warp;
     const int c0 = (r0 + R - 1) / R, c1 = (r1 + R - 1) / R, c2 = (r2 + R - 1) / R;
-    const int groups = c0 + c1 + c2;
-    const u8* xs = qx_source<SX>(xq);
-    if (MIX && SX) {
-        qx_rows(x, const_cast<u8*>(xs), k, rows);
-        __syncthreads();
+    int n, col0;
+    const u8* w;
+    if (wid < c0) {
+        n = r0, col0 = 0, w = w0;
+    } else if (wid < c0 + c1) {
+        n = r1, col0 = r0, w = w1, wid -= c0;
+    } else if (wid < c0 + c1 + c2) {
+        n = r2, col0 = r0 + r1, w = w2, wid -= c0 + c1;
+    } else {
+        return;  // whole warps leave; nothing below synchronizes the block
     }
-    // The first pass runs for every warp: the block's quantize barrier needs them all.
-    for (int g = blockIdx.x * nw + warp, pass = 0; pass == 0 || g < groups; g += gridDim.x * nw, ++pass) {
-        const bool active = g < groups;
-        int n = r0, col0 = 0, wid = active ? g : 0;
-        const u8* w = w0;
-        const bool last = wid >= c0 + c1;
-        if (last) {
-            n = r2, col0 = r0 + r1, w = w2, wid -= c0 + c1;
-        } else if (wid >= c0) {
-            n = r1, col0 = r0, w = w1, wid -= c0;
+    const int j0 = wid * R;
+    float acc[M][R];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+    if (!SameType<QA, QB>::value && col0 == r0 + r1)
+        qdot_rows<QB, M, R, UB>(w, n, j0, xq, k, rows, lane, acc);
+    else
+        qdot_rows<QA, M, R, UA>(w, n, j0, xq, k, rows, lane, acc);
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[m][r] = warp_sum(acc[m][r]);
+    if (lane != 0) return;
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int j = col0 + j0 + r;
+            if (m < rows && j0 + r < n)
+                y[(size_t)m * ldy + j] = from_f<bf16>(acc[m][r] + (bias ? to_f(bias[j]) : 0.f));
         }
-        const int j0 = wid * R;
-        float acc[M][R];
+}
+
+// One warp per output column j: gate row j of wg and up row j of wu (f rows each, type Q).
+template <typename Q, int M, int U>
+__device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const u8* __restrict__ wg,
+                                               const u8* __restrict__ wu, bf16* __restrict__ y, int k, int f,
+                                               int rows, int ldy) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int j = blockIdx.x * (blockDim.x / WARP) + warp;
+    if (j >= f) return;
+    const typename Q::Row wr[2] = {Q::row(wg, f, k, j), Q::row(wu, f, k, j)};
+    float acc[M][2];
 #pragma unroll
-        for (int m = 0; m < M; ++m)
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = 0.f;
+    qdot_acc<Q, M, 2, U>(wr, xq, k, rows, lane, acc);
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-        if (MIX && last) {
-            typename QB::Row wr[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) wr[r] = QB::row(w, n, k, min(j0 + r, n - 1));
-            qdot_acc<QB, M, R, UB, SX>(wr, xs, k, rows, lane, active, false, x, acc);
-        } else {
-            typename QA::Row wr[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) wr[r] = QA::row(w, n, k, min(j0 + r, n - 1));
-            qdot_acc<QA, M, R, UA, SX>(wr, xs, k, rows, lane, active, !MIX && pass == 0, x, acc);
-        }
-        if (!active) return;
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[m][r] = warp_sum(acc[m][r]);
-        if (lane == 0) {
-#pragma unroll
-            for (int m = 0; m < M; ++m)
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    const int j = col0 + j0 + r;
-                    if (m < rows && j0 + r < n)
-                        y[(size_t)m * ldy + j] = from_f<bf16>(acc[m][r] + (bias ? to_f(bias[j]) : 0.f));
-                }
-        }
+    for (int m = 0; m < M; ++m) {
+        const float g = warp_sum(acc[m][0]), v = warp_sum(acc[m][1]);
+        if (lane == 0 && m < rows) y[(size_t)m * ldy + j] = from_f<bf16>(g / (1.0f + expf(-g)) * v);
     }
 }
 
-// One warp per output column j (striding by the grid's warps): gate row j of wg and up row
-// j of wu (f rows each, type Q).
-template <typename Q, int M, int U, bool SX>
-__device__ __forceinline__ void qdot_silu_impl(const bf16* __restrict__ x, const u8* __restrict__ xq,
-                                               const u8* __restrict__ wg, const u8* __restrict__ wu,
-                                               bf16* __restrict__ y, int k, int f, int rows, int ldy) {
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    const u8* xs = qx_source<SX>(xq);
-    for (int j = blockIdx.x * nw + warp, pass = 0; pass == 0 || j < f; j += gridDim.x * nw, ++pass) {
-        const bool active = j < f;
-        const int jr = active ? j : 0;
-        const typename Q::Row wr[2] = {Q::row(wg, f, k, jr), Q::row(wu, f, k, jr)};
-        float acc[M][2];
-#pragma unroll
-        for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = 0.f;
-        qdot_acc<Q, M, 2, U, SX>(wr, xs, k, rows, lane, active, pass == 0, x, acc);
-        if (!active) return;
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-            const float g = warp_sum(acc[m][0]), v = warp_sum(acc[m][1]);
-            if (lane == 0 && m < rows) y[(size_t)m * ldy + j] = from_f<bf16>(g / (1.0f + expf(-g)) * v);
-        }
-    }
-}
-
-// Units in flight per lane (U) by row bucket: more where a unit's registers are few. A null
-// xq: the block quantizes x into its dynamic shared memory (qx bytes of the rows).
-#define KILN_QDOT_BODY(QA, QB, M, UA, UB)                                                          \
-    {                                                                                               \
-        if (xq)                                                                                     \
-            qdot_impl<QA, QB, M, 2, UA, UB, false>(x, xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy); \
-        else                                                                                        \
-            qdot_impl<QA, QB, M, 2, UA, UB, true>(x, xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy); \
-    }
+// Units in flight per lane (U) by row bucket: more where a unit's registers are few.
 #define KILN_QDOT(QN, Q, M, U)                                                                      \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
-        qdot_##QN##_bf16_m##M(const bf16* x, const u8* xq, const u8* w0, const u8* w1, const u8* w2, \
-                              const bf16* bias, bf16* y, int k, int r0, int r1, int r2, int rows,   \
-                              int ldy) KILN_QDOT_BODY(Q, Q, M, U, U)                                \
+        qdot_##QN##_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2, const bf16* bias, \
+                              bf16* y, int k, int r0, int r1, int r2, int rows, int ldy) {          \
+        qdot_impl<Q, Q, M, 2, U, U>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);             \
+    }                                                                                               \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
-        qdot_silu_##QN##_bf16_m##M(const bf16* x, const u8* xq, const u8* wg, const u8* wu, bf16* y, \
-                                   int k, int f, int rows, int ldy) {                               \
-        if (xq)                                                                                     \
-            qdot_silu_impl<Q, M, U, false>(x, xq, wg, wu, y, k, f, rows, ldy);                      \
-        else                                                                                        \
-            qdot_silu_impl<Q, M, U, true>(x, xq, wg, wu, y, k, f, rows, ldy);                       \
+        qdot_silu_##QN##_bf16_m##M(const u8* xq, const u8* wg, const u8* wu, bf16* y, int k, int f, \
+                                   int rows, int ldy) {                                             \
+        qdot_silu_impl<Q, M, U>(xq, wg, wu, y, k, f, rows, ldy);                                    \
     }
 #define KILN_QDOT_T(QN, Q, U1, U2) \
     KILN_QDOT(QN, Q, 1, U1) KILN_QDOT(QN, Q, 2, U2) KILN_QDOT(QN, Q, 4, 1) KILN_QDOT(QN, Q, 8, 1)
@@ -453,9 +401,11 @@ KILN_QDOT_T(q6k, Q6_K, 1, 1)
 // bits).
 #define KILN_QDOT_MIX(QN, Q, M, U)                                                                  \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
-        qdot_##QN##_q6k_bf16_m##M(const bf16* x, const u8* xq, const u8* w0, const u8* w1,          \
-                                  const u8* w2, const bf16* bias, bf16* y, int k, int r0, int r1,   \
-                                  int r2, int rows, int ldy) KILN_QDOT_BODY(Q, Q6_K, M, U, 1)
+        qdot_##QN##_q6k_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2,          \
+                                  const bf16* bias, bf16* y, int k, int r0, int r1, int r2,         \
+                                  int rows, int ldy) {                                              \
+        qdot_impl<Q, Q6_K, M, 2, U, 1>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);          \
+    }
 #define KILN_QDOT_MIX_T(QN, Q) \
     KILN_QDOT_MIX(QN, Q, 1, 2) KILN_QDOT_MIX(QN, Q, 2, 1) KILN_QDOT_MIX(QN, Q, 4, 1) KILN_QDOT_MIX(QN, Q, 8, 1)
 KILN_QDOT_MIX_T(q4k, Q4_K)

@@ -202,6 +202,101 @@ fn quant_glu<B: TestBackend>(b: &mut B) {
 }
 crate::parity_test!(quantized_matmul_silu_mul, quant_glu);
 
+/// A decode layer's chain of quantized matmuls after the kernels that make their inputs (in
+/// bf16 on a GPU the RMSNorms also leave their output as 8-bit rows, which the matmul after
+/// them reads instead of quantizing it again): RMSNorm, then a Q4_K+Q4_K+Q6_K qkv stack (one
+/// launch); the residual add and RMSNorm, then the Q4_K gate/up SiLU, then the Q6_K down
+/// matmul on the SiLU's output. Twice over the same buffers, with new values.
+fn quant_chain<B: TestBackend>(b: &mut B) {
+    let mut rng = rng("quant_chain");
+    let mut reference = CpuBackend::with_f32_weights();
+    let mut shapes = vec![(256, 64, 512)];
+    if gpu(b) {
+        shapes.push((4096, 1024, 14336));
+    }
+    for (h, kv, f) in shapes {
+        let qkv = HostTensor::concat_rows(vec![
+            raw(&mut rng, GgmlType::Q4K, h, h),
+            raw(&mut rng, GgmlType::Q4K, kv, h),
+            raw(&mut rng, GgmlType::Q6K, kv, h),
+        ])
+        .unwrap();
+        let gate_up = HostTensor::concat_rows(vec![
+            raw(&mut rng, GgmlType::Q4K, f, h),
+            raw(&mut rng, GgmlType::Q4K, f, h),
+        ])
+        .unwrap();
+        let down = raw(&mut rng, GgmlType::Q6K, h, f);
+        let m = h + 2 * kv;
+        let (norm1, norm2) = (
+            b.quantize(&random(&mut rng, h, 1.0)),
+            b.quantize(&random(&mut rng, h, 1.0)),
+        );
+        let bw = [qkv.clone(), gate_up.clone(), down.clone()].map(|w| b.upload_weight(w).unwrap());
+        let rw = [qkv, gate_up, down].map(|w| reference.upload_weight(w).unwrap());
+        let bn = [weight(b, vec![h], &norm1), weight(b, vec![h], &norm2)];
+        let rn = [
+            weight(&mut reference, vec![h], &norm1),
+            weight(&mut reference, vec![h], &norm2),
+        ];
+        for n in [1, 2, 4, 7, 8] {
+            let mut bt = [
+                (n, h),
+                (n, h),
+                (n, m),
+                (n, h),
+                (n, 2 * f),
+                (n, f),
+                (n + 1, h),
+            ]
+            .map(|(r, c)| poisoned(b, r, c));
+            let mut rt = [(n, h), (n, h), (n, m), (n, h), (n, 2 * f), (n, f), (n, h)]
+                .map(|(r, c)| reference.alloc(r, c).unwrap());
+            for round in 0..2 {
+                let x = b.quantize(&random(&mut rng, n * h, 1.0));
+                let attn = b.quantize(&random(&mut rng, n * h, 1.0));
+                let [bx, ba, bqkv, bxn, bgu, bact, bout] = &mut bt;
+                b.write(bx, &x);
+                b.write(ba, &attn);
+                let [rx, ra, rqkv, rxn, rgu, ract, rout] = &mut rt;
+                reference.write(rx, &x);
+                reference.write(ra, &attn);
+                let eps = 1e-5;
+                b.rms_norm(bx, &bn[0], eps, n, bxn).unwrap();
+                b.matmul(bxn, &bw[0], None, n, bqkv).unwrap();
+                b.add_rms_norm(ba, bx, &bn[1], eps, n, bxn).unwrap();
+                b.matmul_glu(Activation::Silu, bxn, &bw[1], n, bgu, bact)
+                    .unwrap();
+                b.matmul(bact, &bw[2], None, n, bout).unwrap();
+                reference.rms_norm(rx, &rn[0], eps, n, rxn).unwrap();
+                reference.matmul(rxn, &rw[0], None, n, rqkv).unwrap();
+                reference.add_rms_norm(ra, rx, &rn[1], eps, n, rxn).unwrap();
+                reference
+                    .matmul_glu(Activation::Silu, rxn, &rw[1], n, rgu, ract)
+                    .unwrap();
+                reference.matmul(ract, &rw[2], None, n, rout).unwrap();
+                let what = format!("{} chain {h}/{f} {n} rows round {round}", b.label());
+                let (got, want) = (
+                    b.to_host(bqkv, n).unwrap(),
+                    reference.to_host(rqkv, n).unwrap(),
+                );
+                check_rows(b, &format!("{what}: qkv"), n, &got, &want);
+                let (got, want) = (
+                    b.to_host(bact, n).unwrap(),
+                    reference.to_host(ract, n).unwrap(),
+                );
+                check_rows(b, &format!("{what}: silu"), n, &got, &want);
+                let (got, want) = (
+                    b.to_host(bout, n + 1).unwrap(),
+                    reference.to_host(rout, n).unwrap(),
+                );
+                check_rows(b, &format!("{what}: down"), n, &got, &want);
+            }
+        }
+    }
+}
+crate::parity_test!(quantized_decode_chain, quant_chain);
+
 /// Embedding rows of quantized tables (dequantized by token id on the device).
 fn quant_embed<B: TestBackend>(b: &mut B) {
     let mut rng = rng("quant_embed");

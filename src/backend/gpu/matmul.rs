@@ -3,12 +3,13 @@
 //! SwiGLU activation, alone or fused into the gate/up streaming matmul.
 //!
 //! Quantized weights: up to 8 rows stream the weight through `kernels/qgemv.cu`. In bf16
-//! `qdot` takes up to three adjacent parts of one type per launch on activations quantized
-//! to 8-bit blocks of 32, their quants multiplied with dp4a (llama.cpp's MMVQ scheme: an
-//! activation error of about 0.5% against exact products, under bf16's tolerance). Each
-//! block quantizes the rows into its shared memory itself (no launch before the matmul);
-//! rows too long for [`QDOT_SMEM_MAX`] are quantized once into the dequant scratch by
-//! `quantize_x` first. f32 keeps exact float products in
+//! `qdot` takes up to three adjacent parts of one type per launch (or Q4_K/Q5_K q and k with
+//! a Q6_K v) on activations quantized to 8-bit blocks of 32 in the dequant scratch, their
+//! quants multiplied with dp4a (llama.cpp's MMVQ scheme: an activation error of about 0.5%
+//! against exact products, under bf16's tolerance). The RMSNorm before qkv and gate/up
+//! writes its output quantized as well ([`QxRows`]); `quantize_x` runs only for the other
+//! inputs (the attention output before o_proj, the SiLU output before down). f32 keeps
+//! exact float products in
 //! registers (`qgemv`, one launch per part, each writing its columns). Batches of up
 //! to [`QMMA_MAX_ROWS`] rows (bf16) run the tiled kernel of `kernels/qmma.cu` (weight tiles
 //! dequantized into shared memory, tensor-core products, no full-size copy; k split over
@@ -50,25 +51,23 @@ const QDOT_PARTS: usize = 3;
 const QGEMV_ROWS_PER_WARP: usize = 2;
 /// Threads per block of `quantize_x_bf16`; each quantizes a block of 32 activations.
 const QX_THREADS: usize = 256;
-/// Most dynamic shared memory a `qdot_*` block takes for its quantized activation rows
-/// (launches need no opt-in up to 48 KiB on CUDA; HIP allows 64 KiB).
-const QDOT_SMEM_MAX: usize = 48 << 10;
-/// Most blocks per SM of a `qdot_*` launch (0: one warp per row group, no cap); with a
-/// cap, warps stride over the groups and each block quantizes the activations once.
-const QDOT_BLOCKS_PER_SM: usize = 0;
+
+/// Activation rows left quantized to 8 bits in the dequant scratch by the launch that made
+/// them: `rows` rows of `cols` values of the tensor at device address `x`, at `at`. The
+/// next quantized decode matmul on exactly those rows reads them instead of launching
+/// `quantize_x`; every other launch, write or allocation clears the record (`mod.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct QxRows {
+    pub x: u64,
+    pub rows: usize,
+    pub cols: usize,
+    pub at: u64,
+}
 
 /// Scratch bytes of `n` activation rows of `k` columns quantized to 8 bits: the values,
 /// then at the next 256-byte boundary one (scale, sum) pair of f32 per 32.
 fn qx_bytes(n: usize, k: usize) -> usize {
     (n * k).next_multiple_of(256) + n * (k / 32) * 8
-}
-
-/// [`QDOT_BLOCKS_PER_SM`], or `KILN_QDOT_BPS` (experiment build only).
-fn qdot_blocks_per_sm() -> usize {
-    std::env::var("KILN_QDOT_BPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(QDOT_BLOCKS_PER_SM)
 }
 
 /// Weight rows per warp of `gemv_*_m{n}` (the instantiations in `kernels/gemv.cu`).
@@ -104,49 +103,38 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// The row bucket of the 8-bit activation kernels (`qdot_*`), when they take the step:
-    /// the streaming bucket, bf16, and room for the quantized rows (shared memory, else the
-    /// dequant scratch).
+    /// the streaming bucket, bf16, and a scratch that holds the quantized rows.
     fn qdot_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
         let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes());
         self.qgemv_rows(n, x, w).filter(|_| {
             self.dt == crate::backend::DType::Bf16
                 && w.cols.is_multiple_of(32)
                 && w.cols <= i32::MAX as usize
-                && qx_bytes(n, w.cols) <= room.max(QDOT_SMEM_MAX)
+                && qx_bytes(n, w.cols) <= room
         })
     }
 
-    /// Where a `qdot_*` launch on `n` rows of `x` reads its 8-bit activations: (global
-    /// address, dynamic shared bytes). Rows that fit [`QDOT_SMEM_MAX`] are quantized by each
-    /// block into its shared memory (0, bytes); longer ones once into the dequant scratch
-    /// here (address, 0).
-    fn qdot_source(&mut self, x: &GpuTensor, n: usize) -> Result<(u64, u32), BackendError> {
-        let bytes = qx_bytes(n, x.cols);
-        if bytes <= QDOT_SMEM_MAX {
-            return Ok((0, bytes as u32));
-        }
-        Ok((self.quantize_x(x, n)?, 0))
+    /// Where a kernel that makes `n` rows of `cols` values may also leave them quantized
+    /// for the decode matmul after it (bf16, up to 8 rows, whole blocks of 32): the dequant
+    /// scratch, where `quantize_x` would put them.
+    pub(super) fn qx_slot(&self, n: usize, cols: usize) -> Option<u64> {
+        let buf = self.scratch.dequant.as_ref()?;
+        let fits = self.dt == crate::backend::DType::Bf16
+            && (1..=QGEMV_ROWS[QGEMV_ROWS.len() - 1] as usize).contains(&n)
+            && cols.is_multiple_of(32)
+            && cols <= i32::MAX as usize
+            && qx_bytes(n, cols) <= buf.bytes();
+        fits.then(|| buf.ptr())
     }
 
-    /// The grid of a `qdot_*` launch of `warps` warp groups ([`QDOT_BLOCKS_PER_SM`]).
-    fn qdot_grid(&self, warps: usize) -> Grid {
-        let blocks = warps.div_ceil(GEMV_WARPS);
-        let cap = qdot_blocks_per_sm() * self.dev.info.sm_count;
-        self.gemv_grid(if cap > 0 { blocks.min(cap) } else { blocks })
-    }
-
-    /// Launches a `qdot_*` kernel with `smem` bytes of dynamic shared memory.
-    fn launch_qdot_kernel<A: super::args::KernelArgs>(
-        &mut self,
-        k: Kernel,
-        grid: Grid,
-        smem: u32,
-        args: &A,
-    ) -> Result<(), BackendError> {
-        if !A::takes(k) {
-            return Err(invalid(format!("{k:?} launched with another kernel's arguments")));
+    /// The 8-bit rows of `n` rows of `x` for a `qdot_*` launch: those the launch before left
+    /// ([`QxRows`]), else quantized now by `quantize_x`.
+    fn qx_of(&mut self, x: &GpuTensor, n: usize) -> Result<u64, BackendError> {
+        let want = (x.buf.ptr(), n, x.cols);
+        match self.scratch.qx.take() {
+            Some(q) if (q.x, q.rows, q.cols) == want => Ok(q.at),
+            _ => self.quantize_x(x, n),
         }
-        self.dev.launch(k.op(), self.kernels.get(k)?, grid, smem, args.args().as_ref())
     }
 
     /// Quantizes `n` rows of `x` to 8-bit blocks of 32 in the dequant scratch (free during
@@ -187,7 +175,7 @@ impl<R: Runtime> GpuBackend<R> {
         rows: u32,
         out: &GpuTensor,
     ) -> Result<(), BackendError> {
-        let (xq, smem) = self.qdot_source(x, n)?;
+        let xq = self.qx_of(x, n)?;
         let mut first = 0;
         while first < w.parts.len() {
             let q = w.parts[first].q;
@@ -200,7 +188,9 @@ impl<R: Runtime> GpuBackend<R> {
             // the Q6_K part in the last slot.
             let mix = run < QDOT_PARTS
                 && q.is_some_and(|q| QDOT_MIX_TYPES.contains(&q))
-                && w.parts.get(first + run).is_some_and(|p| p.q == Some(QType::Q6K));
+                && w.parts
+                    .get(first + run)
+                    .is_some_and(|p| p.q == Some(QType::Q6K));
             let mut slots: Vec<(usize, &WeightPart)> =
                 w.parts[first..first + run].iter().enumerate().collect();
             if mix {
@@ -211,7 +201,6 @@ impl<R: Runtime> GpuBackend<R> {
             let Some(q) = q else { continue };
             let (bias, y) = self.part_out(chunk0, bias, out);
             let mut args = QdotArgs {
-                x: x.buf.ptr(),
                 xq,
                 bias,
                 y,
@@ -235,8 +224,8 @@ impl<R: Runtime> GpuBackend<R> {
             } else {
                 Kernel::Qdot { q, rows }
             };
-            let grid = self.qdot_grid(warps);
-            self.launch_qdot_kernel(kernel, grid, smem, &args)?;
+            let grid = self.gemv_grid(warps.div_ceil(GEMV_WARPS));
+            self.launch_with(kernel, grid, &args)?;
         }
         Ok(())
     }
@@ -341,6 +330,7 @@ impl<R: Runtime> GpuBackend<R> {
         if [n, k, m].iter().any(|&v| v > i32::MAX as usize) {
             return Err(invalid(format!("GEMM {n}x{k}x{m} too large")));
         }
+        self.scratch.qx = None;
         let (blas, dt) = (&self.blas, self.dt);
         // SAFETY: the callers pass x of n*k, w of m*k and out of n*m elements of `dt` (shapes
         // checked by them); all three buffers are live.
@@ -574,9 +564,8 @@ impl<R: Runtime> GpuBackend<R> {
         // One warp per output column (a gate row and its up row).
         let grid = self.gemv_grid(f.div_ceil(GEMV_WARPS));
         if let Some(rows) = self.qdot_rows(n, x, w) {
-            let (xq, smem) = self.qdot_source(x, n)?;
+            let xq = self.qx_of(x, n)?;
             let args = QdotSiluArgs {
-                x: x.buf.ptr(),
                 xq,
                 wg: g.buf.ptr(),
                 wu: u.buf.ptr(),
@@ -586,8 +575,7 @@ impl<R: Runtime> GpuBackend<R> {
                 rows: n as i32,
                 ldy: f as i32,
             };
-            let grid = self.qdot_grid(f);
-            return self.launch_qdot_kernel(Kernel::QdotSilu { q, rows }, grid, smem, &args);
+            return self.launch_with(Kernel::QdotSilu { q, rows }, grid, &args);
         }
         let args = QgemvSiluArgs {
             wg: g.buf.ptr(),
