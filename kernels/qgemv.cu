@@ -401,7 +401,7 @@ KILN_QDOT_T(q6k, Q6_K, 1, 1)
 // bits).
 #define KILN_QDOT_MIX(QN, Q, M, U)                                                                  \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
-        qdot_##QN##_q6k_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2,          \
+        qdotmix_##QN##_q6k_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2,         \
                                   const bf16* bias, bf16* y, int k, int r0, int r1, int r2,         \
                                   int rows, int ldy) {                                              \
         qdot_impl<Q, Q6_K, M, 2, U, 1>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);          \

@@ -536,7 +536,7 @@ impl Kernel {
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
             Kernel::QuantizeX => format!("quantize_x_{d}"),
             Kernel::Qdot { q, rows } => format!("qdot_{}_{d}_m{rows}", q.tag()),
-            Kernel::QdotMix { q, rows } => format!("qdot_{}_q6k_{d}_m{rows}", q.tag()),
+            Kernel::QdotMix { q, rows } => format!("qdotmix_{}_q6k_{d}_m{rows}", q.tag()),
             Kernel::QdotSilu { q, rows } => format!("qdot_silu_{}_{d}_m{rows}", q.tag()),
             Kernel::Convert { bf16 } => {
                 format!("convert_{}_{d}", if bf16 { "bf16" } else { "f16" })
