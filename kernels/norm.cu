@@ -153,7 +153,7 @@ __device__ void rms_norm_vec_impl(const T* __restrict__ x, T* __restrict__ resid
             for (int e = 0; e < E; ++e) wf[e] *= cache[k][e] * inv;
             const Raw o = C::pack(wf);
             orow[c] = o;
-            C::unpack(o, wf);
+            if (xq) C::unpack(o, wf);  // the rounded outputs, for norm_quant
         } else {
 #pragma unroll
             for (int e = 0; e < E; ++e) wf[e] = 0.f;
@@ -170,7 +170,7 @@ __device__ void rms_norm_vec_impl(const T* __restrict__ x, T* __restrict__ resid
             for (int e = 0; e < E; ++e) wf[e] *= v[e] * inv;
             const Raw o = C::pack(wf);
             orow[c] = o;
-            C::unpack(o, wf);
+            if (xq) C::unpack(o, wf);  // the rounded outputs, for norm_quant
         } else {
 #pragma unroll
             for (int e = 0; e < E; ++e) wf[e] = 0.f;
