@@ -206,8 +206,18 @@ crate::parity_test!(quantized_matmul_silu_mul, quant_glu);
 /// bf16 on a GPU the RMSNorms also leave their output as 8-bit rows, which the matmul after
 /// them reads instead of quantizing it again): RMSNorm, then a Q4_K+Q4_K+Q6_K qkv stack (one
 /// launch); the residual add and RMSNorm, then the Q4_K gate/up SiLU, then the Q6_K down
-/// matmul on the SiLU's output. Twice over the same buffers, with new values.
+/// matmul on the SiLU's output (checked against the reference's down matmul of that
+/// output). Twice over the same buffers, with new values.
 fn quant_chain<B: TestBackend>(b: &mut B) {
+    // The CPU's own 8-bit activations (one scale per 256 for the k-quants) compound to
+    // 3.2e-2 at times over these small shapes; the GPU's (per 32) keep to `row_tol`.
+    let check = |b: &B, what: &str, n: usize, got: &[f32], want: &[f32]| {
+        if gpu(b) {
+            check_rows(b, what, n, got, want);
+        } else {
+            assert_rows_only(what, got, want, 6e-2);
+        }
+    };
     let mut rng = rng("quant_chain");
     let mut reference = CpuBackend::with_f32_weights();
     let mut shapes = vec![(256, 64, 512)];
@@ -274,23 +284,26 @@ fn quant_chain<B: TestBackend>(b: &mut B) {
                 reference
                     .matmul_glu(Activation::Silu, rxn, &rw[1], n, rgu, ract)
                     .unwrap();
-                reference.matmul(ract, &rw[2], None, n, rout).unwrap();
                 let what = format!("{} chain {h}/{f} {n} rows round {round}", b.label());
                 let (got, want) = (
                     b.to_host(bqkv, n).unwrap(),
                     reference.to_host(rqkv, n).unwrap(),
                 );
-                check_rows(b, &format!("{what}: qkv"), n, &got, &want);
+                check(b, &format!("{what}: qkv"), n, &got, &want);
                 let (got, want) = (
                     b.to_host(bact, n).unwrap(),
                     reference.to_host(ract, n).unwrap(),
                 );
-                check_rows(b, &format!("{what}: silu"), n, &got, &want);
+                check(b, &format!("{what}: silu"), n, &got, &want);
+                // The down matmul against the reference's of the backend's own SiLU output
+                // (one 8-bit rounding per check, not two compounded).
+                reference.write(ract, &got[..n * f]);
+                reference.matmul(ract, &rw[2], None, n, rout).unwrap();
                 let (got, want) = (
                     b.to_host(bout, n + 1).unwrap(),
                     reference.to_host(rout, n).unwrap(),
                 );
-                check_rows(b, &format!("{what}: down"), n, &got, &want);
+                check(b, &format!("{what}: down"), n, &got, &want);
             }
         }
     }
