@@ -9,8 +9,8 @@
 //! against exact products, under bf16's tolerance). The RMSNorm before qkv and gate/up
 //! writes its output quantized as well ([`QxRows`]); `quantize_x` runs only for the other
 //! inputs (the attention output before o_proj, the SiLU output before down). f32 keeps
-//! exact float products in
-//! registers (`qgemv`, one launch per part, each writing its columns). Batches of up
+//! exact float products in registers (`qgemv`, one launch per part, each writing its
+//! columns). Batches of up
 //! to [`QMMA_MAX_ROWS`] rows (bf16) run the tiled kernel of `kernels/qmma.cu` (weight tiles
 //! dequantized into shared memory, tensor-core products, no full-size copy; k split over
 //! the grid when the blocks would not fill the SMs, the f32 partials summed in the dequant
@@ -184,8 +184,8 @@ impl<R: Runtime> GpuBackend<R> {
                 .take(QDOT_PARTS)
                 .take_while(|p| p.q == q)
                 .count();
-            // One or two parts of a mix type, then a Q6_K part: one `qdot_<q>_q6k` launch,
-            // the Q6_K part in the last slot.
+            // One or two parts of a mix type, then a Q6_K part: one `qdotmix_<q>_q6k`
+            // launch, the Q6_K part in the last slot.
             let mix = run < QDOT_PARTS
                 && q.is_some_and(|q| QDOT_MIX_TYPES.contains(&q))
                 && w.parts
