@@ -2,6 +2,10 @@
 //   rms_norm:     out = x / sqrt(mean(x^2) + eps) * w
 //   add_rms_norm: residual += x; out = rmsnorm(residual) * w
 // Sums in f32; in bf16 the residual is rounded once and the norm reads the rounded value.
+// The vector variants can also write `out` as 8-bit blocks of 32 at xq (non-null; rows a
+// multiple of 32 long): i8 qs[rows][h], then at the next 256-byte boundary one (d, s) pair of
+// f32 per block (d = amax / 127, s = the sum of the block's rounded outputs), the layout the
+// quantized decode matmuls read (qgemv.cu), so they need no quantize launch.
 
 // Values per thread kept in registers between the two passes (more are re-read).
 constexpr int NORM_CACHE = 8;
@@ -70,9 +74,44 @@ __device__ __forceinline__ void norm_in_vec(const T* __restrict__ x, T* __restri
     }
 }
 
+// Chunk c of row `row` (values v, rounded) into xq: the 32 / E threads of a block of 32 are
+// adjacent lanes (chunks c of one pass are consecutive); every lane of the warp calls it,
+// `valid` or not.
+template <typename T>
+__device__ __forceinline__ void norm_quant(const float* v, bool valid, u8* __restrict__ xq, int row, int c, int h) {
+    constexpr int E = Chunk<T>::E, G = 32 / E;
+    float amax = 0.f, sum = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        amax = fmaxf(amax, fabsf(v[e]));
+        sum += v[e];
+    }
+#pragma unroll
+    for (int o = G / 2; o > 0; o >>= 1) {
+        amax = fmaxf(amax, shfl_xor(amax, o));
+        sum += shfl_xor(sum, o);
+    }
+    if (!valid) return;
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    u32* q = reinterpret_cast<u32*>(xq + (size_t)row * h + (size_t)c * E);
+#pragma unroll
+    for (int i = 0; i < E / 4; ++i) {
+        u32 r = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) r |= ((u32)(int)rintf(v[4 * i + e] * id) & 0xffu) << (8 * e);
+        q[i] = r;
+    }
+    if (c % G == 0) {
+        float* ds = reinterpret_cast<float*>(xq + (((size_t)gridDim.x * h + 255) & ~(size_t)255));
+        const size_t b = (size_t)row * (h / 32) + c / G;
+        ds[2 * b] = amax / 127.f;
+        ds[2 * b + 1] = sum;
+    }
+}
+
 template <typename T>
 __device__ void rms_norm_vec_impl(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ w,
-                                  T* __restrict__ out, int h, float eps) {
+                                  T* __restrict__ out, u8* __restrict__ xq, int h, float eps) {
     typedef Chunk<T> C;
     typedef typename C::Raw Raw;
     constexpr int E = C::E;
@@ -103,24 +142,40 @@ __device__ void rms_norm_vec_impl(const T* __restrict__ x, T* __restrict__ resid
     const float inv = 1.0f / sqrtf(ss / (float)h + eps);
     const Raw* wr = reinterpret_cast<const Raw*>(w);
     Raw* orow = reinterpret_cast<Raw*>(out + row);
+    // Passes over the row are block-uniform (every lane takes part in norm_quant's shuffles).
 #pragma unroll
     for (int k = 0; k < NORM_VEC_CACHE; ++k) {
         const int c = threadIdx.x + k * step;
+        float wf[E];
         if (c < hc) {
-            float wf[E];
             C::unpack(wr[c], wf);
 #pragma unroll
             for (int e = 0; e < E; ++e) wf[e] *= cache[k][e] * inv;
-            orow[c] = C::pack(wf);
-        }
-    }
-    for (int c = threadIdx.x + NORM_VEC_CACHE * step; c < hc; c += step) {
-        float v[E], wf[E];
-        C::unpack(reinterpret_cast<const Raw*>((residual ? residual : x) + row)[c], v);
-        C::unpack(wr[c], wf);
+            const Raw o = C::pack(wf);
+            orow[c] = o;
+            if (xq) C::unpack(o, wf);  // the rounded outputs, for norm_quant
+        } else {
 #pragma unroll
-        for (int e = 0; e < E; ++e) wf[e] *= v[e] * inv;
-        orow[c] = C::pack(wf);
+            for (int e = 0; e < E; ++e) wf[e] = 0.f;
+        }
+        if (xq && k * step < hc) norm_quant<T>(wf, c < hc, xq, blockIdx.x, c, h);
+    }
+    for (int c0 = NORM_VEC_CACHE * step; c0 < hc; c0 += step) {
+        const int c = c0 + threadIdx.x;
+        float v[E], wf[E];
+        if (c < hc) {
+            C::unpack(reinterpret_cast<const Raw*>((residual ? residual : x) + row)[c], v);
+            C::unpack(wr[c], wf);
+#pragma unroll
+            for (int e = 0; e < E; ++e) wf[e] *= v[e] * inv;
+            const Raw o = C::pack(wf);
+            orow[c] = o;
+            if (xq) C::unpack(o, wf);  // the rounded outputs, for norm_quant
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e) wf[e] = 0.f;
+        }
+        if (xq) norm_quant<T>(wf, c < hc, xq, blockIdx.x, c, h);
     }
 }
 
@@ -132,11 +187,12 @@ __device__ void rms_norm_vec_impl(const T* __restrict__ x, T* __restrict__ resid
                                                 float eps) {                                         \
         rms_norm_impl<T>(x, residual, w, out, h, eps);                                              \
     }                                                                                                \
-    extern "C" __global__ void rms_norm_vec_##N(const T* x, const T* w, T* out, int h, float eps) {  \
-        rms_norm_vec_impl<T>(x, nullptr, w, out, h, eps);                                           \
+    extern "C" __global__ void rms_norm_vec_##N(const T* x, const T* w, T* out, u8* xq, int h,       \
+                                                float eps) {                                         \
+        rms_norm_vec_impl<T>(x, nullptr, w, out, xq, h, eps);                                       \
     }                                                                                                \
     extern "C" __global__ void add_rms_norm_vec_##N(const T* x, T* residual, const T* w, T* out,     \
-                                                    int h, float eps) {                              \
-        rms_norm_vec_impl<T>(x, residual, w, out, h, eps);                                          \
+                                                    u8* xq, int h, float eps) {                      \
+        rms_norm_vec_impl<T>(x, residual, w, out, xq, h, eps);                                      \
     }
 KILN_FOR_DTYPES(KILN_NORM)

@@ -182,11 +182,13 @@ KILN_FOR_DTYPES(KILN_QGEMV)
 
 #if !defined(KILN_DTYPE_F32)
 // ---- 8-bit activations (bf16 compute only): llama.cpp's MMVQ idea ----------------------
-// The activations of a decode step are quantized once per matmul into the scratch `xq`:
-// i8 qs[rows][k] at 0, then float2 ds[rows][k / 32] (d = amax / 127, s = the exact sum of
-// the 32 values) at plane_align(rows * k). Each weight run of 16 becomes 4 words of signed
-// 8-bit quants (run8 in quant.cuh), multiplied with 4 words of qs by dp4a; the run adds
-// sc * d * sumi (+ mn * s once per block for the k-quants' min and centering).
+// The activations of a decode step are quantized once per matmul input into a scratch
+// `xq`: i8 qs[rows][k] at 0, then float2 ds[rows][k / 32] (d = amax / 127, s = the exact
+// sum of the 32 values) at plane_align(rows * k). The RMSNorm before a matmul writes it as
+// it goes (norm.cu); `quantize_x` makes it for the other inputs (the attention output, the
+// SiLU output). Each weight run of 16 becomes 4 words of signed 8-bit quants (run8 in
+// quant.cuh), multiplied with 4 words of qs by dp4a; the run adds sc * d * sumi (+ mn * s
+// once per block for the k-quants' min and centering).
 
 constexpr int QX_THREADS = 256;
 
@@ -298,11 +300,21 @@ __device__ __forceinline__ void qdot_rows(const u8* w, int n, int j0, const u8* 
     qdot_acc<Q, M, R, U>(wr, xq, k, rows, lane, acc);
 }
 
-// One warp per R rows of one part: part p (of r0, r1, r2 rows, weights w0, w1, w2, all of
-// type Q) takes ceil(rp / R) warps, in part order; its rows land at columns r0 (+ r1) + j
-// of y (row stride ldy) with bias at the same index. (One type per launch keeps the
-// registers of that type alone, so more warps stay resident.)
-template <typename Q, int M, int R, int U>
+template <typename A, typename B>
+struct SameType {
+    static constexpr bool value = false;
+};
+template <typename A>
+struct SameType<A, A> {
+    static constexpr bool value = true;
+};
+
+// One warp per R rows of one part: part p (of r0, r1, r2 rows, weights w0, w1, w2; parts 0
+// and 1 of type QA, part 2 of type QB) takes ceil(rp / R) warps, in part order; its rows land
+// at columns r0 (+ r1) + j of y (row stride ldy) with bias at the same index. One type per
+// launch (QA = QB) keeps the registers of that type alone, so more warps stay resident; two
+// (a Q4_K_M qkv: Q4_K q and k, Q6_K v) save a launch.
+template <typename QA, typename QB, int M, int R, int UA, int UB>
 __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* __restrict__ w0,
                                           const u8* __restrict__ w1, const u8* __restrict__ w2,
                                           const bf16* __restrict__ bias, bf16* __restrict__ y, int k, int r0,
@@ -327,7 +339,10 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
     for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-    qdot_rows<Q, M, R, U>(w, n, j0, xq, k, rows, lane, acc);
+    if (!SameType<QA, QB>::value && col0 == r0 + r1)
+        qdot_rows<QB, M, R, UB>(w, n, j0, xq, k, rows, lane, acc);
+    else
+        qdot_rows<QA, M, R, UA>(w, n, j0, xq, k, rows, lane, acc);
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -368,7 +383,7 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
         qdot_##QN##_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2, const bf16* bias, \
                               bf16* y, int k, int r0, int r1, int r2, int rows, int ldy) {          \
-        qdot_impl<Q, M, 2, U>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);                   \
+        qdot_impl<Q, Q, M, 2, U, U>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);             \
     }                                                                                               \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
         qdot_silu_##QN##_bf16_m##M(const u8* xq, const u8* wg, const u8* wu, bf16* y, int k, int f, \
@@ -382,4 +397,17 @@ KILN_QDOT_T(q40, Q4_0, 2, 1)
 KILN_QDOT_T(q4k, Q4_K, 2, 1)
 KILN_QDOT_T(q5k, Q5_K, 2, 1)
 KILN_QDOT_T(q6k, Q6_K, 1, 1)
+// q and k of type Q, v of Q6_K in one launch (llama.cpp's Q4_K_M and Q5_K_M give attn_v more
+// bits).
+#define KILN_QDOT_MIX(QN, Q, M, U)                                                                  \
+    extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
+        qdotmix_##QN##_q6k_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2,         \
+                                  const bf16* bias, bf16* y, int k, int r0, int r1, int r2,         \
+                                  int rows, int ldy) {                                              \
+        qdot_impl<Q, Q6_K, M, 2, U, 1>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);          \
+    }
+#define KILN_QDOT_MIX_T(QN, Q) \
+    KILN_QDOT_MIX(QN, Q, 1, 2) KILN_QDOT_MIX(QN, Q, 2, 1) KILN_QDOT_MIX(QN, Q, 4, 1) KILN_QDOT_MIX(QN, Q, 8, 1)
+KILN_QDOT_MIX_T(q4k, Q4_K)
+KILN_QDOT_MIX_T(q5k, Q5_K)
 #endif

@@ -109,7 +109,9 @@ fn quant_matmuls<B: TestBackend>(b: &mut B) {
     let mut rng = rng("quant_matmuls");
     let mut shapes = vec![(37, 768)];
     if gpu(b) {
-        shapes.push((4096, 4096));
+        // 256x14336: down_proj's k; from 4 rows on, the 8-bit rows outgrow a block's shared
+        // memory and are quantized once into the scratch (`quantize_x`) instead.
+        shapes.extend([(4096, 4096), (256, 14336)]);
     }
     for ty in TYPES {
         for &(m, k) in &shapes {
@@ -127,24 +129,25 @@ fn quant_matmuls<B: TestBackend>(b: &mut B) {
 }
 crate::parity_test!(quantized_matmul_every_type, quant_matmuls);
 
-/// Stacked parts of mixed types (fused qkv of a Q4_K_M file: Q4_K, Q4_K, Q6_K).
+/// Stacked parts of mixed types (fused qkv of a Q4_K_M file: Q4_K, Q4_K, Q6_K; of a Q5_K_M
+/// file: Q5_K, Q5_K, Q6_K: one decode launch in bf16).
 fn quant_stacked<B: TestBackend>(b: &mut B) {
     let mut rng = rng("quant_stacked");
-    let mut shapes = vec![(64, 32, 512)];
+    let mut shapes = vec![(GgmlType::Q4K, 64, 32, 512), (GgmlType::Q5K, 64, 32, 512)];
     if gpu(b) {
-        shapes.push((4096, 1024, 4096));
+        shapes.push((GgmlType::Q4K, 4096, 1024, 4096));
     }
-    for (q, kv, k) in shapes {
+    for (ty, q, kv, k) in shapes {
         let parts = vec![
-            raw(&mut rng, GgmlType::Q4K, q, k),
-            raw(&mut rng, GgmlType::Q4K, kv, k),
+            raw(&mut rng, ty, q, k),
+            raw(&mut rng, ty, kv, k),
             raw(&mut rng, GgmlType::Q6K, kv, k),
         ];
         let w = HostTensor::concat_rows(parts).unwrap();
-        check_matmul(b, &mut rng, w, true, &ROWS, "Q4_K+Q6_K stack");
+        check_matmul(b, &mut rng, w, true, &ROWS, &format!("{ty}+Q6_K stack"));
     }
-    // Five parts of odd row counts: four Q4_K (decode launches of three parts and of one),
-    // then a Q6_K.
+    // Five parts of odd row counts: four Q4_K (decode launches of three parts, then of one
+    // with the Q6_K), then a Q6_K.
     let mut parts: Vec<HostTensor> = [37, 33, 31, 29]
         .iter()
         .map(|&r| raw(&mut rng, GgmlType::Q4K, r, 512))
@@ -198,6 +201,114 @@ fn quant_glu<B: TestBackend>(b: &mut B) {
     }
 }
 crate::parity_test!(quantized_matmul_silu_mul, quant_glu);
+
+/// A decode layer's chain of quantized matmuls after the kernels that make their inputs (in
+/// bf16 on a GPU the RMSNorms also leave their output as 8-bit rows, which the matmul after
+/// them reads instead of quantizing it again): RMSNorm, then a Q4_K+Q4_K+Q6_K qkv stack (one
+/// launch); the residual add and RMSNorm, then the Q4_K gate/up SiLU, then the Q6_K down
+/// matmul on the SiLU's output (checked against the reference's down matmul of that
+/// output). Twice over the same buffers, with new values.
+fn quant_chain<B: TestBackend>(b: &mut B) {
+    // The CPU's own 8-bit activations (one scale per 256 for the k-quants) compound to
+    // 3.2e-2 at times over these small shapes; the GPU's (per 32) keep to `row_tol`.
+    let check = |b: &B, what: &str, n: usize, got: &[f32], want: &[f32]| {
+        if gpu(b) {
+            check_rows(b, what, n, got, want);
+        } else {
+            assert_rows_only(what, got, want, 6e-2);
+        }
+    };
+    let mut rng = rng("quant_chain");
+    let mut reference = CpuBackend::with_f32_weights();
+    let mut shapes = vec![(256, 64, 512)];
+    if gpu(b) {
+        shapes.push((4096, 1024, 14336));
+    }
+    for (h, kv, f) in shapes {
+        let qkv = HostTensor::concat_rows(vec![
+            raw(&mut rng, GgmlType::Q4K, h, h),
+            raw(&mut rng, GgmlType::Q4K, kv, h),
+            raw(&mut rng, GgmlType::Q6K, kv, h),
+        ])
+        .unwrap();
+        let gate_up = HostTensor::concat_rows(vec![
+            raw(&mut rng, GgmlType::Q4K, f, h),
+            raw(&mut rng, GgmlType::Q4K, f, h),
+        ])
+        .unwrap();
+        let down = raw(&mut rng, GgmlType::Q6K, h, f);
+        let m = h + 2 * kv;
+        let (norm1, norm2) = (
+            b.quantize(&random(&mut rng, h, 1.0)),
+            b.quantize(&random(&mut rng, h, 1.0)),
+        );
+        let bw = [qkv.clone(), gate_up.clone(), down.clone()].map(|w| b.upload_weight(w).unwrap());
+        let rw = [qkv, gate_up, down].map(|w| reference.upload_weight(w).unwrap());
+        let bn = [weight(b, vec![h], &norm1), weight(b, vec![h], &norm2)];
+        let rn = [
+            weight(&mut reference, vec![h], &norm1),
+            weight(&mut reference, vec![h], &norm2),
+        ];
+        for n in [1, 2, 4, 7, 8] {
+            let mut bt = [
+                (n, h),
+                (n, h),
+                (n, m),
+                (n, h),
+                (n, 2 * f),
+                (n, f),
+                (n + 1, h),
+            ]
+            .map(|(r, c)| poisoned(b, r, c));
+            let mut rt = [(n, h), (n, h), (n, m), (n, h), (n, 2 * f), (n, f), (n, h)]
+                .map(|(r, c)| reference.alloc(r, c).unwrap());
+            for round in 0..2 {
+                let x = b.quantize(&random(&mut rng, n * h, 1.0));
+                let attn = b.quantize(&random(&mut rng, n * h, 1.0));
+                let [bx, ba, bqkv, bxn, bgu, bact, bout] = &mut bt;
+                b.write(bx, &x);
+                b.write(ba, &attn);
+                let [rx, ra, rqkv, rxn, rgu, ract, rout] = &mut rt;
+                reference.write(rx, &x);
+                reference.write(ra, &attn);
+                let eps = 1e-5;
+                b.rms_norm(bx, &bn[0], eps, n, bxn).unwrap();
+                b.matmul(bxn, &bw[0], None, n, bqkv).unwrap();
+                b.add_rms_norm(ba, bx, &bn[1], eps, n, bxn).unwrap();
+                b.matmul_glu(Activation::Silu, bxn, &bw[1], n, bgu, bact)
+                    .unwrap();
+                b.matmul(bact, &bw[2], None, n, bout).unwrap();
+                reference.rms_norm(rx, &rn[0], eps, n, rxn).unwrap();
+                reference.matmul(rxn, &rw[0], None, n, rqkv).unwrap();
+                reference.add_rms_norm(ra, rx, &rn[1], eps, n, rxn).unwrap();
+                reference
+                    .matmul_glu(Activation::Silu, rxn, &rw[1], n, rgu, ract)
+                    .unwrap();
+                let what = format!("{} chain {h}/{f} {n} rows round {round}", b.label());
+                let (got, want) = (
+                    b.to_host(bqkv, n).unwrap(),
+                    reference.to_host(rqkv, n).unwrap(),
+                );
+                check(b, &format!("{what}: qkv"), n, &got, &want);
+                let (got, want) = (
+                    b.to_host(bact, n).unwrap(),
+                    reference.to_host(ract, n).unwrap(),
+                );
+                check(b, &format!("{what}: silu"), n, &got, &want);
+                // The down matmul against the reference's of the backend's own SiLU output
+                // (one 8-bit rounding per check, not two compounded).
+                reference.write(ract, &got[..n * f]);
+                reference.matmul(ract, &rw[2], None, n, rout).unwrap();
+                let (got, want) = (
+                    b.to_host(bout, n + 1).unwrap(),
+                    reference.to_host(rout, n).unwrap(),
+                );
+                check(b, &format!("{what}: down"), n, &got, &want);
+            }
+        }
+    }
+}
+crate::parity_test!(quantized_decode_chain, quant_chain);
 
 /// Embedding rows of quantized tables (dequantized by token id on the device).
 fn quant_embed<B: TestBackend>(b: &mut B) {

@@ -123,13 +123,17 @@ kernel_args! {
     EmbedArgs (Kernel::Embed) { table: ptr, ids: ptr, out: ptr, cols: i32 }
     /// `gather_rows_<dt>`: the rows of `x` listed in `rows`.
     GatherRowsArgs (Kernel::GatherRows) { x: ptr, rows: ptr, out: ptr, cols: i32 }
-    /// `rms_norm_<dt>`, `rms_norm_vec_<dt>`.
-    RmsNormArgs (Kernel::RmsNorm | Kernel::RmsNormVec) {
-        x: ptr, w: ptr, out: ptr, h: i32, eps: f32,
-    }
-    /// `add_rms_norm_<dt>`, `add_rms_norm_vec_<dt>`: `residual += x`, then its norm.
-    AddRmsNormArgs (Kernel::AddRmsNorm | Kernel::AddRmsNormVec) {
+    /// `rms_norm_<dt>`.
+    RmsNormArgs (Kernel::RmsNorm) { x: ptr, w: ptr, out: ptr, h: i32, eps: f32 }
+    /// `rms_norm_vec_<dt>`: also `out` as 8-bit blocks of 32 at `xq` when non-zero.
+    RmsNormVecArgs (Kernel::RmsNormVec) { x: ptr, w: ptr, out: ptr, xq: ptr, h: i32, eps: f32 }
+    /// `add_rms_norm_<dt>`: `residual += x`, then its norm.
+    AddRmsNormArgs (Kernel::AddRmsNorm) {
         x: ptr, residual: ptr, w: ptr, out: ptr, h: i32, eps: f32,
+    }
+    /// `add_rms_norm_vec_<dt>`: [`AddRmsNormArgs`] and [`RmsNormVecArgs`]'s `xq`.
+    AddRmsNormVecArgs (Kernel::AddRmsNormVec) {
+        x: ptr, residual: ptr, w: ptr, out: ptr, xq: ptr, h: i32, eps: f32,
     }
     /// `rope_<dt>`: rotary embedding of the first `heads` heads of each row, in place.
     RopeArgs (Kernel::Rope) {
@@ -191,7 +195,8 @@ kernel_args! {
     QuantizeXArgs (Kernel::QuantizeX) { x: ptr, xq: ptr, k: i32, rows: i32 }
     /// `qdot_<q>_bf16_m<rows>`: `y[:, ..r0 + r1 + r2] = x @ [w0; w1; w2]^T (+ bias)` from the
     /// 8-bit activations at `xq` (parts of `r0`, `r1`, `r2` rows; absent parts have 0).
-    QdotArgs (Kernel::Qdot { .. }) {
+    /// `qdotmix_<q>_q6k_*` (QdotMix): part 2 is Q6_K.
+    QdotArgs (Kernel::Qdot { .. } | Kernel::QdotMix { .. }) {
         xq: ptr, w0: ptr, w1: ptr, w2: ptr, bias: ptr, y: ptr, k: i32, r0: i32, r1: i32, r2: i32,
         rows: i32, ldy: i32,
     }

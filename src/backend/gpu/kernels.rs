@@ -303,6 +303,12 @@ pub enum Kernel {
         q: QType,
         rows: u32,
     },
+    /// [`Kernel::Qdot`] of two parts of type `q` (Q4_K or Q5_K: [`QDOT_MIX_TYPES`]) and a
+    /// third of Q6_K in one launch (the qkv of a Q4_K_M or Q5_K_M file; bf16 only).
+    QdotMix {
+        q: QType,
+        rows: u32,
+    },
     /// [`Kernel::Qdot`] of a gate and an up part of type `q`, fused with SiLU-mul (bf16 only).
     QdotSilu {
         q: QType,
@@ -317,6 +323,9 @@ pub const QMMA_ROWS: [u32; 3] = [16, 32, 64];
 /// Row buckets of the quantized streaming matmuls (`kernels/qgemv.cu`): a step of `n` rows
 /// runs the smallest bucket of at least `n`.
 pub const QGEMV_ROWS: [u32; 4] = [1, 2, 4, 8];
+
+/// The types of [`Kernel::QdotMix`]'s first parts (its last part is Q6_K).
+pub const QDOT_MIX_TYPES: [QType; 2] = [QType::Q4K, QType::Q5K];
 
 /// Most input rows of the streaming matmul kernels (`kernels/gemv.cu`).
 pub const GEMV_MAX_ROWS: usize = 2;
@@ -370,6 +379,9 @@ impl Kernel {
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::Qdot { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotSilu { q, rows }));
+        }
+        for q in QDOT_MIX_TYPES {
+            v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotMix { q, rows }));
         }
         v.push(Kernel::QmmaReduce);
         v.push(Kernel::QuantizeX);
@@ -438,7 +450,8 @@ impl Kernel {
             | Kernel::Qgemv { .. }
             | Kernel::Qmma { .. }
             | Kernel::QmmaReduce
-            | Kernel::Qdot { .. } => "matmul",
+            | Kernel::Qdot { .. }
+            | Kernel::QdotMix { .. } => "matmul",
             Kernel::GemvSiluMul { .. } | Kernel::QgemvSilu { .. } | Kernel::QdotSilu { .. } => {
                 "matmul_silu_mul"
             }
@@ -483,6 +496,7 @@ impl Kernel {
             | Kernel::Convert { .. }
             | Kernel::QuantizeX
             | Kernel::Qdot { .. }
+            | Kernel::QdotMix { .. }
             | Kernel::QdotSilu { .. } => Source::Qgemv,
             Kernel::Qmma { .. } | Kernel::QmmaReduce => Source::Qmma,
         }
@@ -498,6 +512,7 @@ impl Kernel {
                 | Kernel::QmmaReduce
                 | Kernel::QuantizeX
                 | Kernel::Qdot { .. }
+                | Kernel::QdotMix { .. }
                 | Kernel::QdotSilu { .. }
         );
         !bf16_only || dt == DType::Bf16
@@ -521,6 +536,7 @@ impl Kernel {
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
             Kernel::QuantizeX => format!("quantize_x_{d}"),
             Kernel::Qdot { q, rows } => format!("qdot_{}_{d}_m{rows}", q.tag()),
+            Kernel::QdotMix { q, rows } => format!("qdotmix_{}_q6k_{d}_m{rows}", q.tag()),
             Kernel::QdotSilu { q, rows } => format!("qdot_silu_{}_{d}_m{rows}", q.tag()),
             Kernel::Convert { bf16 } => {
                 format!("convert_{}_{d}", if bf16 { "bf16" } else { "f16" })

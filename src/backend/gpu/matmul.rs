@@ -3,11 +3,14 @@
 //! SwiGLU activation, alone or fused into the gate/up streaming matmul.
 //!
 //! Quantized weights: up to 8 rows stream the weight through `kernels/qgemv.cu`. In bf16
-//! the activations are first quantized to 8-bit blocks of 32 in the dequant scratch
-//! (`quantize_x`), then `qdot` takes up to three adjacent parts of one type per launch, their
+//! `qdot` takes up to three adjacent parts of one type per launch (or Q4_K/Q5_K q and k with
+//! a Q6_K v) on activations quantized to 8-bit blocks of 32 in the dequant scratch, their
 //! quants multiplied with dp4a (llama.cpp's MMVQ scheme: an activation error of about 0.5%
-//! against exact products, under bf16's tolerance); f32 keeps exact float products in
-//! registers (`qgemv`, one launch per part, each writing its columns). Batches of up
+//! against exact products, under bf16's tolerance). The RMSNorm before qkv and gate/up
+//! writes its output quantized as well ([`QxRows`]); `quantize_x` runs only for the other
+//! inputs (the attention output before o_proj, the SiLU output before down). f32 keeps
+//! exact float products in registers (`qgemv`, one launch per part, each writing its
+//! columns). Batches of up
 //! to [`QMMA_MAX_ROWS`] rows (bf16) run the tiled kernel of `kernels/qmma.cu` (weight tiles
 //! dequantized into shared memory, tensor-core products, no full-size copy; k split over
 //! the grid when the blocks would not fill the SMs, the f32 partials summed in the dequant
@@ -19,7 +22,8 @@ use super::args::{
     AddBiasArgs, GemvArgs, GemvSiluMulArgs, QdotArgs, QdotSiluArgs, QgemvArgs, QgemvSiluArgs,
     QmmaArgs, QmmaReduceArgs, QuantizeXArgs, SiluMulArgs, SiluMulVecArgs,
 };
-use super::kernels::{GEMV_MAX_ROWS, Kernel, QGEMV_ROWS, QMMA_ROWS};
+use super::kernels::{GEMV_MAX_ROWS, Kernel, QDOT_MIX_TYPES, QGEMV_ROWS, QMMA_ROWS};
+use super::qtype::QType;
 use super::qweight::WeightPart;
 use super::runtime::{self, Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
@@ -47,6 +51,18 @@ const QDOT_PARTS: usize = 3;
 const QGEMV_ROWS_PER_WARP: usize = 2;
 /// Threads per block of `quantize_x_bf16`; each quantizes a block of 32 activations.
 const QX_THREADS: usize = 256;
+
+/// Activation rows left quantized to 8 bits in the dequant scratch by the launch that made
+/// them: `rows` rows of `cols` values of the tensor at device address `x`, at `at`. The
+/// next quantized decode matmul on exactly those rows reads them instead of launching
+/// `quantize_x`; every other launch, write or allocation clears the record (`mod.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct QxRows {
+    pub x: u64,
+    pub rows: usize,
+    pub cols: usize,
+    pub at: u64,
+}
 
 /// Scratch bytes of `n` activation rows of `k` columns quantized to 8 bits: the values,
 /// then at the next 256-byte boundary one (scale, sum) pair of f32 per 32.
@@ -98,6 +114,29 @@ impl<R: Runtime> GpuBackend<R> {
         })
     }
 
+    /// Where a kernel that makes `n` rows of `cols` values may also leave them quantized
+    /// for the decode matmul after it (bf16, up to 8 rows, whole blocks of 32): the dequant
+    /// scratch, where `quantize_x` would put them.
+    pub(super) fn qx_slot(&self, n: usize, cols: usize) -> Option<u64> {
+        let buf = self.scratch.dequant.as_ref()?;
+        let fits = self.dt == crate::backend::DType::Bf16
+            && (1..=QGEMV_ROWS[QGEMV_ROWS.len() - 1] as usize).contains(&n)
+            && cols.is_multiple_of(32)
+            && cols <= i32::MAX as usize
+            && qx_bytes(n, cols) <= buf.bytes();
+        fits.then(|| buf.ptr())
+    }
+
+    /// The 8-bit rows of `n` rows of `x` for a `qdot_*` launch: those the launch before left
+    /// ([`QxRows`]), else quantized now by `quantize_x`.
+    fn qx_of(&mut self, x: &GpuTensor, n: usize) -> Result<u64, BackendError> {
+        let want = (x.buf.ptr(), n, x.cols);
+        match self.scratch.qx.take() {
+            Some(q) if (q.x, q.rows, q.cols) == want => Ok(q.at),
+            _ => self.quantize_x(x, n),
+        }
+    }
+
     /// Quantizes `n` rows of `x` to 8-bit blocks of 32 in the dequant scratch (free during
     /// decode steps: the batch paths alone use it); returns its device address.
     fn quantize_x(&mut self, x: &GpuTensor, n: usize) -> Result<u64, BackendError> {
@@ -124,9 +163,9 @@ impl<R: Runtime> GpuBackend<R> {
         (bias.map_or(0, |b| b + at), out.buf.ptr() + at)
     }
 
-    /// `out = x @ w^T (+ bias)` for `n` decode rows on `qdot_*` (`rows` bucket): the rows
-    /// quantized once, then one launch per run of up to [`QDOT_PARTS`] adjacent parts of one
-    /// type (a Q4_K_M qkv: q and k together, v alone).
+    /// `out = x @ w^T (+ bias)` for `n` decode rows on `qdot_*` (`rows` bucket): one launch
+    /// per run of up to [`QDOT_PARTS`] adjacent parts of one type, or of one or two parts
+    /// of a [`QDOT_MIX_TYPES`] type and a Q6_K part after them (a Q4_K_M qkv: one launch).
     fn launch_qdot(
         &mut self,
         x: &GpuTensor,
@@ -136,7 +175,7 @@ impl<R: Runtime> GpuBackend<R> {
         rows: u32,
         out: &GpuTensor,
     ) -> Result<(), BackendError> {
-        let xq = self.quantize_x(x, n)?;
+        let xq = self.qx_of(x, n)?;
         let mut first = 0;
         while first < w.parts.len() {
             let q = w.parts[first].q;
@@ -145,10 +184,22 @@ impl<R: Runtime> GpuBackend<R> {
                 .take(QDOT_PARTS)
                 .take_while(|p| p.q == q)
                 .count();
-            let chunk = &w.parts[first..first + run];
-            first += run;
+            // One or two parts of a mix type, then a Q6_K part: one `qdotmix_<q>_q6k`
+            // launch, the Q6_K part in the last slot.
+            let mix = run < QDOT_PARTS
+                && q.is_some_and(|q| QDOT_MIX_TYPES.contains(&q))
+                && w.parts
+                    .get(first + run)
+                    .is_some_and(|p| p.q == Some(QType::Q6K));
+            let mut slots: Vec<(usize, &WeightPart)> =
+                w.parts[first..first + run].iter().enumerate().collect();
+            if mix {
+                slots.push((QDOT_PARTS - 1, &w.parts[first + run]));
+            }
+            let chunk0 = &w.parts[first];
+            first += slots.len();
             let Some(q) = q else { continue };
-            let (bias, y) = self.part_out(&chunk[0], bias, out);
+            let (bias, y) = self.part_out(chunk0, bias, out);
             let mut args = QdotArgs {
                 xq,
                 bias,
@@ -159,7 +210,7 @@ impl<R: Runtime> GpuBackend<R> {
                 ..QdotArgs::default()
             };
             let mut warps = 0;
-            for (i, p) in chunk.iter().enumerate() {
+            for (i, p) in slots {
                 let (wp, r) = match i {
                     0 => (&mut args.w0, &mut args.r0),
                     1 => (&mut args.w1, &mut args.r1),
@@ -168,8 +219,13 @@ impl<R: Runtime> GpuBackend<R> {
                 (*wp, *r) = (p.buf.ptr(), p.rows as i32);
                 warps += p.rows.div_ceil(QGEMV_ROWS_PER_WARP);
             }
+            let kernel = if mix {
+                Kernel::QdotMix { q, rows }
+            } else {
+                Kernel::Qdot { q, rows }
+            };
             let grid = self.gemv_grid(warps.div_ceil(GEMV_WARPS));
-            self.launch_with(Kernel::Qdot { q, rows }, grid, &args)?;
+            self.launch_with(kernel, grid, &args)?;
         }
         Ok(())
     }
@@ -274,6 +330,7 @@ impl<R: Runtime> GpuBackend<R> {
         if [n, k, m].iter().any(|&v| v > i32::MAX as usize) {
             return Err(invalid(format!("GEMM {n}x{k}x{m} too large")));
         }
+        self.scratch.qx = None;
         let (blas, dt) = (&self.blas, self.dt);
         // SAFETY: the callers pass x of n*k, w of m*k and out of n*m elements of `dt` (shapes
         // checked by them); all three buffers are live.
@@ -507,7 +564,7 @@ impl<R: Runtime> GpuBackend<R> {
         // One warp per output column (a gate row and its up row).
         let grid = self.gemv_grid(f.div_ceil(GEMV_WARPS));
         if let Some(rows) = self.qdot_rows(n, x, w) {
-            let xq = self.quantize_x(x, n)?;
+            let xq = self.qx_of(x, n)?;
             let args = QdotSiluArgs {
                 xq,
                 wg: g.buf.ptr(),

@@ -110,6 +110,9 @@ struct Scratch {
     /// A quantized weight dequantized for a BLAS GEMM of a batch step: sized at upload for
     /// the largest quantized matrix, so graphs can address it.
     dequant: Option<DevBuf>,
+    /// The 8-bit activation rows the last launch left in the dequant scratch for the next
+    /// quantized decode matmul (`matmul.rs`); any other launch, write or allocation clears it.
+    qx: Option<matmul::QxRows>,
     /// Weight bytes on the device and in the file (the load log).
     weight_bytes: (usize, usize),
 }
@@ -251,11 +254,13 @@ impl<R: Runtime> GpuBackend<R> {
             )));
         }
         let bytes = self.dt.encode(data);
+        self.scratch.qx = None;
         self.dev.upload(&t.buf, 0, &bytes)
     }
 
     /// Launches `k` with a positional list (only through [`GpuBackend::launch_with`]).
     fn launch(&mut self, k: Kernel, grid: Grid, args: &[Arg]) -> Result<(), BackendError> {
+        self.scratch.qx = None;
         self.dev.launch(k.op(), self.kernels.get(k)?, grid, 0, args)
     }
 
@@ -323,6 +328,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
 
     fn alloc(&mut self, rows: usize, cols: usize) -> Result<GpuTensor, BackendError> {
         self.scratch.largest_alloc = self.scratch.largest_alloc.max(rows * cols);
+        self.scratch.qx = None;
         self.generation += 1;
         Ok(GpuTensor {
             buf: self.dev.alloc(rows * cols * self.dt.size(), "activation")?,
@@ -546,6 +552,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     }
 
     fn all_reduce_sum(&mut self, x: &mut GpuTensor, n: usize) -> Result<(), BackendError> {
+        self.scratch.qx = None;
         self.launch_all_reduce(x, n)
     }
 
@@ -555,6 +562,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         n: usize,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
+        self.scratch.qx = None;
         self.launch_all_gather(part, n, out)
     }
 

@@ -1,8 +1,11 @@
 //! RMSNorm launchers (`kernels/norm.cu`): plain or with the residual add fused in, on the
-//! 16-byte vector kernels when rows split into whole aligned chunks.
+//! 16-byte vector kernels when rows split into whole aligned chunks. At decode sizes in bf16
+//! with quantized weights, the vector kernels also leave the output as 8-bit blocks of 32 in
+//! the dequant scratch for the quantized matmul after them ([`QxRows`]).
 
-use super::args::{AddRmsNormArgs, RmsNormArgs};
+use super::args::{AddRmsNormArgs, AddRmsNormVecArgs, RmsNormArgs, RmsNormVecArgs};
 use super::kernels::Kernel;
+use super::matmul::QxRows;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows};
 use crate::backend::BackendError;
@@ -44,23 +47,26 @@ impl<R: Runtime> GpuBackend<R> {
             blocks: (n as u32, 1, 1),
             threads: threads as u32,
         };
+        let xq = if vec { self.qx_slot(n, h) } else { None };
         let (x, w, out, h) = (x.buf.ptr(), wb, out.buf.ptr(), h as i32);
-        match resid {
-            None => {
-                let k = if vec {
-                    Kernel::RmsNormVec
-                } else {
-                    Kernel::RmsNorm
-                };
+        match (resid, vec) {
+            (None, false) => {
                 let args = RmsNormArgs { x, w, out, h, eps };
-                self.launch_with(k, grid, &args)
+                self.launch_with(Kernel::RmsNorm, grid, &args)?;
             }
-            Some(residual) => {
-                let k = if vec {
-                    Kernel::AddRmsNormVec
-                } else {
-                    Kernel::AddRmsNorm
+            (None, true) => {
+                let xq = xq.unwrap_or(0);
+                let args = RmsNormVecArgs {
+                    x,
+                    w,
+                    out,
+                    xq,
+                    h,
+                    eps,
                 };
+                self.launch_with(Kernel::RmsNormVec, grid, &args)?;
+            }
+            (Some(residual), false) => {
                 let args = AddRmsNormArgs {
                     x,
                     residual,
@@ -69,8 +75,27 @@ impl<R: Runtime> GpuBackend<R> {
                     h,
                     eps,
                 };
-                self.launch_with(k, grid, &args)
+                self.launch_with(Kernel::AddRmsNorm, grid, &args)?;
+            }
+            (Some(residual), true) => {
+                let args = AddRmsNormVecArgs {
+                    x,
+                    residual,
+                    w,
+                    out,
+                    xq: xq.unwrap_or(0),
+                    h,
+                    eps,
+                };
+                self.launch_with(Kernel::AddRmsNormVec, grid, &args)?;
             }
         }
+        self.scratch.qx = xq.map(|at| QxRows {
+            x: out,
+            rows: n,
+            cols: h as usize,
+            at,
+        });
+        Ok(())
     }
 }
