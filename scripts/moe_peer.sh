@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Kiln against llama.cpp on the same quantized GGUF files, on the GPU machine, in one call:
+#  - issue 17: the Qwen3-30B-A3B mixture-of-experts shape (scripts/make_moe_gguf.py, written
+#    as a Mixtral-style `llama` file in llama.cpp's Q4_K_M types): decode at batch 1, 32 and
+#    64 and prefill 2048 in `kiln serve` (driven by `kiln bench`; /metrics snapshots between
+#    runs give the per-kernel time), llama-bench (pp2048, tg128) and llama-batched-bench
+#    (npp 512, ntg 128, npl 1/32/64);
+#  - issue 15: a Llama-3-8B-shape Q4_K_M file from the same script: cold start (process start
+#    to the first answered completion) and `kiln bench` at concurrency 64 (512 in, 128 out)
+#    against `kiln serve` and `llama-server`.
+# Stage here (CPU machine), then carry the folder and run this script there:
+#   cargo build --release --features cuda && d=/work/main/target/dev-moepeer && mkdir -p $d \
+#     && objcopy --strip-all target/release/kiln $d/kiln && gzip -f $d/kiln \
+#     && cp ../shared/peers/llama.cpp-c392e50-src.tgz scripts/make_moe_gguf.py scripts/moe_peer.sh $d/ \
+#     && cp -r ../shared/models/tokenizers/llama3.2 $d/
+#   run: bash target/dev-moepeer/moe_peer.sh        (carry target/dev-moepeer)
+# llama.cpp is built on the device (CUDA, sm_90, niced so Kiln's runs meanwhile keep their
+# cores) unless the folder holds lcpp-bin.tgz (bin/ of an earlier build: binaries and their
+# shared libraries), which is then used as is; a fresh build is packed into $OUT/lcpp-bin.tgz
+# (split into 15 MB parts if larger) when LCPP_PACK=1.
+# Everything goes to $OUT: summary.txt (the figures) and logs.tgz (every log, /metrics).
+# Environment: SKIP_MOE=1, SKIP_8B=1, SKIP_LLAMA=1 leave those parts out; KILN_DEV (default
+# cuda:0) and LAYERS (cut both files' layers) make a quick dry run on the CPU possible.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out=${OUT:-/tmp/moe-peer-out}
+work=/tmp/moepeer
+logs=$work/logs
+mkdir -p "$out" "$work" "$logs"
+now() { date +%s%N; }
+secs() { local ns=$(( $(now) - $1 )); printf '%d.%02d' $(( ns / 1000000000 )) $(( ns / 10000000 % 100 )); }
+T0=$(now)
+el() { secs "$T0"; }
+summary=$logs/summary.txt
+say() { echo "[$(el) s] $*" | tee -a "$summary"; }
+finish() {
+    cp "$summary" "$out/summary.txt"
+    tar czf "$out/logs.tgz" -C "$logs" . 2> /dev/null
+}
+trap finish EXIT
+for d in /usr/local/cuda/lib64 $(python3 -c 'import os, nvidia
+for p in nvidia.__path__:
+    for s in sorted(os.listdir(p)):
+        q=os.path.join(p,s,"lib")
+        os.path.isdir(q) and print(q)' 2>/dev/null); do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
+kiln=$work/kiln
+gunzip -c "$here/kiln.gz" > "$kiln" && chmod +x "$kiln"
+lcpp=$work/lcpp
+mkdir -p "$lcpp" && tar xzf "$here/llama.cpp-c392e50-src.tgz" -C "$lcpp"
+src=$lcpp; [ -f "$src/CMakeLists.txt" ] || src=$(dirname "$(ls "$lcpp"/*/CMakeLists.txt | head -1)")
+bin=$src/build/bin
+dev=${KILN_DEV:-cuda:0}
+layers=${LAYERS:+--layers $LAYERS}
+build=
+if [ -f "$here/lcpp-bin.tgz" ]; then
+    mkdir -p "$bin" && tar xzf "$here/lcpp-bin.tgz" -C "$bin" && say "llama.cpp: prebuilt binaries"
+elif [ -z "${SKIP_LLAMA:-}" ]; then
+    (cd "$src" && nice -n 19 cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release > "$logs/cmake.log" 2>&1 \
+        && nice -n 19 cmake --build build -j16 --target llama-bench llama-batched-bench llama-server \
+        >> "$logs/cmake.log" 2>&1; echo "llama.cpp build: exit $?" >> "$logs/cmake.log") &
+    build=$!
+fi
+export LD_LIBRARY_PATH="$bin:${LD_LIBRARY_PATH:-}"
+mk() {
+    LLAMA3_TOKENIZER_DIR=$here/llama3.2 PYTHONPATH=$src/gguf-py \
+        python3 "$here/make_moe_gguf.py" "$@"
+}
+
+# Snapshot of Kiln's sampled kernel times (histogram sums and counts) into $logs/$1.prom.
+metrics() { curl -sf "localhost:$1/metrics" | grep -E '^kiln_kernel_duration_seconds_(sum|count)' > "$logs/$2.prom"; }
+# Waits for a server on port $1 to answer a one-token completion; prints the seconds from $2.
+first_answer() {
+    local port=$1 t0=$2 code
+    for _ in $(seq 1 3000); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "localhost:$port/v1/completions" \
+            -H 'Content-Type: application/json' -d '{"prompt":"Hello","max_tokens":1}')
+        [ "$code" = 200 ] && { secs "$t0"; return 0; }
+        sleep 0.05
+    done
+    return 1
+}
+kb() { # port, log name, then kiln bench flags
+    local port=$1 name=$2; shift 2
+    timeout 150 "$kiln" bench --base-url "http://127.0.0.1:$port" --ignore-eos "$@" > "$logs/$name.log" 2>&1
+    say "$name: exit $? | $(grep -E '^Output token throughput' "$logs/$name.log" | tr -s ' ') | $(grep -E '^(TTFT|TPOT) ' "$logs/$name.log" | tr -s ' ' | tr '\n' ' ')"
+}
+
+moe=$work/moe.gguf
+if [ -z "${SKIP_MOE:-}" ]; then
+    mk "$moe" $layers > "$logs/make_moe.log" 2>&1 || { say "make_moe_gguf failed"; tail -5 "$logs/make_moe.log"; }
+    say "MoE file: $(head -1 "$logs/make_moe.log")"
+    grep BYTES "$logs/make_moe.log" | tee -a "$summary"
+    t0=$(now)
+    "$kiln" serve --model "$moe" --device "$dev" --port 8124 > "$logs/serve-moe.log" 2>&1 &
+    spid=$!
+    say "kiln serve MoE: first answer after $(first_answer 8124 "$t0") s"
+    grep -iE "weights|loaded|kv" "$logs/serve-moe.log" | head -5 >> "$summary"
+    metrics 8124 m0
+    kb 8124 kiln-moe-c1 --num-prompts 4 --max-concurrency 1 --input-len 512 --output-len 128 --seed 11
+    metrics 8124 m1
+    kb 8124 kiln-moe-c32 --num-prompts 32 --max-concurrency 32 --input-len 512 --output-len 128 --seed 12
+    metrics 8124 m2
+    kb 8124 kiln-moe-c64 --num-prompts 64 --max-concurrency 64 --input-len 512 --output-len 128 --seed 13
+    metrics 8124 m3
+    kb 8124 kiln-moe-prefill --num-prompts 4 --max-concurrency 1 --input-len 2048 --output-len 1 --seed 14
+    metrics 8124 m4
+    kill $spid; wait $spid 2> /dev/null
+fi
+
+d8b=$work/d8b-q4km.gguf
+if [ -z "${SKIP_8B:-}" ]; then
+    mk "$d8b" --shape llama3-8b $layers > "$logs/make_8b.log" 2>&1 || say "make 8b failed"
+    say "8B file: $(head -1 "$logs/make_8b.log")"
+    grep BYTES "$logs/make_8b.log" | tee -a "$summary"
+    t0=$(now)
+    "$kiln" serve --model "$d8b" --device "$dev" --port 8125 > "$logs/serve-8b.log" 2>&1 &
+    spid=$!
+    say "kiln serve 8B Q4_K_M cold start (page cache warm): first answer after $(first_answer 8125 "$t0") s"
+    say "GPU memory used while serving (KV pool included): $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
+    grep -iE "weights|loaded|kv|GB" "$logs/serve-8b.log" | head -6 >> "$summary"
+    kb 8125 kiln-8b-c64 --num-prompts 128 --max-concurrency 64 --input-len 512 --output-len 128 --seed 21
+    metrics 8125 m8b
+    kill $spid; wait $spid 2> /dev/null
+fi
+
+[ -n "${SKIP_LLAMA:-}" ] && exit 0
+if [ -n "$build" ]; then
+    wait $build
+    say "$(tail -1 "$logs/cmake.log")"
+fi
+if [ -z "${SKIP_MOE:-}" ]; then
+    timeout 150 "$bin/llama-bench" -m "$moe" -ngl 99 -fa 1 -p 2048 -n 128 -r 3 > "$logs/llama-bench-moe.log" 2>&1
+    say "llama-bench MoE: exit $?"
+    grep -E "^\|" "$logs/llama-bench-moe.log" >> "$summary"
+    timeout 150 "$bin/llama-batched-bench" -m "$moe" -ngl 99 -fa -npp 512 -ntg 128 -npl 1,32,64 -c 41984 \
+        > "$logs/llama-batched-moe.log" 2>&1
+    say "llama-batched-bench MoE: exit $?"
+    grep -E "^\|" "$logs/llama-batched-moe.log" >> "$summary"
+fi
+if [ -z "${SKIP_8B:-}" ]; then
+    t0=$(now)
+    "$bin/llama-server" -m "$d8b" -ngl 99 -fa -np 64 -c 65536 -dt 0.1 --port 8081 \
+        > "$logs/llama-server-8b.log" 2>&1 &
+    lpid=$!
+    say "llama-server 8B Q4_K_M cold start (page cache warm): first answer after $(first_answer 8081 "$t0") s"
+    kb 8081 llama-8b-c64 --tokenizer "$d8b" --num-prompts 128 --max-concurrency 64 --input-len 512 \
+        --output-len 128 --seed 21
+    kill $lpid; wait $lpid 2> /dev/null
+fi
+if [ -n "$build" ] && [ -n "${LCPP_PACK:-}" ]; then
+    (cd "$bin" && tar czf "$work/lcpp-bin.tgz" llama-bench llama-batched-bench llama-server ./*.so*)
+    split -b 15000000 -d "$work/lcpp-bin.tgz" "$out/lcpp-bin.tgz."
+    say "packed llama.cpp: $(stat -c %s "$work/lcpp-bin.tgz") bytes"
+fi
+say done
