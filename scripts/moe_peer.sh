@@ -31,6 +31,9 @@ now() { date +%s%N; }
 secs() { local ns=$(( $(now) - $1 )); printf '%d.%02d' $(( ns / 1000000000 )) $(( ns / 10000000 % 100 )); }
 T0=$(now)
 el() { secs "$T0"; }
+# True once more than $1 seconds have passed since the start (the later, optional parts check
+# it so the whole run stays inside the device call's limit; DEADLINE shifts every budget).
+late() { [ $(( ($(now) - T0) / 1000000000 )) -gt $(( $1 + ${DEADLINE:-0} )) ]; }
 summary=$logs/summary.txt
 say() { echo "[$(el) s] $*" | tee -a "$summary"; }
 finish() {
@@ -83,6 +86,25 @@ first_answer() {
     done
     return 1
 }
+# Per-kernel device time between two snapshots (sampled steps: every 64th), largest first.
+kernel_split() { # label, before, after
+    python3 - "$logs/$2.prom" "$logs/$3.prom" "$1" << 'PY' | tee -a "$summary"
+import re, sys
+def load(p):
+    d = {}
+    for line in open(p):
+        m = re.match(r'kiln_kernel_duration_seconds_(sum|count)\{.*kernel="([^"]+)".*\} (\S+)', line)
+        if m:
+            d.setdefault(m.group(2), [0.0, 0.0])[m.group(1) == "count"] += float(m.group(3))
+    return d
+a, b = load(sys.argv[1]), load(sys.argv[2])
+diff = {k: [v[0] - a.get(k, [0, 0])[0], v[1] - a.get(k, [0, 0])[1]] for k, v in b.items()}
+tot = sum(v[0] for v in diff.values()) or 1.0
+rows = sorted(diff.items(), key=lambda kv: -kv[1][0])
+print("kernels " + sys.argv[3] + f": {tot * 1e3:.1f} ms sampled: " + ", ".join(
+    f"{k} {100 * v[0] / tot:.1f}% ({v[0] / max(v[1], 1) * 1e6:.1f} us x {v[1]:.0f})" for k, v in rows if v[0] > 0))
+PY
+}
 kb() { # port, log name, then kiln bench flags
     local port=$1 name=$2; shift 2
     timeout 150 "$kiln" bench --base-url "http://127.0.0.1:$port" --ignore-eos "$@" > "$logs/$name.log" 2>&1
@@ -108,6 +130,8 @@ if [ -z "${SKIP_MOE:-}" ]; then
     metrics 8124 m3
     kb 8124 kiln-moe-prefill --num-prompts 4 --max-concurrency 1 --input-len 2048 --output-len 1 --seed 14
     metrics 8124 m4
+    kernel_split "MoE c1" m0 m1; kernel_split "MoE c32" m1 m2; kernel_split "MoE c64" m2 m3
+    kernel_split "MoE prefill 2048" m3 m4
     kill $spid; wait $spid 2> /dev/null
 fi
 
@@ -122,8 +146,10 @@ if [ -z "${SKIP_8B:-}" ]; then
     say "kiln serve 8B Q4_K_M cold start (page cache warm): first answer after $(first_answer 8125 "$t0") s"
     say "GPU memory used while serving (KV pool included): $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
     grep -iE "weights|loaded|kv|GB" "$logs/serve-8b.log" | head -6 >> "$summary"
+    metrics 8125 m8b0
     kb 8125 kiln-8b-c64 --num-prompts 128 --max-concurrency 64 --input-len 512 --output-len 128 --seed 21
     metrics 8125 m8b
+    kernel_split "8B c64" m8b0 m8b
     kill $spid; wait $spid 2> /dev/null
 fi
 
@@ -141,7 +167,9 @@ if [ -z "${SKIP_MOE:-}" ]; then
     say "llama-batched-bench MoE: exit $?"
     grep -E "^\|" "$logs/llama-batched-moe.log" >> "$summary"
 fi
-if [ -z "${SKIP_8B:-}" ]; then
+if [ -z "${SKIP_8B:-}" ] && late 330; then
+    say "llama-server part skipped (late)"
+elif [ -z "${SKIP_8B:-}" ]; then
     t0=$(now)
     "$bin/llama-server" -m "$d8b" -ngl 99 -fa -np 64 -c 65536 -dt 0.1 --port 8081 \
         > "$logs/llama-server-8b.log" 2>&1 &
@@ -151,7 +179,7 @@ if [ -z "${SKIP_8B:-}" ]; then
         --output-len 128 --seed 21
     kill $lpid; wait $lpid 2> /dev/null
 fi
-if [ -n "$build" ] && [ -n "${LCPP_PACK:-}" ]; then
+if [ -n "$build" ] && [ -n "${LCPP_PACK:-}" ] && ! late 370; then
     (cd "$bin" && tar czf "$work/lcpp-bin.tgz" llama-bench llama-batched-bench llama-server ./*.so*)
     split -b 15000000 -d "$work/lcpp-bin.tgz" "$out/lcpp-bin.tgz."
     say "packed llama.cpp: $(stat -c %s "$work/lcpp-bin.tgz") bytes"
