@@ -167,7 +167,7 @@ if [ -z "${SKIP_MOE:-}" ]; then
     say "llama-batched-bench MoE: exit $?"
     grep -E "^\|" "$logs/llama-batched-moe.log" >> "$summary"
 fi
-if [ -z "${SKIP_8B:-}" ] && late 330; then
+if [ -z "${SKIP_8B:-}" ] && late 320; then
     say "llama-server part skipped (late)"
 elif [ -z "${SKIP_8B:-}" ]; then
     t0=$(now)
@@ -179,7 +179,7 @@ elif [ -z "${SKIP_8B:-}" ]; then
         --output-len 128 --seed 21
     kill $lpid; wait $lpid 2> /dev/null
 fi
-if [ -n "$build" ] && [ -n "${LCPP_PACK:-}" ] && ! late 370; then
+if [ -n "$build" ] && [ -n "${LCPP_PACK:-}" ] && ! late 355; then
     (cd "$bin" && tar czf "$work/lcpp-bin.tgz" llama-bench llama-batched-bench llama-server ./*.so*)
     split -b 15000000 -d "$work/lcpp-bin.tgz" "$out/lcpp-bin.tgz."
     say "packed llama.cpp: $(stat -c %s "$work/lcpp-bin.tgz") bytes"
