@@ -7,17 +7,23 @@
 #    (npp 512, ntg 128, npl 1/32/64);
 #  - issue 15: a Llama-3-8B-shape Q4_K_M file from the same script: cold start (process start
 #    to the first answered completion) and `kiln bench` at concurrency 64 (512 in, 128 out)
-#    against `kiln serve` and `llama-server`.
+#    against `kiln serve` and `llama-server`;
+#  - with parity.gz (the CUDA parity test binary) in the folder: `bench_arch_moe_gguf` on the
+#    MoE file, the per-kernel split of eager prefill and decode steps (/metrics only sees a
+#    graph-replayed decode step as one `decode_graph`, which is its pure step time).
 # Stage here (CPU machine), then carry the folder and run this script there:
 #   cargo build --release --features cuda && d=/work/main/target/dev-moepeer && mkdir -p $d \
 #     && objcopy --strip-all target/release/kiln $d/kiln && gzip -f $d/kiln \
 #     && cp ../shared/peers/llama.cpp-c392e50-src.tgz scripts/make_moe_gguf.py scripts/moe_peer.sh $d/ \
 #     && cp -r ../shared/models/tokenizers/llama3.2 $d/
+#   (optional) KILN_DEV_DIR=$d bash scripts/cuda_stage.sh && gzip -f $d/parity
 #   run: bash target/dev-moepeer/moe_peer.sh        (carry target/dev-moepeer)
 # llama.cpp is built on the device (CUDA, sm_90, niced so Kiln's runs meanwhile keep their
-# cores) unless the folder holds lcpp-bin.tgz (bin/ of an earlier build: binaries and their
-# shared libraries), which is then used as is; a fresh build is packed into $OUT/lcpp-bin.tgz
-# (split into 15 MB parts if larger) when LCPP_PACK=1.
+# cores; about 250 s) unless the folder holds lcpp-bin.txz or lcpp-bin.tgz (the bin/ of an
+# earlier build: llama-bench, llama-batched-bench, llama-server and their .so files), used as
+# is; then gguf-py.tgz (llama.cpp's gguf-py folder) may stand in for the source tarball and
+# tok.tgz (the llama3.2 folder) for the tokenizer, to keep the carry under 64 MiB. A fresh
+# build is packed into $OUT/lcpp-bin.tgz.NN (15 MB parts) when LCPP_PACK=1.
 # Everything goes to $OUT: summary.txt (the figures) and logs.tgz (every log, /metrics).
 # Environment: SKIP_MOE=1, SKIP_8B=1, SKIP_LLAMA=1 leave those parts out; KILN_DEV (default
 # cuda:0) and LAYERS (cut both files' layers) make a quick dry run on the CPU possible.
@@ -52,14 +58,22 @@ say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,nohe
 kiln=$work/kiln
 gunzip -c "$here/kiln.gz" > "$kiln" && chmod +x "$kiln"
 lcpp=$work/lcpp
-mkdir -p "$lcpp" && tar xzf "$here/llama.cpp-c392e50-src.tgz" -C "$lcpp"
+mkdir -p "$lcpp"
+if [ -f "$here/llama.cpp-c392e50-src.tgz" ]; then
+    tar xzf "$here/llama.cpp-c392e50-src.tgz" -C "$lcpp"
+else
+    tar xzf "$here/gguf-py.tgz" -C "$lcpp" && touch "$lcpp/CMakeLists.txt"
+fi
 src=$lcpp; [ -f "$src/CMakeLists.txt" ] || src=$(dirname "$(ls "$lcpp"/*/CMakeLists.txt | head -1)")
+tok=$here/llama3.2
+[ -d "$tok" ] || { tar xzf "$here/tok.tgz" -C "$work" && tok=$work/llama3.2; }
 bin=$src/build/bin
 dev=${KILN_DEV:-cuda:0}
 layers=${LAYERS:+--layers $LAYERS}
 build=
-if [ -f "$here/lcpp-bin.tgz" ]; then
-    mkdir -p "$bin" && tar xzf "$here/lcpp-bin.tgz" -C "$bin" && say "llama.cpp: prebuilt binaries"
+prebuilt=$(ls "$here"/lcpp-bin.txz "$here"/lcpp-bin.tgz 2> /dev/null | head -1)
+if [ -n "$prebuilt" ]; then
+    mkdir -p "$bin" && tar xaf "$prebuilt" -C "$bin" && say "llama.cpp: prebuilt binaries"
 elif [ -z "${SKIP_LLAMA:-}" ]; then
     (cd "$src" && nice -n 19 cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release > "$logs/cmake.log" 2>&1 \
@@ -69,7 +83,7 @@ elif [ -z "${SKIP_LLAMA:-}" ]; then
 fi
 export LD_LIBRARY_PATH="$bin:${LD_LIBRARY_PATH:-}"
 mk() {
-    LLAMA3_TOKENIZER_DIR=$here/llama3.2 PYTHONPATH=$src/gguf-py \
+    LLAMA3_TOKENIZER_DIR=$tok PYTHONPATH=$src/gguf-py \
         python3 "$here/make_moe_gguf.py" "$@"
 }
 
@@ -86,7 +100,8 @@ first_answer() {
     done
     return 1
 }
-# Per-kernel device time between two snapshots (sampled steps: every 64th), largest first.
+# Per-kernel device time between two snapshots (sampled steps: every 64th), largest first; a
+# graph-replayed decode step counts as one `decode_graph`.
 kernel_split() { # label, before, after
     python3 - "$logs/$2.prom" "$logs/$3.prom" "$1" << 'PY' | tee -a "$summary"
 import re, sys
@@ -133,6 +148,13 @@ if [ -z "${SKIP_MOE:-}" ]; then
     kernel_split "MoE c1" m0 m1; kernel_split "MoE c32" m1 m2; kernel_split "MoE c64" m2 m3
     kernel_split "MoE prefill 2048" m3 m4
     kill $spid; wait $spid 2> /dev/null
+    if [ -f "$here/parity.gz" ]; then
+        gunzip -c "$here/parity.gz" > "$work/parity" && chmod +x "$work/parity"
+        KILN_BENCH_GGUF=$moe timeout 240 "$work/parity" --ignored --exact \
+            bench_arch::bench_arch_moe_gguf --nocapture > "$logs/parity-moe.log" 2>&1
+        say "parity bench_arch_moe_gguf: exit $?"
+        grep -E "^(BENCH|BREAKDOWN|loaded)" "$logs/parity-moe.log" >> "$summary"
+    fi
 fi
 
 d8b=$work/d8b-q4km.gguf
