@@ -25,7 +25,8 @@
 # tok.tgz (the llama3.2 folder) for the tokenizer, to keep the carry under 64 MiB. A fresh
 # build is packed into $OUT/lcpp-bin.tgz.NN (15 MB parts) when LCPP_PACK=1.
 # Everything goes to $OUT: summary.txt (the figures) and logs.tgz (every log, /metrics).
-# Environment: SKIP_MOE=1, SKIP_8B=1, SKIP_LLAMA=1 leave those parts out; KILN_DEV (default
+# Environment: SKIP_MOE=1, SKIP_8B=1, SKIP_LLAMA=1, SKIP_SERVE=1 (Kiln serve on the MoE file),
+# SKIP_LLAMA_MOE=1 (llama.cpp on the MoE file) leave those parts out; KILN_DEV (default
 # cuda:0) and LAYERS (cut both files' layers) make a quick dry run on the CPU possible.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -131,6 +132,8 @@ if [ -z "${SKIP_MOE:-}" ]; then
     mk "$moe" $layers > "$logs/make_moe.log" 2>&1 || { say "make_moe_gguf failed"; tail -5 "$logs/make_moe.log"; }
     say "MoE file: $(head -1 "$logs/make_moe.log")"
     grep BYTES "$logs/make_moe.log" | tee -a "$summary"
+fi
+if [ -z "${SKIP_MOE:-}" ] && [ -z "${SKIP_SERVE:-}" ]; then
     t0=$(now)
     "$kiln" serve --model "$moe" --device "$dev" --port 8124 > "$logs/serve-moe.log" 2>&1 &
     spid=$!
@@ -148,6 +151,8 @@ if [ -z "${SKIP_MOE:-}" ]; then
     kernel_split "MoE c1" m0 m1; kernel_split "MoE c32" m1 m2; kernel_split "MoE c64" m2 m3
     kernel_split "MoE prefill 2048" m3 m4
     kill $spid; wait $spid 2> /dev/null
+fi
+if [ -z "${SKIP_MOE:-}" ]; then
     if [ -f "$here/parity.gz" ]; then
         gunzip -c "$here/parity.gz" > "$work/parity" && chmod +x "$work/parity"
         KILN_BENCH_GGUF=$moe timeout 240 "$work/parity" --ignored --exact \
@@ -180,7 +185,7 @@ if [ -n "$build" ]; then
     wait $build
     say "$(tail -1 "$logs/cmake.log")"
 fi
-if [ -z "${SKIP_MOE:-}" ]; then
+if [ -z "${SKIP_MOE:-}" ] && [ -z "${SKIP_LLAMA_MOE:-}" ]; then
     timeout 150 "$bin/llama-bench" -m "$moe" -ngl 99 -fa 1 -p 2048 -n 128 -r 3 > "$logs/llama-bench-moe.log" 2>&1
     say "llama-bench MoE: exit $?"
     grep -E "^\|" "$logs/llama-bench-moe.log" >> "$summary"
