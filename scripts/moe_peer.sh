@@ -74,7 +74,10 @@ layers=${LAYERS:+--layers $LAYERS}
 build=
 prebuilt=$(ls "$here"/lcpp-bin.txz "$here"/lcpp-bin.tgz 2> /dev/null | head -1)
 if [ -n "$prebuilt" ]; then
-    mkdir -p "$bin" && tar xaf "$prebuilt" -C "$bin" && say "llama.cpp: prebuilt binaries"
+    mkdir -p "$bin"
+    tar xaf "$prebuilt" -C "$bin" 2> /dev/null \
+        || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$prebuilt" "$bin"
+    say "llama.cpp: prebuilt binaries $(ls "$bin" | tr '\n' ' ')"
 elif [ -z "${SKIP_LLAMA:-}" ]; then
     (cd "$src" && nice -n 19 cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release > "$logs/cmake.log" 2>&1 \
