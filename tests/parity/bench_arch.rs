@@ -21,8 +21,8 @@
 
 use kiln::backend::Backend;
 use kiln::backend::cuda::CudaBackend;
-use kiln::model::spec::{Activation, Variant};
 use kiln::model::gguf::GgufFile;
+use kiln::model::spec::{Activation, Variant};
 use kiln::model::{LoadFormat, ModelFiles, ModelSpec, RopeLayout, RopeSpec};
 
 use crate::bench::{FastDummy, Mix, llama3_8b, weight_bytes};
@@ -409,7 +409,10 @@ fn bench_arch_moe_gguf() {
     rig.rig.b.set_graphs(false);
     let (wall, timings) = rig.rig.timed_kernels(&p);
     let (_, line) = by_op(&timings);
-    eprintln!("BREAKDOWN moe prefill 2048: wall {:.3} ms, {line}", wall * 1e3);
+    eprintln!(
+        "BREAKDOWN moe prefill 2048: wall {:.3} ms, {line}",
+        wall * 1e3
+    );
     eprintln!(
         "BENCH moe prefill 2048 layers {}: {:.1} ms ({:.0} tok/s)",
         spec.n_layers,
