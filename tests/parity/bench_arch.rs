@@ -6,6 +6,12 @@
 //!   must read (weights, and the KV its sliding-window layers actually read) and the ratio of
 //!   the step time to that floor at 3.0 TB/s.
 //!
+//! - A mixture-of-experts GGUF file (`KILN_BENCH_GGUF`, e.g. the Qwen3-30B-A3B-shape file of
+//!   `scripts/make_moe_gguf.py` that llama.cpp reads too): prefill 2048 and decode at batch
+//!   1, 32 and 64 (context 576: llama-batched-bench's 512-token prompts halfway through 128
+//!   generated), the per-kernel split of one eager step of each, and the floor (bytes a step
+//!   reads: dense weights, the experts its tokens choose under uniform routing, KV) at 3.35 TB/s.
+//!
 //! `KILN_BENCH_LAYERS` caps every model's layers (quick runs). When a case's weights and KV do
 //! not fit the device (Gemma batch 32 x 8192 needs ~125 GB), its layers are cut to a multiple
 //! of the model's layer pattern that fits, and the line says so: the floor is for the layers
@@ -15,8 +21,9 @@
 
 use kiln::backend::Backend;
 use kiln::backend::cuda::CudaBackend;
+use kiln::model::gguf::GgufFile;
 use kiln::model::spec::{Activation, Variant};
-use kiln::model::{ModelFiles, ModelSpec, RopeLayout, RopeSpec};
+use kiln::model::{LoadFormat, ModelFiles, ModelSpec, RopeLayout, RopeSpec};
 
 use crate::bench::{FastDummy, Mix, llama3_8b, weight_bytes};
 use crate::harness::rig::{BenchRig, bf16_backend, by_op, plan};
@@ -134,6 +141,18 @@ impl ArchRig {
             source: Box::new(FastDummy(Mix::Plain)),
         };
         let rig = BenchRig::load(b, &files, num_blocks, 32);
+        ArchRig { name, rig }
+    }
+
+    /// Loads a model file's weights as they are, for steps of up to `max_seqs` sequences.
+    fn from_files(
+        name: &'static str,
+        b: CudaBackend,
+        files: &ModelFiles,
+        num_blocks: usize,
+        max_seqs: usize,
+    ) -> ArchRig {
+        let rig = BenchRig::load(b, files, num_blocks, max_seqs);
         ArchRig { name, rig }
     }
 
@@ -337,4 +356,86 @@ fn gemma_one(s: &ModelSpec, l: usize) -> ModelSpec {
     one.n_layers = 1;
     one.variant.sliding = vec![s.variant.is_sliding(l)];
     one
+}
+
+/// H100 SXM HBM3's bandwidth as issue 17 states the MoE floor (bytes per second).
+const MOE_BANDWIDTH: f64 = 3.35e12;
+
+/// Bytes a decode step of `batch` rows at context `ctx` must read from MoE file `g`: every
+/// weight but the embedding table, of the experts only those some row chooses (expected
+/// count under uniform top-`k` routing: `ne * (1 - (1 - k/ne)^batch)`), and the bf16 KV.
+fn moe_step_bytes(g: &GgufFile, s: &ModelSpec, batch: usize, ctx: usize) -> f64 {
+    let m = s.variant.moe.as_ref().expect("a mixture-of-experts file");
+    let (mut dense, mut experts) = (0.0, 0.0);
+    for t in g.tensors() {
+        if t.name == "token_embd.weight" {
+            continue;
+        }
+        if t.name.contains("_exps.") {
+            experts += t.n_bytes as f64;
+        } else {
+            dense += t.n_bytes as f64;
+        }
+    }
+    let ne = m.n_expert as f64;
+    let hit = ne * (1.0 - (1.0 - m.top_k as f64 / ne).powi(batch as i32));
+    let kv = (2 * 2 * s.n_layers * s.kv_dim() * ctx * batch) as f64;
+    dense + experts * hit / ne + kv
+}
+
+/// Issue 17's MoE speed on a GGUF file (`KILN_BENCH_GGUF`; skipped when unset): prefill
+/// 2048, decode at batch 1, 32 and 64 (context 576), eager and graph-replayed, with each
+/// case's per-kernel split and its floor.
+#[test]
+#[ignore]
+fn bench_arch_moe_gguf() {
+    let Some(path) = std::env::var_os("KILN_BENCH_GGUF") else {
+        eprintln!("KILN_BENCH_GGUF unset: bench_arch_moe_gguf skipped");
+        return;
+    };
+    if !kiln::backend::cuda::device_available() {
+        return;
+    }
+    let path = std::path::PathBuf::from(path);
+    let files = ModelFiles::open(&path, LoadFormat::Gguf).expect("open the GGUF file");
+    let g = GgufFile::open(&path).expect("read the GGUF header");
+    let spec = files.spec.clone();
+    let ctx = 576u32;
+    let bps = (ctx as usize + 64).div_ceil(16);
+    let blocks = (64 * bps).max(2048 / 16 + 1);
+    let mut rig = ArchRig::from_files("moe", bf16_backend(), &files, blocks, 64);
+    let pre = rig.rig.prefill_median();
+    let p = plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16);
+    rig.rig.b.set_graphs(false);
+    let (wall, timings) = rig.rig.timed_kernels(&p);
+    let (_, line) = by_op(&timings);
+    eprintln!(
+        "BREAKDOWN moe prefill 2048: wall {:.3} ms, {line}",
+        wall * 1e3
+    );
+    eprintln!(
+        "BENCH moe prefill 2048 layers {}: {:.1} ms ({:.0} tok/s)",
+        spec.n_layers,
+        pre * 1e3,
+        2048.0 / pre
+    );
+    for batch in [1usize, 32, 64] {
+        let (eager, graph) = rig.decode(batch, ctx);
+        rig.breakdown(&format!("decode batch {batch} ctx {ctx}"), batch, ctx);
+        let bytes = moe_step_bytes(&g, &spec, batch, ctx as usize);
+        let floor = bytes / MOE_BANDWIDTH;
+        eprintln!(
+            "BENCH moe decode batch {batch} ctx {ctx} layers {}: eager {:.3} ms, graph {:.3} ms/step, \
+             {:.0} tok/s; reads {:.3} GB/step, floor {:.3} ms at {:.2} TB/s ({:.0} tok/s): {:.0}% of it",
+            spec.n_layers,
+            eager * 1e3,
+            graph * 1e3,
+            batch as f64 / graph,
+            bytes / 1e9,
+            floor * 1e3,
+            MOE_BANDWIDTH / 1e12,
+            batch as f64 / floor,
+            100.0 * floor / graph
+        );
+    }
 }
