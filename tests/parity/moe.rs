@@ -231,10 +231,11 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
         norm_topk: true,
         shared_ff: 0,
     };
-    // The CPU's 8-bit activations: 3.05e-2 seen on one row of Q4_K/Q6_K experts; a wrong
-    // expert or dequantization is off by order 1.
+    // The CPU's 8-bit activations (one scale per 256, as llama.cpp's Q8_K) are quantized twice
+    // here, before gate/up and before down: over 300 seeds one row of Q5_K/Q4_K experts
+    // reached 7.9e-2 (5 seeds over 6e-2). A wrong expert or dequantization is off by order 1.
     let tol = if b.label() == "cpu" {
-        6e-2
+        1.2e-1
     } else {
         b.tol().max(1e-4)
     };

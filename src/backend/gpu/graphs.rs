@@ -11,12 +11,14 @@ use super::{GpuBackend, GpuBatch};
 use crate::backend::{BackendError, BatchPlan};
 
 /// How decode steps ran: recorded into a graph, or replayed from one.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GraphStats {
     pub captures: u64,
     pub replays: u64,
     /// Recordings the runtime refused (the step then ran eagerly).
     pub failures: u64,
+    /// Why the last refused recording failed.
+    pub last_failure: Option<String>,
 }
 
 /// Recording attempts per shape before it stays eager.
@@ -116,7 +118,9 @@ impl<R: Runtime> GpuBackend<R> {
                     .err()
                     .map(|e| e.to_string())
                     .or(graph.err().map(|e| e.to_string()));
-                tracing::warn!(?key, reason = ?why, "decode graph not recorded; running eagerly");
+                let why = why.unwrap_or_else(|| "the buffers moved while it recorded".into());
+                tracing::warn!(?key, reason = %why, "decode graph not recorded; running eagerly");
+                self.graphs.stats.last_failure = Some(why);
                 *self.graphs.failed.entry(key).or_default() += 1;
                 self.graphs.stats.failures += 1;
                 ops(self)

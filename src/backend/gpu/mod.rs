@@ -219,7 +219,7 @@ impl<R: Runtime> GpuBackend<R> {
 
     /// Decode steps recorded into graphs and replayed from them so far.
     pub fn graph_stats(&self) -> GraphStats {
-        self.graphs.stats
+        self.graphs.stats.clone()
     }
 
     /// Host<->device traffic so far (weights included); diff two readings for one step.
