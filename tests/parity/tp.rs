@@ -9,6 +9,13 @@
 //! share of a step; `bench_tp_llama3_70b_shape` loads a Llama-3-70B shape (dummy bf16, or
 //! `KILN_BENCH_TYPE` q8_0 / q4_k) over two GPUs and times decode at batch 1, 32 and 64
 //! against the bandwidth floor.
+//!
+//! The tests that make NCCL groups are ignored in the shared suite and run by
+//! `scripts/tp_device.sh` in a process of their own: with the suite's other tests launching,
+//! allocating and freeing on GPU 0 at the same time, the 2-GPU suite saw refused graph
+//! recordings, a hang with every NCCL test and two quantized tests waiting, and a crash
+//! (H200 pair, this session). A TP lane owns its GPUs in a server (overlapping spans are
+//! refused), which these tests sharing GPU 0 with others did not.
 
 #![cfg(feature = "cuda")]
 
@@ -100,6 +107,7 @@ fn repo() -> std::path::PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "an NCCL group shares no process with other GPU tests: scripts/tp_device.sh runs it"]
 async fn tp2_greedy_tokens_equal_tp1_in_f32() {
     if !two_gpus("tp2_greedy_tokens_equal_tp1_in_f32") {
         return;
@@ -292,6 +300,7 @@ fn gqa_steps(vocab: u32) -> Vec<BatchPlan> {
 }
 
 #[test]
+#[ignore = "an NCCL group shares no process with other GPU tests: scripts/tp_device.sh runs it"]
 fn tp2_random_gqa_logits_match_tp1_in_f32_and_bf16() {
     if !two_gpus("tp2_random_gqa_logits_match_tp1_in_f32_and_bf16") {
         return;
@@ -333,6 +342,7 @@ fn logits_agree(files: &ModelFiles, label: &str, tols: (f64, f64)) {
 /// ffn_down and the head (a Q4_K_M file's mix); FFN width 1536 so each shard's half of
 /// ffn_down still fills 256-element blocks. Each shard keeps its tensors' types.
 #[test]
+#[ignore = "an NCCL group shares no process with other GPU tests: scripts/tp_device.sh runs it"]
 fn tp2_quantized_logits_match_tp1() {
     if !two_gpus("tp2_quantized_logits_match_tp1") {
         return;
@@ -532,7 +542,13 @@ fn a_group_beyond_the_visible_gpus_is_refused_at_start() {
 /// Rank 1 of a group of two reads the communicator id and then fails before its own init
 /// (it breaks the host group): rank 0, already waiting inside NCCL's init for it, gives up
 /// with an error instead of waiting forever. Needs one GPU (rank 1 never opens one).
+///
+/// Run in a process of its own (`scripts/tp_device.sh` does): by design the given-up init
+/// stays blocked inside NCCL on its set-up thread (a server then fails to start), and that
+/// half-made communicator must not share a process with the suite's other NCCL groups (with
+/// it there, the 2-GPU suite saw refused graph recordings and once a crash).
 #[test]
+#[ignore = "leaves an NCCL init blocked in the process; run alone (scripts/tp_device.sh)"]
 fn a_rank_that_never_joins_does_not_hang_the_communicator_init() {
     let Ok(mut b) = CudaBackend::new(0, options(DType::F32)) else {
         eprintln!("notice: no CUDA device; skipped");
