@@ -271,7 +271,7 @@ pub trait Backend {
         let _ = member;
         Err(BackendError::Unsupported {
             backend: "this backend",
-            op: "tensor parallelism (its NCCL/RCCL collectives are not built yet)",
+            op: "tensor parallelism (it has no collectives)",
             dtype: "any".into(),
         })
     }

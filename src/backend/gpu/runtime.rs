@@ -72,8 +72,8 @@ pub trait Runtime: Sized + 'static {
     type Blas;
     /// An instantiated, replayable graph.
     type Graph;
-    /// A collective communicator joining this device to a tensor-parallel group (NCCL);
-    /// a runtime without collectives names a type it never makes.
+    /// A collective communicator joining this device to a tensor-parallel group (NCCL on CUDA,
+    /// RCCL on ROCm); a runtime without collectives names a type it never makes.
     type Comm;
 
     /// Whether the runtime libraries load and at least one device is visible.
