@@ -122,20 +122,7 @@ pub fn open_group<W: WithBackends>(
                 "a tensor-parallel group of {} needs CUDA devices {ordinals:?}; {visible} visible",
                 ordinals.len()
             );
-            with.run::<CpuBackend>(
-                devices
-                    .iter()
-                    .map(|_| {
-                        let message = why.clone();
-                        Box::new(move || {
-                            Err(BackendError::Device {
-                                op: "open",
-                                message,
-                            })
-                        }) as Maker<CpuBackend>
-                    })
-                    .collect(),
-            )
+            with.run::<CpuBackend>(refuse_all(devices.len(), why))
         }
         #[cfg(feature = "cuda")]
         Some(DeviceId::Cuda(_)) => with.run(
@@ -237,7 +224,7 @@ fn rocm_shards(devices: &[DeviceId], options: &GpuOptions) -> Vec<Maker<super::r
 }
 
 /// One constructor per shard, each failing to open with `why`.
-#[cfg(feature = "rocm")]
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 fn refuse_all(size: usize, why: String) -> Vec<Maker<CpuBackend>> {
     (0..size)
         .map(|_| {
