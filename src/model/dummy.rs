@@ -48,20 +48,19 @@ impl PooledDummy {
         if let Some((_, p)) = pools.iter().find(|(t, p)| *t == ty && p.len() >= len) {
             return p.slice(0..len).expect("inside the pool");
         }
-        let bytes = SharedBytes::from_vec(random_elements(ty, len));
+        let bytes = SharedBytes::from_vec(random_elements(ty, len, 0x9e37_79b9_7f4a_7c15));
         pools.retain(|(t, _)| *t != ty);
         pools.push((ty, bytes.clone()));
         bytes
     }
 }
 
-/// Fills `out` with xorshift bytes, in parallel.
-fn random_bytes(out: &mut [u8]) {
+/// Fills `out` with xorshift bytes seeded by `salt`, in parallel.
+fn random_bytes(out: &mut [u8], salt: u64) {
     out.par_chunks_mut(1 << 16)
         .enumerate()
         .for_each(|(c, chunk)| {
-            let mut x =
-                0x9e37_79b9_7f4a_7c15u64 ^ (c as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03);
+            let mut x = salt ^ (c as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03);
             for o in chunk.chunks_mut(8) {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -71,11 +70,12 @@ fn random_bytes(out: &mut [u8]) {
         });
 }
 
-/// `len` bytes (whole blocks) of valid elements of `ty`: bf16 / f16 values of magnitude
-/// 2^-7..2^-4 with random signs; quantized blocks with random quants and small scales.
-fn random_elements(ty: GgmlType, len: usize) -> Vec<u8> {
+/// `len` bytes (whole blocks) of valid elements of `ty`, drawn from `salt`: bf16 / f16
+/// values of magnitude 2^-7..2^-4 with random signs; quantized blocks with random quants
+/// and small scales (the benchmarks' random weights too).
+pub fn random_elements(ty: GgmlType, len: usize, salt: u64) -> Vec<u8> {
     let mut v = vec![0u8; len];
-    random_bytes(&mut v);
+    random_bytes(&mut v, salt);
     let f16 = |x: f32| half::f16::from_f32(x).to_le_bytes();
     let block = ty.block_bytes().unwrap_or(1) as usize;
     v.par_chunks_exact_mut(block.max(2)).for_each(|b| match ty {

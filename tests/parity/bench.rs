@@ -8,6 +8,7 @@
 
 use kiln::backend::quant::GgmlType;
 use kiln::backend::{BatchPlan, HostTensor};
+use kiln::model::dummy::random_elements;
 use kiln::model::spec::Llama3Scaling;
 use kiln::model::{ModelError, ModelFiles, ModelSpec, RopeLayout, RopeSpec, TensorSource};
 use rayon::prelude::*;
@@ -50,42 +51,6 @@ impl Mix {
 /// Random weights, generated in parallel (speed does not depend on the values).
 pub(crate) struct FastDummy(pub(crate) Mix);
 
-/// Fills `out` with xorshift bytes seeded by `salt`, in parallel.
-fn random_bytes(out: &mut [u8], salt: u64) {
-    out.par_chunks_mut(1 << 16)
-        .enumerate()
-        .for_each(|(c, chunk)| {
-            let mut x = salt ^ ((c as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
-            for o in chunk.chunks_mut(8) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                o.copy_from_slice(&x.to_le_bytes()[..o.len()]);
-            }
-        });
-}
-
-/// Random blocks of `ty` with sane f16 scales (the block layouts of `backend::quant`).
-fn random_quant(ty: GgmlType, rows: usize, cols: usize, salt: u64) -> Vec<u8> {
-    let (be, bb) = (
-        ty.block_size().unwrap_or(1) as usize,
-        ty.block_bytes().unwrap_or(1) as usize,
-    );
-    let mut bytes = vec![0u8; rows * cols / be * bb];
-    random_bytes(&mut bytes, salt);
-    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
-    bytes.par_chunks_mut(bb).for_each(|blk| match ty {
-        GgmlType::Q8_0 => blk[..2].copy_from_slice(&f16(0.002)),
-        GgmlType::Q4K => {
-            blk[..2].copy_from_slice(&f16(0.001));
-            blk[2..4].copy_from_slice(&f16(0.001));
-        }
-        GgmlType::Q6K => blk[208..210].copy_from_slice(&f16(0.0002)),
-        _ => {}
-    });
-    bytes
-}
-
 fn salt_of(name: &str) -> u64 {
     name.bytes().fold(0x9e37_79b9_7f4a_7c15u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
@@ -96,7 +61,8 @@ impl TensorSource for FastDummy {
     fn fetch_host(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, ModelError> {
         match (self.0.ty(name), shape) {
             (Some(ty), &[rows, cols]) => {
-                let bytes = random_quant(ty, rows, cols, salt_of(name));
+                let len = ty.byte_size((rows * cols) as u64)? as usize;
+                let bytes = random_elements(ty, len, salt_of(name));
                 let t = HostTensor::raw(shape.to_vec(), ty, bytes)
                     .map_err(|e| ModelError::Shape(e.to_string()))?;
                 Ok(Some(t))
