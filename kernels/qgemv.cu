@@ -1,8 +1,9 @@
 // Quantized weights (GGUF Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) kept quantized on the device:
 //   qgemv:       y[m, j] = sum_k x[m, k] * W[j, k] (+ bias[j])   for 1..8 rows of x
 //   qgemv_silu:  y[m, j] = silu(G[j] . x[m]) * (U[j] . x[m])      gate G and up U, f rows each
-//   dequant:     out[i] = W[ids ? ids[i] : i] as the compute type  (embedding rows; the
-//                weight of a batch step, dequantized into a scratch for the BLAS GEMM)
+//   dequant:     out[i] = W[ids ? ids[i] - first : i] as the compute type (embedding rows,
+//                zero for an id outside the part's rows: a vocabulary shard; the weight
+//                of a batch step, dequantized into a scratch for the BLAS GEMM)
 //   convert:     f16 / bf16 elements to the compute type (dense F16/BF16 weights)
 //   (bf16 only, the decode path there:)
 //   quantize_x:  x[rows, k] to 8-bit blocks of 32 (scale amax/127, and the block's sum)
@@ -113,14 +114,19 @@ __device__ __forceinline__ void qgemv_impl(const u8* __restrict__ w, const u8* _
     }
 }
 
-// Rows ids[i] (or i) of w into rows i of out (row stride ldo); one block per row.
+// Rows ids[i] - first (or i) of w into rows i of out (row stride ldo); one block per row.
+// An id outside first..first + n gives a zero row.
 template <typename Q, typename T>
 __device__ __forceinline__ void dequant_impl(const u8* __restrict__ w, const u32* __restrict__ ids,
-                                             T* __restrict__ out, int k, int n, int ldo) {
+                                             T* __restrict__ out, int k, int n, int ldo, int first) {
     typedef Chunk<T> C;
-    const int j = ids ? (int)ids[blockIdx.x] : (int)blockIdx.x;
-    const typename Q::Row wr = Q::row(w, n, k, j);
+    const long long j = ids ? (long long)ids[blockIdx.x] - first : (long long)blockIdx.x;
     T* o = out + (size_t)blockIdx.x * ldo;
+    if (j < 0 || j >= n) {
+        for (int i = threadIdx.x; i < k; i += blockDim.x) o[i] = from_f<T>(0.f);
+        return;
+    }
+    const typename Q::Row wr = Q::row(w, n, k, (int)j);
     for (int u = threadIdx.x; u < k / Q::UNIT; u += blockDim.x) {
         const typename Q::Raw raw = Q::load(wr, u);
 #pragma unroll
@@ -163,8 +169,8 @@ __device__ __forceinline__ void convert_impl(const u16* __restrict__ src, T* __r
     KILN_QGEMV_M(QN, Q, N, T, 4, 2, 1)                                                              \
     KILN_QGEMV_M(QN, Q, N, T, 8, 2, 1)                                                              \
     extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)                                   \
-        dequant_##QN##_##N(const u8* w, const u32* ids, T* out, int k, int n, int ldo) {            \
-        dequant_impl<Q, T>(w, ids, out, k, n, ldo);                                                 \
+        dequant_##QN##_##N(const u8* w, const u32* ids, T* out, int k, int n, int ldo, int first) { \
+        dequant_impl<Q, T>(w, ids, out, k, n, ldo, first);                                          \
     }
 #define KILN_QGEMV(N, T)                                                                            \
     KILN_QGEMV_T(q80, Q8_0, N, T)                                                                  \

@@ -47,10 +47,12 @@ impl Backend for Faulty {
     fn embed(
         &mut self,
         t: &HostTensor,
+        first: usize,
+        vocab: usize,
         b: &CpuBatch,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        self.inner.embed(t, b, out)
+        self.inner.embed(t, first, vocab, b, out)
     }
     fn rms_norm(
         &mut self,

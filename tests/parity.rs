@@ -107,13 +107,35 @@ fn embed_and_gather<B: TestBackend>(b: &mut B) {
     let (bb, cb) = (b.prepare(&p).unwrap(), cpu.prepare(&p).unwrap());
     let mut out = poisoned(b, 9, h);
     let mut cout = cpu.alloc(9, h).unwrap();
-    b.embed(&tw, &bb, &mut out).unwrap();
-    cpu.embed(&cw, &cb, &mut cout).unwrap();
+    b.embed(&tw, 0, vocab, &bb, &mut out).unwrap();
+    cpu.embed(&cw, 0, vocab, &cb, &mut cout).unwrap();
     let want = cpu.to_host(&cout, 9).unwrap();
     assert_close(
         &format!("{} embed", b.label()),
         &b.to_host(&out, 9).unwrap(),
         &want,
+        b.tol(),
+    );
+    // A tensor-parallel shard's part of the vocabulary, rows 100..220: its own tokens'
+    // rows, zero rows for the others (the all-reduce after it adds them).
+    let part = weight(b, vec![120, h], &table[100 * h..220 * h]);
+    let mut pout = poisoned(b, 9, h);
+    b.embed(&part, 100, vocab, &bb, &mut pout).unwrap();
+    let masked: Vec<f32> = (0..9 * h)
+        .map(|i| match ids[i / h] {
+            100..220 => want[i],
+            _ => 0.0,
+        })
+        .collect();
+    assert!(
+        ids.iter().any(|&i| (100..220).contains(&i))
+            && ids.iter().any(|&i| !(100..220).contains(&i)),
+        "the ids should fall both inside and outside the part: {ids:?}"
+    );
+    assert_close(
+        &format!("{} embed of rows 100..220", b.label()),
+        &b.to_host(&pout, 9).unwrap(),
+        &masked,
         b.tol(),
     );
     let mut g = poisoned(b, 3, h);
@@ -130,7 +152,7 @@ fn embed_and_gather<B: TestBackend>(b: &mut B) {
     let bad = plan(&[(1, 1, tables[1].clone())], 4, |_| vocab as u32);
     let bb = b.prepare(&bad).unwrap();
     assert!(
-        b.embed(&tw, &bb, &mut out).is_err(),
+        b.embed(&tw, 0, vocab, &bb, &mut out).is_err(),
         "{}: out-of-vocab token accepted",
         b.label()
     );

@@ -265,6 +265,22 @@ fn quantized_shards_keep_the_files_types_and_refuse_partial_blocks() {
     let part = shard::shard_weights(&host, &f.spec, Shard { rank: 1, size: 2 }).unwrap();
     let l = &part.layers[0];
     assert_eq!(l.wqkv.weight_type(), GgmlType::Q8_0);
+    // The embedding is split by vocabulary too, and the tied head is that same part.
+    let vocab = f.spec.vocab_size;
+    assert_eq!(
+        (part.embed.weight_type(), part.embed.shape.clone()),
+        (
+            GgmlType::Q8_0,
+            vec![vocab - vocab.div_ceil(2), f.spec.hidden]
+        )
+    );
+    let head = part.output.as_ref().expect("stories260K has its own head");
+    assert_eq!(head.shape, part.embed.shape);
+    let tied = arch("qwen2-tied");
+    let tied_host = load_weights(&tied, Ok::<_, ModelError>).unwrap();
+    let part = shard::shard_weights(&tied_host, &tied.spec, Shard { rank: 0, size: 2 }).unwrap();
+    assert!(tied.spec.tied_embeddings && part.output.is_none());
+    assert_eq!(part.embed.shape[0], tied.spec.vocab_size.div_ceil(2));
     assert_eq!(
         (l.wo.weight_type(), l.wo.shape.clone()),
         (GgmlType::Q8_0, vec![64, 32])

@@ -124,10 +124,15 @@ pub trait Backend {
         ops(self)
     }
 
-    /// `out[t] = table[token_ids[t]]`.
+    /// `out[t] = table[token_ids[t] - first]`: `table` holds rows `first..first + rows` of a
+    /// vocabulary of `vocab` (all of it unsharded, a tensor-parallel shard's part otherwise).
+    /// A token outside the table's rows gets a zero row (another shard holds it: the
+    /// caller all-reduces); a token id of `vocab` or more is an error.
     fn embed(
         &mut self,
         table: &Self::Weight,
+        first: usize,
+        vocab: usize,
         b: &Self::Batch,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;

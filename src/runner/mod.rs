@@ -61,8 +61,9 @@ pub struct Llama<B: Backend> {
     scratch: Scratch<B::Tensor>,
     max_tokens: usize,
     max_seqs: usize,
-    /// Whether this is one shard of a tensor-parallel group (collectives in the forward).
-    sharded: bool,
+    /// This model's place in its tensor-parallel group ([`Shard::WHOLE`] unsharded; more
+    /// than one member puts collectives in the forward).
+    shard: Shard,
 }
 
 impl<B: Backend> Llama<B> {
@@ -144,7 +145,7 @@ impl<B: Backend> Llama<B> {
             scratch,
             max_tokens,
             max_seqs,
-            sharded,
+            shard,
         })
     }
 
@@ -182,11 +183,15 @@ impl<B: Backend> Llama<B> {
         let (n, n_logits) = backend
             .padded_rows(&b)
             .map_or((n, n_logits), |rows| (rows, rows));
-        let (spec, shapes, tp) = (&self.spec, &self.shapes, self.sharded);
+        let (spec, shapes, tp) = (&self.spec, &self.shapes, self.shard.size > 1);
         let (w, s) = (&self.weights, &mut self.scratch);
         let (eps, v) = (spec.rms_eps, &spec.variant);
+        let vocab = self.shard.vocab(spec.vocab_size);
         backend.run_step(&b, |backend| {
-            backend.embed(&w.embed, &b, &mut s.x)?;
+            // Each shard looks up the tokens of its part of the vocabulary (zero rows for the
+            // rest); the all-reduce assembles every row exactly.
+            backend.embed(&w.embed, vocab.start, spec.vocab_size, &b, &mut s.x)?;
+            reduce(backend, tp, &mut s.x, n)?;
             if let Some(scale) = v.embed_scale {
                 backend.scale(&mut s.x, scale, n)?;
             }

@@ -1,9 +1,11 @@
 //! Megatron-style tensor-parallel sharding of a model's weights: q/k/v by head (kv heads
 //! replicated when there are fewer than shards), gate/up by output rows, o_proj and down by
 //! input columns (each followed by an all-reduce in the forward), MoE experts split the same
-//! way within every expert, the output head by vocabulary (its logits all-gathered).
-//! Norms, the router and the token embedding are replicated: the embedding is read one
-//! row per token, so sharding it would save memory but add a collective to every step.
+//! way within every expert, the token embedding by vocabulary (each shard looks up its own
+//! tokens, zero rows for the rest, and an all-reduce assembles them: one small collective
+//! per step for 1/N of the table), the output head by vocabulary too (its logits
+//! all-gathered; with tied embeddings it is the embedding's own part). Norms and the
+//! router are replicated.
 //! Quantized tensors keep their file's type; a column split must fall on block boundaries.
 
 use std::ops::Range;
@@ -101,7 +103,6 @@ pub fn shard_spec(spec: &ModelSpec, s: Shard) -> ModelSpec {
         m.expert_ff /= s.size;
         m.shared_ff /= s.size;
     }
-    out.tied_embeddings = spec.tied_embeddings && s.size == 1;
     out
 }
 
@@ -203,10 +204,14 @@ pub fn shard_weights(
         });
     }
     Ok(ModelWeights {
-        embed: w.embed.clone(),
+        embed: rows(&w.embed, s.vocab(spec.vocab_size))?,
         layers,
         norm: w.norm.clone(),
-        output: Some(rows(w.output(), s.vocab(spec.vocab_size))?),
+        // Tied: the output head is the embedding's part, the same rows.
+        output: match &w.output {
+            Some(o) => Some(rows(o, s.vocab(spec.vocab_size))?),
+            None => None,
+        },
     })
 }
 

@@ -326,6 +326,7 @@ fn quant_embed<B: TestBackend>(b: &mut B) {
     let (vocab, h) = (300, 512);
     for ty in TYPES {
         let table = raw(&mut rng, ty, vocab, h);
+        let table_rows = table.clone();
         let bt = b.upload_weight(table.clone()).expect("upload");
         let rt = reference.upload_weight(table).unwrap();
         let ids: Vec<u32> = (0..9).map(|_| rng.random_range(0..vocab as u32)).collect();
@@ -334,13 +335,31 @@ fn quant_embed<B: TestBackend>(b: &mut B) {
         let (bb, rb) = (b.prepare(&p).unwrap(), reference.prepare(&p).unwrap());
         let mut out = poisoned(b, 10, h);
         let mut rout = reference.alloc(9, h).unwrap();
-        b.embed(&bt, &bb, &mut out).expect("embed");
-        reference.embed(&rt, &rb, &mut rout).unwrap();
+        b.embed(&bt, 0, vocab, &bb, &mut out).expect("embed");
+        reference.embed(&rt, 0, vocab, &rb, &mut rout).unwrap();
+        let want = reference.to_host(&rout, 9).unwrap();
         // Exact up to the compute type's rounding.
         assert_rows_only(
             &format!("{} embed {ty}", b.label()),
             &b.to_host(&out, 10).unwrap(),
-            &reference.to_host(&rout, 9).unwrap(),
+            &want,
+            b.tol().min(1e-2),
+        );
+        // A tensor-parallel shard's rows 100..220: its tokens as above, zeros for the rest.
+        let part = kiln::runner::shard::rows(&table_rows, 100..220).unwrap();
+        let bp = b.upload_weight(part).expect("upload part");
+        let mut out = poisoned(b, 10, h);
+        b.embed(&bp, 100, vocab, &bb, &mut out).expect("embed part");
+        let masked: Vec<f32> = (0..9 * h)
+            .map(|i| match ids[i / h] {
+                100..220 => want[i],
+                _ => 0.0,
+            })
+            .collect();
+        assert_rows_only(
+            &format!("{} embed {ty}, rows 100..220", b.label()),
+            &b.to_host(&out, 10).unwrap(),
+            &masked,
             b.tol().min(1e-2),
         );
     }

@@ -486,10 +486,16 @@ fn bench_tp_llama3_8b_shape() {
 /// The Llama-3-70B shape (hidden 8192, 80 layers, 64 q / 8 kv heads, FFN 28672, vocabulary
 /// 128256) on two GPUs, dummy weights in `KILN_BENCH_TYPE` (bf16, the default: 141 GB,
 /// about 67 GiB a GPU; q8_0; q4_k): decode at batch 1, 32 and 64 and a 2048-token prefill.
+/// `KILN_BENCH_TP=1` runs it on one GPU instead (Q4_K: about 37.5 GiB, one 80 GB card).
 #[test]
 #[ignore]
 fn bench_tp_llama3_70b_shape() {
-    if !two_gpus("bench_tp_llama3_70b_shape") {
+    let tp = match std::env::var("KILN_BENCH_TP").as_deref() {
+        Ok("1") => 1,
+        Ok("2") | Err(_) => 2,
+        Ok(other) => panic!("KILN_BENCH_TP: 1 or 2, not {other}"),
+    };
+    if tp == 2 && !two_gpus("bench_tp_llama3_70b_shape") {
         return;
     }
     let ty = match std::env::var("KILN_BENCH_TYPE").as_deref() {
@@ -506,7 +512,7 @@ fn bench_tp_llama3_70b_shape() {
         tokenizer: None,
         source: Box::new(PooledDummy::new(ty).expect("dummy type")),
     };
-    bench_group(&files, 2, &[1, 32, 64]);
+    bench_group(&files, tp, &[1, 32, 64]);
 }
 
 /// A lane whose group names more GPUs than are visible (here: none, or fewer than the

@@ -207,6 +207,8 @@ impl Backend for CpuBackend {
     fn embed(
         &mut self,
         table: &HostTensor,
+        first: usize,
+        vocab: usize,
         b: &CpuBatch,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
@@ -214,13 +216,17 @@ impl Backend for CpuBackend {
         check_cols("embed", out.cols, h)?;
         for (t, &id) in b.plan.token_ids.iter().enumerate() {
             let id = id as usize;
-            if id >= table.rows() {
+            if id >= vocab {
                 return Err(BackendError::InvalidBatch(format!(
-                    "token id {id} >= vocab {}",
-                    table.rows()
+                    "token id {id} >= vocab {vocab}"
                 )));
             }
             let row = &mut out.data[t * h..(t + 1) * h];
+            let Some(id) = id.checked_sub(first).filter(|&r| r < table.rows()) else {
+                // Another shard's row: the all-reduce after the lookup adds it.
+                row.fill(0.0);
+                continue;
+            };
             match &table.data {
                 HostData::F32(v) => row.copy_from_slice(&v[id * h..(id + 1) * h]),
                 // Only the looked-up rows are dequantized.

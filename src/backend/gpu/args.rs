@@ -119,8 +119,9 @@ macro_rules! kernel_args {
 }
 
 kernel_args! {
-    /// `embed_<dt>`: rows of the embedding table by token id.
-    EmbedArgs (Kernel::Embed) { table: ptr, ids: ptr, out: ptr, cols: i32 }
+    /// `embed_<dt>`: rows `id - first` of a table of `rows` rows by token id (zero rows for
+    /// ids outside them: another shard's part of the vocabulary).
+    EmbedArgs (Kernel::Embed) { table: ptr, ids: ptr, out: ptr, cols: i32, first: i32, rows: i32 }
     /// `gather_rows_<dt>`: the rows of `x` listed in `rows`.
     GatherRowsArgs (Kernel::GatherRows) { x: ptr, rows: ptr, out: ptr, cols: i32 }
     /// `rms_norm_<dt>`.
@@ -178,8 +179,11 @@ kernel_args! {
     QgemvSiluArgs (Kernel::QgemvSilu { .. }) {
         wg: ptr, wu: ptr, x: ptr, y: ptr, k: i32, f: i32, rows: i32, ldy: i32,
     }
-    /// `dequant_<q>_<dt>`: rows `ids[i]` (all rows when `ids` is 0) of a part of `n` rows.
-    DequantArgs (Kernel::Dequant { .. }) { w: ptr, ids: ptr, out: ptr, k: i32, n: i32, ldo: i32 }
+    /// `dequant_<q>_<dt>`: rows `ids[i] - first` (all rows when `ids` is 0) of a part of `n`
+    /// rows; an id outside `first..first + n` gives a zero row.
+    DequantArgs (Kernel::Dequant { .. }) {
+        w: ptr, ids: ptr, out: ptr, k: i32, n: i32, ldo: i32, first: i32,
+    }
     /// `qmma_<q>_bf16_m<rows>`: `y[:, ..n] = x @ w^T (+ bias)` for `rows` rows of `x` in
     /// blocks of the kernel's row tile (`y`'s row stride `ldy`, as [`QgemvArgs`]); with k split
     /// over grid z, f32 partials `[z][rows][n]` to `ws` instead (summed by `qmma_reduce_bf16`).

@@ -84,16 +84,24 @@ impl<R: Runtime> GpuBackend<R> {
     pub(super) fn launch_embed(
         &mut self,
         table: &GpuWeight,
+        first: usize,
+        vocab: usize,
         b: &GpuBatch,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
         check_cols("embed", out.cols, table.cols)?;
         check_rows("embed", l.n_tokens, out.rows)?;
-        if l.n_tokens > 0 && l.max_token as usize >= table.rows {
+        if l.n_tokens > 0 && l.max_token as usize >= vocab {
             return Err(invalid(format!(
-                "token id {} >= vocab {}",
-                l.max_token, table.rows
+                "token id {} >= vocab {vocab}",
+                l.max_token
+            )));
+        }
+        if first + table.rows > vocab || vocab > i32::MAX as usize {
+            return Err(invalid(format!(
+                "embed: rows {first}..{} of a vocabulary of {vocab}",
+                first + table.rows
             )));
         }
         let Some(dense) = table.dense() else {
@@ -101,7 +109,14 @@ impl<R: Runtime> GpuBackend<R> {
                 return Err(invalid("embed: a stacked table".into()));
             };
             let ids = self.meta_ptr(l.tokens);
-            return self.launch_dequant(part, table.cols, ids, l.n_tokens, out.buf.ptr(), out.cols);
+            return self.launch_dequant(
+                part,
+                table.cols,
+                Some((ids, first)),
+                l.n_tokens,
+                out.buf.ptr(),
+                out.cols,
+            );
         };
         let grid = Grid {
             blocks: (l.n_tokens as u32, 1, 1),
@@ -112,6 +127,8 @@ impl<R: Runtime> GpuBackend<R> {
             ids: self.meta_ptr(l.tokens),
             out: out.buf.ptr(),
             cols: table.cols as i32,
+            first: first as i32,
+            rows: table.rows as i32,
         };
         self.launch_with(Kernel::Embed, grid, &args)
     }

@@ -462,7 +462,7 @@ impl<R: Runtime> GpuBackend<R> {
         };
         for p in &w.parts {
             let at = scratch + (p.row0 * k * size) as u64;
-            self.launch_dequant(p, k, 0, p.rows, at, k)?;
+            self.launch_dequant(p, k, None, p.rows, at, k)?;
         }
         Ok(scratch)
     }

@@ -387,10 +387,12 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     fn embed(
         &mut self,
         table: &GpuWeight,
+        first: usize,
+        vocab: usize,
         b: &GpuBatch,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
-        self.launch_embed(table, b, out)
+        self.launch_embed(table, first, vocab, b, out)
     }
 
     fn rms_norm(

@@ -161,7 +161,7 @@ impl<R: Runtime> GpuBackend<R> {
         &mut self,
         p: &WeightPart,
         k: usize,
-        ids: u64,
+        ids: Option<(u64, usize)>,
         count: usize,
         out: u64,
         ldo: usize,
@@ -171,6 +171,7 @@ impl<R: Runtime> GpuBackend<R> {
         if count == 0 {
             return Ok(());
         }
+        let (ids, first) = ids.unwrap_or((0, 0));
         let args = DequantArgs {
             w: p.buf.ptr(),
             ids,
@@ -178,6 +179,7 @@ impl<R: Runtime> GpuBackend<R> {
             k: k as i32,
             n: p.rows as i32,
             ldo: ldo as i32,
+            first: first as i32,
         };
         let grid = Grid {
             blocks: (count as u32, 1, 1),
