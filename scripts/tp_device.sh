@@ -24,6 +24,14 @@ echo "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
 source "$(dirname "$0")/cuda_env.sh"
 cuda_env_nccl
 export KILN_MODELS_DIR=$dev/models NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# The benches' floor: the card's memory bandwidth (H200 4.8 TB/s, H100 SXM 3.35).
+if [ -z "${KILN_BENCH_BW_TBS:-}" ]; then
+    case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+        *H200*) export KILN_BENCH_BW_TBS=4.8 ;;
+        *) export KILN_BENCH_BW_TBS=3.35 ;;
+    esac
+fi
+echo "floor bandwidth: $KILN_BENCH_BW_TBS TB/s"
 gunzip -kf "$dev/parity.gz" && chmod +x "$dev/parity"
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - t0 )) s"; }

@@ -409,6 +409,9 @@ fn bench_group(files: &ModelFiles, n: usize, batches: &[usize]) {
                 .ok()
                 .flatten()
                 .map_or(0, |t| t.byte_len());
+            // Rank 0 holds its vocabulary part of the table (`local` keeps the whole vocab).
+            let part = Shard { rank: 0, size: n }.vocab(spec.vocab_size).len();
+            let embed = embed * part / spec.vocab_size.max(1);
             let read = weights.saturating_sub(embed) as f64;
             for &batch in batches {
                 let p = crate::harness::rig::plan(&vec![(1, 512); batch], 0, 36, 16);
@@ -422,6 +425,12 @@ fn bench_group(files: &ModelFiles, n: usize, batches: &[usize]) {
                 let all: f64 = timed.iter().map(|t| t.total).sum::<f64>() / 3.0;
                 let kv = (2 * 2 * local.n_layers * local.kv_dim() * 512 * batch) as f64;
                 let floor = (read + kv) / bandwidth() * 1e3;
+                if batch == batches[0] {
+                    println!(
+                        "BENCH floor bandwidth {:.2} TB/s (KILN_BENCH_BW_TBS)",
+                        bandwidth() / 1e12
+                    );
+                }
                 println!(
                     "BENCH tp {n} decode b{batch} ctx 512 ({} layers): {ms:.3} ms/step \
                  ({:.0} tok/s); floor {floor:.3} ms ({:.2} GB weights + {:.2} GB KV per \
