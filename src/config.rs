@@ -261,6 +261,10 @@ pub struct ServeArgs {
     /// Shards per lane (tensor parallelism; CPU and CUDA lanes: `cuda:i` spans GPUs i..i+N-1) [default: 1].
     #[arg(long = "tensor-parallel", env = "KILN_TENSOR_PARALLEL")]
     pub tensor_parallel_size: Option<usize>,
+    /// Seconds a lane's step may run before the lane is declared hung and its requests fail
+    /// (0: never) [default: 300 on GPU lanes, none on the CPU].
+    #[arg(long = "step-timeout", env = "KILN_STEP_TIMEOUT")]
+    pub step_timeout_s: Option<f64>,
     /// Waiting requests allowed before 429.
     #[arg(long, env = "KILN_MAX_WAITING")]
     pub max_waiting: Option<usize>,
@@ -360,6 +364,7 @@ impl Config {
         set_opt(&mut e.kv_blocks, &args.kv_blocks);
         set(&mut e.max_waiting, &args.max_waiting);
         set(&mut e.tensor_parallel_size, &args.tensor_parallel_size);
+        set_opt(&mut e.step_timeout_s, &args.step_timeout_s);
         set_opt(&mut e.max_model_len, &args.max_model_len);
         set(&mut e.gpu_gemv, &args.gpu_gemv);
         set(&mut e.gpu_attn_decode, &args.gpu_attn_decode);
@@ -383,6 +388,14 @@ impl Config {
         }
         if tp > 1 {
             check_gpu_groups(&devices, tp)?;
+        }
+        if let Some(t) = self.engine.step_timeout_s
+            && !(t.is_finite() && t >= 0.0)
+        {
+            return invalid(
+                "engine.step_timeout_s",
+                "must be a number of seconds, 0 or more",
+            );
         }
         if self.server.api_keys.iter().any(|k| k.trim().is_empty()) {
             return invalid("server.api_keys", "API keys must not be empty");
@@ -542,5 +555,26 @@ mod tests {
         cfg.engine.tensor_parallel_size = 0;
         let err = cfg.validate().unwrap_err().to_string();
         assert!(err.contains("tensor_parallel_size"), "{err}");
+    }
+
+    #[test]
+    fn step_timeout_is_seconds_from_the_flag_or_the_file() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let text = "[engine]\nstep_timeout_s = 0\n";
+        let mut cfg = Config::from_toml(text, Path::new("x")).unwrap();
+        assert_eq!(cfg.engine.step_timeout_s, Some(0.0), "0: never");
+        let cli = <Cli as clap::Parser>::try_parse_from(["kiln", "--step-timeout", "12.5"]);
+        cfg.apply(&cli.unwrap().serve);
+        assert_eq!(cfg.engine.step_timeout_s, Some(12.5));
+        assert!(cfg.validate().is_ok());
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            cfg.engine.step_timeout_s = Some(bad);
+            let err = cfg.validate().unwrap_err().to_string();
+            assert!(err.contains("step_timeout_s"), "{bad}: {err}");
+        }
     }
 }

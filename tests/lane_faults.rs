@@ -15,12 +15,13 @@ use kiln::engine::{Engine, EngineConfig, EngineError, GenerateRequest, StreamEve
 use kiln::model::{LoadFormat, ModelFiles};
 use kiln::sampling::{SampleRow, Sampled};
 
-/// The CPU backend with an attention op that fails while `fail` is set and panics while
-/// `panic` is set.
+/// The CPU backend with an attention op that fails while `fail` is set, panics while
+/// `panic` is set and does not return while `hang` is set (a hung device).
 struct Faulty {
     inner: CpuBackend,
     fail: Arc<AtomicBool>,
     panic: Arc<AtomicBool>,
+    hang: Arc<AtomicBool>,
 }
 
 impl Backend for Faulty {
@@ -116,6 +117,9 @@ impl Backend for Faulty {
         if self.panic.load(Ordering::SeqCst) {
             panic!("injected panic");
         }
+        while self.hang.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
         if self.fail.load(Ordering::SeqCst) {
             return Err(BackendError::Device {
                 op: "attention",
@@ -195,6 +199,7 @@ async fn device_error_fails_requests_and_lane_keeps_serving() {
             inner: CpuBackend::new(),
             fail: f2,
             panic: Arc::default(),
+            hang: Arc::default(),
         })
     };
     let engine = Engine::start_with_backends(
@@ -244,6 +249,7 @@ async fn a_lane_that_panics_is_unhealthy_and_fails_its_requests() {
             inner: CpuBackend::new(),
             fail: Arc::default(),
             panic: p2,
+            hang: Arc::default(),
         })
     };
     let engine = Engine::start_with_backends(
@@ -293,6 +299,7 @@ async fn a_failing_shard_fails_its_tp_lane_and_the_other_lane_serves_on() {
                     inner: CpuBackend::new(),
                     fail: Arc::new(AtomicBool::new(fail)),
                     panic: Arc::default(),
+                    hang: Arc::default(),
                 })
             })
         };
@@ -339,4 +346,84 @@ async fn a_failing_shard_fails_its_tp_lane_and_the_other_lane_serves_on() {
         }
         engine.shutdown();
     }
+}
+
+/// Two lanes of two CPU shards; shard 1 of lane 0 stops returning (a hung device), so shard 0
+/// waits in the all-reduce for good. The watchdog declares lane 0 hung once its step outruns
+/// the step timeout: lane 0's request fails with a 503-class error naming the timeout instead
+/// of hanging its client, lane 1 serves that request's twin and every later one, and when
+/// the device comes back lane 0 serves again and the engine shuts down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_shard_fails_its_lane_after_the_step_timeout_and_the_others_serve_on() {
+    let files = ModelFiles::open(&kiln::config::default_model_path(), LoadFormat::Gguf).unwrap();
+    let hang = Arc::new(AtomicBool::new(true));
+    let shard = |hang: Arc<AtomicBool>| -> Maker<Faulty> {
+        Box::new(move || {
+            Ok(Faulty {
+                inner: CpuBackend::new(),
+                fail: Arc::default(),
+                panic: Arc::default(),
+                hang,
+            })
+        })
+    };
+    let groups = vec![
+        (
+            "tp-lane-0".to_string(),
+            vec![shard(Arc::default()), shard(hang.clone())],
+        ),
+        (
+            "tp-lane-1".to_string(),
+            vec![shard(Arc::default()), shard(Arc::default())],
+        ),
+    ];
+    let cfg = EngineConfig {
+        tensor_parallel_size: 2,
+        step_timeout_s: Some(0.5),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start_with_groups(files, groups, cfg).unwrap();
+    let client = engine.client();
+    let t0 = std::time::Instant::now();
+    let (a, b) = tokio::join!(
+        outcome(&client, vec![1, 400, 401]),
+        outcome(&client, vec![1, 402, 403])
+    );
+    let waited = t0.elapsed().as_secs_f64();
+    let (failed, served): (Vec<_>, Vec<_>) = [a, b].into_iter().partition(Result::is_err);
+    assert_eq!((failed.len(), served.len()), (1, 1), "one request per lane");
+    let err = failed[0].as_ref().unwrap_err();
+    assert!(
+        matches!(err, EngineError::LaneFailed { lane: 0, .. }) && err.to_string().contains("hung"),
+        "{err}"
+    );
+    assert!(waited < 30.0, "the hung lane's client waited {waited:.1} s");
+    assert_eq!(served[0].as_ref().unwrap(), &8);
+    let stats = client.stats();
+    assert!(!stats.lanes[0].healthy && stats.lanes[1].healthy);
+    assert!(!client.is_healthy(), "a lane is hung: not ready");
+    for r in
+        futures_util::future::join_all((0..3).map(|i| outcome(&client, vec![1, 410 + i]))).await
+    {
+        assert_eq!(r.unwrap(), 8, "served by lane 1 while lane 0 hangs");
+    }
+    // The device returns: the step completes, lane 0 is healthy and serves again.
+    hang.store(false, Ordering::SeqCst);
+    for _ in 0..2000 {
+        if client.is_healthy() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(
+        client.is_healthy(),
+        "lane 0 recovered: {:?}",
+        client.stats()
+    );
+    let both =
+        futures_util::future::join_all((0..4).map(|i| outcome(&client, vec![1, 420 + i]))).await;
+    for r in both {
+        assert_eq!(r.unwrap(), 8);
+    }
+    engine.shutdown();
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use futures_util::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -31,6 +32,8 @@ struct LaneHandle {
     load: Arc<LaneLoad>,
     num_blocks: usize,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// A step running longer than this is a hung lane (`None`: never).
+    step_timeout: Option<Duration>,
 }
 
 struct Shared {
@@ -97,6 +100,80 @@ fn device_body(device: Device) -> LaneBody {
 
 type ReadyRx = std::sync::mpsc::Receiver<Result<lane::LaneReady, EngineError>>;
 
+/// The step timeout of the lane labelled `label`: `step_timeout_s` when set (0: none), else
+/// [`DEFAULT_STEP_TIMEOUT_S`] for device lanes and none for CPU lanes (a long prompt on a
+/// large model can legitimately take minutes a step there).
+fn step_timeout(cfg: &EngineConfig, label: &str) -> Option<Duration> {
+    let s = match cfg.step_timeout_s {
+        Some(s) => s,
+        None if label == "cpu" => 0.0,
+        None => DEFAULT_STEP_TIMEOUT_S,
+    };
+    (s > 0.0).then(|| Duration::from_secs_f64(s))
+}
+
+/// The step timeout of GPU lanes when `step_timeout_s` is unset (seconds).
+pub const DEFAULT_STEP_TIMEOUT_S: f64 = 300.0;
+
+/// Watches the lanes with a step timeout: a lane whose step in progress has outrun it
+/// (a device or a collective that never returns) is declared hung — its requests fail
+/// with `LaneFailed` and the router sends it no more — so the process serves on with its
+/// other lanes. Ends with the engine.
+fn spawn_watchdog(shared: &Arc<Shared>) {
+    let Some(period) = shared
+        .lanes
+        .iter()
+        .filter_map(|l| l.step_timeout)
+        .min()
+        .map(|t| (t / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)))
+    else {
+        return;
+    };
+    let weak = Arc::downgrade(shared);
+    let _ = std::thread::Builder::new()
+        .name("kiln-watchdog".into())
+        .spawn(move || {
+            while let Some(sh) = weak.upgrade() {
+                for (i, l) in sh.lanes.iter().enumerate() {
+                    let (Some(limit), since) =
+                        (l.step_timeout, l.load.step_since_ms.load(Ordering::Acquire))
+                    else {
+                        continue;
+                    };
+                    let ran = Duration::from_millis(lane::now_ms().saturating_sub(since));
+                    if since == 0 || ran < limit || l.load.hung.load(Ordering::Acquire) {
+                        continue;
+                    }
+                    tracing::error!(
+                        lane = i,
+                        secs = ran.as_secs_f64(),
+                        "a step outran the step timeout; the lane is declared hung"
+                    );
+                    if let Ok(mut st) = l.stats.lock() {
+                        st.healthy = false;
+                    }
+                    l.load.declare_hung(&hung_error(i, Some(ran)));
+                }
+                drop(sh);
+                std::thread::sleep(period);
+            }
+        });
+}
+
+/// The error of a request on a hung lane (`ran`: how long its step had run, when known).
+fn hung_error(lane: usize, ran: Option<Duration>) -> EngineError {
+    let ran = ran.map_or(String::new(), |r| {
+        format!(" after {:.1} s", r.as_secs_f64())
+    });
+    EngineError::LaneFailed {
+        lane,
+        message: format!(
+            "its step has not returned{ran}, past engine.step_timeout_s: the device or a \
+             collective is hung"
+        ),
+    }
+}
+
 fn spawn_lane(
     index: usize,
     label: String,
@@ -105,6 +182,7 @@ fn spawn_lane(
     cfg: &EngineConfig,
     max_len: usize,
 ) -> Result<(LaneHandle, ReadyRx), EngineError> {
+    let step_timeout = step_timeout(cfg, &label);
     let (tx, rx) = mpsc::channel(cfg.max_waiting.max(1) + 64);
     let (ready, ready_rx) = std::sync::mpsc::sync_channel(1);
     let stats = Arc::new(Mutex::new(LaneStats {
@@ -132,6 +210,7 @@ fn spawn_lane(
         load,
         num_blocks: 0,
         thread: Mutex::new(Some(thread)),
+        step_timeout,
     };
     Ok((handle, ready_rx))
 }
@@ -259,6 +338,7 @@ impl Engine {
         if let Some(e) = failure {
             return Err(e);
         }
+        spawn_watchdog(&engine.client.shared);
         let warm = engine.client.clone();
         let _ = std::thread::Builder::new()
             .name("kiln-grammars".into())
@@ -280,6 +360,10 @@ impl Engine {
             let _ = l.tx.try_send(LaneMsg::Shutdown);
         }
         for l in &self.client.shared.lanes {
+            // A hung lane's thread may never return: leave it (the process exit ends it).
+            if l.load.hung.load(Ordering::Acquire) {
+                continue;
+            }
             if let Some(t) = l.thread.lock().expect("thread lock").take() {
                 let _ = t.join();
             }
@@ -420,6 +504,13 @@ impl EngineClient {
             .try_acquire_many_owned(req.n() as u32)
             .map_err(|_| overloaded())?;
         let lane = self.route(&req);
+        // The router prefers healthy lanes: a hung one is chosen only when all are.
+        if sh.lanes[lane].load.hung.load(Ordering::Acquire) {
+            return Err(EngineError::LaneFailed {
+                lane,
+                message: "every lane is hung (a step outran engine.step_timeout_s)".into(),
+            });
+        }
         let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
         let first = SeqId(id * MAX_CHOICES as u64);
         // A server-chosen bound: one step's events (n tokens, `Scheduled`, a final error)
@@ -436,20 +527,29 @@ impl EngineClient {
             arrival: id,
         };
         let lane_tx = sh.lanes[lane].tx.clone();
+        let load = sh.lanes[lane].load.clone();
+        let weak = msg.events.downgrade();
+        load.waiters
+            .lock()
+            .expect("waiters lock")
+            .insert(first.0, weak);
+        let stream = ResponseStream {
+            rx,
+            lane_tx: lane_tx.clone(),
+            first,
+            processor,
+            done: false,
+            lane,
+            load,
+            _permit: permit,
+        };
         lane_tx
             .try_send(LaneMsg::Submit(Box::new(msg)))
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => overloaded(),
                 mpsc::error::TrySendError::Closed(_) => EngineError::ShuttingDown,
             })?;
-        Ok(ResponseStream {
-            rx,
-            lane_tx,
-            first,
-            processor,
-            done: false,
-            _permit: permit,
-        })
+        Ok(stream)
     }
 }
 
@@ -460,8 +560,19 @@ pub struct ResponseStream {
     first: SeqId,
     processor: OutputProcessor,
     done: bool,
+    /// The lane serving it, and that lane's load (the watchdog's hung flag and waiter list).
+    lane: usize,
+    load: Arc<LaneLoad>,
     /// Admission: released when the stream is dropped.
     _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for ResponseStream {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.load.waiters.lock() {
+            w.remove(&self.first.0);
+        }
+    }
 }
 
 impl ResponseStream {
@@ -495,6 +606,12 @@ impl Stream for ResponseStream {
                 return Poll::Ready(None);
             }
             match this.rx.poll_recv(cx) {
+                // Declared hung after the failure event could not be queued (a full
+                // buffer, now drained): the lane will send nothing more.
+                Poll::Pending if this.load.hung.load(Ordering::Acquire) => {
+                    this.done = true;
+                    return Poll::Ready(Some(StreamEvent::Error(hung_error(this.lane, None))));
+                }
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => {
                     this.done = true;

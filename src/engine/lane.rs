@@ -4,9 +4,10 @@
 //! A tensor-parallel lane runs shard 0 on this thread and its other shards on threads of
 //! their own (`runner::tp::Peers`), each handed the same plan every step.
 
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -47,6 +48,36 @@ pub(crate) struct LaneLoad {
     /// Free KV blocks after the last step, less what was routed here since.
     pub free_blocks: AtomicUsize,
     pub healthy: AtomicBool,
+    /// When the step in progress began ([`now_ms`]); 0 between steps.
+    pub step_since_ms: AtomicU64,
+    /// The step in progress has outrun the step timeout (a hung device or collective):
+    /// the engine's watchdog failed this lane's requests and the router sends it no more.
+    /// Cleared if the step ever returns.
+    pub hung: AtomicBool,
+    /// Every request routed here and not yet dropped (keyed by its first sequence id): the
+    /// watchdog fails them through these when the lane hangs, since the lane cannot.
+    pub waiters: Mutex<HashMap<u64, mpsc::WeakSender<LaneEvent>>>,
+}
+
+impl LaneLoad {
+    /// Declares the lane hung: unhealthy, and every waiting request fails with `err`
+    /// (a stream whose buffer is full finds out from [`LaneLoad::hung`] once drained).
+    pub(crate) fn declare_hung(&self, err: &EngineError) {
+        self.healthy.store(false, Ordering::Relaxed);
+        self.hung.store(true, Ordering::Release);
+        let waiters: Vec<_> = self.waiters.lock().expect("waiters lock").drain().collect();
+        for (_, w) in waiters {
+            if let Some(tx) = w.upgrade() {
+                let _ = tx.try_send(LaneEvent::Failed(err.clone()));
+            }
+        }
+    }
+}
+
+/// Milliseconds since the first call in this process, plus one (0 means "no step").
+pub(crate) fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
 }
 
 /// Sizes reported by a lane once it is ready.
@@ -206,7 +237,17 @@ impl<B: Backend> Lane<'_, B> {
             if let Some(step) = self.sched.schedule() {
                 let t0 = Instant::now();
                 let prefill = step.seqs.iter().any(|s| s.num_tokens > 1);
-                match self.step(&step) {
+                self.load.step_since_ms.store(now_ms(), Ordering::Release);
+                let result = self.step(&step);
+                self.load.step_since_ms.store(0, Ordering::Release);
+                if self.load.hung.swap(false, Ordering::AcqRel) {
+                    tracing::warn!(
+                        lane = self.index,
+                        secs = t0.elapsed().as_secs_f64(),
+                        "a step declared hung has returned; the lane serves again"
+                    );
+                }
+                match result {
                     // A step that succeeds after a failure makes the lane healthy again.
                     Ok(()) => self.set_healthy(true),
                     Err(e) => self.fail_all(e),

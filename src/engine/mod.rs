@@ -127,6 +127,11 @@ pub struct EngineConfig {
     /// Shards per lane (tensor parallelism): each holds 1/N of the weights and of the KV
     /// pool, on a thread of its own. CPU and CUDA lanes (`cuda:i` spans GPUs `i .. i + N`).
     pub tensor_parallel_size: usize,
+    /// A lane whose step runs longer than this many seconds is declared hung (a device or
+    /// a collective that never returns): its requests fail with a 503 and the router sends
+    /// it no more, while the other lanes serve on. Unset: 300 s on GPU lanes, none on the
+    /// CPU; 0: never.
+    pub step_timeout_s: Option<f64>,
 }
 
 /// The default on-disk kernel cache: `$XDG_CACHE_HOME/kiln/kernels`, else
@@ -162,6 +167,7 @@ impl Default for EngineConfig {
             gpu_attn_decode: true,
             kernel_cache_dir: default_kernel_cache_dir(),
             tensor_parallel_size: 1,
+            step_timeout_s: None,
         }
     }
 }
