@@ -462,8 +462,8 @@ impl EngineClient {
         self.submit_valid(self.validate(req)?)
     }
 
-    /// The lane with the most free blocks (healthy lanes first); the blocks the request
-    /// will need are counted against it at once, so a burst spreads over the lanes.
+    /// The lane with the most free blocks (healthy lanes first, hung ones last); the blocks
+    /// the request will need are counted against it at once, so a burst spreads over the lanes.
     fn route(&self, req: &ValidRequest) -> usize {
         let lanes = &self.shared.lanes;
         let i = (0..lanes.len())
@@ -471,6 +471,7 @@ impl EngineClient {
                 let load = &lanes[i].load;
                 (
                     load.healthy.load(Ordering::Relaxed),
+                    !load.hung.load(Ordering::Relaxed),
                     load.free_blocks.load(Ordering::Relaxed),
                     usize::MAX - i,
                 )
@@ -504,7 +505,7 @@ impl EngineClient {
             .try_acquire_many_owned(req.n() as u32)
             .map_err(|_| overloaded())?;
         let lane = self.route(&req);
-        // The router prefers healthy lanes: a hung one is chosen only when all are.
+        // The router puts hung lanes last: one is chosen only when all are hung.
         if sh.lanes[lane].load.hung.load(Ordering::Acquire) {
             return Err(EngineError::LaneFailed {
                 lane,
