@@ -320,7 +320,9 @@ fn start_llama_like() -> String {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
             std::thread::spawn(move || {
-                let Some(head) = read_request(&mut conn) else { return };
+                let Some(head) = read_request(&mut conn) else {
+                    return;
+                };
                 if llama_answer(&mut conn, &head).is_err() {
                     return;
                 }

@@ -563,6 +563,8 @@ impl Kernel {
 pub struct Kernels<R: Runtime> {
     slots: HashMap<Source, Slot<R>>,
     dt: DType,
+    /// The model has mixture-of-experts layers (their sources are waited for too).
+    moe: bool,
     started: Instant,
 }
 
@@ -587,21 +589,34 @@ struct Loaded<R: Runtime> {
     _module: R::Module,
 }
 
-/// The sources a model without mixture-of-experts layers runs; the other two load when a
-/// MoE layer first asks for one of their kernels.
-fn core_source(src: Source) -> bool {
-    !matches!(src, Source::Moe | Source::MoeQuant)
+/// Whether a model runs `src` (the mixture-of-experts sources only for `moe` models): start-up
+/// waits for these. The others compile at the lowest CPU priority and load on first use.
+fn core_source(src: Source, moe: bool) -> bool {
+    moe || !matches!(src, Source::Moe | Source::MoeQuant)
+}
+
+/// Lowers the calling thread's CPU priority to the least (Linux; elsewhere nothing), so a
+/// compile nobody waits for takes only idle cores.
+fn lowest_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on the calling thread's own id; a failure leaves the priority.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
+    }
 }
 
 impl<R: Runtime> Kernels<R> {
     /// Starts compiling (or reading from `cache_dir`) every source with kernels for `dt`, one
-    /// thread each, for `dev`. Nothing waits here: a compile error or a missing entry point
-    /// is returned by the first [`Kernels::get`] of a kernel in that source, and by
-    /// [`Kernels::wait_core`], which start-up calls before the lane reports ready.
+    /// thread each, for `dev`; `moe`: the model has mixture-of-experts layers. Nothing waits
+    /// here: a compile error or a missing entry point is returned by the first
+    /// [`Kernels::get`] of a kernel in that source, and by [`Kernels::wait_core`], which
+    /// start-up calls before the lane reports ready.
     pub fn load(
         dev: &Device<R>,
         dt: DType,
         cache_dir: Option<&Path>,
+        moe: bool,
     ) -> Result<Kernels<R>, BackendError> {
         let opts = compile_options::<R>(&dev.info, dt);
         let salt = format!(
@@ -623,9 +638,27 @@ impl<R: Runtime> Kernels<R> {
         for src in used {
             let (opts, salt) = (opts.clone(), salt.clone());
             let dir = cache_dir.map(Path::to_path_buf);
+            let core = core_source(src, moe);
             let handle = std::thread::Builder::new()
                 .name(format!("kiln-nvrtc-{}", src.file()))
-                .spawn(move || cached_compile::<R>(src, &opts, &salt, dir.as_deref()))
+                .spawn(move || {
+                    if !core {
+                        lowest_priority();
+                    }
+                    let c = cached_compile::<R>(src, &opts, &salt, dir.as_deref());
+                    if let Ok(c) = &c {
+                        tracing::info!(
+                            backend = R::NAME,
+                            source = src.file(),
+                            cached = c.cached,
+                            secs = c.secs,
+                            bytes = c.image.len(),
+                            waited_for = core,
+                            "kernel source compiled"
+                        );
+                    }
+                    c
+                })
                 .map_err(|e| compile_err::<R>(format!("cannot start a compile thread: {e}")))?;
             slots.insert(
                 src,
@@ -638,20 +671,20 @@ impl<R: Runtime> Kernels<R> {
         Ok(Kernels {
             slots,
             dt,
+            moe,
             started: Instant::now(),
         })
     }
 
-    /// Waits for every source a model without MoE layers runs and loads its module: after
-    /// this, start-up has seen every compile error that serving such a model could meet.
-    /// Logs what the wait cost.
+    /// Waits for every source the model runs and loads its module: after this, start-up has
+    /// seen every compile error that serving the model could meet. Logs what the wait cost.
     pub fn wait_core(&self, rt: &R) -> Result<(), BackendError> {
         let t0 = Instant::now();
         let mut core: Vec<Source> = self
             .slots
             .keys()
             .copied()
-            .filter(|&s| core_source(s))
+            .filter(|&s| core_source(s, self.moe))
             .collect();
         core.sort_by_key(|s| s.file());
         for &src in &core {
@@ -718,15 +751,12 @@ impl<R: Runtime> Kernels<R> {
             })?;
             funcs.insert(k, f);
         }
-        tracing::info!(
+        tracing::debug!(
             backend = R::NAME,
             source = src.file(),
-            cached = compiled.cached,
-            compile_s = compiled.secs,
             waited_s = waited,
             load_s = t0.elapsed().as_secs_f64() - waited,
             since_start_s = started.elapsed().as_secs_f64(),
-            bytes = compiled.image.len(),
             "kernel source loaded"
         );
         Ok(Loaded {

@@ -181,7 +181,7 @@ impl<R: Runtime> GpuBackend<R> {
         let dev = Device::<R>::open(ordinal, opts.sync_check, opts.timing_period)?;
         let open_s = t0.elapsed().as_secs_f64();
         // The kernels compile on threads of their own while the weights upload.
-        let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref())?;
+        let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref(), opts.moe)?;
         let t1 = std::time::Instant::now();
         let blas = dev.rt.blas().map_err(runtime::dev_err("blas"))?;
         tracing::info!(
