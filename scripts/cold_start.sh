@@ -88,7 +88,7 @@ kiln_start() {
         --model "$model" --device "$dev" --port 8125 > "$logs/$name.log" 2>&1 &
     spid=$!
     say "$name: first answer after $(first_answer 8125 "$t0") s"
-    grep -E "start-up|kernel source loaded|kernels ready|weights on the device|KV pool|engine ready" \
+    grep -E "start-up|kernel source compiled|kernels ready|weights on the device|KV pool|engine ready" \
         "$logs/$name.log" | sed -E 's/\x1b\[[0-9;]*m//g; s/^.*(INFO|WARN) //' | cut -c1-400 >> "$summary"
     kill "$spid"; wait "$spid" 2> /dev/null
     (cd "$home" && find . -type f | sed 's/-[0-9a-f]\{16\}\.bin$/.bin/' | sort | uniq -c | head -20) \
