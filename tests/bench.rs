@@ -37,7 +37,8 @@ fn text_chunk(chat: bool, text: &str) -> Value {
 }
 
 /// What the fake server sends, by `model`: `slow` (the timed stream), `http500`, `garbage`
-/// (non-JSON data), `cut` (no `[DONE]`), `midstream` (an error frame after a chunk).
+/// (non-JSON data), `cut` (no `[DONE]`), `midstream` (an error frame after a chunk), `hang`
+/// (one chunk, then nothing for an hour).
 async fn fake(body: web::Json<Value>, chat: bool) -> HttpResponse {
     let model = body["model"].as_str().unwrap_or("slow").to_string();
     if model == "http500" {
@@ -49,6 +50,7 @@ async fn fake(body: web::Json<Value>, chat: bool) -> HttpResponse {
     match model.as_str() {
         "garbage" => plan.push((Duration::ZERO, Bytes::from("data: {not json\n\n"))),
         "cut" => plan.push((Duration::ZERO, frame(text_chunk(chat, "a")))),
+        "hang" => plan.push((Duration::from_secs(3600), frame(text_chunk(chat, "a")))),
         "midstream" => {
             plan.push((Duration::ZERO, frame(text_chunk(chat, "a"))));
             plan.push((
@@ -247,6 +249,44 @@ async fn bad_responses_are_recorded_failures() {
     ]);
     let report = kiln::bench::execute(&refused).await.expect("report");
     assert_eq!(report.summary.failures.get("connect"), Some(&1));
+    handle.stop(false).await;
+}
+
+/// A server that stops answering does not stall the bench past `--max-duration-s`: the run
+/// ends then and reports every request, those in flight or never sent as `unfinished`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_duration_ends_a_stuck_run_with_a_report() {
+    let (base, handle) = start_fake();
+    let a = args(&[
+        "--base-url",
+        &base,
+        "--model",
+        "hang",
+        "--dataset",
+        "fixed",
+        "--prompt",
+        "x",
+        "--num-prompts",
+        "3",
+        "--max-concurrency",
+        "2",
+        "--max-duration-s",
+        "1",
+    ]);
+    let t0 = Instant::now();
+    let report = tokio::time::timeout(Duration::from_secs(60), kiln::bench::execute(&a))
+        .await
+        .expect("the run ends at --max-duration-s")
+        .expect("report");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    assert_eq!(report.summary.failed, 3);
+    assert_eq!(
+        report.summary.failures.get("unfinished"),
+        Some(&3),
+        "{:?}",
+        report.summary.failures
+    );
+    assert!(report.table().contains("Failed (unfinished):"));
     handle.stop(false).await;
 }
 
@@ -529,6 +569,7 @@ fn bad_flags_are_errors_not_panics() {
         vec!["--dataset", "fixed"],
         vec!["--dataset", "nope"],
         vec!["--num-prompts", "0"],
+        vec!["--max-duration-s", "0"],
         vec!["--extra-body", "[1]"],
         vec!["--base-url", "localhost:8000"],
         vec!["--offline", "--endpoint", "chat"],
