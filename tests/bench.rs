@@ -37,7 +37,8 @@ fn text_chunk(chat: bool, text: &str) -> Value {
 }
 
 /// What the fake server sends, by `model`: `slow` (the timed stream), `http500`, `garbage`
-/// (non-JSON data), `cut` (no `[DONE]`), `midstream` (an error frame after a chunk).
+/// (non-JSON data), `cut` (no `[DONE]`), `midstream` (an error frame after a chunk), `hang`
+/// (one chunk, then nothing for an hour).
 async fn fake(body: web::Json<Value>, chat: bool) -> HttpResponse {
     let model = body["model"].as_str().unwrap_or("slow").to_string();
     if model == "http500" {
@@ -49,6 +50,7 @@ async fn fake(body: web::Json<Value>, chat: bool) -> HttpResponse {
     match model.as_str() {
         "garbage" => plan.push((Duration::ZERO, Bytes::from("data: {not json\n\n"))),
         "cut" => plan.push((Duration::ZERO, frame(text_chunk(chat, "a")))),
+        "hang" => plan.push((Duration::from_secs(3600), frame(text_chunk(chat, "a")))),
         "midstream" => {
             plan.push((Duration::ZERO, frame(text_chunk(chat, "a"))));
             plan.push((
@@ -250,6 +252,166 @@ async fn bad_responses_are_recorded_failures() {
     handle.stop(false).await;
 }
 
+/// A server that stops answering does not stall the bench past `--max-duration-s`: the run
+/// ends then and reports every request, those in flight or never sent as `unfinished`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_duration_ends_a_stuck_run_with_a_report() {
+    let (base, handle) = start_fake();
+    let a = args(&[
+        "--base-url",
+        &base,
+        "--model",
+        "hang",
+        "--dataset",
+        "fixed",
+        "--prompt",
+        "x",
+        "--num-prompts",
+        "3",
+        "--max-concurrency",
+        "2",
+        "--max-duration-s",
+        "1",
+    ]);
+    let t0 = Instant::now();
+    let report = tokio::time::timeout(Duration::from_secs(60), kiln::bench::execute(&a))
+        .await
+        .expect("the run ends at --max-duration-s")
+        .expect("report");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    assert_eq!(report.summary.failed, 3);
+    assert_eq!(
+        report.summary.failures.get("unfinished"),
+        Some(&3),
+        "{:?}",
+        report.summary.failures
+    );
+    assert!(report.table().contains("Failed (unfinished):"));
+    handle.stop(false).await;
+}
+
+// ---------------------------------------------------- llama-server's HTTP behaviour
+
+/// Tokens each request of the llama-server-like fake streams.
+const LLAMA_TOKENS: usize = 3;
+
+/// Reads one HTTP/1.1 request (head and `Content-Length` body); `None` at end of stream.
+fn read_request(conn: &mut std::net::TcpStream) -> Option<String> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        if conn.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    conn.read_exact(&mut body).ok()?;
+    Some(head)
+}
+
+/// A chunked-encoding chunk.
+fn chunk(data: &str) -> String {
+    format!("{:x}\r\n{data}\r\n", data.len())
+}
+
+/// Answers one request as llama-server (c392e50, cpp-httplib) does: keep-alive, chunked SSE
+/// frames with `timings`, usage on the last chunk, then `data: [DONE]`.
+fn llama_answer(conn: &mut std::net::TcpStream, head: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    if head.starts_with("get /v1/models") {
+        let body = r#"{"object":"list","data":[{"id":"model.gguf","object":"model","owned_by":"llamacpp"}]}"#;
+        let res = format!(
+            "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5, max=5\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        return conn.write_all(res.as_bytes());
+    }
+    conn.write_all(
+        b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5, max=5\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+    )?;
+    for i in 0..LLAMA_TOKENS {
+        let v = json!({"choices": [{"text": format!(" t{i}"), "index": 0, "logprobs": null, "finish_reason": null}], "model": "gpt-3.5-turbo", "object": "text_completion", "id": "x"});
+        conn.write_all(chunk(&format!("data: {v}\n\n")).as_bytes())?;
+    }
+    let last = json!({"choices": [{"text": "", "index": 0, "logprobs": null, "finish_reason": "length"}], "object": "text_completion", "usage": {"completion_tokens": LLAMA_TOKENS, "prompt_tokens": 2, "total_tokens": LLAMA_TOKENS + 2}, "timings": {"prompt_n": 2, "predicted_n": LLAMA_TOKENS}});
+    let tail = format!(
+        "{}{}0\r\n\r\n",
+        chunk(&format!("data: {last}\n\n")),
+        chunk("data: [DONE]\n\n")
+    );
+    conn.write_all(tail.as_bytes())
+}
+
+/// A server that speaks like llama-server and, like cpp-httplib when a keep-alive connection
+/// times out or reaches its request cap, closes a connection that carries a second request
+/// without answering it (the worst moment of that race, made certain). Returns the base URL.
+fn start_llama_like() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let Some(head) = read_request(&mut conn) else {
+                    return;
+                };
+                if llama_answer(&mut conn, &head).is_err() {
+                    return;
+                }
+                // The next request on this connection is read, then the connection closes.
+                let _ = read_request(&mut conn);
+            });
+        }
+    });
+    base
+}
+
+/// `kiln bench` against a llama-server-like peer: every request completes even though the
+/// server closes keep-alive connections under the client (the bench opens a connection per
+/// request), and llama-server's stream (usage in the last chunk, `[DONE]`) is read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_server_keep_alive_closes_are_not_failures() {
+    let base = start_llama_like();
+    for concurrency in ["1", "4"] {
+        let a = args(&[
+            "--base-url",
+            &base,
+            "--dataset",
+            "fixed",
+            "--prompt",
+            "x",
+            "--num-prompts",
+            "8",
+            "--max-concurrency",
+            concurrency,
+            "--output-len",
+            "3",
+            "--timeout-s",
+            "30",
+        ]);
+        let report = tokio::time::timeout(Duration::from_secs(60), kiln::bench::execute(&a))
+            .await
+            .expect("the bench finishes")
+            .expect("report");
+        assert_eq!(
+            (report.summary.completed, report.summary.failed),
+            (8, 0),
+            "c{concurrency}: {:?}",
+            report.summary.failures
+        );
+        assert_eq!(report.summary.total_output_tokens, 8 * LLAMA_TOKENS);
+        assert_eq!(report.summary.total_input_tokens, 8 * 2);
+    }
+}
+
 // ---------------------------------------------------------------- report and parsing
 
 fn record(i: usize, ttft: f64, gap: f64, out: usize, error: Option<&str>) -> RequestRecord {
@@ -407,6 +569,7 @@ fn bad_flags_are_errors_not_panics() {
         vec!["--dataset", "fixed"],
         vec!["--dataset", "nope"],
         vec!["--num-prompts", "0"],
+        vec!["--max-duration-s", "0"],
         vec!["--extra-body", "[1]"],
         vec!["--base-url", "localhost:8000"],
         vec!["--offline", "--endpoint", "chat"],

@@ -36,6 +36,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let t0 = Instant::now();
     let files = ModelFiles::open(&path, config.model.load_format)
         .with_context(|| format!("opening {}", path.display()))?;
+    tracing::info!(
+        open_s = t0.elapsed().as_secs_f64(),
+        "start-up: model file opened (header, tokenizer)"
+    );
     let engine =
         Engine::start(files, &devices, config.engine.clone()).context("starting the engine")?;
     let client = engine.client();

@@ -26,6 +26,9 @@ pub struct GpuOptions {
     /// The thread-group decode attention variant (off: the prefill kernels serve decode
     /// steps too; the config key `gpu_attn_decode`, for A/B measurements).
     pub attn_decode: bool,
+    /// The model has mixture-of-experts layers: start-up waits for their kernels too (else
+    /// they compile at the lowest CPU priority and load on first use).
+    pub moe: bool,
 }
 
 impl Default for GpuOptions {
@@ -38,6 +41,7 @@ impl Default for GpuOptions {
             graphs: true,
             gemv: true,
             attn_decode: true,
+            moe: true,
         }
     }
 }

@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// Per-request timeout in seconds.
     #[arg(long, default_value_t = 600.0)]
     pub timeout_s: f64,
+    /// End the run after this many seconds: requests still in flight or not yet sent are
+    /// reported as `unfinished` failures (the report of a stuck run, instead of none).
+    #[arg(long)]
+    pub max_duration_s: Option<f64>,
     /// Write every figure and per-request record as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -164,6 +168,11 @@ impl Plan {
         }
         if !(a.timeout_s.is_finite() && a.timeout_s > 0.0) {
             return Err(invalid("--timeout-s", "must be a positive number"));
+        }
+        if a.max_duration_s
+            .is_some_and(|d| !(d.is_finite() && d > 0.0))
+        {
+            return Err(invalid("--max-duration-s", "must be a positive number"));
         }
         if !(a.temperature.is_finite() && a.temperature >= 0.0) {
             return Err(invalid("--temperature", "must be a number >= 0"));
@@ -265,6 +274,7 @@ impl Plan {
                 rate: a.request_rate,
                 max_concurrency: a.max_concurrency,
                 seed: a.seed,
+                max_duration: a.max_duration_s.map(Duration::from_secs_f64),
             },
             seed: a.seed,
             params: RequestParams {

@@ -52,6 +52,8 @@ pub struct Arrival {
     pub max_concurrency: Option<usize>,
     /// Seed of the arrival times.
     pub seed: u64,
+    /// The run ends this long after its start, whatever is still in flight.
+    pub max_duration: Option<Duration>,
 }
 
 impl Arrival {
@@ -73,8 +75,9 @@ impl Arrival {
 }
 
 /// Runs `n` requests through `send` (given the index and the run start), honouring the
-/// arrival schedule and the concurrency cap. Returns the records in index order and the wall
-/// time from the start to the last request's end.
+/// arrival schedule, the concurrency cap and the run's maximum duration (requests in flight
+/// then are dropped, and they and those not sent are recorded as `unfinished`). Returns the
+/// records in index order and the wall time from the start to the last request's end.
 pub async fn drive<F, Fut>(
     n: usize,
     arrival: &Arrival,
@@ -90,9 +93,13 @@ where
         .max_concurrency
         .map(|c| Arc::new(Semaphore::new(c.max(1))));
     let start = Instant::now();
+    let deadline = arrival.max_duration.map(|d| start + d);
     let mut tasks = JoinSet::new();
     let mut records = Vec::with_capacity(n);
     for (i, at) in offsets.into_iter().enumerate() {
+        if deadline.is_some_and(|d| start + at >= d) {
+            break;
+        }
         tokio::time::sleep_until((start + at).into()).await;
         let limit = limit.clone();
         let fut = send(i, start);
@@ -110,12 +117,33 @@ where
             collect(joined, &mut records);
         }
     }
-    while let Some(joined) = tasks.join_next().await {
-        collect(joined, &mut records);
+    loop {
+        let next = match deadline {
+            Some(d) => match tokio::time::timeout_at(d.into(), tasks.join_next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    tasks.abort_all();
+                    break;
+                }
+            },
+            None => tasks.join_next().await,
+        };
+        match next {
+            Some(joined) => collect(joined, &mut records),
+            None => break,
+        }
     }
     let wall = start.elapsed();
     records.sort_by_key(|r| r.index);
-    fill_lost(&mut records, n);
+    let lost = if deadline.is_some_and(|d| Instant::now() >= d) {
+        Failure::new(
+            "unfinished",
+            "in flight or not yet sent when --max-duration-s ended the run",
+        )
+    } else {
+        Failure::new("bench_task_panicked", "the request task panicked")
+    };
+    fill_lost(&mut records, n, lost);
     (records, wall)
 }
 
@@ -125,12 +153,14 @@ fn collect(
 ) {
     match joined {
         Ok(r) => records.push(r),
+        Err(e) if e.is_cancelled() => {}
         Err(e) => tracing::error!(error = %e, "a benchmark request task failed"),
     }
 }
 
-/// Records a failure for any index whose task died, so every request is accounted for.
-fn fill_lost(records: &mut Vec<RequestRecord>, n: usize) {
+/// Records `failure` for any index without a record (its task died, or the run ended first),
+/// so every request is accounted for.
+fn fill_lost(records: &mut Vec<RequestRecord>, n: usize, failure: Failure) {
     if records.len() == n {
         return;
     }
@@ -148,10 +178,7 @@ fn fill_lost(records: &mut Vec<RequestRecord>, n: usize) {
             usage_reported: false,
             expected_prompt_tokens: None,
             requested_output_tokens: 0,
-            error: Some(Failure::new(
-                "bench_task_panicked",
-                "the request task panicked",
-            )),
+            error: Some(failure.clone()),
         });
     }
     records.sort_by_key(|r| r.index);

@@ -53,11 +53,17 @@ pub struct HttpTarget {
     params: RequestParams,
 }
 
-/// An HTTP client with a total per-request timeout and no proxy.
+/// An HTTP client with a total per-request timeout, no proxy, and a new connection for every
+/// request. Reusing idle keep-alive connections races the server closing them: llama-server
+/// (cpp-httplib) drops a connection idle for 5 s, or after 100 requests, and a request sent
+/// on it as it closes fails with nothing received ("error sending request"), a failure of
+/// the client, not of the server under test. Locally a connection costs well under a
+/// millisecond of TTFT.
 pub fn http_client(timeout: Duration) -> Result<reqwest::Client, BenchError> {
     reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(Duration::from_secs(10).min(timeout))
+        .pool_max_idle_per_host(0)
         .tcp_nodelay(true)
         .no_proxy()
         .build()

@@ -91,6 +91,7 @@ fn device_body(device: Device) -> LaneBody {
             timing_period: (c.kernel_timing_period > 0).then_some(c.kernel_timing_period),
             gemv: c.gpu_gemv,
             attn_decode: c.gpu_attn_decode,
+            moe: ctx.files.spec.variant.moe.is_some(),
             ..GpuOptions::default()
         };
         let group = vec![id; c.tensor_parallel_size.max(1)];

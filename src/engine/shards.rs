@@ -46,14 +46,23 @@ where
             peers.len() + 1
         )));
     }
+    let t0 = std::time::Instant::now();
     let (mut backend, model, peers, sizes) = if tp == 1 {
         let mut backend = make()?;
+        let backend_s = t0.elapsed().as_secs_f64();
+        let t1 = std::time::Instant::now();
         let model = Llama::load(
             &mut backend,
             files,
             cfg.max_num_batched_tokens,
             cfg.max_num_seqs,
         )?;
+        tracing::info!(
+            lane = index,
+            backend_s,
+            weights_s = t1.elapsed().as_secs_f64(),
+            "start-up: backend opened, weights loaded"
+        );
         let size = ShardSizing::of(&backend, cfg.gpu_memory_utilization);
         (backend, model, None, vec![size])
     } else {
@@ -78,7 +87,9 @@ where
         n_kv_heads: local.n_kv_heads,
         head_dim: local.head_dim,
     };
+    let t2 = std::time::Instant::now();
     let kv = backend.alloc_kv(&shape)?;
+    let kv_s = t2.elapsed().as_secs_f64();
     if let Some(p) = &peers {
         p.alloc_kv(shape).map_err(spec_err)?;
     }
@@ -92,6 +103,8 @@ where
         tokens = blocks * cfg.block_size,
         bytes = pool_bytes,
         budget_bytes = budget,
+        alloc_s = kv_s,
+        lane_s = t0.elapsed().as_secs_f64(),
         "KV pool sized from the model and the memory budget (per shard)"
     );
     Ok((backend, model, kv, peers, blocks))

@@ -5,10 +5,13 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Instant;
 
 use super::device::Device;
 use super::qtype::QType;
-use super::runtime::{DeviceInfo, Runtime, dev_err};
+use super::runtime::{DeviceInfo, Runtime};
 use crate::backend::{BackendError, DType};
 
 const PRELUDE: &str = include_str!("../../../kernels/prelude.cuh");
@@ -552,19 +555,68 @@ impl Kernel {
     }
 }
 
-/// The loaded kernels of one backend. Modules stay loaded as long as this lives.
+/// The loaded kernels of one backend. Every source compiles (or is read from the cache) on a
+/// thread of its own from [`Kernels::load`] on, while the model's weights upload; a source's
+/// module is loaded when one of its kernels is first asked for ([`Kernels::get`]) or when
+/// [`Kernels::wait_core`] asks for every source a dense model runs. Modules stay loaded as
+/// long as this lives.
 pub struct Kernels<R: Runtime> {
+    slots: HashMap<Source, Slot<R>>,
+    dt: DType,
+    /// The model has mixture-of-experts layers (their sources are waited for too).
+    moe: bool,
+    started: Instant,
+}
+
+/// One source: its compile thread until joined, then its module and functions (or the
+/// error, kept as text and returned for every later kernel of the source).
+struct Slot<R: Runtime> {
+    pending: Mutex<Option<JoinHandle<Result<Compiled, BackendError>>>>,
+    loaded: OnceLock<Result<Loaded<R>, String>>,
+}
+
+/// A source's code object and how it was made.
+struct Compiled {
+    image: Vec<u8>,
+    /// Read from the kernel cache rather than compiled.
+    cached: bool,
+    /// Seconds the compile (or the cache read) took on its thread.
+    secs: f64,
+}
+
+struct Loaded<R: Runtime> {
     funcs: HashMap<Kernel, R::Func>,
-    _modules: Vec<R::Module>,
+    _module: R::Module,
+}
+
+/// Whether a model runs `src` (the mixture-of-experts sources only for `moe` models): start-up
+/// waits for these. The others compile at the lowest CPU priority and load on first use.
+fn core_source(src: Source, moe: bool) -> bool {
+    moe || !matches!(src, Source::Moe | Source::MoeQuant)
+}
+
+/// Lowers the calling thread's CPU priority to the least (Linux; elsewhere nothing), so a
+/// compile nobody waits for takes only idle cores.
+fn lowest_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on the calling thread's own id; a failure leaves the priority.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
+    }
 }
 
 impl<R: Runtime> Kernels<R> {
-    /// Compiles (or reads from `cache_dir`) every source for `dev` and loads every kernel.
-    /// A missing entry point is a startup error naming its op.
+    /// Starts compiling (or reading from `cache_dir`) every source with kernels for `dt`, one
+    /// thread each, for `dev`; `moe`: the model has mixture-of-experts layers. Nothing waits
+    /// here: a compile error or a missing entry point is returned by the first
+    /// [`Kernels::get`] of a kernel in that source, and by [`Kernels::wait_core`], which
+    /// start-up calls before the lane reports ready.
     pub fn load(
         dev: &Device<R>,
         dt: DType,
         cache_dir: Option<&Path>,
+        moe: bool,
     ) -> Result<Kernels<R>, BackendError> {
         let opts = compile_options::<R>(&dev.info, dt);
         let salt = format!(
@@ -574,67 +626,154 @@ impl<R: Runtime> Kernels<R> {
             dev.info.driver_version,
             R::compiler_version()
         );
-        // A source with no entry point for `dt` (qmma.cu in f32) is not compiled.
-        let used: Vec<Source> = Source::ALL
+        let all = Kernel::all();
+        // A source with no entry point for `dt` (qmma.cu in f32) is not compiled. The largest
+        // sources start first, so they are not queued behind small ones.
+        let mut used: Vec<Source> = Source::ALL
             .into_iter()
-            .filter(|&src| {
-                Kernel::all()
-                    .into_iter()
-                    .any(|k| k.source() == src && k.available(dt))
-            })
+            .filter(|&src| all.iter().any(|k| k.source() == src && k.available(dt)))
             .collect();
-        let images: Vec<Result<Vec<u8>, BackendError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = used
-                .iter()
-                .map(|&src| {
-                    let (opts, salt) = (&opts, &salt);
-                    s.spawn(move || cached_compile::<R>(src, opts, salt, cache_dir))
+        used.sort_by_key(|s| std::cmp::Reverse(s.full_text().len()));
+        let mut slots = HashMap::new();
+        for src in used {
+            let (opts, salt) = (opts.clone(), salt.clone());
+            let dir = cache_dir.map(Path::to_path_buf);
+            let core = core_source(src, moe);
+            let handle = std::thread::Builder::new()
+                .name(format!("kiln-nvrtc-{}", src.file()))
+                .spawn(move || {
+                    if !core {
+                        lowest_priority();
+                    }
+                    let c = cached_compile::<R>(src, &opts, &salt, dir.as_deref());
+                    if let Ok(c) = &c {
+                        tracing::info!(
+                            backend = R::NAME,
+                            source = src.file(),
+                            cached = c.cached,
+                            secs = c.secs,
+                            bytes = c.image.len(),
+                            waited_for = core,
+                            "kernel source compiled"
+                        );
+                    }
+                    c
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(compile_err::<R>("compile thread panicked".into())))
-                })
-                .collect()
-        });
-        let mut modules = HashMap::new();
-        for (src, image) in used.iter().zip(images) {
-            let module = dev
-                .rt
-                .load_module(&image?)
-                .map_err(dev_err("load_module"))?;
-            modules.insert(*src, module);
-        }
-        let mut funcs = HashMap::new();
-        for k in Kernel::all().into_iter().filter(|k| k.available(dt)) {
-            let f = dev
-                .rt
-                .function(&modules[&k.source()], &k.entry(dt))
-                .ok_or_else(|| BackendError::Unsupported {
-                    backend: R::NAME,
-                    op: k.op(),
-                    dtype: format!(
-                        "{dt:?} (entry point {} missing in {})",
-                        k.entry(dt),
-                        k.source().file()
-                    ),
-                })?;
-            funcs.insert(k, f);
+                .map_err(|e| compile_err::<R>(format!("cannot start a compile thread: {e}")))?;
+            slots.insert(
+                src,
+                Slot {
+                    pending: Mutex::new(Some(handle)),
+                    loaded: OnceLock::new(),
+                },
+            );
         }
         Ok(Kernels {
-            funcs,
-            _modules: modules.into_values().collect(),
+            slots,
+            dt,
+            moe,
+            started: Instant::now(),
         })
     }
 
-    /// Compiler resource use of every kernel: (kernel, registers per thread, local
-    /// (spill) bytes per thread, static shared bytes per block).
+    /// Waits for every source the model runs and loads its module: after this, start-up has
+    /// seen every compile error that serving the model could meet. Logs what the wait cost.
+    pub fn wait_core(&self, rt: &R) -> Result<(), BackendError> {
+        let t0 = Instant::now();
+        let mut core: Vec<Source> = self
+            .slots
+            .keys()
+            .copied()
+            .filter(|&s| core_source(s, self.moe))
+            .collect();
+        core.sort_by_key(|s| s.file());
+        for &src in &core {
+            self.slot(rt, src)?;
+        }
+        tracing::info!(
+            backend = R::NAME,
+            sources = core.len(),
+            since_start_s = self.started.elapsed().as_secs_f64(),
+            waited_s = t0.elapsed().as_secs_f64(),
+            "kernels ready"
+        );
+        Ok(())
+    }
+
+    /// The loaded module of `src` (joining its compile thread and loading it on first use).
+    fn slot(&self, rt: &R, src: Source) -> Result<&Loaded<R>, BackendError> {
+        let slot = self.slots.get(&src).ok_or(BackendError::Unsupported {
+            backend: R::NAME,
+            op: "kernel source",
+            dtype: format!("{:?} ({} has no entry points)", self.dt, src.file()),
+        })?;
+        slot.loaded
+            .get_or_init(|| Self::finish(rt, src, self.dt, slot, self.started))
+            .as_ref()
+            .map_err(|message| compile_err::<R>(message.clone()))
+    }
+
+    /// Joins `src`'s compile, loads the module and resolves every entry point of `dt`.
+    fn finish(
+        rt: &R,
+        src: Source,
+        dt: DType,
+        slot: &Slot<R>,
+        started: Instant,
+    ) -> Result<Loaded<R>, String> {
+        let t0 = Instant::now();
+        let handle = slot
+            .pending
+            .lock()
+            .map_err(|_| "compile slot poisoned".to_string())?
+            .take()
+            .ok_or_else(|| format!("{}: compile result already taken", src.file()))?;
+        let compiled = handle
+            .join()
+            .unwrap_or_else(|_| Err(compile_err::<R>("compile thread panicked".into())))
+            .map_err(|e| e.to_string())?;
+        let waited = t0.elapsed().as_secs_f64();
+        let module = rt
+            .load_module(&compiled.image)
+            .map_err(|e| format!("load_module {}: {e}", src.file()))?;
+        let mut funcs = HashMap::new();
+        for k in Kernel::all()
+            .into_iter()
+            .filter(|k| k.source() == src && k.available(dt))
+        {
+            let f = rt.function(&module, &k.entry(dt)).ok_or_else(|| {
+                format!(
+                    "op {}: {dt:?} entry point {} missing in {}",
+                    k.op(),
+                    k.entry(dt),
+                    src.file()
+                )
+            })?;
+            funcs.insert(k, f);
+        }
+        tracing::debug!(
+            backend = R::NAME,
+            source = src.file(),
+            waited_s = waited,
+            load_s = t0.elapsed().as_secs_f64() - waited,
+            since_start_s = started.elapsed().as_secs_f64(),
+            "kernel source loaded"
+        );
+        Ok(Loaded {
+            funcs,
+            _module: module,
+        })
+    }
+
+    /// Compiler resource use of every kernel (each source loaded first; one that fails to
+    /// compile is left out): (kernel, registers per thread, local (spill) bytes per thread,
+    /// static shared bytes per block).
     pub fn resources(&self, rt: &R) -> Vec<(Kernel, i32, i32, i32)> {
         let mut v: Vec<_> = self
-            .funcs
-            .iter()
+            .slots
+            .keys()
+            .filter_map(|&src| self.slot(rt, src).ok())
+            .flat_map(|l| l.funcs.iter())
             .map(|(k, f)| {
                 let (regs, local, shared) = rt.resources(f);
                 (*k, regs, local, shared)
@@ -644,13 +783,20 @@ impl<R: Runtime> Kernels<R> {
         v
     }
 
-    /// The loaded function of `k`.
-    pub fn get(&self, k: Kernel) -> Result<&R::Func, BackendError> {
-        self.funcs.get(&k).ok_or(BackendError::Unsupported {
+    /// The function of `k`, its source's module loaded on first use.
+    pub fn get(&self, rt: &R, k: Kernel) -> Result<&R::Func, BackendError> {
+        let unsupported = || BackendError::Unsupported {
             backend: R::NAME,
             op: k.op(),
-            dtype: "any".into(),
-        })
+            dtype: format!("{:?}", self.dt),
+        };
+        if !k.available(self.dt) {
+            return Err(unsupported());
+        }
+        self.slot(rt, k.source())?
+            .funcs
+            .get(&k)
+            .ok_or_else(unsupported)
     }
 }
 
@@ -705,7 +851,8 @@ fn cached_compile<R: Runtime>(
     opts: &[String],
     salt: &str,
     dir: Option<&Path>,
-) -> Result<Vec<u8>, BackendError> {
+) -> Result<Compiled, BackendError> {
+    let t0 = Instant::now();
     let text = src.full_text();
     let key = format!("{:016x}", fnv64(&[text.as_bytes(), salt.as_bytes()]));
     let path: Option<PathBuf> = dir.map(|d| {
@@ -720,14 +867,22 @@ fn cached_compile<R: Runtime>(
     {
         let header = [MAGIC, key.as_bytes(), b"\n"].concat();
         if let Some(image) = bytes.strip_prefix(header.as_slice()) {
-            return Ok(image.to_vec());
+            return Ok(Compiled {
+                image: image.to_vec(),
+                cached: true,
+                secs: t0.elapsed().as_secs_f64(),
+            });
         }
     }
     let image = R::compile(&text, src.file(), opts).map_err(|e| compile_err::<R>(e.to_string()))?;
     if let Some(p) = &path {
         store(p, &key, &image);
     }
-    Ok(image)
+    Ok(Compiled {
+        image,
+        cached: false,
+        secs: t0.elapsed().as_secs_f64(),
+    })
 }
 
 /// Writes a cache entry atomically (temp file + rename); failures only cost a recompile.

@@ -115,6 +115,8 @@ struct Scratch {
     qx: Option<matmul::QxRows>,
     /// Weight bytes on the device and in the file (the load log).
     weight_bytes: (usize, usize),
+    /// Seconds spent in `upload_weight` (host repacking, copies and conversion launches).
+    upload_s: f64,
 }
 
 fn invalid(m: String) -> BackendError {
@@ -172,11 +174,23 @@ impl<R: Runtime> GpuBackend<R> {
         R::available().is_ok()
     }
 
-    /// Opens device `ordinal`, compiles or loads every kernel, creates the BLAS handle.
+    /// Opens device `ordinal`, starts compiling (or reading from the cache) every kernel,
+    /// creates the BLAS handle.
     pub fn new(ordinal: usize, opts: GpuOptions) -> Result<GpuBackend<R>, BackendError> {
+        let t0 = std::time::Instant::now();
         let dev = Device::<R>::open(ordinal, opts.sync_check, opts.timing_period)?;
-        let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref())?;
+        let open_s = t0.elapsed().as_secs_f64();
+        // The kernels compile on threads of their own while the weights upload.
+        let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref(), opts.moe)?;
+        let t1 = std::time::Instant::now();
         let blas = dev.rt.blas().map_err(runtime::dev_err("blas"))?;
+        tracing::info!(
+            backend = R::NAME,
+            ordinal,
+            device_open_s = open_s,
+            blas_s = t1.elapsed().as_secs_f64(),
+            "start-up: device context and BLAS handle"
+        );
         let i = &dev.info;
         let mma = R::NAME == "cuda" && opts.dtype == DType::Bf16 && sm_version(&i.arch) >= 80;
         tracing::info!(backend = R::NAME, device = %i.name, ordinal, arch = %i.arch, sms = i.sm_count, warp = i.warp_size, dtype = ?opts.dtype, "gpu backend ready");
@@ -261,7 +275,8 @@ impl<R: Runtime> GpuBackend<R> {
     /// Launches `k` with a positional list (only through [`GpuBackend::launch_with`]).
     fn launch(&mut self, k: Kernel, grid: Grid, args: &[Arg]) -> Result<(), BackendError> {
         self.scratch.qx = None;
-        self.dev.launch(k.op(), self.kernels.get(k)?, grid, 0, args)
+        let f = self.kernels.get(&self.dev.rt, k)?;
+        self.dev.launch(k.op(), f, grid, 0, args)
     }
 
     /// Launches `k` with its typed arguments; a kernel of another signature is refused.
@@ -305,7 +320,9 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         // New buffers (a new model, new scratch) retire recorded graphs.
         self.generation += 1;
         let (label, file) = (w.type_label(), w.byte_len());
+        let t0 = std::time::Instant::now();
         let parts = self.upload_parts(w)?;
+        self.scratch.upload_s += t0.elapsed().as_secs_f64();
         let w = GpuWeight { parts, rows, cols };
         if w.dense().is_none() {
             let bytes = rows * cols * self.dt.size();
@@ -338,13 +355,19 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     }
 
     fn alloc_kv(&mut self, shape: &KvShape) -> Result<GpuKv, BackendError> {
+        // The lane reports ready after this: every kernel a dense model runs is loaded now,
+        // so a compile error shows at start-up and the first request does not wait.
+        self.kernels.wait_core(&self.dev.rt)?;
         self.generation += 1;
         let (device, file) = self.scratch.weight_bytes;
         let scratch = self.scratch.dequant.as_ref().map_or(0, DevBuf::bytes);
+        let upload_s = self.scratch.upload_s;
         tracing::info!(
             weights_device_bytes = device,
             weights_file_bytes = file,
             dequant_scratch_bytes = scratch,
+            upload_s,
+            upload_gb_per_s = file as f64 / upload_s.max(1e-9) / 1e9,
             "weights on the device"
         );
         let hd = shape.head_dim;

@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Cold start of `kiln serve` on the GPU machine (issue 15): process start to the first answered
+# one-token completion, with an empty kernel cache and again with it warm, for one or more
+# Kiln binaries on the same Llama-3-8B-shape Q4_K_M file (page cache warm), plus
+# llama-server's on the same file when its binaries are in the folder. Each Kiln start's
+# start-up log lines (device context, per-source kernel compile, weight upload, KV pool) go
+# into the summary.
+# Stage here (CPU machine), then carry the folder:
+#   d=/work/main/target/dev-cold; mkdir -p $d
+#   cargo build --release --features cuda && objcopy --strip-all target/release/kiln $d/kiln \
+#     && gzip -f $d/kiln        (more binaries: kiln-NAME.gz, each is timed)
+#   cp scripts/cold_start.sh scripts/make_moe_gguf.py ../shared/peers/make_gguf.py $d/
+#   cp ../main/target/dev-moepeer/{gguf-py.tgz,tok.tgz,lcpp-bin.txz} $d/   (llama.cpp optional)
+#   run: bash target/dev-cold/cold_start.sh          (carry target/dev-cold)
+# Environment: COLD_SPLITS (e.g. "0 off 4": one cold start of the first binary per
+# KILN_NVRTC_SPLIT value), BENCH=1 then runs `kiln bench` at concurrency 64 (512 in, 128 out)
+# against llama-server (each binary) and kiln serve.
+# Everything goes to $OUT: summary.txt and logs.tgz.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out=${OUT:-/tmp/cold-out}
+work=/tmp/coldstart
+logs=$work/logs
+rm -rf "$logs"
+mkdir -p "$out" "$work" "$logs"
+now() { date +%s%N; }
+secs() { local ns=$(( $(now) - $1 )); printf '%d.%02d' $(( ns / 1000000000 )) $(( ns / 10000000 % 100 )); }
+T0=$(now)
+summary=$logs/summary.txt
+say() { echo "[$(secs "$T0") s] $*" | tee -a "$summary"; }
+finish() {
+    cp "$summary" "$out/summary.txt"
+    tar czf "$out/logs.tgz" -C "$logs" . 2> /dev/null
+}
+trap finish EXIT
+for d in /usr/local/cuda/lib64 $(python3 -c 'import os, nvidia
+for p in nvidia.__path__:
+    for s in sorted(os.listdir(p)):
+        q=os.path.join(p,s,"lib")
+        os.path.isdir(q) and print(q)' 2>/dev/null); do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader) | $(nproc) cores"
+bins=()
+for gz in "$here"/kiln*.gz; do
+    name=$(basename "$gz" .gz)
+    gunzip -c "$gz" > "$work/$name" && chmod +x "$work/$name" && bins+=("$name")
+done
+lcpp=$work/lcpp
+mkdir -p "$lcpp/bin"
+tar xzf "$here/gguf-py.tgz" -C "$lcpp"
+tar xzf "$here/tok.tgz" -C "$work"
+if [ -f "$here/lcpp-bin.txz" ]; then
+    tar xaf "$here/lcpp-bin.txz" -C "$lcpp/bin" 2> /dev/null \
+        || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+            "$here/lcpp-bin.txz" "$lcpp/bin"
+fi
+export LD_LIBRARY_PATH="$lcpp/bin:${LD_LIBRARY_PATH:-}"
+gguf_py=$(dirname "$(find "$lcpp" -name __init__.py -path '*gguf/__init__.py' | head -1)")
+model=$work/d8b-q4km.gguf
+dev=${KILN_DEV:-cuda:0}
+[ -s "$model" ] || LLAMA3_TOKENIZER_DIR=$work/llama3.2 PYTHONPATH=$(dirname "$gguf_py") \
+    python3 "$here/make_moe_gguf.py" "$model" --shape llama3-8b > "$logs/make_8b.log" 2>&1 \
+    || { say "make_moe_gguf failed"; tail -5 "$logs/make_8b.log" | tee -a "$summary"; exit 1; }
+say "8B Q4_K_M file: $(stat -c %s "$model") bytes"
+cat "$model" > /dev/null
+
+# Waits for a server on port $1 to answer a one-token completion; prints the seconds from $2.
+first_answer() {
+    local port=$1 t0=$2 code
+    for _ in $(seq 1 1500); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "localhost:$port/v1/completions" \
+            -H 'Content-Type: application/json' -d '{"prompt":"Hello","max_tokens":1}')
+        [ "$code" = 200 ] && { secs "$t0"; return 0; }
+        sleep 0.02
+    done
+    echo "never"
+    return 1
+}
+# One Kiln start: binary, home (HOME and XDG_CACHE_HOME: the kernel cache, and any cache
+# NVRTC or the driver keep under HOME), log name, then env assignments.
+kiln_start() {
+    local bin=$1 home=$2 name=$3; shift 3
+    local t0 spid
+    mkdir -p "$home"
+    t0=$(now)
+    env "$@" KILN_LOG=info HOME="$home" XDG_CACHE_HOME="$home/.cache" "$work/$bin" serve \
+        --model "$model" --device "$dev" --port 8125 > "$logs/$name.log" 2>&1 &
+    spid=$!
+    say "$name: first answer after $(first_answer 8125 "$t0") s"
+    grep -E "start-up|kernel source compiled|kernels ready|weights on the device|KV pool|engine ready" \
+        "$logs/$name.log" | sed -E 's/\x1b\[[0-9;]*m//g; s/^.*(INFO|WARN) //' | cut -c1-400 >> "$summary"
+    kill "$spid"; wait "$spid" 2> /dev/null
+    (cd "$home" && find . -type f | sed 's/-[0-9a-f]\{16\}\.bin$/.bin/' | sort | uniq -c | head -20) \
+        > "$logs/$name.files.txt"
+}
+# Each binary: a cold start (fresh home) for each KILN_NVRTC_SPLIT value of COLD_SPLITS
+# (the first binary only; `default` leaves it unset), then a warm one on the last home.
+for bin in "${bins[@]}"; do
+    splits=default
+    [ "$bin" = "${bins[0]}" ] && splits=${COLD_SPLITS:-default}
+    n=0
+    for split in $splits; do
+        n=$((n + 1))
+        home=$work/home-$bin-$n
+        rm -rf "$home"
+        if [ "$split" = default ]; then
+            kiln_start "$bin" "$home" "$bin-cold-$n"
+        else
+            kiln_start "$bin" "$home" "$bin-cold-$n-split-$split" KILN_NVRTC_SPLIT="$split"
+        fi
+    done
+    kiln_start "$bin" "$home" "$bin-warm"
+done
+# F16=1: the same on the 16 GB F16 file of ../shared/peers/make_gguf.py (copied into the
+# folder): a cold and a warm Kiln start of the first binary, then llama-server's start.
+if [ -n "${F16:-}" ] && [ -f "$here/make_gguf.py" ]; then
+    f16=$work/d8b-f16.gguf
+    [ -s "$f16" ] || LLAMA3_TOKENIZER_DIR=$work/llama3.2 PYTHONPATH=$(dirname "$gguf_py") \
+        python3 "$here/make_gguf.py" "$f16" > "$logs/make_f16.log" 2>&1 \
+        || { say "make_gguf failed"; tail -5 "$logs/make_f16.log" | tee -a "$summary"; }
+    if [ -s "$f16" ]; then
+        say "8B F16 file: $(stat -c %s "$f16") bytes"
+        cat "$f16" > /dev/null
+        q4=$model
+        model=$f16
+        rm -rf "$work/home-f16"
+        kiln_start "${bins[0]}" "$work/home-f16" "f16-${bins[0]}-cold"
+        kiln_start "${bins[0]}" "$work/home-f16" "f16-${bins[0]}-warm"
+        if [ -x "$lcpp/bin/llama-server" ]; then
+            t0=$(now)
+            "$lcpp/bin/llama-server" -m "$f16" -ngl 99 -fa -np 64 -c 65536 -dt 0.1 --port 8081 \
+                > "$logs/llama-server-f16.log" 2>&1 &
+            lpid=$!
+            say "llama-server F16: first answer after $(first_answer 8081 "$t0") s"
+            kill "$lpid"; wait "$lpid" 2> /dev/null
+        fi
+        model=$q4
+    fi
+fi
+if [ -x "$lcpp/bin/llama-server" ]; then
+    for i in 1 2; do
+        t0=$(now)
+        "$lcpp/bin/llama-server" -m "$model" -ngl 99 -fa -np 64 -c 65536 -dt 0.1 --port 8081 \
+            > "$logs/llama-server-$i.log" 2>&1 &
+        lpid=$!
+        say "llama-server start $i: first answer after $(first_answer 8081 "$t0") s"
+        if [ -n "${BENCH:-}" ] && [ "$i" = 2 ]; then
+            for bin in "${bins[@]}"; do
+                nstat -n > /dev/null 2>&1
+                timeout "${BENCH_S:-100}" "$work/$bin" bench --base-url http://127.0.0.1:8081 \
+                    --tokenizer "$model" --num-prompts 128 --max-concurrency 64 --input-len 512 \
+                    --output-len 128 --seed 21 --ignore-eos --json "$logs/bench-llama-$bin.json" \
+                    > "$logs/bench-llama-$bin.log" 2>&1 &
+                bpid=$!
+                # Connections to the server while the bench runs (a stuck one shows here).
+                for t in 20 40 60 80; do
+                    sleep 20
+                    kill -0 "$bpid" 2> /dev/null || break
+                    echo "== ${t} s" >> "$logs/bench-llama-$bin-conns.txt"
+                    (ss -tanoi '( dport = :8081 or sport = :8081 )' 2> /dev/null \
+                        || netstat -tno 2> /dev/null | grep 8081 \
+                        || grep -c ':1F91 ' /proc/net/tcp) >> "$logs/bench-llama-$bin-conns.txt" 2>&1
+                done
+                wait "$bpid"
+                say "$bin bench c64 against llama-server: exit $?"
+                nstat 2> /dev/null | grep -E "ListenOverflows|ListenDrops|SynRetrans|TCPTimeouts|AbortOn" \
+                    | tr -s ' ' | tr '\n' ';' | tee -a "$summary"; echo >> "$summary"
+                grep -E "^(Output token throughput|TTFT|TPOT|Failed|Successful|Benchmark duration)" \
+                    "$logs/bench-llama-$bin.log" | tee -a "$summary"
+            done
+            grep -cE "processing task" "$logs/llama-server-$i.log" | sed 's/^/llama-server tasks: /' \
+                | tee -a "$summary"
+        fi
+        kill "$lpid"; wait "$lpid" 2> /dev/null
+    done
+fi
+if [ -n "${BENCH:-}" ]; then
+    KILN_LOG=info HOME="$work/home-${bins[0]}-1" XDG_CACHE_HOME="$work/home-${bins[0]}-1/.cache" \
+        "$work/${bins[0]}" serve --model "$model" --device "$dev" --port 8125 \
+        > "$logs/serve-bench.log" 2>&1 &
+    spid=$!
+    say "kiln serve for the bench: first answer after $(first_answer 8125 "$(now)") s"
+    timeout 60 "$work/${bins[0]}" bench --base-url http://127.0.0.1:8125 --num-prompts 128 \
+        --max-concurrency 64 --input-len 512 --output-len 128 --seed 21 --ignore-eos \
+        > "$logs/bench-kiln.log" 2>&1
+    say "kiln bench c64 against kiln serve: exit $?"
+    grep -E "^(Output token throughput|TTFT|TPOT|Failed|Successful|Benchmark duration)" \
+        "$logs/bench-kiln.log" | tee -a "$summary"
+    kill "$spid"; wait "$spid" 2> /dev/null
+fi
+say done
