@@ -1,53 +1,80 @@
-// Tiled matmul of a batch of rows with a quantized weight part, without a dequantized copy
-// of the weight (bf16 compute only; f32 keeps the dequant + GEMM path; the tile core is
-// qmma_tile of qmma.cuh):
-//   qmma_<q>_bf16_m<BM>:  y[m, j] = sum_k x[m, k] * W[j, k] (+ bias[j])   m < rows, j < n
-//   qmma_reduce_bf16:     y[m, j] = sum_z ws[z][m][j] (+ bias[j])          (split-k partials)
+// Tiled matmul of a batch of rows with up to three stacked quantized weight parts in one
+// launch, without a dequantized copy of the weight (bf16 compute only; f32 keeps the
+// dequant + GEMM path; the tile core is qmma_tile of qmma.cuh):
+//   qmma_<q>_bf16_m<BM>:         y[m, j] = sum_k x[m, k] * [W0; W1; W2][j, k] (+ bias[j])
+//   qmmamix_<q>_q6k_bf16_m<BM>:  the same with part 2 of type Q6_K (a Q4_K_M / Q5_K_M qkv)
+//   qmma_reduce_bf16:            y[m, j] = sum_z ws[z][m][j] (+ bias[j])   (split-k partials)
+// for m < rows, j < r0 + r1 + r2 (part p has rp rows, 0 when absent; its columns follow the
+// earlier parts').
 //
-// Grid (ceil(n / QMMA_BN), ceil(rows / BM), splits), QMMA_THREADS threads; the block's
-// product is qmma_tile of qmma.cuh over x rows m0..m0+BM (rows past `rows` zero). Split z
-// of the k range takes k-tiles [z * per, min(nt, (z + 1) * per)), per = ceil(nt / splits);
-// with one split the block writes y, else f32 partial sums to ws[z * rows * n + m * n + j]
-// (no bias), which qmma_reduce_bf16 sums into y. A 4096-row weight at a batch of 32 is 64
-// blocks: the splits fill the SMs and keep more loads in flight.
-// Output column j of the part lands at y[m * ldy + j]: a stacked weight's parts each write
-// their columns (the host offsets y and bias by the part's first row).
+// Grid (blocks of QMMA_BN columns of each part in turn, ceil(rows / BM), splits),
+// QMMA_THREADS threads; the block's product is qmma_tile over x rows m0..m0+BM (rows past
+// `rows` zero). Split z of the k range takes k-tiles [z * per, min(nt, (z + 1) * per)),
+// per = ceil(nt / splits); with one split the block writes y, else f32 partial sums to
+// ws[z * rows * n + m * n + j] (n = r0 + r1 + r2, no bias), which qmma_reduce_bf16 sums
+// into y. A 4096-row weight at a batch of 32 is 64 blocks: the splits fill the SMs and keep
+// more loads in flight. Output column j lands at y[m * ldy + j]: the host offsets y and
+// bias by the first part's first row in a larger stack.
 
-template <typename Q, int BM>
-__device__ __forceinline__ void qmma_impl(const u8* __restrict__ w, const bf16* __restrict__ x,
+template <typename QA, typename QB, int BM>
+__device__ __forceinline__ void qmma_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                                          const u8* __restrict__ w2, const bf16* __restrict__ x,
                                           const bf16* __restrict__ bias, bf16* __restrict__ y,
-                                          float* __restrict__ ws, int k, int n, int rows, int ldy) {
-    const int n0 = blockIdx.x * QMMA_BN, m0 = blockIdx.y * BM;
+                                          float* __restrict__ ws, int k, int r0, int r1, int r2, int rows,
+                                          int ldy) {
+    const int b0 = (r0 + QMMA_BN - 1) / QMMA_BN, b1 = (r1 + QMMA_BN - 1) / QMMA_BN;
+    int bx = blockIdx.x, col0 = 0, n = r0;
+    const u8* w = w0;
+    if (bx >= b0 + b1) {
+        bx -= b0 + b1;
+        w = w2;
+        col0 = r0 + r1;
+        n = r2;
+    } else if (bx >= b0) {
+        bx -= b0;
+        w = w1;
+        col0 = r0;
+        n = r1;
+    }
+    const int n0 = bx * QMMA_BN, m0 = blockIdx.y * BM, ntot = r0 + r1 + r2;
     const int per = (k / QMMA_BK + (int)gridDim.z - 1) / (int)gridDim.z;
     const int kt0 = (int)blockIdx.z * per, nt = min(k / QMMA_BK, kt0 + per);
-    if (gridDim.z > 1) ws += (size_t)blockIdx.z * rows * n;
+    if (gridDim.z > 1) ws += (size_t)blockIdx.z * rows * ntot;
     auto xrow = [&](int s) { return m0 + s < rows ? m0 + s : -1; };
     // One split stores bf16 (+ bias) at y[r * ldy + col]; several store f32 partials.
     auto store = [&](int s, int col, float v) {
         const int r = m0 + s;
         if (r >= rows || col >= n) return;
+        const int j = col0 + col;
         if (gridDim.z > 1)
-            ws[(size_t)r * n + col] = v;
+            ws[(size_t)r * ntot + j] = v;
         else
-            y[(size_t)r * ldy + col] = from_f<bf16>(v + (bias ? to_f(bias[col]) : 0.f));
+            y[(size_t)r * ldy + j] = from_f<bf16>(v + (bias ? to_f(bias[j]) : 0.f));
     };
-    qmma_tile<Q, BM>(w, n, k, n0, x, k, xrow, kt0, nt, store);
+    // The part is the same for the whole block: every thread takes the same branch.
+    if (blockIdx.x >= b0 + b1)
+        qmma_tile<QB, BM>(w, n, k, n0, x, k, xrow, kt0, nt, store);
+    else
+        qmma_tile<QA, BM>(w, n, k, n0, x, k, xrow, kt0, nt, store);
 }
 
-#define KILN_QMMA_M(QN, Q, BM)                                                                      \
+#define KILN_QMMA_M(NAME, QA, QB, BM)                                                               \
     extern "C" __global__ void __launch_bounds__(QMMA_THREADS)                                      \
-        qmma_##QN##_bf16_m##BM(const u8* w, const bf16* x, const bf16* bias, bf16* y, float* ws, int k, \
-                               int n, int rows, int ldy) {                                          \
-        qmma_impl<Q, BM>(w, x, bias, y, ws, k, n, rows, ldy);                                       \
+        NAME##_bf16_m##BM(const u8* w0, const u8* w1, const u8* w2, const bf16* x, const bf16* bias, \
+                          bf16* y, float* ws, int k, int r0, int r1, int r2, int rows, int ldy) {   \
+        qmma_impl<QA, QB, BM>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);                \
     }
-#define KILN_QMMA(QN, Q) KILN_QMMA_M(QN, Q, 16) KILN_QMMA_M(QN, Q, 32) KILN_QMMA_M(QN, Q, 64)
+#define KILN_QMMA(NAME, QA, QB) \
+    KILN_QMMA_M(NAME, QA, QB, 16) KILN_QMMA_M(NAME, QA, QB, 32) KILN_QMMA_M(NAME, QA, QB, 64)
 
 #if !defined(KILN_DTYPE_F32)
-KILN_QMMA(q80, Q8_0)
-KILN_QMMA(q40, Q4_0)
-KILN_QMMA(q4k, Q4_K)
-KILN_QMMA(q5k, Q5_K)
-KILN_QMMA(q6k, Q6_K)
+KILN_QMMA(qmma_q80, Q8_0, Q8_0)
+KILN_QMMA(qmma_q40, Q4_0, Q4_0)
+KILN_QMMA(qmma_q4k, Q4_K, Q4_K)
+KILN_QMMA(qmma_q5k, Q5_K, Q5_K)
+KILN_QMMA(qmma_q6k, Q6_K, Q6_K)
+KILN_QMMA(qmmamix_q4k_q6k, Q4_K, Q6_K)
+KILN_QMMA(qmmamix_q5k_q6k, Q5_K, Q6_K)
 
 // Grid (ceil(n / 256), rows), 256 threads: sums the `splits` f32 partials of each output
 // (ws[z][r][j], n columns) in split order, adds the bias, stores bf16 at y[r * ldy + j].

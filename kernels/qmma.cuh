@@ -13,15 +13,18 @@
 // - x: bf16 rows of at least k values, row r at x + r * ldx (ldx a multiple of 8: 16-byte
 //   loads); xrow(s) is the x row of tile slot s, or -1 for a zero row.
 // - k: a multiple of QMMA_BK (the caller checks); kt0 < nt <= k / QMMA_BK (split-k ranges).
-// Every thread of the block must call it (it synchronizes); shared memory is its own.
+// Every thread of the block must call it (it synchronizes); its shared memory is
+// qmma_shared<BM>() (one per BM in a kernel, whichever types it decodes).
 //
 // Per k-tile of QMMA_BK columns a block
 //   - decodes QMMA_BN weight rows (units of quant.cuh, in registers; fetched one tile ahead
 //     so the loads of tile t + 1 fly during the products of tile t) into w_s as bf16,
-//   - copies BM gathered rows of x into x_s (slots without a row zero),
+//   - copies BM gathered rows of x into x_s (slots without a row zero; on sm_80+ with
+//     cp.async, issued before the decoding so the copies fly meanwhile),
 //   - multiplies: on sm_80+ warp w owns output columns 16w..16w+16 (two n8 tiles) of every
 //     m16 tile, mma.m16n8k16 bf16 with f32 accumulation (A = x_s rows, B = w_s rows: k is
-//     contiguous in both); elsewhere (ROCm, older NVIDIA) a plain shared-memory FMA loop.
+//     contiguous in both; fragments read with ldmatrix); elsewhere (ROCm, older NVIDIA) a
+//     plain shared-memory FMA loop.
 //
 // Fragments of mma.m16n8k16 (g = lane / 4, c = lane % 4), two bf16 per register, low first:
 //   A: a0 (g, 2c..2c+1)  a1 (g+8, 2c..)  a2 (g, 2c+8..)  a3 (g+8, 2c+8..)
@@ -35,6 +38,21 @@ constexpr int QMMA_LD = QMMA_BK + 8;  // shared row stride (bf16): conflict-free
 
 #if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define KILN_QMMA_TC 1
+__device__ __forceinline__ u32 qmma_smem(const void* p) {
+    u32 s;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(p));
+    return s;
+}
+// 16 bytes global -> shared, asynchronously; `bytes` 0 fills zeros.
+__device__ __forceinline__ void qmma_cp16(u32 dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void qmma_ldm4(u32 r[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
 __device__ __forceinline__ void qmma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
@@ -54,6 +72,14 @@ __device__ __forceinline__ u32 qmma_pack(float lo, float hi) {
 #endif
 }
 
+// The tiles' shared memory, one per row tile BM whatever the weight type, so a kernel that
+// calls qmma_tile for two types (a mixed stack) holds one copy: w_s, then x_s.
+template <int BM>
+__device__ __forceinline__ u16* qmma_shared() {
+    alignas(16) __shared__ u16 tiles[(QMMA_BN + BM) * QMMA_LD];
+    return tiles;
+}
+
 template <typename Q, int BM, typename XRow, typename Store>
 __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k, int n0,
                                           const bf16* __restrict__ x, int ldx, XRow xrow, int kt0, int nt,
@@ -65,8 +91,8 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
     static_assert(UPT >= 1 && UPT * QMMA_THREADS == QMMA_BN * UPR, "qmma: units per thread");
     static_assert(XPT >= 1 && XPT * QMMA_THREADS == BM * XC, "qmma: x chunks per thread");
     static_assert(BM % 16 == 0, "qmma: m16 tiles");
-    alignas(16) __shared__ u16 w_s[QMMA_BN * QMMA_LD];
-    alignas(16) __shared__ u16 x_s[BM * QMMA_LD];
+    u16* w_s = qmma_shared<BM>();
+    u16* x_s = w_s + QMMA_BN * QMMA_LD;
 
     const int t = threadIdx.x;
     typename Q::Row wr[UPT];
@@ -90,16 +116,22 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
     }
 
     typename Q::Raw raw[UPT];
+#if !defined(KILN_QMMA_TC)
     vec4u xv[XPT];
+#endif
     auto fetch = [&](int kt) {
 #pragma unroll
         for (int s = 0; s < UPT; ++s) raw[s] = Q::load(wr[s], kt * UPR + lu[s]);
+#if !defined(KILN_QMMA_TC)
 #pragma unroll
         for (int s = 0; s < XPT; ++s) xv[s] = xp[s][kt * XC];
+#endif
     };
 
 #if defined(KILN_QMMA_TC)
     const int warp = t / WARP, lane = t % WARP, g = lane / 4, c = lane % 4;
+    const u32 x_base = qmma_smem(x_s + (lane % 16) * QMMA_LD + (lane / 16) * 8);
+    const u32 w_base = qmma_smem(w_s + (warp * 16 + (lane / 16) * 8 + lane % 8) * QMMA_LD + ((lane / 8) & 1) * 8);
     float acc[BM / 16][2][4];
 #pragma unroll
     for (int mt = 0; mt < BM / 16; ++mt)
@@ -117,6 +149,15 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
     if (kt0 < nt) fetch(kt0);
     for (int kt = kt0; kt < nt; ++kt) {
         __syncthreads();  // the previous tile's products are done with w_s, x_s
+#if defined(KILN_QMMA_TC)
+        // x straight into shared memory: the copies fly while the weights decode.
+#pragma unroll
+        for (int s = 0; s < XPT; ++s) {
+            const int i = t + s * QMMA_THREADS;
+            qmma_cp16(qmma_smem(x_s + (i / XC) * QMMA_LD + (i % XC) * 8), xp[s] + kt * XC, keep[s] & 16u);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
 #pragma unroll
         for (int s = 0; s < UPT; ++s) {
             const int u = kt * UPR + lu[s];
@@ -132,6 +173,7 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
                 dst[1] = vec4u{pk[4], pk[5], pk[6], pk[7]};
             }
         }
+#if !defined(KILN_QMMA_TC)
 #pragma unroll
         for (int s = 0; s < XPT; ++s) {
             const int i = t + s * QMMA_THREADS;
@@ -139,24 +181,24 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
             *reinterpret_cast<vec4u*>(x_s + (i / XC) * QMMA_LD + (i % XC) * 8) =
                 vec4u{v.x & keep[s], v.y & keep[s], v.z & keep[s], v.w & keep[s]};
         }
+#endif
         if (kt + 1 < nt) fetch(kt + 1);
+#if defined(KILN_QMMA_TC)
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
         __syncthreads();
 #if defined(KILN_QMMA_TC)
 #pragma unroll
         for (int kk = 0; kk < QMMA_BK / 16; ++kk) {
-            u32 b[2][2];
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const u16* wp = w_s + (warp * 16 + j * 8 + g) * QMMA_LD + kk * 16 + 2 * c;
-                b[j][0] = *reinterpret_cast<const u32*>(wp);
-                b[j][1] = *reinterpret_cast<const u32*>(wp + 8);
-            }
+            // ldmatrix x4: lane l addresses row l % 16 (A) or n (l / 16) * 8 + l % 8, k half
+            // (l / 8) & 1 (B), giving the fragments of the layout above.
+            u32 bq[4];
+            qmma_ldm4(bq, w_base + 2 * kk * 16);
+            const u32 b[2][2] = {{bq[0], bq[1]}, {bq[2], bq[3]}};
 #pragma unroll
             for (int mt = 0; mt < BM / 16; ++mt) {
-                const u16* ap = x_s + (mt * 16 + g) * QMMA_LD + kk * 16 + 2 * c;
-                const u32 a[4] = {*reinterpret_cast<const u32*>(ap), *reinterpret_cast<const u32*>(ap + 8 * QMMA_LD),
-                                  *reinterpret_cast<const u32*>(ap + 8),
-                                  *reinterpret_cast<const u32*>(ap + 8 * QMMA_LD + 8)};
+                u32 a[4];
+                qmma_ldm4(a, x_base + 2 * (mt * 16 * QMMA_LD + kk * 16));
 #pragma unroll
                 for (int j = 0; j < 2; ++j) qmma_bf16(acc[mt][j], a, b[j][0], b[j][1]);
             }

@@ -294,9 +294,15 @@ pub enum Kernel {
     Convert {
         bf16: bool,
     },
-    /// Tiled matmul of a quantized weight part with `rows` (one of [`QMMA_ROWS`]) input
-    /// rows per block on tensor cores (bf16 compute only: [`Kernel::available`]).
+    /// Tiled matmul of up to three quantized parts of type `q` in one launch, `rows` (one of
+    /// [`QMMA_ROWS`]) input rows per block on tensor cores (bf16 compute only:
+    /// [`Kernel::available`]).
     Qmma {
+        q: QType,
+        rows: u32,
+    },
+    /// [`Kernel::Qmma`] of two parts of type `q` ([`QDOT_MIX_TYPES`]) and a third of Q6_K.
+    QmmaMix {
         q: QType,
         rows: u32,
     },
@@ -389,6 +395,7 @@ impl Kernel {
         }
         for q in QDOT_MIX_TYPES {
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotMix { q, rows }));
+            v.extend(QMMA_ROWS.map(|rows| Kernel::QmmaMix { q, rows }));
         }
         v.push(Kernel::QmmaReduce);
         v.push(Kernel::QuantizeX);
@@ -456,6 +463,7 @@ impl Kernel {
             Kernel::Gemv { .. }
             | Kernel::Qgemv { .. }
             | Kernel::Qmma { .. }
+            | Kernel::QmmaMix { .. }
             | Kernel::QmmaReduce
             | Kernel::Qdot { .. }
             | Kernel::QdotMix { .. } => "matmul",
@@ -505,7 +513,7 @@ impl Kernel {
             | Kernel::Qdot { .. }
             | Kernel::QdotMix { .. }
             | Kernel::QdotSilu { .. } => Source::Qgemv,
-            Kernel::Qmma { .. } | Kernel::QmmaReduce => Source::Qmma,
+            Kernel::Qmma { .. } | Kernel::QmmaMix { .. } | Kernel::QmmaReduce => Source::Qmma,
         }
     }
 
@@ -516,6 +524,7 @@ impl Kernel {
         let bf16_only = matches!(
             self,
             Kernel::Qmma { .. }
+                | Kernel::QmmaMix { .. }
                 | Kernel::QmmaReduce
                 | Kernel::QuantizeX
                 | Kernel::Qdot { .. }
@@ -540,6 +549,7 @@ impl Kernel {
             Kernel::MoeQGateUp { q } => format!("moe_gate_up_{}_{d}", q.tag()),
             Kernel::MoeQDown { q } => format!("moe_down_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
+            Kernel::QmmaMix { q, rows } => format!("qmmamix_{}_q6k_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
             Kernel::QuantizeX => format!("quantize_x_{d}"),
             Kernel::Qdot { q, rows } => format!("qdot_{}_{d}_m{rows}", q.tag()),
