@@ -58,23 +58,29 @@ __device__ __forceinline__ void qmma_impl(const u8* __restrict__ w0, const u8* _
         qmma_tile<QA, BM>(w, n, k, n0, x, k, xrow, kt0, nt, store);
 }
 
-#define KILN_QMMA_M(NAME, QA, QB, BM)                                                               \
+#define KILN_QMMA_M(QN, QA, BM)                                                                     \
     extern "C" __global__ void __launch_bounds__(QMMA_THREADS)                                      \
-        NAME##_bf16_m##BM(const u8* w0, const u8* w1, const u8* w2, const bf16* x, const bf16* bias, \
-                          bf16* y, float* ws, int k, int r0, int r1, int r2, int rows, int ldy) {   \
-        qmma_impl<QA, QB, BM>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);                \
+        qmma_##QN##_bf16_m##BM(const u8* w0, const u8* w1, const u8* w2, const bf16* x, const bf16* bias, \
+                               bf16* y, float* ws, int k, int r0, int r1, int r2, int rows, int ldy) { \
+        qmma_impl<QA, QA, BM>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);                \
     }
-#define KILN_QMMA(NAME, QA, QB) \
-    KILN_QMMA_M(NAME, QA, QB, 16) KILN_QMMA_M(NAME, QA, QB, 32) KILN_QMMA_M(NAME, QA, QB, 64)
+#define KILN_QMMAMIX_M(QN, QA, BM)                                                                  \
+    extern "C" __global__ void __launch_bounds__(QMMA_THREADS) qmmamix_##QN##_q6k_bf16_m##BM(       \
+        const u8* w0, const u8* w1, const u8* w2, const bf16* x, const bf16* bias, bf16* y, float* ws, int k, \
+        int r0, int r1, int r2, int rows, int ldy) {                                                \
+        qmma_impl<QA, Q6_K, BM>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);              \
+    }
+#define KILN_QMMA(QN, Q) KILN_QMMA_M(QN, Q, 16) KILN_QMMA_M(QN, Q, 32) KILN_QMMA_M(QN, Q, 64)
+#define KILN_QMMAMIX(QN, Q) KILN_QMMAMIX_M(QN, Q, 16) KILN_QMMAMIX_M(QN, Q, 32) KILN_QMMAMIX_M(QN, Q, 64)
 
 #if !defined(KILN_DTYPE_F32)
-KILN_QMMA(qmma_q80, Q8_0, Q8_0)
-KILN_QMMA(qmma_q40, Q4_0, Q4_0)
-KILN_QMMA(qmma_q4k, Q4_K, Q4_K)
-KILN_QMMA(qmma_q5k, Q5_K, Q5_K)
-KILN_QMMA(qmma_q6k, Q6_K, Q6_K)
-KILN_QMMA(qmmamix_q4k_q6k, Q4_K, Q6_K)
-KILN_QMMA(qmmamix_q5k_q6k, Q5_K, Q6_K)
+KILN_QMMA(q80, Q8_0)
+KILN_QMMA(q40, Q4_0)
+KILN_QMMA(q4k, Q4_K)
+KILN_QMMA(q5k, Q5_K)
+KILN_QMMA(q6k, Q6_K)
+KILN_QMMAMIX(q4k, Q4_K)
+KILN_QMMAMIX(q5k, Q5_K)
 
 // Grid (ceil(n / 256), rows), 256 threads: sums the `splits` f32 partials of each output
 // (ws[z][r][j], n columns) in split order, adds the bias, stores bf16 at y[r * ldy + j].
