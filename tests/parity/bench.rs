@@ -230,8 +230,8 @@ pub(crate) fn weight_bytes(s: &ModelSpec, mix: Mix) -> f64 {
     s.n_layers as f64 * per_layer + b("output.weight", s.vocab_size * h)
 }
 
-/// Prefill of 2048 tokens, then decode at batch 1 (ctx 512), 32 (ctx 2048), 256 (ctx 512)
-/// and 64 (ctx 4096: the attention kernel's bandwidth), each eager and graph-replayed.
+/// Prefill of 2048 tokens, then decode at batch 1 (ctx 512), 32 and 64 (ctx 2048), 256
+/// (ctx 512) and 64 (ctx 4096: the attention kernel's bandwidth), each eager and graph-replayed.
 #[test]
 #[ignore]
 fn bench_llama3_8b_shape() {
@@ -245,7 +245,7 @@ fn bench_llama3_8b_shape() {
     if on("prefill") {
         rig.prefill();
     }
-    for (batch, ctx) in [(1, 512), (32, 2048), (256, 512), (64, 4096)] {
+    for (batch, ctx) in [(1, 512), (32, 2048), (64, 2048), (256, 512), (64, 4096)] {
         if on(&format!("{batch}x{ctx}")) {
             rig.decode(batch, ctx);
         }
@@ -285,4 +285,103 @@ fn bench_llama3_8b_quant() {
             }
         }
     }
+}
+
+/// The seven matmuls of one Llama-3-8B layer (q, k, v, o, gate, up, down as separate
+/// weights) at the row counts of `KILN_BENCH_ROWS` (default 9,16,32,64,128), for bf16 weights
+/// (the BLAS GEMM) and the Q4_K_M and Q8_0 types: time per call (back-to-back calls, wall
+/// clock), per matrix and per layer. The quick loop for the batch kernels.
+#[test]
+#[ignore]
+fn bench_quant_layer_matmuls() {
+    use crate::harness::{random, rng, tensor};
+    use kiln::backend::Backend;
+    let rows: Vec<usize> = std::env::var("KILN_BENCH_ROWS")
+        .unwrap_or_else(|_| "9,16,32,64,128".into())
+        .split(',')
+        .map(|s| s.parse().expect("KILN_BENCH_ROWS"))
+        .collect();
+    let mixes = std::env::var("KILN_BENCH_MIX").unwrap_or_else(|_| "bf16,q4_k_m,q8_0".into());
+    let shapes = [
+        ("attn_q", 4096, 4096),
+        ("attn_k", 1024, 4096),
+        ("attn_v", 1024, 4096),
+        ("attn_output", 4096, 4096),
+        ("ffn_gate", 14336, 4096),
+        ("ffn_up", 14336, 4096),
+        ("ffn_down", 4096, 14336),
+    ];
+    let mut b = bf16_backend();
+    let mut rng = rng("bench_quant_layer_matmuls");
+    for m in mixes.split(',') {
+        let mix = match m {
+            "bf16" => Mix::Plain,
+            "q4_k_m" => Mix::Q4KM,
+            "q8_0" => Mix::Q8_0,
+            other => panic!("KILN_BENCH_MIX: unknown mix {other}"),
+        };
+        let src = FastDummy(mix);
+        let weights: Vec<_> = shapes
+            .iter()
+            .map(|&(name, m, k)| {
+                let name = format!("blk.0.{name}.weight");
+                let t = src.fetch_host(&name, &[m, k]).unwrap().unwrap();
+                b.upload_weight(t).expect("upload")
+            })
+            .collect();
+        for &n in &rows {
+            let mut io: Vec<_> = shapes
+                .iter()
+                .map(|&(_, m, k)| {
+                    let x = tensor(&mut b, n, k, &random(&mut rng, n * k, 1.0));
+                    (x, b.alloc(n, m).expect("alloc"))
+                })
+                .collect();
+            let mut time =
+                |which: &[usize], reps: usize| pass_time(&mut b, &weights, &mut io, which, n, reps);
+            // The layer's matrices in turn (more than L2 holds), then each alone (L2-warm).
+            let layer = time(&[0, 1, 2, 3, 4, 5, 6], 10);
+            let mut line = String::new();
+            for (i, &(name, ..)) in shapes.iter().enumerate() {
+                line.push_str(&format!(" {name} {:.1}us", time(&[i], 30) * 1e6));
+            }
+            eprintln!(
+                "LAYER {m} rows {n}: {:.1} us per layer ({:.3} ms for 32 layers); alone:{line}",
+                layer * 1e6,
+                layer * 32e3
+            );
+        }
+    }
+}
+
+/// Wall time of one pass of the matmuls `which` (`weights[i]` times `io[i].0` into
+/// `io[i].1`, `n` rows), over `reps` passes back to back (the launches run ahead of the
+/// device), synchronized by one-row downloads; median of 5.
+fn pass_time<B: kiln::backend::Backend>(
+    b: &mut B,
+    weights: &[B::Weight],
+    io: &mut [(B::Tensor, B::Tensor)],
+    which: &[usize],
+    n: usize,
+    reps: usize,
+) -> f64 {
+    let pass = |b: &mut B, io: &mut [(B::Tensor, B::Tensor)]| {
+        for &i in which {
+            let (x, out) = &mut io[i];
+            b.matmul(x, &weights[i], None, n, out).expect("matmul");
+        }
+    };
+    pass(b, io);
+    b.to_host(&io[0].1, 1).expect("download");
+    let times = (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                pass(b, io);
+            }
+            b.to_host(&io[0].1, 1).expect("download");
+            t.elapsed().as_secs_f64() / reps as f64
+        })
+        .collect();
+    crate::harness::rig::median(times)
 }

@@ -1,8 +1,8 @@
 //! Quantized weights (GGUF Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, and F16) against the f32 matmul of
 //! the same weights dequantized on the CPU: every type at decode (1, 2, 4, 7, 8 rows: the
 //! streaming kernels; in bf16 on 8-bit activations with dp4a, whose relative error is
-//! printed), batch (9, 16, 33, 64 rows: the tiled kernel in bf16) and prefill (300
-//! rows: dequantized scratch and GEMM) sizes, the
+//! printed), batch (9 to 256 rows at every tile edge: the tiled kernel in bf16) and prefill
+//! (257, 300, 512 rows: dequantized scratch and GEMM) sizes, the
 //! fused gate/up SiLU, stacked parts of mixed types (up to three adjacent parts of one type
 //! per decode launch; odd row counts), quantized embedding tables. The CPU runs the small shapes (CI);
 //! a GPU also the 4096x4096 ones.
@@ -21,7 +21,9 @@ const TYPES: [GgmlType; 5] = [
     GgmlType::Q5K,
     GgmlType::Q6K,
 ];
-const ROWS: [usize; 10] = [1, 2, 4, 7, 8, 9, 16, 33, 64, 300];
+/// Every path's row counts and the edges between them: streaming (1-8), the tiled kernel's
+/// 16/32/64-row tiles (9-256; past 64 in several row blocks), the dequantized GEMM (257 on).
+const ROWS: [usize; 16] = [1, 2, 4, 7, 8, 9, 16, 17, 32, 33, 64, 65, 256, 257, 300, 512];
 
 /// Relative error allowed: the backend's, widened on the CPU (whose quantized matmul
 /// quantizes activations to 8 bits, as llama.cpp does).
@@ -146,8 +148,8 @@ fn quant_stacked<B: TestBackend>(b: &mut B) {
         let w = HostTensor::concat_rows(parts).unwrap();
         check_matmul(b, &mut rng, w, true, &ROWS, &format!("{ty}+Q6_K stack"));
     }
-    // Five parts of odd row counts: four Q4_K (decode launches of three parts, then of one
-    // with the Q6_K), then a Q6_K.
+    // Five parts of odd row counts: four Q4_K (decode and batch launches of three parts,
+    // then of one with the Q6_K in the last slot), then a Q6_K.
     let mut parts: Vec<HostTensor> = [37, 33, 31, 29]
         .iter()
         .map(|&r| raw(&mut rng, GgmlType::Q4K, r, 512))
@@ -159,7 +161,7 @@ fn quant_stacked<B: TestBackend>(b: &mut B) {
         &mut rng,
         w,
         true,
-        &[1, 2, 4, 7, 8, 33],
+        &[1, 2, 4, 7, 8, 16, 33, 64, 65, 300],
         "five-part stack",
     );
 }

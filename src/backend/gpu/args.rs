@@ -184,11 +184,14 @@ kernel_args! {
     DequantArgs (Kernel::Dequant { .. }) {
         w: ptr, ids: ptr, out: ptr, k: i32, n: i32, ldo: i32, first: i32,
     }
-    /// `qmma_<q>_bf16_m<rows>`: `y[:, ..n] = x @ w^T (+ bias)` for `rows` rows of `x` in
-    /// blocks of the kernel's row tile (`y`'s row stride `ldy`, as [`QgemvArgs`]); with k split
-    /// over grid z, f32 partials `[z][rows][n]` to `ws` instead (summed by `qmma_reduce_bf16`).
-    QmmaArgs (Kernel::Qmma { .. }) {
-        w: ptr, x: ptr, bias: ptr, y: ptr, ws: ptr, k: i32, n: i32, rows: i32, ldy: i32,
+    /// `qmma_<q>_bf16_m<rows>`: `y[:, ..n] = x @ [w0; w1; w2]^T (+ bias)`, n = r0 + r1 + r2
+    /// (absent parts have 0 rows), for `rows` rows of `x` in blocks of the kernel's row tile
+    /// (`y`'s row stride `ldy`, as [`QgemvArgs`]); with k split over grid z, f32 partials
+    /// `[z][rows][n]` to `ws` instead (summed by `qmma_reduce_bf16`).
+    /// `qmmamix_<q>_q6k_*` (QmmaMix): part 2 is Q6_K.
+    QmmaArgs (Kernel::Qmma { .. } | Kernel::QmmaMix { .. }) {
+        w0: ptr, w1: ptr, w2: ptr, x: ptr, bias: ptr, y: ptr, ws: ptr, k: i32, r0: i32, r1: i32,
+        r2: i32, rows: i32, ldy: i32,
     }
     /// `qmma_reduce_bf16`: `y[r, j] = sum_z ws[z][r][j] (+ bias[j])`, `n` columns, stride `ldy`.
     QmmaReduceArgs (Kernel::QmmaReduce) {

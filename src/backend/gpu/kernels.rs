@@ -22,6 +22,12 @@ const ATTENTION_HEADER: (&str, &str) = (
 );
 /// The quantized block types shared by the streaming and the tiled quantized matmuls.
 const QUANT_HEADER: (&str, &str) = ("quant.cuh", include_str!("../../../kernels/quant.cuh"));
+/// The tiled quantized matmul's core (`qmma_tile`), after `quant.cuh`: shared by the dense
+/// batched matmul and the grouped expert matmuls.
+const QMMA_HEADERS: [(&str, &str); 2] = [
+    QUANT_HEADER,
+    ("qmma.cuh", include_str!("../../../kernels/qmma.cuh")),
+];
 
 /// A kernel source file under `kernels/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -96,7 +102,8 @@ impl Source {
             Source::AttentionPrefill | Source::AttentionTc | Source::AttentionDecode => {
                 std::slice::from_ref(&ATTENTION_HEADER)
             }
-            Source::Qgemv | Source::Qmma | Source::MoeQuant => std::slice::from_ref(&QUANT_HEADER),
+            Source::Qgemv => std::slice::from_ref(&QUANT_HEADER),
+            Source::Qmma | Source::MoeQuant => &QMMA_HEADERS,
             _ => &[],
         }
     }
@@ -290,9 +297,15 @@ pub enum Kernel {
     Convert {
         bf16: bool,
     },
-    /// Tiled matmul of a quantized weight part with `rows` (one of [`QMMA_ROWS`]) input
-    /// rows per block on tensor cores (bf16 compute only: [`Kernel::available`]).
+    /// Tiled matmul of up to three quantized parts of type `q` in one launch, `rows` (one of
+    /// [`QMMA_ROWS`]) input rows per block on tensor cores (bf16 compute only:
+    /// [`Kernel::available`]).
     Qmma {
+        q: QType,
+        rows: u32,
+    },
+    /// [`Kernel::Qmma`] of two parts of type `q` ([`QDOT_MIX_TYPES`]) and a third of Q6_K.
+    QmmaMix {
         q: QType,
         rows: u32,
     },
@@ -385,6 +398,7 @@ impl Kernel {
         }
         for q in QDOT_MIX_TYPES {
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotMix { q, rows }));
+            v.extend(QMMA_ROWS.map(|rows| Kernel::QmmaMix { q, rows }));
         }
         v.push(Kernel::QmmaReduce);
         v.push(Kernel::QuantizeX);
@@ -452,6 +466,7 @@ impl Kernel {
             Kernel::Gemv { .. }
             | Kernel::Qgemv { .. }
             | Kernel::Qmma { .. }
+            | Kernel::QmmaMix { .. }
             | Kernel::QmmaReduce
             | Kernel::Qdot { .. }
             | Kernel::QdotMix { .. } => "matmul",
@@ -501,7 +516,7 @@ impl Kernel {
             | Kernel::Qdot { .. }
             | Kernel::QdotMix { .. }
             | Kernel::QdotSilu { .. } => Source::Qgemv,
-            Kernel::Qmma { .. } | Kernel::QmmaReduce => Source::Qmma,
+            Kernel::Qmma { .. } | Kernel::QmmaMix { .. } | Kernel::QmmaReduce => Source::Qmma,
         }
     }
 
@@ -512,6 +527,7 @@ impl Kernel {
         let bf16_only = matches!(
             self,
             Kernel::Qmma { .. }
+                | Kernel::QmmaMix { .. }
                 | Kernel::QmmaReduce
                 | Kernel::QuantizeX
                 | Kernel::Qdot { .. }
@@ -536,6 +552,7 @@ impl Kernel {
             Kernel::MoeQGateUp { q } => format!("moe_gate_up_{}_{d}", q.tag()),
             Kernel::MoeQDown { q } => format!("moe_down_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
+            Kernel::QmmaMix { q, rows } => format!("qmmamix_{}_q6k_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
             Kernel::QuantizeX => format!("quantize_x_{d}"),
             Kernel::Qdot { q, rows } => format!("qdot_{}_{d}_m{rows}", q.tag()),

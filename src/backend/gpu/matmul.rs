@@ -12,9 +12,10 @@
 //! exact float products in registers (`qgemv`, one launch per part, each writing its
 //! columns). Batches of up
 //! to [`QMMA_MAX_ROWS`] rows (bf16) run the tiled kernel of `kernels/qmma.cu` (weight tiles
-//! dequantized into shared memory, tensor-core products, no full-size copy; k split over
-//! the grid when the blocks would not fill the SMs, the f32 partials summed in the dequant
-//! scratch by `qmma_reduce_bf16`); more rows
+//! dequantized into shared memory, tensor-core products, no full-size copy; the parts of a
+//! stack grouped into launches as for `qdot` (a Q4_K_M qkv, a gate/up pair: one launch);
+//! k split over the grid when the blocks would not fill the SMs, the f32 partials summed
+//! in the dequant scratch by `qmma_reduce_bf16`); more rows
 //! (prefill) and f32 dequantize the weight into the backend's one scratch of the compute
 //! type, then the BLAS GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 
@@ -28,6 +29,45 @@ use super::qweight::WeightPart;
 use super::runtime::{self, Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
 use crate::backend::BackendError;
+
+/// Adjacent parts of a stacked weight that one launch takes (`qdot_*`, `qmma_*`): up to
+/// [`QDOT_PARTS`] of one type `q`, or one or two of a [`QDOT_MIX_TYPES`] type and a Q6_K
+/// part after them (`mix`: the Q6_K part goes in the last slot); `slots` pairs each part with
+/// its slot.
+struct PartRun<'a> {
+    q: QType,
+    mix: bool,
+    slots: Vec<(usize, &'a WeightPart)>,
+}
+
+/// The launches of `w`'s quantized parts, in order (unquantized parts are skipped).
+fn part_runs(w: &GpuWeight) -> Vec<PartRun<'_>> {
+    let mut runs = Vec::new();
+    let mut first = 0;
+    while first < w.parts.len() {
+        let q = w.parts[first].q;
+        let run = w.parts[first..]
+            .iter()
+            .take(QDOT_PARTS)
+            .take_while(|p| p.q == q)
+            .count();
+        let mix = run < QDOT_PARTS
+            && q.is_some_and(|q| QDOT_MIX_TYPES.contains(&q))
+            && w.parts
+                .get(first + run)
+                .is_some_and(|p| p.q == Some(QType::Q6K));
+        let mut slots: Vec<(usize, &WeightPart)> =
+            w.parts[first..first + run].iter().enumerate().collect();
+        if mix {
+            slots.push((QDOT_PARTS - 1, &w.parts[first + run]));
+        }
+        first += slots.len();
+        if let Some(q) = q {
+            runs.push(PartRun { q, mix, slots });
+        }
+    }
+    runs
+}
 
 /// Warps per block of the streaming matmul kernels (`GEMV_WARPS` in `kernels/gemv.cu`).
 const GEMV_WARPS: usize = 4;
@@ -176,30 +216,8 @@ impl<R: Runtime> GpuBackend<R> {
         out: &GpuTensor,
     ) -> Result<(), BackendError> {
         let xq = self.qx_of(x, n)?;
-        let mut first = 0;
-        while first < w.parts.len() {
-            let q = w.parts[first].q;
-            let run = w.parts[first..]
-                .iter()
-                .take(QDOT_PARTS)
-                .take_while(|p| p.q == q)
-                .count();
-            // One or two parts of a mix type, then a Q6_K part: one `qdotmix_<q>_q6k`
-            // launch, the Q6_K part in the last slot.
-            let mix = run < QDOT_PARTS
-                && q.is_some_and(|q| QDOT_MIX_TYPES.contains(&q))
-                && w.parts
-                    .get(first + run)
-                    .is_some_and(|p| p.q == Some(QType::Q6K));
-            let mut slots: Vec<(usize, &WeightPart)> =
-                w.parts[first..first + run].iter().enumerate().collect();
-            if mix {
-                slots.push((QDOT_PARTS - 1, &w.parts[first + run]));
-            }
-            let chunk0 = &w.parts[first];
-            first += slots.len();
-            let Some(q) = q else { continue };
-            let (bias, y) = self.part_out(chunk0, bias, out);
+        for PartRun { q, mix, slots } in part_runs(w) {
+            let (bias, y) = self.part_out(slots[0].1, bias, out);
             let mut args = QdotArgs {
                 xq,
                 bias,
@@ -253,9 +271,16 @@ impl<R: Runtime> GpuBackend<R> {
     /// for [`QMMA_WAVES`] blocks per SM, each split at least [`QMMA_MIN_SPLIT_TILES`] k-tiles,
     /// at most [`QMMA_MAX_SPLITS`], and the f32 partials of `outputs` values each fitting the
     /// dequant scratch (free during these launches; 1 without it).
-    fn qmma_splits(&self, blocks: usize, k: usize, outputs: usize) -> usize {
+    fn qmma_splits(&self, blocks: usize, k: usize, outputs: usize, tile: u32) -> usize {
         let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes()) / (4 * outputs.max(1));
-        let want = (QMMA_WAVES * self.dev.info.sm_count).div_ceil(blocks.max(1));
+        // Larger row tiles do more per k-tile and need fewer blocks in flight (H100: 32 and 64
+        // rows were 6-7% faster at 2 than at 4 blocks per SM, 16 rows 4% slower).
+        let waves = if tile >= 32 {
+            QMMA_WAVES / 2
+        } else {
+            QMMA_WAVES
+        };
+        let want = (waves * self.dev.info.sm_count).div_ceil(blocks.max(1));
         let most = (k / QMMA_BK / QMMA_MIN_SPLIT_TILES)
             .min(QMMA_MAX_SPLITS)
             .min(room);
@@ -405,40 +430,54 @@ impl<R: Runtime> GpuBackend<R> {
             return Ok(());
         }
         if let Some(rows) = self.qmma_rows(n, x, w) {
-            for p in &w.parts {
-                let Some(q) = p.q else { continue };
-                let tiles = (p.rows.div_ceil(QMMA_BN), n.div_ceil(rows as usize));
-                let splits = self.qmma_splits(tiles.0 * tiles.1, k, n * p.rows);
-                let (bias, y) = self.part_out(p, bias, out);
-                let args = QmmaArgs {
-                    w: p.buf.ptr(),
+            for PartRun { q, mix, slots } in part_runs(w) {
+                let (bias, y) = self.part_out(slots[0].1, bias, out);
+                let mut args = QmmaArgs {
                     x: x.buf.ptr(),
                     bias,
                     y,
                     ws: self.scratch.dequant.as_ref().map_or(0, |b| b.ptr()),
                     k: k as i32,
-                    n: p.rows as i32,
                     rows: n as i32,
                     ldy: m as i32,
+                    ..QmmaArgs::default()
                 };
+                let (mut blocks, mut cols) = (0, 0);
+                for (i, p) in slots {
+                    let (wp, r) = match i {
+                        0 => (&mut args.w0, &mut args.r0),
+                        1 => (&mut args.w1, &mut args.r1),
+                        _ => (&mut args.w2, &mut args.r2),
+                    };
+                    (*wp, *r) = (p.buf.ptr(), p.rows as i32);
+                    blocks += p.rows.div_ceil(QMMA_BN);
+                    cols += p.rows;
+                }
+                let tiles = (blocks, n.div_ceil(rows as usize));
+                let splits = self.qmma_splits(tiles.0 * tiles.1, k, n * cols, rows);
                 let grid = Grid {
                     blocks: (tiles.0 as u32, tiles.1 as u32, splits as u32),
                     threads: QMMA_THREADS,
                 };
-                self.launch_with(Kernel::Qmma { q, rows }, grid, &args)?;
+                let kernel = if mix {
+                    Kernel::QmmaMix { q, rows }
+                } else {
+                    Kernel::Qmma { q, rows }
+                };
+                self.launch_with(kernel, grid, &args)?;
                 if splits > 1 {
-                    // The stream orders this before the next part's partials reuse `ws`.
+                    // The stream orders this before the next launch's partials reuse `ws`.
                     let reduce = QmmaReduceArgs {
                         ws: args.ws,
                         bias: args.bias,
                         y: args.y,
-                        n: args.n,
+                        n: cols as i32,
                         rows: args.rows,
                         ldy: args.ldy,
                         splits: splits as i32,
                     };
                     let grid = Grid {
-                        blocks: (p.rows.div_ceil(256) as u32, n as u32, 1),
+                        blocks: (cols.div_ceil(256) as u32, n as u32, 1),
                         threads: 256,
                     };
                     self.launch_with(Kernel::QmmaReduce, grid, &reduce)?;
