@@ -263,6 +263,18 @@ kernel_args! {
         act: ptr, wd: ptr, sorted: ptr, tile_expert: ptr, f: i32, h: i32, n_rows: i32, cols: i32,
         y: ptr,
     }
+    /// `moe8_gate_up_<q>_bf16`: [`MoeQGateUpArgs`] on the 8-bit rows `xq` of x (`xrows`
+    /// rows), one column per group of `lanes` lanes.
+    MoeQ8GateUpArgs (Kernel::MoeQ8GateUp { .. }) {
+        xq: ptr, xrows: i32, wg: ptr, wu: ptr, sorted: ptr, tile_expert: ptr, k: i32, h: i32,
+        f: i32, n_rows: i32, lanes: i32, act: ptr,
+    }
+    /// `moe8_down_<q>_bf16`: [`MoeQDownArgs`] on the 8-bit rows `xq` of the activations
+    /// (`xrows` slots).
+    MoeQ8DownArgs (Kernel::MoeQ8Down { .. }) {
+        xq: ptr, xrows: i32, wd: ptr, sorted: ptr, tile_expert: ptr, f: i32, h: i32, n_rows: i32,
+        lanes: i32, y: ptr,
+    }
     /// `moe_shared_add_<dt>`: `out[t] += sigmoid(x[t] . g) * ys[t]` over `n` rows of `h`.
     MoeSharedAddArgs (Kernel::MoeSharedAdd) { x: ptr, g: ptr, ys: ptr, h: i32, n: i32, out: ptr }
 }

@@ -268,6 +268,15 @@ pub enum Kernel {
     MoeQDown {
         q: QType,
     },
+    /// [`Kernel::MoeQGateUp`] by dp4a on the 8-bit activations of [`Kernel::QuantizeX`]
+    /// (bf16 only).
+    MoeQ8GateUp {
+        q: QType,
+    },
+    /// [`Kernel::MoeQDown`] by dp4a on 8-bit activations (bf16 only).
+    MoeQ8Down {
+        q: QType,
+    },
     /// Matmul of up to `rows` (one of [`QGEMV_ROWS`]) input rows with a quantized weight
     /// part, dequantized in registers.
     Qgemv {
@@ -376,6 +385,8 @@ impl Kernel {
             v.push(Kernel::Dequant { q });
             v.push(Kernel::MoeQGateUp { q });
             v.push(Kernel::MoeQDown { q });
+            v.push(Kernel::MoeQ8GateUp { q });
+            v.push(Kernel::MoeQ8Down { q });
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::Qdot { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotSilu { q, rows }));
@@ -442,8 +453,10 @@ impl Kernel {
             Kernel::Softcap => "softcap",
             Kernel::MoeRoute => "moe_route",
             Kernel::MoeAlign => "moe_align",
-            Kernel::MoeGateUp | Kernel::MoeQGateUp { .. } => "moe_gate_up",
-            Kernel::MoeDown | Kernel::MoeQDown { .. } => "moe_down",
+            Kernel::MoeGateUp | Kernel::MoeQGateUp { .. } | Kernel::MoeQ8GateUp { .. } => {
+                "moe_gate_up"
+            }
+            Kernel::MoeDown | Kernel::MoeQDown { .. } | Kernel::MoeQ8Down { .. } => "moe_down",
             Kernel::MoeCombine => "moe_combine",
             Kernel::MoeSharedAdd => "moe_shared_add",
             Kernel::Gemv { .. }
@@ -489,7 +502,10 @@ impl Kernel {
             | Kernel::MoeDown
             | Kernel::MoeCombine
             | Kernel::MoeSharedAdd => Source::Moe,
-            Kernel::MoeQGateUp { .. } | Kernel::MoeQDown { .. } => Source::MoeQuant,
+            Kernel::MoeQGateUp { .. }
+            | Kernel::MoeQDown { .. }
+            | Kernel::MoeQ8GateUp { .. }
+            | Kernel::MoeQ8Down { .. } => Source::MoeQuant,
             Kernel::Qgemv { .. }
             | Kernel::QgemvSilu { .. }
             | Kernel::Dequant { .. }
@@ -514,6 +530,8 @@ impl Kernel {
                 | Kernel::Qdot { .. }
                 | Kernel::QdotMix { .. }
                 | Kernel::QdotSilu { .. }
+                | Kernel::MoeQ8GateUp { .. }
+                | Kernel::MoeQ8Down { .. }
         );
         !bf16_only || dt == DType::Bf16
     }
@@ -532,6 +550,8 @@ impl Kernel {
             Kernel::Dequant { q } => format!("dequant_{}_{d}", q.tag()),
             Kernel::MoeQGateUp { q } => format!("moe_gate_up_{}_{d}", q.tag()),
             Kernel::MoeQDown { q } => format!("moe_down_{}_{d}", q.tag()),
+            Kernel::MoeQ8GateUp { q } => format!("moe8_gate_up_{}_{d}", q.tag()),
+            Kernel::MoeQ8Down { q } => format!("moe8_down_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
             Kernel::QuantizeX => format!("quantize_x_{d}"),
