@@ -4,7 +4,7 @@
 # The kernel list is derived from kernels/*.cu (tests/kernels_hip.rs checks that every source
 # of the typed kernel enum is one of them). Each source is compiled exactly as the runtime
 # compiles it: prelude.cuh, then the source's shared headers (attention_*.cu: attention.cuh;
-# qgemv.cu, qmma.cu, moe_quant.cu: quant.cuh)
+# qgemv.cu: quant.cuh; qmma.cu, moe_quant.cu: quant.cuh then qmma.cuh)
 # and the untouched kernel text, each after a #line marker, with -DKILN_WARP_SIZE set for
 # the target and both storage types (f32, bf16) instantiated.
 # `-include hip/hip_runtime.h` supplies what hipRTC pre-includes implicitly.
@@ -31,7 +31,8 @@ mapfile -t SOURCES < <(find "$KERNEL_DIR" -maxdepth 1 -name '*.cu' -printf '%f\n
 headers_of() {
     case "$1" in
         attention_*.cu) echo attention.cuh ;;
-        qgemv.cu | qmma.cu | moe_quant.cu) echo quant.cuh ;;
+        qgemv.cu) echo quant.cuh ;;
+        qmma.cu | moe_quant.cu) echo quant.cuh qmma.cuh ;;
     esac
 }
 

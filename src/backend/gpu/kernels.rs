@@ -19,6 +19,12 @@ const ATTENTION_HEADER: (&str, &str) = (
 );
 /// The quantized block types shared by the streaming and the tiled quantized matmuls.
 const QUANT_HEADER: (&str, &str) = ("quant.cuh", include_str!("../../../kernels/quant.cuh"));
+/// The tiled quantized matmul's core (`qmma_tile`), after `quant.cuh`: shared by the dense
+/// batched matmul and the grouped expert matmuls.
+const QMMA_HEADERS: [(&str, &str); 2] = [
+    QUANT_HEADER,
+    ("qmma.cuh", include_str!("../../../kernels/qmma.cuh")),
+];
 
 /// A kernel source file under `kernels/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -93,7 +99,8 @@ impl Source {
             Source::AttentionPrefill | Source::AttentionTc | Source::AttentionDecode => {
                 std::slice::from_ref(&ATTENTION_HEADER)
             }
-            Source::Qgemv | Source::Qmma | Source::MoeQuant => std::slice::from_ref(&QUANT_HEADER),
+            Source::Qgemv => std::slice::from_ref(&QUANT_HEADER),
+            Source::Qmma | Source::MoeQuant => &QMMA_HEADERS,
             _ => &[],
         }
     }
