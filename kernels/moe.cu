@@ -5,7 +5,8 @@
 //   moe_align:   one block: the assignments (t * k + j) sorted by expert (in assignment
 //                order within an expert), each expert's
 //                run padded to a multiple of MOE_TILE; `sorted[p]` = assignment or -1,
-//                `tile_expert[i]` = expert of tile i or -1, `inv[a]` = a's padded slot
+//                `tile_expert[i]` = expert of tile i or -1, `inv[a]` = a's padded slot,
+//                `estart[e]` = expert e's first slot (estart[ne]: the slots in use)
 //   moe_gate_up: act[p] = silu(Wg_e x_t) * (Wu_e x_t) for the MOE_TILE slots of a tile
 //                (one warp per output column, the expert's weight row read once per tile)
 //   moe_down:    y[p] = Wd_e act[p]
@@ -92,7 +93,7 @@ constexpr int MOE_ALIGN_THREADS = 1024;
 // `ids[a] == e` over each WARP assignments gives every match its slot.
 extern "C" __global__ void __launch_bounds__(MOE_ALIGN_THREADS)
     moe_align(const int* __restrict__ ids, int total, int ne, int* __restrict__ sorted,
-              int* __restrict__ tile_expert, int* __restrict__ inv, int max_tiles) {
+              int* __restrict__ tile_expert, int* __restrict__ inv, int max_tiles, int* __restrict__ estart) {
     __shared__ int cnt[MOE_MAX_EXPERTS];
     __shared__ int start[MOE_MAX_EXPERTS + 1];
     const int tid = threadIdx.x, nt = blockDim.x;
@@ -113,6 +114,7 @@ extern "C" __global__ void __launch_bounds__(MOE_ALIGN_THREADS)
         if (scan) start[tid + 1] += add;
         __syncthreads();
     }
+    for (int e = tid; e <= ne; e += nt) estart[e] = start[e];
     const int lane = tid % WARP, w = tid / WARP, nw = nt / WARP;
     for (int e = w; e < ne; e += nw) {
         int base = start[e];

@@ -228,3 +228,93 @@ KILN_MOE8(q4k, Q4_K)
 KILN_MOE8(q5k, Q5_K)
 KILN_MOE8(q6k, Q6_K)
 #endif
+
+#if !defined(KILN_DTYPE_F32)
+// ---- Many rows per expert (bf16 compute only): tensor cores ------------------------------
+// qmma.cuh's tile over MOEMMA_BM slots of one expert: a block starts at each MOEMMA_BM-th
+// slot of an expert's run (estart[e] on; blocks of the tiles between leave at once) and takes
+// QMMA_BN output columns; slots past the run or without an assignment are zero rows.
+//   moemma_gate_up_<q>: act[p] = silu(Wg_e x_t) * (Wu_e x_t)   (gate, then up over the
+//                        same slots and columns: each thread's outputs come in one order)
+//   moemma_down_<q>:    y[p] = Wd_e act[p]
+// Expert e's rows are rows e * rows.. of the stacked matrix; rows past the expert (in the
+// last column block) decode the next expert's and are not stored.
+
+constexpr int MOEMMA_BM = 64;
+// Outputs per thread of one qmma_tile call.
+constexpr int MOEMMA_NS = MOEMMA_BM * QMMA_BN / QMMA_THREADS;
+
+template <typename Q>
+__device__ __forceinline__ void moemma_gate_up_impl(const bf16* __restrict__ x, const u8* __restrict__ wg,
+                                                    const u8* __restrict__ wu, const int* __restrict__ sorted,
+                                                    const int* __restrict__ tile_expert,
+                                                    const int* __restrict__ estart, int k, int h, int f,
+                                                    int n_rows, bf16* __restrict__ act) {
+    const int e = tile_expert[blockIdx.x];
+    if (e < 0) return;
+    const int p0 = blockIdx.x * MOEQ_TILE, first = estart[e], end = estart[e + 1];
+    if ((p0 - first) % MOEMMA_BM != 0) return;  // the whole block leaves, before any sync
+    auto xrow = [&](int s) {
+        const int p = p0 + s;
+        const int a = p < end ? sorted[p] : -1;
+        return a < 0 ? -1 : a / k;
+    };
+    const int c0 = blockIdx.y * QMMA_BN;
+    float gv[MOEMMA_NS];
+    int i = 0;
+    bool up = false;
+    // One store type for both calls: one instance of qmma_tile and of its shared memory.
+    auto store = [&](int s, int j, float v) {
+        if (!up) {
+            gv[i++] = v;
+            return;
+        }
+        const float g = gv[i++];
+        const int col = j - e * f, p = p0 + s;
+        if (col < f && p < end && sorted[p] >= 0) act[(size_t)p * f + col] = from_f<bf16>(g / (1.0f + __expf(-g)) * v);
+    };
+    qmma_tile<Q, MOEMMA_BM>(wg, n_rows, h, e * f + c0, x, h, xrow, 0, h / QMMA_BK, store);
+    i = 0;
+    up = true;
+    qmma_tile<Q, MOEMMA_BM>(wu, n_rows, h, e * f + c0, x, h, xrow, 0, h / QMMA_BK, store);
+}
+
+template <typename Q>
+__device__ __forceinline__ void moemma_down_impl(const bf16* __restrict__ act, const u8* __restrict__ wd,
+                                                 const int* __restrict__ sorted, const int* __restrict__ tile_expert,
+                                                 const int* __restrict__ estart, int f, int h, int n_rows,
+                                                 bf16* __restrict__ y) {
+    const int e = tile_expert[blockIdx.x];
+    if (e < 0) return;
+    const int p0 = blockIdx.x * MOEQ_TILE, first = estart[e], end = estart[e + 1];
+    if ((p0 - first) % MOEMMA_BM != 0) return;
+    auto xrow = [&](int s) {
+        const int p = p0 + s;
+        return p < end && sorted[p] >= 0 ? p : -1;
+    };
+    qmma_tile<Q, MOEMMA_BM>(wd, n_rows, f, e * h + blockIdx.y * QMMA_BN, act, f, xrow, 0, f / QMMA_BK,
+                            [&](int s, int j, float v) {
+                                const int col = j - e * h, p = p0 + s;
+                                if (col < h && p < end && sorted[p] >= 0) y[(size_t)p * h + col] = from_f<bf16>(v);
+                            });
+}
+
+#define KILN_MOEMMA(QN, Q)                                                                          \
+    extern "C" __global__ void __launch_bounds__(QMMA_THREADS)                                      \
+        moemma_gate_up_##QN##_bf16(const bf16* x, const u8* wg, const u8* wu, const int* sorted,    \
+                                   const int* tile_expert, const int* estart, int k, int h, int f,  \
+                                   int n_rows, bf16* act) {                                         \
+        moemma_gate_up_impl<Q>(x, wg, wu, sorted, tile_expert, estart, k, h, f, n_rows, act);       \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(QMMA_THREADS)                                      \
+        moemma_down_##QN##_bf16(const bf16* act, const u8* wd, const int* sorted,                   \
+                                const int* tile_expert, const int* estart, int f, int h,            \
+                                int n_rows, bf16* y) {                                              \
+        moemma_down_impl<Q>(act, wd, sorted, tile_expert, estart, f, h, n_rows, y);                 \
+    }
+KILN_MOEMMA(q80, Q8_0)
+KILN_MOEMMA(q40, Q4_0)
+KILN_MOEMMA(q4k, Q4_K)
+KILN_MOEMMA(q5k, Q5_K)
+KILN_MOEMMA(q6k, Q6_K)
+#endif

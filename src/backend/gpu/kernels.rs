@@ -284,6 +284,15 @@ pub enum Kernel {
     MoeQ8Down {
         q: QType,
     },
+    /// [`Kernel::MoeQGateUp`] on tensor cores (`qmma.cuh`), for many rows per expert (bf16
+    /// only).
+    MoeMmaGateUp {
+        q: QType,
+    },
+    /// [`Kernel::MoeQDown`] on tensor cores (bf16 only).
+    MoeMmaDown {
+        q: QType,
+    },
     /// Matmul of up to `rows` (one of [`QGEMV_ROWS`]) input rows with a quantized weight
     /// part, dequantized in registers.
     Qgemv {
@@ -394,6 +403,8 @@ impl Kernel {
             v.push(Kernel::MoeQDown { q });
             v.push(Kernel::MoeQ8GateUp { q });
             v.push(Kernel::MoeQ8Down { q });
+            v.push(Kernel::MoeMmaGateUp { q });
+            v.push(Kernel::MoeMmaDown { q });
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::Qdot { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotSilu { q, rows }));
@@ -460,10 +471,14 @@ impl Kernel {
             Kernel::Softcap => "softcap",
             Kernel::MoeRoute => "moe_route",
             Kernel::MoeAlign => "moe_align",
-            Kernel::MoeGateUp | Kernel::MoeQGateUp { .. } | Kernel::MoeQ8GateUp { .. } => {
-                "moe_gate_up"
-            }
-            Kernel::MoeDown | Kernel::MoeQDown { .. } | Kernel::MoeQ8Down { .. } => "moe_down",
+            Kernel::MoeGateUp
+            | Kernel::MoeQGateUp { .. }
+            | Kernel::MoeQ8GateUp { .. }
+            | Kernel::MoeMmaGateUp { .. } => "moe_gate_up",
+            Kernel::MoeDown
+            | Kernel::MoeQDown { .. }
+            | Kernel::MoeQ8Down { .. }
+            | Kernel::MoeMmaDown { .. } => "moe_down",
             Kernel::MoeCombine => "moe_combine",
             Kernel::MoeSharedAdd => "moe_shared_add",
             Kernel::Gemv { .. }
@@ -512,7 +527,9 @@ impl Kernel {
             Kernel::MoeQGateUp { .. }
             | Kernel::MoeQDown { .. }
             | Kernel::MoeQ8GateUp { .. }
-            | Kernel::MoeQ8Down { .. } => Source::MoeQuant,
+            | Kernel::MoeQ8Down { .. }
+            | Kernel::MoeMmaGateUp { .. }
+            | Kernel::MoeMmaDown { .. } => Source::MoeQuant,
             Kernel::Qgemv { .. }
             | Kernel::QgemvSilu { .. }
             | Kernel::Dequant { .. }
@@ -539,6 +556,8 @@ impl Kernel {
                 | Kernel::QdotSilu { .. }
                 | Kernel::MoeQ8GateUp { .. }
                 | Kernel::MoeQ8Down { .. }
+                | Kernel::MoeMmaGateUp { .. }
+                | Kernel::MoeMmaDown { .. }
         );
         !bf16_only || dt == DType::Bf16
     }
@@ -559,6 +578,8 @@ impl Kernel {
             Kernel::MoeQDown { q } => format!("moe_down_{}_{d}", q.tag()),
             Kernel::MoeQ8GateUp { q } => format!("moe8_gate_up_{}_{d}", q.tag()),
             Kernel::MoeQ8Down { q } => format!("moe8_down_{}_{d}", q.tag()),
+            Kernel::MoeMmaGateUp { q } => format!("moemma_gate_up_{}_{d}", q.tag()),
+            Kernel::MoeMmaDown { q } => format!("moemma_down_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
             Kernel::QuantizeX => format!("quantize_x_{d}"),

@@ -6,8 +6,9 @@
 //! quantized shared expert runs too) and the sigmoid-gated add.
 
 use super::args::{
-    MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeQ8DownArgs, MoeQ8GateUpArgs,
-    MoeQDownArgs, MoeQGateUpArgs, MoeRouteArgs, MoeSharedAddArgs, QuantizeXArgs,
+    MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeMmaDownArgs, MoeMmaGateUpArgs,
+    MoeQ8DownArgs, MoeQ8GateUpArgs, MoeQDownArgs, MoeQGateUpArgs, MoeRouteArgs, MoeSharedAddArgs,
+    QuantizeXArgs,
 };
 use super::kernels::Kernel;
 use super::matmul::{QX_THREADS, qx_bytes};
@@ -35,6 +36,14 @@ const ROUTE_THREADS: usize = 256;
 const ALIGN_THREADS: u32 = 1024;
 /// Threads per block of the 8-bit activation tiles (`moe8_*`).
 const Q8_THREADS: usize = 128;
+/// Threads, output columns per block and the columns' multiple of the tensor-core tiles
+/// (`moemma_*`: `QMMA_THREADS`, `QMMA_BN`, `QMMA_BK` of `qmma.cuh`).
+const MMA_THREADS: u32 = 128;
+const MMA_BN: usize = 64;
+const MMA_BK: usize = 128;
+/// Mean rows per expert from which the tensor-core tiles (64 slots of one expert per
+/// block) take over from the dp4a ones (8 slots).
+const MMA_MIN_ROWS: usize = 16;
 
 /// Weights per unit of `quant.cuh`'s decoders (`Q::UNIT`).
 fn unit(q: QType) -> usize {
@@ -58,6 +67,7 @@ struct Layout {
     inv: usize,
     sorted: usize,
     tile_expert: usize,
+    estart: usize,
     act: usize,
     y: usize,
     /// 8-bit rows of x (`rows` rows) and of the activations (every slot).
@@ -88,7 +98,8 @@ impl Layout {
         let inv = align(wts + 4 * total);
         let sorted = align(inv + 4 * total);
         let tile_expert = align(sorted + 4 * slots);
-        let act = align(tile_expert + 4 * tiles);
+        let estart = align(tile_expert + 4 * tiles);
+        let act = align(estart + 4 * (s.n_expert + 1));
         let y = align(act + elem * slots * s.expert_ff);
         let xq = align(y + elem * slots * h);
         let actq = align(xq + qx_bytes(rows, h));
@@ -98,6 +109,7 @@ impl Layout {
             inv,
             sorted,
             tile_expert,
+            estart,
             act,
             y,
             xq,
@@ -205,7 +217,11 @@ impl<R: Runtime> GpuBackend<R> {
         };
         let per_block = ROUTE_THREADS / 32;
         let blocks = n.div_ceil(per_block).min(65535);
-        self.launch_with(Kernel::MoeRoute, grid((blocks, 1), ROUTE_THREADS as u32), &route)?;
+        self.launch_with(
+            Kernel::MoeRoute,
+            grid((blocks, 1), ROUTE_THREADS as u32),
+            &route,
+        )?;
         let align = MoeAlignArgs {
             ids: at(lay.ids),
             total: total as i32,
@@ -214,6 +230,7 @@ impl<R: Runtime> GpuBackend<R> {
             tile_expert: at(lay.tile_expert),
             inv: at(lay.inv),
             max_tiles: tiles as i32,
+            estart: at(lay.estart),
         };
         self.launch_with(Kernel::MoeAlign, grid((1, 1), ALIGN_THREADS), &align)?;
         // bf16 with quantized experts: dp4a on 8-bit activations (whole blocks of 32).
@@ -221,8 +238,33 @@ impl<R: Runtime> GpuBackend<R> {
             q.filter(|_| self.dt == crate::backend::DType::Bf16 && cols.is_multiple_of(32))
         };
         let (gu_q8, down_q8) = (q8(gu_q, h), q8(down_q, f));
+        // Many rows per expert (prefill): tensor cores over 64 slots of one expert.
+        let many = total >= MMA_MIN_ROWS * ne;
+        let mma = |q: Option<QType>, cols: usize| {
+            q.filter(|_| {
+                many && self.dt == crate::backend::DType::Bf16 && cols.is_multiple_of(MMA_BK)
+            })
+        };
+        let (gu_mma, down_mma) = (mma(gu_q, h), mma(down_q, f));
         let g = grid((used, f.div_ceil(COLS)), 256);
         match gu_q {
+            Some(q) if gu_mma.is_some() => {
+                let gate_up = MoeMmaGateUpArgs {
+                    x: x.buf.ptr(),
+                    wg,
+                    wu,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    estart: at(lay.estart),
+                    k: k as i32,
+                    h: h as i32,
+                    f: f as i32,
+                    n_rows: (ne * f) as i32,
+                    act: at(lay.act),
+                };
+                let g = grid((used, f.div_ceil(MMA_BN)), MMA_THREADS);
+                self.launch_with(Kernel::MoeMmaGateUp { q }, g, &gate_up)?;
+            }
             Some(q) if gu_q8.is_some() => {
                 self.quantize_rows(x.buf.ptr(), at(lay.xq), h, n)?;
                 let lanes = q8_lanes(q, h);
@@ -277,6 +319,21 @@ impl<R: Runtime> GpuBackend<R> {
         }
         let g = grid((used, h.div_ceil(COLS)), 256);
         match down_q {
+            Some(q) if down_mma.is_some() => {
+                let down = MoeMmaDownArgs {
+                    act: at(lay.act),
+                    wd,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    estart: at(lay.estart),
+                    f: f as i32,
+                    h: h as i32,
+                    n_rows: (ne * h) as i32,
+                    y: at(lay.y),
+                };
+                let g = grid((used, h.div_ceil(MMA_BN)), MMA_THREADS);
+                self.launch_with(Kernel::MoeMmaDown { q }, g, &down)?;
+            }
             Some(q) if down_q8.is_some() => {
                 let slots = used * TILE;
                 self.quantize_rows(at(lay.act), at(lay.actq), f, slots)?;
