@@ -111,28 +111,28 @@ KILN_FOR_DTYPES(KILN_MOEQ)
 // 8-bit quants (quant.cuh's run8), multiplied with the activations by dp4a, once per tile.
 //   moe8_gate_up_<q>: act[p] = silu(Wg_e x_t) * (Wu_e x_t)   xq: the n rows of x
 //   moe8_down_<q>:    y[p] = Wd_e act[p]                      xq: the slots' rows of act
-// A group of `lanes` lanes (a power of two up to the warp) takes one output column, its lanes
-// the units of the column's row, U units each in flight; a block of blockDim threads covers
-// blockDim / lanes columns of one tile. Only the tile's real slots (a prefix) are computed.
+// A group of `lanes` lanes (a power of two up to the warp) takes C output columns, its lanes
+// the units of the columns' rows, U units of each in flight; a block of blockDim threads
+// covers blockDim / lanes * C columns of one tile. Only the tile's real slots (a prefix) are
+// computed.
 
 // The scale and exact sum of one block of 32 activations (qgemv.cu's QxScale).
 struct alignas(8) MoeQxScale {
     float d, s;
 };
 
-template <typename Q, bool GATE_UP>
+template <typename Q, bool GATE_UP, int C, int U>
 __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xrows, const u8* __restrict__ w0,
                                                const u8* __restrict__ w1, const int* __restrict__ sorted,
                                                const int* __restrict__ tile_expert, int k, int in_len,
                                                int out_len, int n_rows, int lanes, bf16* __restrict__ out) {
-    constexpr int U = 2;
     const int tile = blockIdx.x;
     const int e = tile_expert[tile];
     if (e < 0) return;
     const int sub = threadIdx.x % lanes;
-    const int c = (blockIdx.y * blockDim.x + threadIdx.x) / lanes;
-    // A group past the last column computes the last one (its shuffles stay whole) unstored.
-    const int j = e * out_len + min(c, out_len - 1);
+    // The group's C columns; a column past the last computes the last one (the group's
+    // shuffles stay whole) and is not stored.
+    const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) / lanes * C;
     int xr[MOEQ_TILE];
     int nv = 0;
 #pragma unroll
@@ -145,21 +145,30 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
     }
     const MoeQxScale* ds = reinterpret_cast<const MoeQxScale*>(xq + plane_align((size_t)xrows * in_len));
     const int nb = in_len / 32;
-    const typename Q::Row r0 = Q::row(w0, n_rows, in_len, j);
-    const typename Q::Row r1 = Q::row(GATE_UP ? w1 : w0, n_rows, in_len, j);
-    float a0[MOEQ_TILE], a1[MOEQ_TILE];
+    typename Q::Row r0[C], r1[C];
 #pragma unroll
-    for (int i = 0; i < MOEQ_TILE; ++i) a0[i] = a1[i] = 0.f;
+    for (int cc = 0; cc < C; ++cc) {
+        const int j = e * out_len + min(c0 + cc, out_len - 1);
+        r0[cc] = Q::row(w0, n_rows, in_len, j);
+        r1[cc] = Q::row(GATE_UP ? w1 : w0, n_rows, in_len, j);
+    }
+    float a0[C][MOEQ_TILE], a1[C][MOEQ_TILE];
+#pragma unroll
+    for (int cc = 0; cc < C; ++cc)
+#pragma unroll
+        for (int i = 0; i < MOEQ_TILE; ++i) a0[cc][i] = a1[cc][i] = 0.f;
     const int nu = in_len / Q::UNIT;
     for (int u0 = sub; u0 < nu; u0 += U * lanes) {
-        typename Q::Raw raw0[U], raw1[U];
+        typename Q::Raw raw0[U][C], raw1[U][C];
 #pragma unroll
         for (int t = 0; t < U; ++t) {
             const int u = u0 + t * lanes;
-            if (u < nu) {
-                raw0[t] = Q::load(r0, u);
-                if (GATE_UP) raw1[t] = Q::load(r1, u);
-            }
+            if (u < nu)
+#pragma unroll
+                for (int cc = 0; cc < C; ++cc) {
+                    raw0[t][cc] = Q::load(r0[cc], u);
+                    if (GATE_UP) raw1[t][cc] = Q::load(r1[cc], u);
+                }
         }
 #pragma unroll
         for (int t = 0; t < U; ++t) {
@@ -167,29 +176,35 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
             if (u >= nu) continue;
 #pragma unroll
             for (int run = 0; run < Q::RUNS; ++run) {
-                u32 q0[4], q1[4];
-                float s0, m0, s1 = 0.f, m1 = 0.f;
-                Q::run8(raw0[t], u, run, q0, s0, m0);
-                if (GATE_UP) Q::run8(raw1[t], u, run, q1, s1, m1);
+                u32 q0[C][4], q1[C][4];
+                float s0[C], m0[C], s1[C], m1[C];
+#pragma unroll
+                for (int cc = 0; cc < C; ++cc) {
+                    Q::run8(raw0[t][cc], u, run, q0[cc], s0[cc], m0[cc]);
+                    if (GATE_UP) Q::run8(raw1[t][cc], u, run, q1[cc], s1[cc], m1[cc]);
+                }
                 const int off = Q::xoff(u, run);
 #pragma unroll
                 for (int i = 0; i < MOEQ_TILE; ++i) {
                     if (i >= nv) continue;
                     const vec4u xv = *reinterpret_cast<const vec4u*>(xq + (size_t)xr[i] * in_len + off);
                     const MoeQxScale dx = ds[(size_t)xr[i] * nb + off / 32];
-                    int si = dp4a(q0[0], xv.x, 0);
-                    si = dp4a(q0[1], xv.y, si);
-                    si = dp4a(q0[2], xv.z, si);
-                    si = dp4a(q0[3], xv.w, si);
-                    a0[i] = fmaf(s0 * dx.d, (float)si, a0[i]);
-                    if (Q::XSUM) a0[i] = fmaf(m0, dx.s, a0[i]);
-                    if (GATE_UP) {
-                        int sj = dp4a(q1[0], xv.x, 0);
-                        sj = dp4a(q1[1], xv.y, sj);
-                        sj = dp4a(q1[2], xv.z, sj);
-                        sj = dp4a(q1[3], xv.w, sj);
-                        a1[i] = fmaf(s1 * dx.d, (float)sj, a1[i]);
-                        if (Q::XSUM) a1[i] = fmaf(m1, dx.s, a1[i]);
+#pragma unroll
+                    for (int cc = 0; cc < C; ++cc) {
+                        int si = dp4a(q0[cc][0], xv.x, 0);
+                        si = dp4a(q0[cc][1], xv.y, si);
+                        si = dp4a(q0[cc][2], xv.z, si);
+                        si = dp4a(q0[cc][3], xv.w, si);
+                        a0[cc][i] = fmaf(s0[cc] * dx.d, (float)si, a0[cc][i]);
+                        if (Q::XSUM) a0[cc][i] = fmaf(m0[cc], dx.s, a0[cc][i]);
+                        if (GATE_UP) {
+                            int sj = dp4a(q1[cc][0], xv.x, 0);
+                            sj = dp4a(q1[cc][1], xv.y, sj);
+                            sj = dp4a(q1[cc][2], xv.z, sj);
+                            sj = dp4a(q1[cc][3], xv.w, sj);
+                            a1[cc][i] = fmaf(s1[cc] * dx.d, (float)sj, a1[cc][i]);
+                            if (Q::XSUM) a1[cc][i] = fmaf(m1[cc], dx.s, a1[cc][i]);
+                        }
                     }
                 }
             }
@@ -198,29 +213,37 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
 #pragma unroll
     for (int i = 0; i < MOEQ_TILE; ++i) {
         if (i >= nv) continue;
-        float g = a0[i], v = a1[i];
-        for (int o = lanes / 2; o > 0; o >>= 1) {
-            g += shfl_xor(g, o);
-            if (GATE_UP) v += shfl_xor(v, o);
+#pragma unroll
+        for (int cc = 0; cc < C; ++cc) {
+            float g = a0[cc][i], v = a1[cc][i];
+            for (int o = lanes / 2; o > 0; o >>= 1) {
+                g += shfl_xor(g, o);
+                if (GATE_UP) v += shfl_xor(v, o);
+            }
+            if (sub == 0 && c0 + cc < out_len)
+                out[(size_t)(tile * MOEQ_TILE + i) * out_len + c0 + cc] =
+                    from_f<bf16>(GATE_UP ? g / (1.0f + __expf(-g)) * v : g);
         }
-        if (sub == 0 && c < out_len)
-            out[(size_t)(tile * MOEQ_TILE + i) * out_len + c] =
-                from_f<bf16>(GATE_UP ? g / (1.0f + __expf(-g)) * v : g);
     }
 }
+
+// Columns per group (C) and units in flight per lane (U): gate/up rows come in pairs and are
+// long (the hidden size), down rows are short (the expert width) and many.
+constexpr int MOE8_GU_C = 1, MOE8_GU_U = 2, MOE8_DOWN_C = 4, MOE8_DOWN_U = 1;
 
 #define KILN_MOE8(QN, Q)                                                                            \
     extern "C" __global__ void moe8_gate_up_##QN##_bf16(const u8* xq, int xrows, const u8* wg,      \
                                                         const u8* wu, const int* sorted,            \
                                                         const int* tile_expert, int k, int h, int f, \
                                                         int n_rows, int lanes, bf16* act) {         \
-        moe8_tile_impl<Q, true>(xq, xrows, wg, wu, sorted, tile_expert, k, h, f, n_rows, lanes, act); \
+        moe8_tile_impl<Q, true, MOE8_GU_C, MOE8_GU_U>(xq, xrows, wg, wu, sorted, tile_expert, k, h, f,  \
+                                                      n_rows, lanes, act);                          \
     }                                                                                               \
     extern "C" __global__ void moe8_down_##QN##_bf16(const u8* xq, int xrows, const u8* wd,         \
                                                      const int* sorted, const int* tile_expert,     \
                                                      int f, int h, int n_rows, int lanes, bf16* y) { \
-        moe8_tile_impl<Q, false>(xq, xrows, wd, nullptr, sorted, tile_expert, 1, f, h, n_rows, lanes, \
-                                 y);                                                                \
+        moe8_tile_impl<Q, false, MOE8_DOWN_C, MOE8_DOWN_U>(xq, xrows, wd, nullptr, sorted, tile_expert, \
+                                                           1, f, h, n_rows, lanes, y);              \
     }
 KILN_MOE8(q80, Q8_0)
 KILN_MOE8(q40, Q4_0)

@@ -34,8 +34,11 @@ const COLS: usize = 64;
 /// Threads per block of `moe_route` (a warp per row) and `moe_align` (`MOE_ALIGN_THREADS`).
 const ROUTE_THREADS: usize = 256;
 const ALIGN_THREADS: u32 = 1024;
-/// Threads per block of the 8-bit activation tiles (`moe8_*`).
+/// Threads per block of the 8-bit activation tiles (`moe8_*`), and the output columns each
+/// group of lanes takes in gate/up and in down (`MOE8_GU_C`, `MOE8_DOWN_C`).
 const Q8_THREADS: usize = 128;
+const Q8_GU_COLS: usize = 1;
+const Q8_DOWN_COLS: usize = 4;
 /// Threads, output columns per block and the columns' multiple of the tensor-core tiles
 /// (`moemma_*`: `QMMA_THREADS`, `QMMA_BN`, `QMMA_BK` of `qmma.cuh`).
 const MMA_THREADS: u32 = 128;
@@ -282,7 +285,8 @@ impl<R: Runtime> GpuBackend<R> {
                     lanes: lanes as i32,
                     act: at(lay.act),
                 };
-                let g = grid((used, f.div_ceil(Q8_THREADS / lanes)), Q8_THREADS as u32);
+                let per_block = Q8_THREADS / lanes * Q8_GU_COLS;
+                let g = grid((used, f.div_ceil(per_block)), Q8_THREADS as u32);
                 self.launch_with(Kernel::MoeQ8GateUp { q }, g, &gate_up)?;
             }
             None => {
@@ -350,7 +354,8 @@ impl<R: Runtime> GpuBackend<R> {
                     lanes: lanes as i32,
                     y: at(lay.y),
                 };
-                let g = grid((used, h.div_ceil(Q8_THREADS / lanes)), Q8_THREADS as u32);
+                let per_block = Q8_THREADS / lanes * Q8_DOWN_COLS;
+                let g = grid((used, h.div_ceil(per_block)), Q8_THREADS as u32);
                 self.launch_with(Kernel::MoeQ8Down { q }, g, &down)?;
             }
             None => {
