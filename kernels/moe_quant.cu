@@ -3,7 +3,8 @@
 // combine), with each expert weight row decoded in registers by quant.cuh's unit decoders,
 // once per tile of MOE_TILE slots. The experts of one kind are one stacked
 // [n_expert * rows, cols] matrix in quant.cuh's plane layout: expert e's row c is row
-// e * rows + c. Products accumulate in f32.
+// e * rows + c. Products accumulate in f32. In bf16 the host takes the dp4a tiles on 8-bit
+// activations (moe8_*) or, with many rows per expert, the tensor-core ones (moemma_*) below.
 //   moe_gate_up_<q>: act[p] = silu(Wg_e x_t) * (Wu_e x_t)   (gate and up of one type)
 //   moe_down_<q>:    y[p] = Wd_e act[p]
 
@@ -228,7 +229,9 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
 }
 
 // Columns per group (C) and units in flight per lane (U): gate/up rows come in pairs and are
-// long (the hidden size), down rows are short (the expert width) and many.
+// long (the hidden size), down rows are short (the expert width) and many. (Measured on the
+// Qwen3-30B-A3B shape, H200: down C = 4 over 1 took batch 32 from 25.2 to 23.2 ms a step;
+// gate/up C = 2 made every batch slower, 23.2 to 26.3 ms at 32.)
 constexpr int MOE8_GU_C = 1, MOE8_GU_U = 2, MOE8_DOWN_C = 4, MOE8_DOWN_U = 1;
 
 #define KILN_MOE8(QN, Q)                                                                            \

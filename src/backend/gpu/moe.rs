@@ -1,6 +1,9 @@
 //! Launcher of the mixture-of-experts FFN (`kernels/moe.cu`): route, sort the assignments
 //! by expert on the device, grouped gate/up and down matmuls over tiles of one expert,
-//! then each token's weighted sum. Five launches per layer whatever the batch; every size
+//! then each token's weighted sum. Five launches per layer whatever the batch (seven with
+//! quantized experts in bf16 at small batches: x and the activations quantized to 8 bits
+//! for the dp4a tiles of `moe_quant.cu`; from 16 rows per expert on average the tensor-core
+//! tiles take gate/up and down instead, on bf16 rows); every size
 //! comes from the step's row count, so decode steps record into graphs. A shared expert
 //! (Qwen2-MoE) adds three: its gate/up and down matmuls (the dense FFN's launchers, so a
 //! quantized shared expert runs too) and the sigmoid-gated add.
