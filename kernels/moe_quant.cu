@@ -122,7 +122,9 @@ struct alignas(8) MoeQxScale {
     float d, s;
 };
 
-template <typename Q, bool GATE_UP, int C, int U>
+// MS: the most real slots a tile of this step can hold (an expert takes a token at most once:
+// min(rows, MOEQ_TILE)); slots from MS on are padding.
+template <typename Q, bool GATE_UP, int C, int U, int MS>
 __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xrows, const u8* __restrict__ w0,
                                                const u8* __restrict__ w1, const int* __restrict__ sorted,
                                                const int* __restrict__ tile_expert, int k, int in_len,
@@ -134,10 +136,10 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
     // The group's C columns; a column past the last computes the last one (the group's
     // shuffles stay whole) and is not stored.
     const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) / lanes * C;
-    int xr[MOEQ_TILE];
+    int xr[MS];
     int nv = 0;
 #pragma unroll
-    for (int i = 0; i < MOEQ_TILE; ++i) {
+    for (int i = 0; i < MS; ++i) {
         const int p = tile * MOEQ_TILE + i;
         const int a = sorted[p];
         if (a >= 0) nv = i + 1;
@@ -153,11 +155,11 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
         r0[cc] = Q::row(w0, n_rows, in_len, j);
         r1[cc] = Q::row(GATE_UP ? w1 : w0, n_rows, in_len, j);
     }
-    float a0[C][MOEQ_TILE], a1[C][MOEQ_TILE];
+    float a0[C][MS], a1[C][MS];
 #pragma unroll
     for (int cc = 0; cc < C; ++cc)
 #pragma unroll
-        for (int i = 0; i < MOEQ_TILE; ++i) a0[cc][i] = a1[cc][i] = 0.f;
+        for (int i = 0; i < MS; ++i) a0[cc][i] = a1[cc][i] = 0.f;
     const int nu = in_len / Q::UNIT;
     for (int u0 = sub; u0 < nu; u0 += U * lanes) {
         typename Q::Raw raw0[U][C], raw1[U][C];
@@ -186,7 +188,7 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
                 }
                 const int off = Q::xoff(u, run);
 #pragma unroll
-                for (int i = 0; i < MOEQ_TILE; ++i) {
+                for (int i = 0; i < MS; ++i) {
                     if (i >= nv) continue;
                     const vec4u xv = *reinterpret_cast<const vec4u*>(xq + (size_t)xr[i] * in_len + off);
                     const MoeQxScale dx = ds[(size_t)xr[i] * nb + off / 32];
@@ -212,7 +214,7 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
         }
     }
 #pragma unroll
-    for (int i = 0; i < MOEQ_TILE; ++i) {
+    for (int i = 0; i < MS; ++i) {
         if (i >= nv) continue;
 #pragma unroll
         for (int cc = 0; cc < C; ++cc) {
@@ -234,20 +236,24 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
 // gate/up C = 2 made every batch slower, 23.2 to 26.3 ms at 32.)
 constexpr int MOE8_GU_C = 1, MOE8_GU_U = 2, MOE8_DOWN_C = 4, MOE8_DOWN_U = 1;
 
-#define KILN_MOE8(QN, Q)                                                                            \
-    extern "C" __global__ void moe8_gate_up_##QN##_bf16(const u8* xq, int xrows, const u8* wg,      \
-                                                        const u8* wu, const int* sorted,            \
-                                                        const int* tile_expert, int k, int h, int f, \
-                                                        int n_rows, int lanes, bf16* act) {         \
-        moe8_tile_impl<Q, true, MOE8_GU_C, MOE8_GU_U>(xq, xrows, wg, wu, sorted, tile_expert, k, h, f,  \
-                                                      n_rows, lanes, act);                          \
+#define KILN_MOE8_S(QN, Q, MS)                                                                      \
+    extern "C" __global__ void moe8_gate_up_##QN##_bf16_s##MS(const u8* xq, int xrows, const u8* wg, \
+                                                              const u8* wu, const int* sorted,      \
+                                                              const int* tile_expert, int k, int h, \
+                                                              int f, int n_rows, int lanes,         \
+                                                              bf16* act) {                          \
+        moe8_tile_impl<Q, true, MOE8_GU_C, MOE8_GU_U, MS>(xq, xrows, wg, wu, sorted, tile_expert, k, h, \
+                                                          f, n_rows, lanes, act);                   \
     }                                                                                               \
-    extern "C" __global__ void moe8_down_##QN##_bf16(const u8* xq, int xrows, const u8* wd,         \
-                                                     const int* sorted, const int* tile_expert,     \
-                                                     int f, int h, int n_rows, int lanes, bf16* y) { \
-        moe8_tile_impl<Q, false, MOE8_DOWN_C, MOE8_DOWN_U>(xq, xrows, wd, nullptr, sorted, tile_expert, \
-                                                           1, f, h, n_rows, lanes, y);              \
+    extern "C" __global__ void moe8_down_##QN##_bf16_s##MS(const u8* xq, int xrows, const u8* wd,   \
+                                                           const int* sorted, const int* tile_expert, \
+                                                           int f, int h, int n_rows, int lanes,     \
+                                                           bf16* y) {                               \
+        moe8_tile_impl<Q, false, MOE8_DOWN_C, MOE8_DOWN_U, MS>(xq, xrows, wd, nullptr, sorted,      \
+                                                               tile_expert, 1, f, h, n_rows, lanes, y); \
     }
+// One real slot a tile (one row: decode batch 1) or up to all of them.
+#define KILN_MOE8(QN, Q) KILN_MOE8_S(QN, Q, 1) KILN_MOE8_S(QN, Q, 8)
 KILN_MOE8(q80, Q8_0)
 KILN_MOE8(q40, Q4_0)
 KILN_MOE8(q4k, Q4_K)

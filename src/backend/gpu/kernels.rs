@@ -279,10 +279,13 @@ pub enum Kernel {
     /// (bf16 only).
     MoeQ8GateUp {
         q: QType,
+        slots: u32,
     },
-    /// [`Kernel::MoeQDown`] by dp4a on 8-bit activations (bf16 only).
+    /// [`Kernel::MoeQDown`] by dp4a on 8-bit activations (bf16 only). `slots` (of
+    /// [`MOE8_SLOTS`], both kernels): the most real slots a tile of the step can hold.
     MoeQ8Down {
         q: QType,
+        slots: u32,
     },
     /// [`Kernel::MoeQGateUp`] on tensor cores (`qmma.cuh`), for many rows per expert (bf16
     /// only).
@@ -349,6 +352,10 @@ pub const QMMA_ROWS: [u32; 3] = [16, 32, 64];
 /// runs the smallest bucket of at least `n`.
 pub const QGEMV_ROWS: [u32; 4] = [1, 2, 4, 8];
 
+/// Slot buckets of the MoE dp4a tiles (`kernels/moe_quant.cu`, `moe8_*_s<slots>`): one real
+/// slot a tile (a one-row step) or up to the whole tile of 8.
+pub const MOE8_SLOTS: [u32; 2] = [1, 8];
+
 /// The types of [`Kernel::QdotMix`]'s first parts (its last part is Q6_K).
 pub const QDOT_MIX_TYPES: [QType; 2] = [QType::Q4K, QType::Q5K];
 
@@ -401,8 +408,10 @@ impl Kernel {
             v.push(Kernel::Dequant { q });
             v.push(Kernel::MoeQGateUp { q });
             v.push(Kernel::MoeQDown { q });
-            v.push(Kernel::MoeQ8GateUp { q });
-            v.push(Kernel::MoeQ8Down { q });
+            for slots in MOE8_SLOTS {
+                v.push(Kernel::MoeQ8GateUp { q, slots });
+                v.push(Kernel::MoeQ8Down { q, slots });
+            }
             v.push(Kernel::MoeMmaGateUp { q });
             v.push(Kernel::MoeMmaDown { q });
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
@@ -576,8 +585,8 @@ impl Kernel {
             Kernel::Dequant { q } => format!("dequant_{}_{d}", q.tag()),
             Kernel::MoeQGateUp { q } => format!("moe_gate_up_{}_{d}", q.tag()),
             Kernel::MoeQDown { q } => format!("moe_down_{}_{d}", q.tag()),
-            Kernel::MoeQ8GateUp { q } => format!("moe8_gate_up_{}_{d}", q.tag()),
-            Kernel::MoeQ8Down { q } => format!("moe8_down_{}_{d}", q.tag()),
+            Kernel::MoeQ8GateUp { q, slots } => format!("moe8_gate_up_{}_{d}_s{slots}", q.tag()),
+            Kernel::MoeQ8Down { q, slots } => format!("moe8_down_{}_{d}_s{slots}", q.tag()),
             Kernel::MoeMmaGateUp { q } => format!("moemma_gate_up_{}_{d}", q.tag()),
             Kernel::MoeMmaDown { q } => format!("moemma_down_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),

@@ -13,7 +13,7 @@ use super::args::{
     MoeQ8DownArgs, MoeQ8GateUpArgs, MoeQDownArgs, MoeQGateUpArgs, MoeRouteArgs, MoeSharedAddArgs,
     QuantizeXArgs,
 };
-use super::kernels::Kernel;
+use super::kernels::{Kernel, MOE8_SLOTS};
 use super::matmul::{QX_THREADS, qx_bytes};
 use super::qtype::QType;
 use super::runtime::{Grid, Runtime};
@@ -85,6 +85,15 @@ struct Layout {
 /// Tiles a step of `total` assignments over `ne` experts can need.
 fn max_tiles(total: usize, ne: usize) -> usize {
     (total + ne * (TILE - 1)).div_ceil(TILE)
+}
+
+/// The slot bucket of the `moe8_*` tiles for a step of `n` rows: an expert takes a token at
+/// most once, so no tile holds more than `n` real slots.
+fn moe8_slots(n: usize) -> u32 {
+    MOE8_SLOTS
+        .into_iter()
+        .find(|&s| s as usize >= n)
+        .unwrap_or(TILE as u32)
 }
 
 /// Tiles the grouped matmuls launch: the tiles in use are a prefix, each with at least one
@@ -290,7 +299,8 @@ impl<R: Runtime> GpuBackend<R> {
                 };
                 let per_block = Q8_THREADS / lanes * Q8_GU_COLS;
                 let g = grid((used, f.div_ceil(per_block)), Q8_THREADS as u32);
-                self.launch_with(Kernel::MoeQ8GateUp { q }, g, &gate_up)?;
+                let slots = moe8_slots(n);
+                self.launch_with(Kernel::MoeQ8GateUp { q, slots }, g, &gate_up)?;
             }
             None => {
                 let gate_up = MoeGateUpArgs {
@@ -359,7 +369,8 @@ impl<R: Runtime> GpuBackend<R> {
                 };
                 let per_block = Q8_THREADS / lanes * Q8_DOWN_COLS;
                 let g = grid((used, h.div_ceil(per_block)), Q8_THREADS as u32);
-                self.launch_with(Kernel::MoeQ8Down { q }, g, &down)?;
+                let slots = moe8_slots(n);
+                self.launch_with(Kernel::MoeQ8Down { q, slots }, g, &down)?;
             }
             None => {
                 let down = MoeDownArgs {
