@@ -1,10 +1,12 @@
 // Mixture-of-experts FFN, grouped by expert for the whole batch; every size is bounded by
 // the step's rows, so a step records into a graph (no host round trip inside).
 //   moe_route:   per row, softmax over the router logits, the top k (ties -> lowest
-//                index), weights renormalised over the k when `norm`; one thread per row
-//   moe_align:   one block: the assignments (t * k + j) sorted by expert, each expert's
+//                index), weights renormalised over the k when `norm`; one warp per row
+//   moe_align:   one block: the assignments (t * k + j) sorted by expert (in assignment
+//                order within an expert), each expert's
 //                run padded to a multiple of MOE_TILE; `sorted[p]` = assignment or -1,
-//                `tile_expert[i]` = expert of tile i or -1, `inv[a]` = a's padded slot
+//                `tile_expert[i]` = expert of tile i or -1, `inv[a]` = a's padded slot,
+//                `estart[e]` = expert e's first slot (estart[ne]: the slots in use)
 //   moe_gate_up: act[p] = silu(Wg_e x_t) * (Wu_e x_t) for the MOE_TILE slots of a tile
 //                (one warp per output column, the expert's weight row read once per tile)
 //   moe_down:    y[p] = Wd_e act[p]
@@ -19,66 +21,122 @@ constexpr int MOE_TILE = 8;
 constexpr int MOE_MAX_EXPERTS = 512;
 constexpr int MOE_MAX_K = 32;
 
+// Experts per lane of moe_route's warp (lane l holds experts l, l + WARP, ...).
+constexpr int MOE_PER_LANE = MOE_MAX_EXPERTS / WARP;
+
+// One warp per row (grid-stride over rows): the lanes hold the row's logits, softmax by
+// warp reductions, then k rounds of a warp-wide arg-max over the experts not yet taken
+// (larger value first, then the lower index: the lowest index wins a tie).
 template <typename T>
 __device__ void moe_route_impl(const T* __restrict__ logits, int n, int ne, int k, int norm,
                                int* __restrict__ ids, float* __restrict__ wts) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n) return;
-    const T* l = logits + (size_t)t * ne;
-    float mx = -KILN_INF;
-    for (int e = 0; e < ne; ++e) mx = fmaxf(mx, to_f(l[e]));
-    float sum = 0.f;
-    for (int e = 0; e < ne; ++e) sum += __expf(to_f(l[e]) - mx);
-    u32 taken[MOE_MAX_EXPERTS / 32];
-    for (int i = 0; i < MOE_MAX_EXPERTS / 32; ++i) taken[i] = 0u;
-    float p[MOE_MAX_K];
-    float total = 0.f;
-    for (int r = 0; r < k; ++r) {
-        int best = -1;
-        float bv = 0.f;
-        for (int e = 0; e < ne; ++e) {
-            const float v = to_f(l[e]);
-            // Strictly greater: the lowest index wins a tie.
-            if (!(taken[e >> 5] & (1u << (e & 31))) && (best < 0 || v > bv)) {
-                best = e;
-                bv = v;
+    const int lane = threadIdx.x % WARP;
+    const int warps = gridDim.x * (blockDim.x / WARP);
+    for (int t = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP; t < n; t += warps) {
+        const T* l = logits + (size_t)t * ne;
+        float v[MOE_PER_LANE];
+        float mx = -KILN_INF;
+#pragma unroll
+        for (int i = 0; i < MOE_PER_LANE; ++i) {
+            const int e = lane + WARP * i;
+            v[i] = e < ne ? to_f(l[e]) : -KILN_INF;
+            mx = fmaxf(mx, v[i]);
+        }
+        mx = warp_max(mx);
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < MOE_PER_LANE; ++i)
+            if (lane + WARP * i < ne) sum += __expf(v[i] - mx);
+        sum = warp_sum(sum);
+        u32 taken = 0u;  // bit i: expert lane + WARP * i
+        int my_id = 0;
+        float my_p = 0.f, total = 0.f;
+        for (int r = 0; r < k; ++r) {
+            int best = -1;
+            float bv = 0.f;
+#pragma unroll
+            for (int i = 0; i < MOE_PER_LANE; ++i) {
+                const int e = lane + WARP * i;
+                if (e < ne && !(taken & (1u << i)) && (best < 0 || v[i] > bv)) {
+                    best = e;
+                    bv = v[i];
+                }
+            }
+            for (int o = WARP / 2; o > 0; o >>= 1) {
+                const int ob = shfl_xor(best, o);
+                const float ov = shfl_xor(bv, o);
+                if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) {
+                    best = ob;
+                    bv = ov;
+                }
+            }
+            if (best % WARP == lane) taken |= 1u << (best / WARP);
+            const float p = __expf(bv - mx) / sum;
+            total += p;
+            if (lane == r) {
+                my_id = best;
+                my_p = p;
             }
         }
-        taken[best >> 5] |= 1u << (best & 31);
-        p[r] = __expf(bv - mx) / sum;
-        total += p[r];
-        ids[t * k + r] = best;
+        if (lane < k) {
+            ids[(size_t)t * k + lane] = my_id;
+            wts[(size_t)t * k + lane] = norm ? my_p / total : my_p;
+        }
     }
-    for (int r = 0; r < k; ++r) wts[t * k + r] = norm ? p[r] / total : p[r];
 }
 
-extern "C" __global__ void moe_align(const int* ids, int total, int ne, int* sorted, int* tile_expert,
-                                     int* inv, int max_tiles) {
+// Threads of moe_align's one block (the host launches it with this many).
+constexpr int MOE_ALIGN_THREADS = 1024;
+
+// Counts per expert (shared atomics), a block-wide prefix sum of the padded counts, then a
+// warp per expert places its assignments in order: a lane-wide prefix sum of
+// `ids[a] == e` over each WARP assignments gives every match its slot.
+extern "C" __global__ void __launch_bounds__(MOE_ALIGN_THREADS)
+    moe_align(const int* __restrict__ ids, int total, int ne, int* __restrict__ sorted,
+              int* __restrict__ tile_expert, int* __restrict__ inv, int max_tiles, int* __restrict__ estart) {
+    __shared__ int cnt[MOE_MAX_EXPERTS];
     __shared__ int start[MOE_MAX_EXPERTS + 1];
-    for (int e = threadIdx.x; e < ne; e += blockDim.x) {
-        int c = 0;
-        for (int a = 0; a < total; ++a) c += ids[a] == e;
-        start[e + 1] = (c + MOE_TILE - 1) / MOE_TILE * MOE_TILE;
-    }
+    const int tid = threadIdx.x, nt = blockDim.x;
+    for (int e = tid; e < MOE_MAX_EXPERTS; e += nt) cnt[e] = 0;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        start[0] = 0;
-        for (int e = 0; e < ne; ++e) start[e + 1] += start[e];
-    }
+    for (int a = tid; a < total; a += nt) atomicAdd(&cnt[ids[a]], 1);
     __syncthreads();
-    for (int e = threadIdx.x; e < ne; e += blockDim.x) {
-        int p = start[e];
-        for (int a = 0; a < total; ++a) {
-            if (ids[a] == e) {
-                sorted[p] = a;
-                inv[a] = p;
-                ++p;
+    // Inclusive scan (Hillis-Steele, one thread per expert slot) of the padded counts
+    // into start[1..].
+    static_assert(MOE_ALIGN_THREADS >= MOE_MAX_EXPERTS, "the scan takes a thread per expert");
+    const bool scan = tid < MOE_MAX_EXPERTS;
+    if (tid == 0) start[0] = 0;
+    if (scan) start[tid + 1] = tid < ne ? (cnt[tid] + MOE_TILE - 1) / MOE_TILE * MOE_TILE : 0;
+    __syncthreads();
+    for (int o = 1; o < MOE_MAX_EXPERTS; o <<= 1) {
+        const int add = scan && tid >= o ? start[tid + 1 - o] : 0;
+        __syncthreads();
+        if (scan) start[tid + 1] += add;
+        __syncthreads();
+    }
+    for (int e = tid; e <= ne; e += nt) estart[e] = start[e];
+    const int lane = tid % WARP, w = tid / WARP, nw = nt / WARP;
+    for (int e = w; e < ne; e += nw) {
+        int base = start[e];
+        const int end = base + cnt[e];
+        for (int a0 = 0; a0 < total && base < end; a0 += WARP) {
+            const int a = a0 + lane;
+            const int hit = a < total && ids[a] == e;
+            int s = hit;
+            for (int o = 1; o < WARP; o <<= 1) {
+                const int y = shfl(s, lane >= o ? lane - o : 0);
+                if (lane >= o) s += y;
             }
+            if (hit) {
+                sorted[base + s - 1] = a;
+                inv[a] = base + s - 1;
+            }
+            base += shfl(s, WARP - 1);
         }
-        for (; p < start[e + 1]; ++p) sorted[p] = -1;
-        for (int i = start[e] / MOE_TILE; i < start[e + 1] / MOE_TILE; ++i) tile_expert[i] = e;
+        for (int p = base + lane; p < start[e + 1]; p += WARP) sorted[p] = -1;
+        for (int i = start[e] / MOE_TILE + lane; i < start[e + 1] / MOE_TILE; i += WARP) tile_expert[i] = e;
     }
-    for (int i = start[ne] / MOE_TILE + threadIdx.x; i < max_tiles; i += blockDim.x) tile_expert[i] = -1;
+    for (int i = start[ne] / MOE_TILE + tid; i < max_tiles; i += nt) tile_expert[i] = -1;
 }
 
 // One block per (tile, group of output columns); each warp takes columns in turn and

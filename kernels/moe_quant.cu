@@ -3,7 +3,8 @@
 // combine), with each expert weight row decoded in registers by quant.cuh's unit decoders,
 // once per tile of MOE_TILE slots. The experts of one kind are one stacked
 // [n_expert * rows, cols] matrix in quant.cuh's plane layout: expert e's row c is row
-// e * rows + c. Products accumulate in f32.
+// e * rows + c. Products accumulate in f32. In bf16 the host takes the dp4a tiles on 8-bit
+// activations (moe8_*) or, with many rows per expert, the tensor-core ones (moemma_*) below.
 //   moe_gate_up_<q>: act[p] = silu(Wg_e x_t) * (Wu_e x_t)   (gate and up of one type)
 //   moe_down_<q>:    y[p] = Wd_e act[p]
 
@@ -103,3 +104,250 @@ __device__ void moeq_tile_impl(const T* __restrict__ in, const u8* __restrict__ 
     KILN_MOEQ_T(q5k, Q5_K, N, T)                                                                   \
     KILN_MOEQ_T(q6k, Q6_K, N, T)
 KILN_FOR_DTYPES(KILN_MOEQ)
+
+#if !defined(KILN_DTYPE_F32)
+// ---- 8-bit activations (bf16 compute only) -----------------------------------------------
+// The same tiles on qgemv.cu's 8-bit activations (`quantize_x` layout: i8 qs[rows][k], then
+// (d, s) per block of 32 at plane_align(rows * k)): each weight run becomes 4 words of signed
+// 8-bit quants (quant.cuh's run8), multiplied with the activations by dp4a, once per tile.
+//   moe8_gate_up_<q>: act[p] = silu(Wg_e x_t) * (Wu_e x_t)   xq: the n rows of x
+//   moe8_down_<q>:    y[p] = Wd_e act[p]                      xq: the slots' rows of act
+// A group of `lanes` lanes (a power of two up to the warp) takes C output columns, its lanes
+// the units of the columns' rows, U units of each in flight; a block of blockDim threads
+// covers blockDim / lanes * C columns of one tile. Only the tile's real slots (a prefix) are
+// computed.
+
+// The scale and exact sum of one block of 32 activations (qgemv.cu's QxScale).
+struct alignas(8) MoeQxScale {
+    float d, s;
+};
+
+// MS: the most real slots a tile of this step can hold (an expert takes a token at most once:
+// min(rows, MOEQ_TILE)); slots from MS on are padding.
+template <typename Q, bool GATE_UP, int C, int U, int MS>
+__device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xrows, const u8* __restrict__ w0,
+                                               const u8* __restrict__ w1, const int* __restrict__ sorted,
+                                               const int* __restrict__ tile_expert, int k, int in_len,
+                                               int out_len, int n_rows, int lanes, bf16* __restrict__ out) {
+    const int tile = blockIdx.x;
+    const int e = tile_expert[tile];
+    if (e < 0) return;
+    const int sub = threadIdx.x % lanes;
+    // The group's C columns; a column past the last computes the last one (the group's
+    // shuffles stay whole) and is not stored.
+    const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) / lanes * C;
+    int xr[MS];
+    int nv = 0;
+#pragma unroll
+    for (int i = 0; i < MS; ++i) {
+        const int p = tile * MOEQ_TILE + i;
+        const int a = sorted[p];
+        if (a >= 0) nv = i + 1;
+        // gate/up read the token's row of x; down reads the slot's own activation row.
+        xr[i] = a < 0 ? 0 : (GATE_UP ? a / k : p);
+    }
+    const MoeQxScale* ds = reinterpret_cast<const MoeQxScale*>(xq + plane_align((size_t)xrows * in_len));
+    const int nb = in_len / 32;
+    typename Q::Row r0[C], r1[C];
+#pragma unroll
+    for (int cc = 0; cc < C; ++cc) {
+        const int j = e * out_len + min(c0 + cc, out_len - 1);
+        r0[cc] = Q::row(w0, n_rows, in_len, j);
+        r1[cc] = Q::row(GATE_UP ? w1 : w0, n_rows, in_len, j);
+    }
+    float a0[C][MS], a1[C][MS];
+#pragma unroll
+    for (int cc = 0; cc < C; ++cc)
+#pragma unroll
+        for (int i = 0; i < MS; ++i) a0[cc][i] = a1[cc][i] = 0.f;
+    const int nu = in_len / Q::UNIT;
+    for (int u0 = sub; u0 < nu; u0 += U * lanes) {
+        typename Q::Raw raw0[U][C], raw1[U][C];
+#pragma unroll
+        for (int t = 0; t < U; ++t) {
+            const int u = u0 + t * lanes;
+            if (u < nu)
+#pragma unroll
+                for (int cc = 0; cc < C; ++cc) {
+                    raw0[t][cc] = Q::load(r0[cc], u);
+                    if (GATE_UP) raw1[t][cc] = Q::load(r1[cc], u);
+                }
+        }
+#pragma unroll
+        for (int t = 0; t < U; ++t) {
+            const int u = u0 + t * lanes;
+            if (u >= nu) continue;
+#pragma unroll
+            for (int run = 0; run < Q::RUNS; ++run) {
+                u32 q0[C][4], q1[C][4];
+                float s0[C], m0[C], s1[C], m1[C];
+#pragma unroll
+                for (int cc = 0; cc < C; ++cc) {
+                    Q::run8(raw0[t][cc], u, run, q0[cc], s0[cc], m0[cc]);
+                    if (GATE_UP) Q::run8(raw1[t][cc], u, run, q1[cc], s1[cc], m1[cc]);
+                }
+                const int off = Q::xoff(u, run);
+#pragma unroll
+                for (int i = 0; i < MS; ++i) {
+                    if (i >= nv) continue;
+                    const vec4u xv = *reinterpret_cast<const vec4u*>(xq + (size_t)xr[i] * in_len + off);
+                    const MoeQxScale dx = ds[(size_t)xr[i] * nb + off / 32];
+#pragma unroll
+                    for (int cc = 0; cc < C; ++cc) {
+                        int si = dp4a(q0[cc][0], xv.x, 0);
+                        si = dp4a(q0[cc][1], xv.y, si);
+                        si = dp4a(q0[cc][2], xv.z, si);
+                        si = dp4a(q0[cc][3], xv.w, si);
+                        a0[cc][i] = fmaf(s0[cc] * dx.d, (float)si, a0[cc][i]);
+                        if (Q::XSUM) a0[cc][i] = fmaf(m0[cc], dx.s, a0[cc][i]);
+                        if (GATE_UP) {
+                            int sj = dp4a(q1[cc][0], xv.x, 0);
+                            sj = dp4a(q1[cc][1], xv.y, sj);
+                            sj = dp4a(q1[cc][2], xv.z, sj);
+                            sj = dp4a(q1[cc][3], xv.w, sj);
+                            a1[cc][i] = fmaf(s1[cc] * dx.d, (float)sj, a1[cc][i]);
+                            if (Q::XSUM) a1[cc][i] = fmaf(m1[cc], dx.s, a1[cc][i]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MS; ++i) {
+        if (i >= nv) continue;
+#pragma unroll
+        for (int cc = 0; cc < C; ++cc) {
+            float g = a0[cc][i], v = a1[cc][i];
+            for (int o = lanes / 2; o > 0; o >>= 1) {
+                g += shfl_xor(g, o);
+                if (GATE_UP) v += shfl_xor(v, o);
+            }
+            if (sub == 0 && c0 + cc < out_len)
+                out[(size_t)(tile * MOEQ_TILE + i) * out_len + c0 + cc] =
+                    from_f<bf16>(GATE_UP ? g / (1.0f + __expf(-g)) * v : g);
+        }
+    }
+}
+
+// Columns per group (C) and units in flight per lane (U): gate/up rows come in pairs and are
+// long (the hidden size), down rows are short (the expert width) and many. (Measured on the
+// Qwen3-30B-A3B shape, H200: down C = 4 over 1 took batch 32 from 25.2 to 23.2 ms a step;
+// gate/up C = 2 made every batch slower, 23.2 to 26.3 ms at 32. The one-slot bucket took batch
+// 1 from 4.13 to 3.70 ms.)
+constexpr int MOE8_GU_C = 1, MOE8_GU_U = 2, MOE8_DOWN_C = 4, MOE8_DOWN_U = 1;
+
+#define KILN_MOE8_S(QN, Q, MS)                                                                      \
+    extern "C" __global__ void moe8_gate_up_##QN##_bf16_s##MS(const u8* xq, int xrows, const u8* wg, \
+                                                              const u8* wu, const int* sorted,      \
+                                                              const int* tile_expert, int k, int h, \
+                                                              int f, int n_rows, int lanes,         \
+                                                              bf16* act) {                          \
+        moe8_tile_impl<Q, true, MOE8_GU_C, MOE8_GU_U, MS>(xq, xrows, wg, wu, sorted, tile_expert, k, h, \
+                                                          f, n_rows, lanes, act);                   \
+    }                                                                                               \
+    extern "C" __global__ void moe8_down_##QN##_bf16_s##MS(const u8* xq, int xrows, const u8* wd,   \
+                                                           const int* sorted, const int* tile_expert, \
+                                                           int f, int h, int n_rows, int lanes,     \
+                                                           bf16* y) {                               \
+        moe8_tile_impl<Q, false, MOE8_DOWN_C, MOE8_DOWN_U, MS>(xq, xrows, wd, nullptr, sorted,      \
+                                                               tile_expert, 1, f, h, n_rows, lanes, y); \
+    }
+// One real slot a tile (one row: decode batch 1) or up to all of them.
+#define KILN_MOE8(QN, Q) KILN_MOE8_S(QN, Q, 1) KILN_MOE8_S(QN, Q, 8)
+KILN_MOE8(q80, Q8_0)
+KILN_MOE8(q40, Q4_0)
+KILN_MOE8(q4k, Q4_K)
+KILN_MOE8(q5k, Q5_K)
+KILN_MOE8(q6k, Q6_K)
+#endif
+
+#if !defined(KILN_DTYPE_F32)
+// ---- Many rows per expert (bf16 compute only): tensor cores ------------------------------
+// qmma.cuh's tile over MOEMMA_BM slots of one expert: a block starts at each MOEMMA_BM-th
+// slot of an expert's run (estart[e] on; blocks of the tiles between leave at once) and takes
+// QMMA_BN output columns; slots past the run or without an assignment are zero rows.
+//   moemma_gate_up_<q>: act[p] = silu(Wg_e x_t) * (Wu_e x_t)   (gate, then up over the
+//                        same slots and columns: each thread's outputs come in one order)
+//   moemma_down_<q>:    y[p] = Wd_e act[p]
+// Expert e's rows are rows e * rows.. of the stacked matrix; rows past the expert (in the
+// last column block) decode the next expert's and are not stored.
+
+constexpr int MOEMMA_BM = 64;
+// Outputs per thread of one qmma_tile call.
+constexpr int MOEMMA_NS = MOEMMA_BM * QMMA_BN / QMMA_THREADS;
+
+template <typename Q>
+__device__ __forceinline__ void moemma_gate_up_impl(const bf16* __restrict__ x, const u8* __restrict__ wg,
+                                                    const u8* __restrict__ wu, const int* __restrict__ sorted,
+                                                    const int* __restrict__ tile_expert,
+                                                    const int* __restrict__ estart, int k, int h, int f,
+                                                    int n_rows, bf16* __restrict__ act) {
+    const int e = tile_expert[blockIdx.x];
+    if (e < 0) return;
+    const int p0 = blockIdx.x * MOEQ_TILE, first = estart[e], end = estart[e + 1];
+    if ((p0 - first) % MOEMMA_BM != 0) return;  // the whole block leaves, before any sync
+    auto xrow = [&](int s) {
+        const int p = p0 + s;
+        const int a = p < end ? sorted[p] : -1;
+        return a < 0 ? -1 : a / k;
+    };
+    const int c0 = blockIdx.y * QMMA_BN;
+    float gv[MOEMMA_NS];
+    int i = 0;
+    bool up = false;
+    // One store type for both calls: one instance of qmma_tile and of its shared memory.
+    auto store = [&](int s, int j, float v) {
+        if (!up) {
+            gv[i++] = v;
+            return;
+        }
+        const float g = gv[i++];
+        const int col = j - e * f, p = p0 + s;
+        if (col < f && p < end && sorted[p] >= 0) act[(size_t)p * f + col] = from_f<bf16>(g / (1.0f + __expf(-g)) * v);
+    };
+    qmma_tile<Q, MOEMMA_BM>(wg, n_rows, h, e * f + c0, x, h, xrow, 0, h / QMMA_BK, store);
+    i = 0;
+    up = true;
+    qmma_tile<Q, MOEMMA_BM>(wu, n_rows, h, e * f + c0, x, h, xrow, 0, h / QMMA_BK, store);
+}
+
+template <typename Q>
+__device__ __forceinline__ void moemma_down_impl(const bf16* __restrict__ act, const u8* __restrict__ wd,
+                                                 const int* __restrict__ sorted, const int* __restrict__ tile_expert,
+                                                 const int* __restrict__ estart, int f, int h, int n_rows,
+                                                 bf16* __restrict__ y) {
+    const int e = tile_expert[blockIdx.x];
+    if (e < 0) return;
+    const int p0 = blockIdx.x * MOEQ_TILE, first = estart[e], end = estart[e + 1];
+    if ((p0 - first) % MOEMMA_BM != 0) return;
+    auto xrow = [&](int s) {
+        const int p = p0 + s;
+        return p < end && sorted[p] >= 0 ? p : -1;
+    };
+    qmma_tile<Q, MOEMMA_BM>(wd, n_rows, f, e * h + blockIdx.y * QMMA_BN, act, f, xrow, 0, f / QMMA_BK,
+                            [&](int s, int j, float v) {
+                                const int col = j - e * h, p = p0 + s;
+                                if (col < h && p < end && sorted[p] >= 0) y[(size_t)p * h + col] = from_f<bf16>(v);
+                            });
+}
+
+#define KILN_MOEMMA(QN, Q)                                                                          \
+    extern "C" __global__ void __launch_bounds__(QMMA_THREADS)                                      \
+        moemma_gate_up_##QN##_bf16(const bf16* x, const u8* wg, const u8* wu, const int* sorted,    \
+                                   const int* tile_expert, const int* estart, int k, int h, int f,  \
+                                   int n_rows, bf16* act) {                                         \
+        moemma_gate_up_impl<Q>(x, wg, wu, sorted, tile_expert, estart, k, h, f, n_rows, act);       \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(QMMA_THREADS)                                      \
+        moemma_down_##QN##_bf16(const bf16* act, const u8* wd, const int* sorted,                   \
+                                const int* tile_expert, const int* estart, int f, int h,            \
+                                int n_rows, bf16* y) {                                              \
+        moemma_down_impl<Q>(act, wd, sorted, tile_expert, estart, f, h, n_rows, y);                 \
+    }
+KILN_MOEMMA(q80, Q8_0)
+KILN_MOEMMA(q40, Q4_0)
+KILN_MOEMMA(q4k, Q4_K)
+KILN_MOEMMA(q5k, Q5_K)
+KILN_MOEMMA(q6k, Q6_K)
+#endif

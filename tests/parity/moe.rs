@@ -191,6 +191,19 @@ fn moe<B: TestBackend>(b: &mut B) {
     let mut l = vec![1.0; 3 * 6];
     l[6 + 4] = 2.0;
     case(b, &mut rng, "ties", shape(6, 3, 24, true), 32, l);
+    // Qwen3-MoE's router shape: top 8 of 128 (four experts per lane of a 32-wide warp, most
+    // experts idle at 3 rows, a few with more than one tile at 70).
+    for n in [3, 70] {
+        let l = random(&mut rng, n * 128, 2.0);
+        case(
+            b,
+            &mut rng,
+            &format!("128 experts top 8, {n} rows"),
+            shape(128, 8, 32, true),
+            64,
+            l,
+        );
+    }
     // Mixtral's shape class, top 1 and a wide batch.
     let l = random(&mut rng, 67 * 4, 4.0);
     case(b, &mut rng, "67 rows top 1", shape(4, 1, 56, false), 48, l);
@@ -216,21 +229,20 @@ parity_test!(moe_ffn_grouped_experts, moe);
 /// Quantized experts, each kind one stacked `[n_expert * rows, cols]` matrix in the file's
 /// type (as a 3-D GGUF `ffn_*_exps` tensor arrives), against the same experts dequantized to
 /// f32 on the CPU. The CPU's own quantized path multiplies 8-bit activations, hence its
-/// looser tolerance; a GPU dequantizes in registers and accumulates in f32.
+/// looser tolerance; a GPU in f32 dequantizes in registers and accumulates in f32, in bf16
+/// it multiplies 8-bit activations (blocks of 32) by dp4a. A GPU also runs Qwen3-30B-A3B's
+/// expert shape (hidden 2048, expert width 768: 32 lanes per gate/up column, 16 per Q6_K
+/// down column) at 1 row (most experts idle), 5 and 40 (several tiles per expert).
 fn moe_quant<B: TestBackend>(b: &mut B) {
     use kiln::backend::HostTensor;
     use kiln::backend::cpu::CpuBackend;
     use kiln::backend::quant::GgmlType;
     let mut rng = rng("moe_ffn_quant");
     let mut reference = CpuBackend::with_f32_weights();
-    let (ne, f, h) = (4, 256, 256);
-    let s = MoeShape {
-        n_expert: ne,
-        top_k: 2,
-        expert_ff: f,
-        norm_topk: true,
-        shared_ff: 0,
-    };
+    let mut shapes = vec![(4, 2, 256, 256, vec![11, 1, 40])];
+    if b.label() != "cpu" {
+        shapes.push((8, 4, 768, 2048, vec![1, 5, 40]));
+    }
     // The CPU's 8-bit activations (one scale per 256, as llama.cpp's Q8_K) are quantized twice
     // here, before gate/up and before down: over 300 seeds one row of Q5_K/Q4_K experts
     // reached 7.9e-2 (5 seeds over 6e-2). A wrong expert or dequantization is off by order 1.
@@ -254,7 +266,21 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
         (GgmlType::Q5K, GgmlType::Q4K),
         (GgmlType::Q6K, GgmlType::Q5K),
     ];
-    for (tgu, td) in types {
+    for ((tgu, td), (ne, top_k, f, h, rows)) in types
+        .into_iter()
+        .flat_map(|t| shapes.iter().map(move |sh| (t, sh.clone())))
+    {
+        // The wide shape in the types of a Q4_K_M and a Q8_0 file only.
+        if h > 256 && !matches!(tgu, GgmlType::Q4K | GgmlType::Q8_0) {
+            continue;
+        }
+        let s = MoeShape {
+            n_expert: ne,
+            top_k,
+            expert_ff: f,
+            norm_topk: true,
+            shared_ff: 0,
+        };
         let mut mk = |ty, rows, cols| {
             HostTensor::raw(
                 vec![rows, cols],
@@ -272,12 +298,15 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
             .iter()
             .map(|w| reference.upload_weight(w.clone()).unwrap())
             .collect();
-        for n in [11, 1] {
+        for &n in &rows {
             let x = b.quantize(&random(&mut rng, n * h, 1.0));
             let l = b.quantize(&random(&mut rng, n * ne, 2.0));
             let (bx, bl) = (tensor(b, n, h, &x), tensor(b, n, ne, &l));
             let mut out = poisoned(b, n + 1, h);
-            let what = format!("{} moe_ffn {tgu}/{td} experts, {n} rows", b.label());
+            let what = format!(
+                "{} moe_ffn {tgu}/{td} experts {ne}x{f}x{h}, {n} rows",
+                b.label()
+            );
             b.moe_ffn(&bx, &bl, experts(&bw), &s, n, &mut out)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             let (rx, rl) = (

@@ -246,6 +246,7 @@ kernel_args! {
     /// `moe_align`: assignments sorted by expert and padded to tiles (one block).
     MoeAlignArgs (Kernel::MoeAlign) {
         ids: ptr, total: i32, ne: i32, sorted: ptr, tile_expert: ptr, inv: ptr, max_tiles: i32,
+        estart: ptr,
     }
     /// `moe_gate_up_<dt>`: `act[slot] = silu(Wg_e x) * (Wu_e x)` per tile of one expert.
     MoeGateUpArgs (Kernel::MoeGateUp) {
@@ -269,6 +270,29 @@ kernel_args! {
     MoeQDownArgs (Kernel::MoeQDown { .. }) {
         act: ptr, wd: ptr, sorted: ptr, tile_expert: ptr, f: i32, h: i32, n_rows: i32, cols: i32,
         y: ptr,
+    }
+    /// `moe8_gate_up_<q>_bf16`: [`MoeQGateUpArgs`] on the 8-bit rows `xq` of x (`xrows`
+    /// rows), one column per group of `lanes` lanes.
+    MoeQ8GateUpArgs (Kernel::MoeQ8GateUp { .. }) {
+        xq: ptr, xrows: i32, wg: ptr, wu: ptr, sorted: ptr, tile_expert: ptr, k: i32, h: i32,
+        f: i32, n_rows: i32, lanes: i32, act: ptr,
+    }
+    /// `moe8_down_<q>_bf16`: [`MoeQDownArgs`] on the 8-bit rows `xq` of the activations
+    /// (`xrows` slots).
+    MoeQ8DownArgs (Kernel::MoeQ8Down { .. }) {
+        xq: ptr, xrows: i32, wd: ptr, sorted: ptr, tile_expert: ptr, f: i32, h: i32, n_rows: i32,
+        lanes: i32, y: ptr,
+    }
+    /// `moemma_gate_up_<q>_bf16`: [`MoeQGateUpArgs`] on tensor cores, 64 slots of one expert
+    /// per block (`estart`: each expert's first slot).
+    MoeMmaGateUpArgs (Kernel::MoeMmaGateUp { .. }) {
+        x: ptr, wg: ptr, wu: ptr, sorted: ptr, tile_expert: ptr, estart: ptr, k: i32, h: i32,
+        f: i32, n_rows: i32, act: ptr,
+    }
+    /// `moemma_down_<q>_bf16`: [`MoeQDownArgs`] on tensor cores.
+    MoeMmaDownArgs (Kernel::MoeMmaDown { .. }) {
+        act: ptr, wd: ptr, sorted: ptr, tile_expert: ptr, estart: ptr, f: i32, h: i32,
+        n_rows: i32, y: ptr,
     }
     /// `moe_shared_add_<dt>`: `out[t] += sigmoid(x[t] . g) * ys[t]` over `n` rows of `h`.
     MoeSharedAddArgs (Kernel::MoeSharedAdd) { x: ptr, g: ptr, ys: ptr, h: i32, n: i32, out: ptr }

@@ -278,6 +278,27 @@ pub enum Kernel {
     MoeQDown {
         q: QType,
     },
+    /// [`Kernel::MoeQGateUp`] by dp4a on the 8-bit activations of [`Kernel::QuantizeX`]
+    /// (bf16 only).
+    MoeQ8GateUp {
+        q: QType,
+        slots: u32,
+    },
+    /// [`Kernel::MoeQDown`] by dp4a on 8-bit activations (bf16 only). `slots` (of
+    /// [`MOE8_SLOTS`], both kernels): the most real slots a tile of the step can hold.
+    MoeQ8Down {
+        q: QType,
+        slots: u32,
+    },
+    /// [`Kernel::MoeQGateUp`] on tensor cores (`qmma.cuh`), for many rows per expert (bf16
+    /// only).
+    MoeMmaGateUp {
+        q: QType,
+    },
+    /// [`Kernel::MoeQDown`] on tensor cores (bf16 only).
+    MoeMmaDown {
+        q: QType,
+    },
     /// Matmul of up to `rows` (one of [`QGEMV_ROWS`]) input rows with a quantized weight
     /// part, dequantized in registers.
     Qgemv {
@@ -340,6 +361,10 @@ pub const QMMA_ROWS: [u32; 3] = [16, 32, 64];
 /// runs the smallest bucket of at least `n`.
 pub const QGEMV_ROWS: [u32; 4] = [1, 2, 4, 8];
 
+/// Slot buckets of the MoE dp4a tiles (`kernels/moe_quant.cu`, `moe8_*_s<slots>`): one real
+/// slot a tile (a one-row step) or up to the whole tile of 8.
+pub const MOE8_SLOTS: [u32; 2] = [1, 8];
+
 /// The types of [`Kernel::QdotMix`]'s first parts (its last part is Q6_K).
 pub const QDOT_MIX_TYPES: [QType; 2] = [QType::Q4K, QType::Q5K];
 
@@ -392,6 +417,12 @@ impl Kernel {
             v.push(Kernel::Dequant { q });
             v.push(Kernel::MoeQGateUp { q });
             v.push(Kernel::MoeQDown { q });
+            for slots in MOE8_SLOTS {
+                v.push(Kernel::MoeQ8GateUp { q, slots });
+                v.push(Kernel::MoeQ8Down { q, slots });
+            }
+            v.push(Kernel::MoeMmaGateUp { q });
+            v.push(Kernel::MoeMmaDown { q });
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::Qdot { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotSilu { q, rows }));
@@ -459,8 +490,14 @@ impl Kernel {
             Kernel::Softcap => "softcap",
             Kernel::MoeRoute => "moe_route",
             Kernel::MoeAlign => "moe_align",
-            Kernel::MoeGateUp | Kernel::MoeQGateUp { .. } => "moe_gate_up",
-            Kernel::MoeDown | Kernel::MoeQDown { .. } => "moe_down",
+            Kernel::MoeGateUp
+            | Kernel::MoeQGateUp { .. }
+            | Kernel::MoeQ8GateUp { .. }
+            | Kernel::MoeMmaGateUp { .. } => "moe_gate_up",
+            Kernel::MoeDown
+            | Kernel::MoeQDown { .. }
+            | Kernel::MoeQ8Down { .. }
+            | Kernel::MoeMmaDown { .. } => "moe_down",
             Kernel::MoeCombine => "moe_combine",
             Kernel::MoeSharedAdd => "moe_shared_add",
             Kernel::Gemv { .. }
@@ -507,7 +544,12 @@ impl Kernel {
             | Kernel::MoeDown
             | Kernel::MoeCombine
             | Kernel::MoeSharedAdd => Source::Moe,
-            Kernel::MoeQGateUp { .. } | Kernel::MoeQDown { .. } => Source::MoeQuant,
+            Kernel::MoeQGateUp { .. }
+            | Kernel::MoeQDown { .. }
+            | Kernel::MoeQ8GateUp { .. }
+            | Kernel::MoeQ8Down { .. }
+            | Kernel::MoeMmaGateUp { .. }
+            | Kernel::MoeMmaDown { .. } => Source::MoeQuant,
             Kernel::Qgemv { .. }
             | Kernel::QgemvSilu { .. }
             | Kernel::Dequant { .. }
@@ -533,6 +575,10 @@ impl Kernel {
                 | Kernel::Qdot { .. }
                 | Kernel::QdotMix { .. }
                 | Kernel::QdotSilu { .. }
+                | Kernel::MoeQ8GateUp { .. }
+                | Kernel::MoeQ8Down { .. }
+                | Kernel::MoeMmaGateUp { .. }
+                | Kernel::MoeMmaDown { .. }
         );
         !bf16_only || dt == DType::Bf16
     }
@@ -551,6 +597,10 @@ impl Kernel {
             Kernel::Dequant { q } => format!("dequant_{}_{d}", q.tag()),
             Kernel::MoeQGateUp { q } => format!("moe_gate_up_{}_{d}", q.tag()),
             Kernel::MoeQDown { q } => format!("moe_down_{}_{d}", q.tag()),
+            Kernel::MoeQ8GateUp { q, slots } => format!("moe8_gate_up_{}_{d}_s{slots}", q.tag()),
+            Kernel::MoeQ8Down { q, slots } => format!("moe8_down_{}_{d}_s{slots}", q.tag()),
+            Kernel::MoeMmaGateUp { q } => format!("moemma_gate_up_{}_{d}", q.tag()),
+            Kernel::MoeMmaDown { q } => format!("moemma_down_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
             Kernel::QmmaMix { q, rows } => format!("qmmamix_{}_q6k_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),

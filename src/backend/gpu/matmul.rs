@@ -90,7 +90,7 @@ const QDOT_PARTS: usize = 3;
 /// Weight rows per warp of `qgemv_*` and `qdot_*` at every row bucket.
 const QGEMV_ROWS_PER_WARP: usize = 2;
 /// Threads per block of `quantize_x_bf16`; each quantizes a block of 32 activations.
-const QX_THREADS: usize = 256;
+pub(super) const QX_THREADS: usize = 256;
 
 /// Activation rows left quantized to 8 bits in the dequant scratch by the launch that made
 /// them: `rows` rows of `cols` values of the tensor at device address `x`, at `at`. The
@@ -106,7 +106,7 @@ pub(super) struct QxRows {
 
 /// Scratch bytes of `n` activation rows of `k` columns quantized to 8 bits: the values,
 /// then at the next 256-byte boundary one (scale, sum) pair of f32 per 32.
-fn qx_bytes(n: usize, k: usize) -> usize {
+pub(super) fn qx_bytes(n: usize, k: usize) -> usize {
     (n * k).next_multiple_of(256) + n * (k / 32) * 8
 }
 

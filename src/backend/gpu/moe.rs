@@ -1,15 +1,20 @@
 //! Launcher of the mixture-of-experts FFN (`kernels/moe.cu`): route, sort the assignments
 //! by expert on the device, grouped gate/up and down matmuls over tiles of one expert,
-//! then each token's weighted sum. Five launches per layer whatever the batch; every size
+//! then each token's weighted sum. Five launches per layer whatever the batch (seven with
+//! quantized experts in bf16 at small batches: x and the activations quantized to 8 bits
+//! for the dp4a tiles of `moe_quant.cu`; from 16 rows per expert on average the tensor-core
+//! tiles take gate/up and down instead, on bf16 rows); every size
 //! comes from the step's row count, so decode steps record into graphs. A shared expert
 //! (Qwen2-MoE) adds three: its gate/up and down matmuls (the dense FFN's launchers, so a
 //! quantized shared expert runs too) and the sigmoid-gated add.
 
 use super::args::{
-    MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeQDownArgs, MoeQGateUpArgs,
-    MoeRouteArgs, MoeSharedAddArgs,
+    MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeMmaDownArgs, MoeMmaGateUpArgs,
+    MoeQ8DownArgs, MoeQ8GateUpArgs, MoeQDownArgs, MoeQGateUpArgs, MoeRouteArgs, MoeSharedAddArgs,
+    QuantizeXArgs,
 };
-use super::kernels::Kernel;
+use super::kernels::{Kernel, MOE8_SLOTS};
+use super::matmul::{QX_THREADS, qx_bytes};
 use super::qtype::QType;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
@@ -29,6 +34,37 @@ pub(super) struct SharedScratch {
 const TILE: usize = 8;
 /// Output columns per block of the grouped matmuls.
 const COLS: usize = 64;
+/// Threads per block of `moe_route` (a warp per row) and `moe_align` (`MOE_ALIGN_THREADS`).
+const ROUTE_THREADS: usize = 256;
+const ALIGN_THREADS: u32 = 1024;
+/// Threads per block of the 8-bit activation tiles (`moe8_*`), and the output columns each
+/// group of lanes takes in gate/up and in down (`MOE8_GU_C`, `MOE8_DOWN_C`).
+const Q8_THREADS: usize = 128;
+const Q8_GU_COLS: usize = 1;
+const Q8_DOWN_COLS: usize = 4;
+/// Threads, output columns per block and the columns' multiple of the tensor-core tiles
+/// (`moemma_*`: `QMMA_THREADS`, `QMMA_BN`, `QMMA_BK` of `qmma.cuh`).
+const MMA_THREADS: u32 = 128;
+const MMA_BN: usize = 64;
+const MMA_BK: usize = 128;
+/// Mean rows per expert from which the tensor-core tiles (64 slots of one expert per
+/// block) take over from the dp4a ones (8 slots).
+const MMA_MIN_ROWS: usize = 16;
+
+/// Weights per unit of `quant.cuh`'s decoders (`Q::UNIT`).
+fn unit(q: QType) -> usize {
+    match q {
+        QType::Q8_0 => 16,
+        QType::Q6K => 64,
+        _ => 32,
+    }
+}
+
+/// Lanes per output column of a `moe8_*` tile over rows of `cols` weights of type `q`: a
+/// power of two up to 32, at most one lane per unit where the row is short.
+fn q8_lanes(q: QType, cols: usize) -> usize {
+    (cols / unit(q)).next_power_of_two().clamp(1, 32)
+}
 
 /// Where each part of the MoE workspace starts, in bytes, for `rows` rows.
 struct Layout {
@@ -37,14 +73,33 @@ struct Layout {
     inv: usize,
     sorted: usize,
     tile_expert: usize,
+    estart: usize,
     act: usize,
     y: usize,
+    /// 8-bit rows of x (`rows` rows) and of the activations (every slot).
+    xq: usize,
+    actq: usize,
     bytes: usize,
 }
 
 /// Tiles a step of `total` assignments over `ne` experts can need.
 fn max_tiles(total: usize, ne: usize) -> usize {
     (total + ne * (TILE - 1)).div_ceil(TILE)
+}
+
+/// The slot bucket of the `moe8_*` tiles for a step of `n` rows: an expert takes a token at
+/// most once, so no tile holds more than `n` real slots.
+fn moe8_slots(n: usize) -> u32 {
+    MOE8_SLOTS
+        .into_iter()
+        .find(|&s| s as usize >= n)
+        .unwrap_or(TILE as u32)
+}
+
+/// Tiles the grouped matmuls launch: the tiles in use are a prefix, each with at least one
+/// assignment, so no more than `total` of them.
+fn used_tiles(total: usize, ne: usize) -> usize {
+    max_tiles(total, ne).min(total)
 }
 
 impl Layout {
@@ -58,17 +113,23 @@ impl Layout {
         let inv = align(wts + 4 * total);
         let sorted = align(inv + 4 * total);
         let tile_expert = align(sorted + 4 * slots);
-        let act = align(tile_expert + 4 * tiles);
+        let estart = align(tile_expert + 4 * tiles);
+        let act = align(estart + 4 * (s.n_expert + 1));
         let y = align(act + elem * slots * s.expert_ff);
+        let xq = align(y + elem * slots * h);
+        let actq = align(xq + qx_bytes(rows, h));
         Layout {
             ids,
             wts,
             inv,
             sorted,
             tile_expert,
+            estart,
             act,
             y,
-            bytes: y + elem * slots * h,
+            xq,
+            actq,
+            bytes: actq + qx_bytes(slots, s.expert_ff),
         }
     }
 }
@@ -155,6 +216,7 @@ impl<R: Runtime> GpuBackend<R> {
         let at = |off: usize| base + off as u64;
         let total = n * k;
         let tiles = max_tiles(total, ne);
+        let used = used_tiles(total, ne);
         let route = MoeRouteArgs {
             logits: logits.buf.ptr(),
             n: n as i32,
@@ -168,7 +230,13 @@ impl<R: Runtime> GpuBackend<R> {
             blocks: (blocks.0 as u32, blocks.1 as u32, 1),
             threads,
         };
-        self.launch_with(Kernel::MoeRoute, grid((n.div_ceil(128), 1), 128), &route)?;
+        let per_block = ROUTE_THREADS / 32;
+        let blocks = n.div_ceil(per_block).min(65535);
+        self.launch_with(
+            Kernel::MoeRoute,
+            grid((blocks, 1), ROUTE_THREADS as u32),
+            &route,
+        )?;
         let align = MoeAlignArgs {
             ids: at(lay.ids),
             total: total as i32,
@@ -177,10 +245,63 @@ impl<R: Runtime> GpuBackend<R> {
             tile_expert: at(lay.tile_expert),
             inv: at(lay.inv),
             max_tiles: tiles as i32,
+            estart: at(lay.estart),
         };
-        self.launch_with(Kernel::MoeAlign, grid((1, 1), 256), &align)?;
-        let g = grid((tiles, f.div_ceil(COLS)), 256);
+        self.launch_with(Kernel::MoeAlign, grid((1, 1), ALIGN_THREADS), &align)?;
+        // bf16 with quantized experts: dp4a on 8-bit activations (whole blocks of 32).
+        let q8 = |q: Option<QType>, cols: usize| {
+            q.filter(|_| self.dt == crate::backend::DType::Bf16 && cols.is_multiple_of(32))
+        };
+        let (gu_q8, down_q8) = (q8(gu_q, h), q8(down_q, f));
+        // Many rows per expert (prefill): tensor cores over 64 slots of one expert.
+        let many = total >= MMA_MIN_ROWS * ne;
+        let mma = |q: Option<QType>, cols: usize| {
+            q.filter(|_| {
+                many && self.dt == crate::backend::DType::Bf16 && cols.is_multiple_of(MMA_BK)
+            })
+        };
+        let (gu_mma, down_mma) = (mma(gu_q, h), mma(down_q, f));
+        let g = grid((used, f.div_ceil(COLS)), 256);
         match gu_q {
+            Some(q) if gu_mma.is_some() => {
+                let gate_up = MoeMmaGateUpArgs {
+                    x: x.buf.ptr(),
+                    wg,
+                    wu,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    estart: at(lay.estart),
+                    k: k as i32,
+                    h: h as i32,
+                    f: f as i32,
+                    n_rows: (ne * f) as i32,
+                    act: at(lay.act),
+                };
+                let g = grid((used, f.div_ceil(MMA_BN)), MMA_THREADS);
+                self.launch_with(Kernel::MoeMmaGateUp { q }, g, &gate_up)?;
+            }
+            Some(q) if gu_q8.is_some() => {
+                self.quantize_rows(x.buf.ptr(), at(lay.xq), h, n)?;
+                let lanes = q8_lanes(q, h);
+                let gate_up = MoeQ8GateUpArgs {
+                    xq: at(lay.xq),
+                    xrows: n as i32,
+                    wg,
+                    wu,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    k: k as i32,
+                    h: h as i32,
+                    f: f as i32,
+                    n_rows: (ne * f) as i32,
+                    lanes: lanes as i32,
+                    act: at(lay.act),
+                };
+                let per_block = Q8_THREADS / lanes * Q8_GU_COLS;
+                let g = grid((used, f.div_ceil(per_block)), Q8_THREADS as u32);
+                let slots = moe8_slots(n);
+                self.launch_with(Kernel::MoeQ8GateUp { q, slots }, g, &gate_up)?;
+            }
             None => {
                 let gate_up = MoeGateUpArgs {
                     x: x.buf.ptr(),
@@ -213,8 +334,44 @@ impl<R: Runtime> GpuBackend<R> {
                 self.launch_with(Kernel::MoeQGateUp { q }, g, &gate_up)?;
             }
         }
-        let g = grid((tiles, h.div_ceil(COLS)), 256);
+        let g = grid((used, h.div_ceil(COLS)), 256);
         match down_q {
+            Some(q) if down_mma.is_some() => {
+                let down = MoeMmaDownArgs {
+                    act: at(lay.act),
+                    wd,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    estart: at(lay.estart),
+                    f: f as i32,
+                    h: h as i32,
+                    n_rows: (ne * h) as i32,
+                    y: at(lay.y),
+                };
+                let g = grid((used, h.div_ceil(MMA_BN)), MMA_THREADS);
+                self.launch_with(Kernel::MoeMmaDown { q }, g, &down)?;
+            }
+            Some(q) if down_q8.is_some() => {
+                let slots = used * TILE;
+                self.quantize_rows(at(lay.act), at(lay.actq), f, slots)?;
+                let lanes = q8_lanes(q, f);
+                let down = MoeQ8DownArgs {
+                    xq: at(lay.actq),
+                    xrows: slots as i32,
+                    wd,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    f: f as i32,
+                    h: h as i32,
+                    n_rows: (ne * h) as i32,
+                    lanes: lanes as i32,
+                    y: at(lay.y),
+                };
+                let per_block = Q8_THREADS / lanes * Q8_DOWN_COLS;
+                let g = grid((used, h.div_ceil(per_block)), Q8_THREADS as u32);
+                let slots = moe8_slots(n);
+                self.launch_with(Kernel::MoeQ8Down { q, slots }, g, &down)?;
+            }
             None => {
                 let down = MoeDownArgs {
                     act: at(lay.act),
@@ -258,6 +415,28 @@ impl<R: Runtime> GpuBackend<R> {
             Some(sh) => self.launch_moe_shared(x, sh, s.shared_ff, n, out),
             None => Ok(()),
         }
+    }
+
+    /// `rows` rows of `cols` compute-type values at `x` to 8-bit blocks of 32 at `xq`
+    /// (`quantize_x`'s layout, `qx_bytes(rows, cols)` bytes).
+    fn quantize_rows(
+        &mut self,
+        x: u64,
+        xq: u64,
+        cols: usize,
+        rows: usize,
+    ) -> Result<(), BackendError> {
+        let args = QuantizeXArgs {
+            x,
+            xq,
+            k: cols as i32,
+            rows: rows as i32,
+        };
+        let grid = Grid {
+            blocks: ((rows * cols / 32).div_ceil(QX_THREADS) as u32, 1, 1),
+            threads: QX_THREADS as u32,
+        };
+        self.launch_with(Kernel::QuantizeX, grid, &args)
     }
 
     /// `out[t] += sigmoid(x[t] · gate) * down(silu(x[t] W_g^T) * (x[t] W_u^T))` for the first
