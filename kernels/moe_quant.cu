@@ -117,11 +117,6 @@ KILN_FOR_DTYPES(KILN_MOEQ)
 // covers blockDim / lanes * C columns of one tile. Only the tile's real slots (a prefix) are
 // computed.
 
-// The scale and exact sum of one block of 32 activations (qgemv.cu's QxScale).
-struct alignas(8) MoeQxScale {
-    float d, s;
-};
-
 // MS: the most real slots a tile of this step can hold (an expert takes a token at most once:
 // min(rows, MOEQ_TILE)); slots from MS on are padding.
 template <typename Q, bool GATE_UP, int C, int U, int MS>
@@ -146,7 +141,7 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
         // gate/up read the token's row of x; down reads the slot's own activation row.
         xr[i] = a < 0 ? 0 : (GATE_UP ? a / k : p);
     }
-    const MoeQxScale* ds = reinterpret_cast<const MoeQxScale*>(xq + plane_align((size_t)xrows * in_len));
+    const QxScale* ds = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)xrows * in_len));
     const int nb = in_len / 32;
     typename Q::Row r0[C], r1[C];
 #pragma unroll
@@ -191,7 +186,7 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
                 for (int i = 0; i < MS; ++i) {
                     if (i >= nv) continue;
                     const vec4u xv = *reinterpret_cast<const vec4u*>(xq + (size_t)xr[i] * in_len + off);
-                    const MoeQxScale dx = ds[(size_t)xr[i] * nb + off / 32];
+                    const QxScale dx = ds[(size_t)xr[i] * nb + off / 32];
 #pragma unroll
                     for (int cc = 0; cc < C; ++cc) {
                         int si = dp4a(q0[cc][0], xv.x, 0);

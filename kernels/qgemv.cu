@@ -198,11 +198,6 @@ KILN_FOR_DTYPES(KILN_QGEMV)
 
 constexpr int QX_THREADS = 256;
 
-// The scale and the exact sum of one block of 32 activations.
-struct alignas(8) QxScale {
-    float d, s;
-};
-
 // Grid ceil(rows * k / 32 / QX_THREADS); each thread quantizes one block of 32 values.
 extern "C" __global__ void __launch_bounds__(QX_THREADS)
     quantize_x_bf16(const bf16* __restrict__ x, u8* __restrict__ xq, int k, int rows) {

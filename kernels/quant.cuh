@@ -22,6 +22,12 @@
 
 __device__ __forceinline__ size_t plane_align(size_t b) { return (b + 255) & ~(size_t)255; }
 
+// The scale and the exact sum of one block of 32 8-bit activations (quantize_x's output,
+// after the i8 plane; read by qdot in qgemv.cu and the moe8 tiles in moe_quant.cu).
+struct alignas(8) QxScale {
+    float d, s;
+};
+
 // IEEE half to float (exact; inf/NaN kept).
 __device__ __forceinline__ float half_to_f(u32 h) {
 #if defined(KILN_CUDA)
