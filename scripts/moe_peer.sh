@@ -48,13 +48,10 @@ finish() {
     tar czf "$out/logs.tgz" -C "$logs" . 2> /dev/null
 }
 trap finish EXIT
-for d in /usr/local/cuda/lib64 $(python3 -c 'import os, nvidia
-for p in nvidia.__path__:
-    for s in sorted(os.listdir(p)):
-        q=os.path.join(p,s,"lib")
-        os.path.isdir(q) and print(q)' 2>/dev/null); do
-    [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
+# The CUDA libraries cudarc loads (next to this script, or the repository's when it runs
+# from a carried copy in the repository root).
+# shellcheck source=scripts/cuda_env.sh
+source "$(dirname "$0")/cuda_env.sh" 2> /dev/null || source scripts/cuda_env.sh
 say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 kiln=$work/kiln
 gunzip -c "$here/kiln.gz" > "$kiln" && chmod +x "$kiln"
