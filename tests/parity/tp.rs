@@ -34,12 +34,18 @@ use kiln::runner::{Llama, Shard, load_weights, shard};
 use crate::model::rel_l2;
 
 /// Whether this machine has two GPUs; prints a notice when it has not.
-fn two_gpus(test: &str) -> bool {
+/// With two GPUs visible, the two GPUs to this test alone until the guard drops (`None`, with
+/// a notice, otherwise). NCCL groups share their GPUs with no other work: a module load or an
+/// allocation on a GPU while a peer's collective waits there can deadlock (a server refuses
+/// overlapping groups for the same reason), so the tests that build groups run one at a time.
+fn two_gpus(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    static GPUS: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let n = CudaBackend::device_count();
     if n < 2 {
         eprintln!("notice: {test} needs 2 CUDA devices, {n} visible; skipped");
+        return None;
     }
-    n >= 2
+    Some(GPUS.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 fn options(dtype: DType) -> CudaOptions {
@@ -108,10 +114,11 @@ fn repo() -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "an NCCL group shares no process with other GPU tests: scripts/tp_device.sh runs it"]
+#[allow(clippy::await_holding_lock)] // the GPUs' guard is held for the whole test on purpose
 async fn tp2_greedy_tokens_equal_tp1_in_f32() {
-    if !two_gpus("tp2_greedy_tokens_equal_tp1_in_f32") {
+    let Some(_gpus) = two_gpus("tp2_greedy_tokens_equal_tp1_in_f32") else {
         return;
-    }
+    };
     let stories = || {
         ModelFiles::open(&models_dir().join("stories260K.gguf"), LoadFormat::Gguf)
             .expect("stories260K fixture")
@@ -302,9 +309,9 @@ fn gqa_steps(vocab: u32) -> Vec<BatchPlan> {
 #[test]
 #[ignore = "an NCCL group shares no process with other GPU tests: scripts/tp_device.sh runs it"]
 fn tp2_random_gqa_logits_match_tp1_in_f32_and_bf16() {
-    if !two_gpus("tp2_random_gqa_logits_match_tp1_in_f32_and_bf16") {
+    let Some(_gpus) = two_gpus("tp2_random_gqa_logits_match_tp1_in_f32_and_bf16") else {
         return;
-    }
+    };
     logits_agree(&random_gqa(), "random gqa", (1e-4, 3e-2));
 }
 
@@ -344,9 +351,9 @@ fn logits_agree(files: &ModelFiles, label: &str, tols: (f64, f64)) {
 #[test]
 #[ignore = "an NCCL group shares no process with other GPU tests: scripts/tp_device.sh runs it"]
 fn tp2_quantized_logits_match_tp1() {
-    if !two_gpus("tp2_quantized_logits_match_tp1") {
+    let Some(_gpus) = two_gpus("tp2_quantized_logits_match_tp1") else {
         return;
-    }
+    };
     for (label, mix) in [
         ("q8_0", crate::bench::Mix::Q8_0),
         ("q4_k_m", crate::bench::Mix::Q4KM),
@@ -477,9 +484,9 @@ fn layers_from_env(default: usize) -> usize {
 #[test]
 #[ignore]
 fn bench_tp_llama3_8b_shape() {
-    if !two_gpus("bench_tp_llama3_8b_shape") {
+    let Some(_gpus) = two_gpus("bench_tp_llama3_8b_shape") else {
         return;
-    }
+    };
     let layers = layers_from_env(32);
     for n in [1, 2] {
         let files = ModelFiles {
@@ -504,9 +511,13 @@ fn bench_tp_llama3_70b_shape() {
         Ok("2") | Err(_) => 2,
         Ok(other) => panic!("KILN_BENCH_TP: 1 or 2, not {other}"),
     };
-    if tp == 2 && !two_gpus("bench_tp_llama3_70b_shape") {
-        return;
-    }
+    let _gpus = match tp {
+        2 => match two_gpus("bench_tp_llama3_70b_shape") {
+            Some(g) => Some(g),
+            None => return,
+        },
+        _ => None,
+    };
     let ty = match std::env::var("KILN_BENCH_TYPE").as_deref() {
         Ok("q8_0") => GgmlType::Q8_0,
         Ok("q4_k") => GgmlType::Q4K,

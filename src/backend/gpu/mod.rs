@@ -573,6 +573,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     }
 
     fn join_group(&mut self, member: super::GroupMember) -> Result<(), BackendError> {
+        // Every kernel module is loaded before the communicator exists: loading one on a GPU
+        // while a peer's collective waits there can deadlock (NCCL's rule on concurrent
+        // implicitly synchronizing calls), and no step can start before all ranks joined.
+        self.kernels.wait_core(&self.dev.rt)?;
         self.join(member)
     }
 
