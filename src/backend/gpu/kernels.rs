@@ -700,7 +700,7 @@ impl<R: Runtime> Kernels<R> {
             .into_iter()
             .filter(|&src| all.iter().any(|k| k.source() == src && k.available(dt)))
             .collect();
-        used.sort_by_key(|s| std::cmp::Reverse(s.full_text().len()));
+        used.sort_by_cached_key(|s| std::cmp::Reverse(s.full_text().len()));
         let mut slots = HashMap::new();
         for src in used {
             let (opts, salt) = (opts.clone(), salt.clone());

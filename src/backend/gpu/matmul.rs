@@ -40,6 +40,18 @@ struct PartRun<'a> {
     slots: Vec<(usize, &'a WeightPart)>,
 }
 
+impl PartRun<'_> {
+    /// Each slot's weight pointer and row count, as the kernels' `w0..w2` and `r0..r2` take
+    /// them (0 for an empty slot).
+    fn slot_args(&self) -> ([u64; QDOT_PARTS], [i32; QDOT_PARTS]) {
+        let (mut w, mut r) = ([0; QDOT_PARTS], [0; QDOT_PARTS]);
+        for &(i, p) in &self.slots {
+            (w[i], r[i]) = (p.buf.ptr(), p.rows as i32);
+        }
+        (w, r)
+    }
+}
+
 /// The launches of `w`'s quantized parts, in order (unquantized parts are skipped).
 fn part_runs(w: &GpuWeight) -> Vec<PartRun<'_>> {
     let mut runs = Vec::new();
@@ -216,27 +228,28 @@ impl<R: Runtime> GpuBackend<R> {
         out: &GpuTensor,
     ) -> Result<(), BackendError> {
         let xq = self.qx_of(x, n)?;
-        for PartRun { q, mix, slots } in part_runs(w) {
+        for run in part_runs(w) {
+            let PartRun { q, mix, ref slots } = run;
             let (bias, y) = self.part_out(slots[0].1, bias, out);
-            let mut args = QdotArgs {
+            let ([w0, w1, w2], [r0, r1, r2]) = run.slot_args();
+            let args = QdotArgs {
+                w0,
+                w1,
+                w2,
+                r0,
+                r1,
+                r2,
                 xq,
                 bias,
                 y,
                 k: w.cols as i32,
                 rows: n as i32,
                 ldy: w.rows as i32,
-                ..QdotArgs::default()
             };
-            let mut warps = 0;
-            for (i, p) in slots {
-                let (wp, r) = match i {
-                    0 => (&mut args.w0, &mut args.r0),
-                    1 => (&mut args.w1, &mut args.r1),
-                    _ => (&mut args.w2, &mut args.r2),
-                };
-                (*wp, *r) = (p.buf.ptr(), p.rows as i32);
-                warps += p.rows.div_ceil(QGEMV_ROWS_PER_WARP);
-            }
+            let warps: usize = slots
+                .iter()
+                .map(|(_, p)| p.rows.div_ceil(QGEMV_ROWS_PER_WARP))
+                .sum();
             let kernel = if mix {
                 Kernel::QdotMix { q, rows }
             } else {
@@ -430,9 +443,17 @@ impl<R: Runtime> GpuBackend<R> {
             return Ok(());
         }
         if let Some(rows) = self.qmma_rows(n, x, w) {
-            for PartRun { q, mix, slots } in part_runs(w) {
+            for run in part_runs(w) {
+                let PartRun { q, mix, ref slots } = run;
                 let (bias, y) = self.part_out(slots[0].1, bias, out);
-                let mut args = QmmaArgs {
+                let ([w0, w1, w2], [r0, r1, r2]) = run.slot_args();
+                let args = QmmaArgs {
+                    w0,
+                    w1,
+                    w2,
+                    r0,
+                    r1,
+                    r2,
                     x: x.buf.ptr(),
                     bias,
                     y,
@@ -440,19 +461,9 @@ impl<R: Runtime> GpuBackend<R> {
                     k: k as i32,
                     rows: n as i32,
                     ldy: m as i32,
-                    ..QmmaArgs::default()
                 };
-                let (mut blocks, mut cols) = (0, 0);
-                for (i, p) in slots {
-                    let (wp, r) = match i {
-                        0 => (&mut args.w0, &mut args.r0),
-                        1 => (&mut args.w1, &mut args.r1),
-                        _ => (&mut args.w2, &mut args.r2),
-                    };
-                    (*wp, *r) = (p.buf.ptr(), p.rows as i32);
-                    blocks += p.rows.div_ceil(QMMA_BN);
-                    cols += p.rows;
-                }
+                let blocks: usize = slots.iter().map(|(_, p)| p.rows.div_ceil(QMMA_BN)).sum();
+                let cols: usize = slots.iter().map(|(_, p)| p.rows).sum();
                 let tiles = (blocks, n.div_ceil(rows as usize));
                 let splits = self.qmma_splits(tiles.0 * tiles.1, k, n * cols, rows);
                 let grid = Grid {
