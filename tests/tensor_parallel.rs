@@ -10,14 +10,16 @@ mod api_support;
 mod golden_support;
 
 use golden_support::{fixture, repo};
+use kiln::backend::HostData;
 use kiln::backend::cpu::CpuBackend;
 use kiln::backend::quant::GgmlType;
 use kiln::backend::{Backend, BatchPlan, HostGroup, KvShape, SeqSlice};
 use kiln::engine::{Device, Engine, EngineConfig, GenerateRequest, StreamEvent};
+use kiln::model::dummy::PooledDummy;
 use kiln::model::source::DummySource;
 use kiln::model::{LoadFormat, ModelError, ModelFiles, TensorSource};
 use kiln::runner::tp::{Peers, ShardSource, load_shard};
-use kiln::runner::{Llama, Shard, load_weights, shard};
+use kiln::runner::{Ffn, Llama, Shard, load_weights, shard};
 
 /// One step of a plan: `(tokens, cached before, block table, wants logits)` per sequence.
 type Part<'a> = (&'a [u32], u32, &'a [u32], bool);
@@ -256,6 +258,93 @@ fn moe_fixtures_split_every_expert() {
     check("mixtral", &arch("mixtral"), &[2, 4]);
     check("qwen3moe", &arch("qwen3moe"), &[2, 4]);
     check("qwen2moe", &arch("qwen2moe"), &[2, 4]);
+}
+
+/// Q8_0 dummy weights with the experts stored one tensor per expert (`ffn_gate.E`, as older
+/// GGUF files hold them) instead of llama.cpp's 3-D `ffn_gate_exps`.
+struct PerExpert(PooledDummy);
+
+impl TensorSource for PerExpert {
+    fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+        match name.contains("_exps") {
+            true => Ok(None),
+            false => self.0.fetch(name, shape),
+        }
+    }
+
+    fn fetch_host(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<kiln::backend::HostTensor>, ModelError> {
+        match name.contains("_exps") {
+            true => Ok(None),
+            false => self.0.fetch_host(name, shape),
+        }
+    }
+}
+
+/// A Qwen3-MoE shape in Q8_0: 8 experts of width 64 over hidden 64, so two shards each take
+/// whole 32-element blocks of every expert's down columns.
+fn quantized_moe(per_expert: bool) -> ModelFiles {
+    let mut spec = arch("qwen3moe").spec;
+    (spec.hidden, spec.n_heads, spec.n_kv_heads, spec.head_dim) = (64, 4, 2, 16);
+    spec.n_layers = 2;
+    let moe = spec.variant.moe.as_mut().expect("qwen3moe has experts");
+    moe.expert_ff = 64;
+    let pool = PooledDummy::new(GgmlType::Q8_0).unwrap();
+    ModelFiles {
+        name: format!(
+            "qwen3moe-q8_0{}",
+            if per_expert { "-per-expert" } else { "" }
+        ),
+        spec,
+        tokenizer: None,
+        source: match per_expert {
+            true => Box::new(PerExpert(pool)),
+            false => Box::new(pool),
+        },
+    }
+}
+
+/// Quantized experts, whether stored as one 3-D tensor or one tensor per expert, and each
+/// shard's rows of every expert, are one matrix of the file's type (a GPU computes experts
+/// of one type in one part), and two shards give the unsharded logits.
+#[test]
+fn quantized_experts_stay_one_matrix_per_kind_sharded_or_not() {
+    for per_expert in [false, true] {
+        let f = quantized_moe(per_expert);
+        let host = load_weights(&f, Ok::<_, ModelError>).unwrap();
+        let part = shard::shard_weights(&host, &f.spec, Shard { rank: 1, size: 2 }).unwrap();
+        for (label, w, rows) in [
+            ("unsharded", &host, 8 * 64),
+            ("shard 1 of 2", &part, 8 * 32),
+        ] {
+            let Ffn::Moe { gate, up, down, .. } = &w.layers[1].ffn else {
+                panic!("{}: layer 1 has no experts", f.name);
+            };
+            for (kind, t, shape) in [
+                ("gate", gate, [rows, 64]),
+                ("up", up, [rows, 64]),
+                ("down", down, [8 * 64, rows / 8]),
+            ] {
+                assert!(
+                    matches!(
+                        t.data,
+                        HostData::Raw {
+                            ty: GgmlType::Q8_0,
+                            ..
+                        }
+                    ) && t.shape == shape,
+                    "{} {label} {kind}: {} {:?}, expected one Q8_0 matrix {shape:?}",
+                    f.name,
+                    t.type_label(),
+                    t.shape
+                );
+            }
+        }
+        check(&f.name, &f, &[2]);
+    }
 }
 
 #[test]

@@ -197,6 +197,41 @@ impl HostTensor {
         }
     }
 
+    /// A stack whose parts all hold blocks of one quantized type, as one raw tensor: the
+    /// parts' bytes copied once into one buffer (row-major stacks of one type concatenate
+    /// exactly). Experts stored one tensor each, and a tensor-parallel shard's rows of every
+    /// expert, arrive as such stacks; a device keeps the result as one matrix of the type.
+    /// Anything else (plain types, which a device stacks as it uploads them; mixed types)
+    /// comes back unchanged.
+    pub fn joined(self) -> HostTensor {
+        let HostData::Stacked(parts) = &self.data else {
+            return self;
+        };
+        let ty = match parts.first().map(|p| &p.data) {
+            Some(HostData::Raw { ty, .. }) if ty.block_size().is_some_and(|b| b > 1) => *ty,
+            _ => return self,
+        };
+        if !parts
+            .iter()
+            .all(|p| matches!(&p.data, HostData::Raw { ty: t, .. } if *t == ty))
+        {
+            return self;
+        }
+        let mut bytes = Vec::with_capacity(self.byte_len());
+        for p in parts {
+            if let HostData::Raw { bytes: b, .. } = &p.data {
+                bytes.extend_from_slice(b);
+            }
+        }
+        HostTensor {
+            shape: self.shape,
+            data: HostData::Raw {
+                ty,
+                bytes: SharedBytes::from_vec(bytes),
+            },
+        }
+    }
+
     /// Number of rows (first dim) of a matrix, or 1 for a vector.
     pub fn rows(&self) -> usize {
         if self.shape.len() == 2 {
@@ -255,13 +290,36 @@ mod tests {
             (GgmlType::F16, vec![2, 4], 16)
         );
         assert!(matches!(&ab.data, HostData::Stacked(p) if p.len() == 2));
-        let f = ab.into_f32().unwrap();
+        let f = ab.clone().into_f32().unwrap();
         assert_eq!(
             f.values().unwrap(),
             &[1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]
         );
+        assert_eq!(ab.clone().joined(), ab, "plain parts stay parts");
+        // Q8_0 rows of one block (an f16 scale, 32 int8): joined into one raw tensor.
+        let q8 = |scale: f32, q: i8| {
+            let mut b = half(scale)[..2].to_vec();
+            b.extend((0..32).map(|i| (q + i as i8) as u8));
+            HostTensor::raw(vec![1, 32], GgmlType::Q8_0, b).unwrap()
+        };
+        let qs = HostTensor::concat_rows(vec![q8(0.5, -3), q8(2.0, 1), q8(0.25, -20)]).unwrap();
+        let joined = qs.clone().joined();
+        assert_eq!(
+            (
+                joined.shape.clone(),
+                joined.weight_type(),
+                joined.byte_len()
+            ),
+            (vec![3, 32], GgmlType::Q8_0, 3 * 34)
+        );
+        assert!(matches!(&joined.data, HostData::Raw { .. }));
+        assert_eq!(joined.into_f32().unwrap(), qs.into_f32().unwrap());
         let mixed = HostTensor::concat_rows(vec![a, HostTensor::new(vec![1, 4], vec![3.0; 4])]);
         let mixed = mixed.unwrap();
+        assert!(
+            matches!(mixed.clone().joined().data, HostData::Stacked(_)),
+            "mixed types stay parts"
+        );
         assert_eq!(mixed.type_label(), "F16+F32");
         assert_eq!(mixed.into_f32().unwrap().values().unwrap()[4..], [3.0; 4]);
         let plain = HostTensor::concat_rows(vec![

@@ -161,8 +161,10 @@ pub fn shard_weights(
                     .collect();
                 Ffn::Moe {
                     router: router.clone(),
-                    gate: take_rows(gate, &per_expert)?,
-                    up: take_rows(up, &per_expert)?,
+                    // Each expert's part of the rows, joined into one matrix of the
+                    // file's type (one host copy), as the unsharded experts are.
+                    gate: take_rows(gate, &per_expert)?.joined(),
+                    up: take_rows(up, &per_expert)?.joined(),
                     down: cols(down, part, &name("ffn_down_exps.weight"))?,
                     // The shared expert splits like a dense FFN; its sigmoid gate row is
                     // replicated, so each shard scales its partial sum by the same factor.

@@ -347,7 +347,8 @@ fn shared_gate(src: &dyn TensorSource, layer: usize, h: usize) -> Result<HostTen
 /// Layer `layer`'s `kind` (`gate`, `up`, `down`) matrices of all `n_expert` experts as one
 /// `[n_expert * rows, cols]` tensor in the file's type: llama.cpp's 3-D
 /// `ffn_{kind}_exps` (`[n_expert, rows, cols]`) or one `ffn_{kind}.{e}` per expert (older
-/// GGUF files, Hugging Face directories), stacked without converting.
+/// GGUF files, Hugging Face directories), stacked without converting (quantized experts
+/// of one type joined into one buffer: one host copy of their bytes).
 fn experts(
     src: &dyn TensorSource,
     layer: usize,
@@ -370,5 +371,6 @@ fn experts(
                 .ok_or_else(|| ModelError::Missing(format!("{all} (or {name})")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(HostTensor::concat_rows(parts)?)
+    // One tensor per expert (of one type, as files store them) becomes one matrix.
+    Ok(HostTensor::concat_rows(parts)?.joined())
 }
