@@ -347,7 +347,8 @@ fn logits_agree(files: &ModelFiles, label: &str, tols: (f64, f64)) {
 
 /// The random GQA Llama with quantized matrices: all Q8_0, or Q4_K with Q6_K for attn_v,
 /// ffn_down and the head (a Q4_K_M file's mix); FFN width 1536 so each shard's half of
-/// ffn_down still fills 256-element blocks. Each shard keeps its tensors' types.
+/// ffn_down still fills 256-element blocks. Each shard keeps its tensors' types. Then a
+/// Qwen3-MoE shape with Q8_0 experts.
 #[test]
 #[ignore = "an NCCL group shares no process with other GPU tests: scripts/tp_device.sh runs it"]
 fn tp2_quantized_logits_match_tp1() {
@@ -375,6 +376,34 @@ fn tp2_quantized_logits_match_tp1() {
         // (2.7e-2 measured for Q8_0 on H100s); a broken split is off by ~1.
         logits_agree(&files, label, (1e-3, 5e-2));
     }
+    // A Qwen3-MoE shape with Q8_0 experts (one 3-D tensor per kind): each shard takes every
+    // expert's rows, joined into one Q8_0 matrix per kind, which the grouped expert kernels
+    // compute; hidden 256, 8 experts of width 256, so each shard's parts hold whole blocks.
+    let mut files = ModelFiles::open(&repo().join("tests/data/arch/qwen3moe"), LoadFormat::Hf)
+        .expect("qwen3moe fixture");
+    let spec = &mut files.spec;
+    (spec.hidden, spec.n_heads, spec.n_kv_heads, spec.head_dim) = (256, 4, 2, 64);
+    spec.rope.dim = 64;
+    spec.variant.moe.as_mut().expect("experts").expert_ff = 256;
+    files.source = Box::new(PooledDummy::new(GgmlType::Q8_0).expect("q8_0 pool"));
+    let host = load_weights(&files, Ok::<_, ModelError>).expect("weights");
+    let part = shard::shard_weights(&host, &files.spec, Shard { rank: 1, size: 2 }).expect("shard");
+    match &part.layers[0].ffn {
+        kiln::runner::Ffn::Moe { gate, down, .. } => assert!(
+            matches!(
+                gate.data,
+                kiln::backend::HostData::Raw {
+                    ty: GgmlType::Q8_0,
+                    ..
+                }
+            ) && down.weight_type() == GgmlType::Q8_0,
+            "the shard's experts: {} and {}",
+            gate.type_label(),
+            down.type_label()
+        ),
+        _ => unreachable!("a mixture-of-experts model"),
+    }
+    logits_agree(&files, "qwen3moe q8_0", (1e-3, 5e-2));
 }
 
 /// The bandwidth decode is held to, bytes/s (`KILN_BENCH_BW_TBS`, default an H100 SXM's
