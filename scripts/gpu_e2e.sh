@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU end-to-end check, run ON the GPU machine from a staged folder. Stage it here with:
 #   cargo build --release --features cuda && mkdir -p target/e2e && cp target/release/kiln target/e2e/ \
-#     && strip target/e2e/kiln && cp ../shared/models/stories260K.gguf scripts/gpu_e2e.sh target/e2e/ \
+#     && strip target/e2e/kiln && cp ../shared/models/stories260K.gguf scripts/gpu_e2e.sh scripts/cuda_env.sh target/e2e/ \
 #     && sed 's/^enable_prefix_caching = true/&\ngpu_dtype = "f32"/' config/default.toml > target/e2e/f32.toml \
 #     && ./target/release/kiln generate --prompt "Once upon a time" --max-tokens 64 --json --ignore-eos \
 #        | python3 -c 'import json,sys; open("target/e2e/expected.txt","w").write(json.load(sys.stdin)["text"])'
@@ -12,13 +12,8 @@
 #     --platform manylinux2014_x86_64 --python-version 3.12 -d target/e2e/wheels openai
 set -uo pipefail
 cd "$(dirname "$0")"
-for d in /usr/local/cuda/lib64 $(python3 -c 'import os, nvidia
-for p in nvidia.__path__:
-    for s in sorted(os.listdir(p)):
-        q=os.path.join(p,s,"lib")
-        os.path.isdir(q) and print(q)' 2>/dev/null); do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
+# The CUDA library search of the other device scripts (staged next to this one).
+source ./cuda_env.sh
 export KILN_LOG=warn
 if [ -d wheels ] && ! python3 -c 'import openai' 2>/dev/null; then
   python3 -m pip install -q --no-index --find-links wheels --target pydeps openai && export PYTHONPATH=$PWD/pydeps
