@@ -162,6 +162,7 @@ where
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             block_size: cfg.block_size,
+            window: files.spec.variant.kv_window(files.spec.n_layers),
         };
         let sched = Scheduler::new(
             sched_cfg,

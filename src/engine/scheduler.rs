@@ -1,6 +1,8 @@
 //! The token-budget scheduler (vLLM v1 style): running sequences first, then chunked
 //! prefill of waiting ones; no prefill/decode modes. Out of blocks, it preempts the newest
 //! running sequence, which is recomputed later (its cached full blocks usually survive).
+//! When every layer of the model attends within a sliding window, the blocks that fall
+//! wholly before the window of a sequence's next query are freed as it advances.
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -28,6 +30,9 @@ pub struct Sequence {
     /// Tokens whose KV is in the cache.
     pub num_computed: usize,
     blocks: Vec<BlockId>,
+    /// Leading entries of `blocks` already released: every key in them lies before the
+    /// window of any query still to come (their ids stay as placeholders).
+    dead: usize,
     /// Hash chain of the registered full blocks.
     hashes: Vec<u64>,
     /// Lower runs first.
@@ -69,6 +74,7 @@ impl Sequence {
             tokens: prompt,
             num_computed: 0,
             blocks: Vec::new(),
+            dead: 0,
             hashes: Vec::new(),
             priority,
             arrival,
@@ -80,6 +86,24 @@ impl Sequence {
     /// Generated tokens so far.
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
+    }
+
+    /// The block table of a step: a released block's entry repeats the first live block (no
+    /// kernel reads keys before the window; the entry stays a valid block).
+    fn block_table(&self) -> Vec<u32> {
+        let live = self.blocks.get(self.dead).or(self.blocks.last());
+        let stand_in = live.map_or(0, |b| b.0);
+        (0..self.blocks.len())
+            .map(|i| match i < self.dead {
+                true => stand_in,
+                false => self.blocks[i].0,
+            })
+            .collect()
+    }
+
+    /// Live (not yet released) blocks held.
+    pub fn live_blocks(&self) -> usize {
+        self.blocks.len() - self.dead
     }
 
     /// The prompt logprobs of a just computed chunk of `n` tokens whose forced rows gave
@@ -148,6 +172,9 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub block_size: usize,
+    /// The sliding window every layer of the model attends within (`None`: some layer sees
+    /// the whole context), which lets blocks behind it be freed.
+    pub window: Option<usize>,
 }
 
 /// Counters for the stats snapshot.
@@ -268,7 +295,8 @@ impl Scheduler {
     }
 
     fn release(&mut self, seq: &mut Sequence) {
-        self.pool.release(&seq.blocks);
+        self.pool.release(&seq.blocks[seq.dead..]);
+        seq.dead = 0;
         seq.blocks.clear();
         seq.hashes.clear();
         seq.num_computed = 0;
@@ -434,7 +462,7 @@ impl Scheduler {
                 q_start: plan.token_ids.len() as u32,
                 q_len: p.num_tokens as u32,
                 ctx_len: (s.num_computed + p.num_tokens) as u32,
-                block_table: s.blocks.iter().map(|b| b.0).collect(),
+                block_table: s.block_table(),
                 wants_logits: p.wants_logits,
             });
             plan.token_ids
@@ -539,9 +567,11 @@ impl Scheduler {
         outputs
     }
 
-    /// Marks a step's tokens as computed and registers newly full blocks in the prefix cache.
+    /// Marks a step's tokens as computed, registers newly full blocks in the prefix cache,
+    /// and frees the blocks that fell behind the window of every query still to come.
     fn on_computed(&mut self, step: &Step) {
         let bs = self.cfg.block_size;
+        let window = self.cfg.window;
         for p in &step.seqs {
             let Some(s) = self.running.iter_mut().find(|s| s.id == p.id) else {
                 continue;
@@ -555,6 +585,16 @@ impl Scheduler {
                     self.pool
                         .register_full(s.blocks[b], parent, &s.tokens[b * bs..(b + 1) * bs]);
                 s.hashes.push(h);
+            }
+            if let Some(w) = window {
+                // The next query sits at `num_computed`; it and every later one see keys
+                // from `num_computed + 1 - w` on. Registered blocks go to the prefix cache.
+                let first = (s.num_computed + 1).saturating_sub(w);
+                let dead = (first / bs).min(s.hashes.len());
+                if dead > s.dead {
+                    self.pool.release(&s.blocks[s.dead..dead]);
+                    s.dead = dead;
+                }
             }
         }
     }

@@ -54,6 +54,14 @@ impl Variant {
                 .unwrap_or(self.sliding.is_empty())
     }
 
+    /// The window every one of `n_layers` layers attends within, if they all slide: a key
+    /// older than it is never read again, so its KV block can be freed (`None` when any
+    /// layer attends to the whole context).
+    pub fn kv_window(&self, n_layers: usize) -> Option<usize> {
+        self.window
+            .filter(|_| (0..n_layers).all(|l| self.is_sliding(l)))
+    }
+
     /// Checks the values against `n_layers`; the error names the field.
     pub fn check(&self, n_layers: usize) -> Result<(), String> {
         let positive = |name: &str, v: Option<f32>| match v {

@@ -9,6 +9,7 @@ fn sched(blocks: usize, budget: usize) -> Scheduler {
         max_num_seqs: 8,
         max_num_batched_tokens: budget,
         block_size: 4,
+        window: None,
     };
     Scheduler::new(cfg, BlockPool::new(blocks, true))
 }
@@ -209,4 +210,62 @@ fn second_request_hits_prefix_cache() {
         "8 of 9 prompt tokens come from the cache"
     );
     assert_eq!(s.counters.prefix_hits, 8);
+}
+
+#[test]
+fn blocks_behind_every_layers_window_are_freed_as_a_sequence_advances() {
+    // Window 8 over blocks of 4: the next query at position p sees keys p - 7 ..= p, so at
+    // most 3 blocks stay live (and one more while a step grows into a new block).
+    let mut s = Scheduler::new(
+        SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            block_size: 4,
+            window: Some(8),
+        },
+        BlockPool::new(8, true),
+    );
+    s.add(seq(1, (0..10).collect(), 0));
+    s.add(seq(2, (20..25).collect(), 1));
+    let mut max_live = 0;
+    for step_no in 0..40 {
+        let step = run_step(&mut s, 7);
+        for (p, slice) in step.seqs.iter().zip(&step.plan.seqs) {
+            let seq = s.get(p.id).expect("running");
+            max_live = max_live.max(seq.live_blocks());
+            // Every position a query of this step can see has its own block in the table.
+            let q0 = slice.ctx_len - slice.q_len;
+            let first = (q0 + 1).saturating_sub(8);
+            let table = &slice.block_table;
+            let live: Vec<u32> = (first / 4..table.len() as u32)
+                .map(|b| table[b as usize])
+                .collect();
+            let mut unique = live.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), live.len(), "step {step_no}: {table:?}");
+        }
+        assert_eq!(s.counters.preemptions, 0, "step {step_no}");
+    }
+    // 50 tokens each would need 13 blocks apiece without freeing; the pool has 8 in all.
+    assert!(s.get(SeqId(1)).unwrap().tokens.len() >= 50);
+    assert!(max_live <= 4, "live blocks {max_live}");
+    s.remove(SeqId(1));
+    s.remove(SeqId(2));
+    assert_eq!(
+        s.pool().num_free(),
+        8,
+        "every block back, none released twice"
+    );
+}
+
+#[test]
+fn without_a_window_every_block_stays() {
+    let mut s = sched(16, 64);
+    s.add(seq(1, (0..10).collect(), 0));
+    for _ in 0..20 {
+        run_step(&mut s, 7);
+    }
+    let seq = s.get(SeqId(1)).unwrap();
+    assert_eq!(seq.live_blocks(), seq.tokens.len().div_ceil(4));
 }
