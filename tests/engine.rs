@@ -113,10 +113,20 @@ async fn batch_matches_reference(
     devices: &[Device],
 ) -> kiln::engine::EngineStats {
     let f = files();
-    let tok = f.tokenizer.clone().unwrap();
-    let ps = prompts(&tok);
-    let max_tokens = 24;
-    let want = reference(&f, &ps, max_tokens);
+    let ps = prompts(f.tokenizer.as_ref().unwrap());
+    these_match_reference(f, &ps, 24, cfg, devices).await
+}
+
+/// Every prompt of `ps` at once (greedy, `max_tokens` each, EOS ignored) gives the
+/// single-sequence reference's tokens; returns the stats once the engine is idle.
+async fn these_match_reference(
+    f: ModelFiles,
+    ps: &[Vec<u32>],
+    max_tokens: usize,
+    cfg: EngineConfig,
+    devices: &[Device],
+) -> kiln::engine::EngineStats {
+    let want = reference(&f, ps, max_tokens);
     let engine = Engine::start(f, devices, cfg).unwrap();
     let client = engine.client();
     let outs = join_all(
@@ -408,23 +418,11 @@ async fn blocks_behind_a_models_sliding_window_are_freed_and_output_matches() {
                 .collect()
         })
         .collect();
-    let max_tokens = 120;
-    let want = reference(&f, &ps, max_tokens);
     let cfg = EngineConfig {
         max_num_seqs: 6,
         kv_blocks: Some(32),
         ..Default::default()
     };
-    let engine = Engine::start(f, &[Device::Cpu], cfg).unwrap();
-    let client = engine.client();
-    let outs = join_all(
-        ps.iter()
-            .map(|p| run(&client, ignore_eos(p.clone(), max_tokens))),
-    )
-    .await;
-    for (i, (o, w)) in outs.iter().zip(&want).enumerate() {
-        assert_eq!(&o.tokens[0], w, "request {i} differs from the reference");
-    }
-    let stats = wait_idle(&client).await;
+    let stats = these_match_reference(f, &ps, 120, cfg, &[Device::Cpu]).await;
     assert_eq!(stats.preemptions(), 0, "freed blocks make room for all six");
 }
