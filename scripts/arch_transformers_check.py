@@ -37,7 +37,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-FAMILIES = ["qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral", "qwen2moe",
+FAMILIES = ["qwen3", "gemma2", "gemma3", "phi3", "phi4mini", "qwen3moe", "mixtral", "qwen2moe",
             "qwen2-tied", "llama3-scaled", "mistral-bf16", "llama-sharded"]
 LIMITS = {torch.float32: 1e-4, torch.float64: 1e-4}
 

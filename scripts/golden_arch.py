@@ -20,6 +20,9 @@ tiny random-weight HF directories, each covering a feature those files lack:
                  model.safetensors.index.json (one layer's attention is split
                  across the shards), head_dim 32, MHA.
 
+  phi4mini       model_type phi3 as Phi-4-mini lays it out: partial_rotary_factor 0.75
+                 (rope over 12 of 16 head dims, 6 longrope factors), tied embeddings,
+                 no sliding window.
   qwen3moe       model_type qwen3_moe: 8 experts, top 2, norm_topk_prob true, q/k norms,
                  BF16; the longest prompt sends tokens to every expert of every layer,
                  while each decode step leaves 6 of 8 experts without a token.
@@ -192,6 +195,23 @@ MODELS = [
         ),
     ),
     dict(
+        # Phi-4-mini's layout: rope over the first 3/4 of each head (partial_rotary_factor,
+        # longrope factors for those 12 of 16 dims), tied embeddings, no window.
+        name="phi4mini", seed=1030, dtype="F32", shards=None,
+        config=dict(
+            architectures=["Phi3ForCausalLM"], model_type="phi3",
+            hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.75,
+            vocab_size=256, max_position_embeddings=512, original_max_position_embeddings=4,
+            rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=None,
+            rope_scaling=dict(type="longrope",
+                              short_factor=[1.0, 1.2, 1.5, 2.0, 2.6, 3.3],
+                              long_factor=[1.0, 2.0, 3.5, 6.0, 10.0, 16.0]),
+            tie_word_embeddings=True, hidden_act="silu", torch_dtype="float32",
+            bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        ),
+    ),
+    dict(
         name="qwen3moe", seed=1012, dtype="BF16", shards=None,
         config=dict(
             architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
@@ -352,7 +372,8 @@ def make_phi3_weights(cfg, mat, norm):
         t[p + "mlp.gate_up_proj.weight"] = mat(2 * f, d)
         t[p + "mlp.down_proj.weight"] = mat(d, f)
     t["model.norm.weight"] = norm(d)
-    t["lm_head.weight"] = mat(V, d)
+    if not cfg.get("tie_word_embeddings"):
+        t["lm_head.weight"] = mat(V, d)
     return t
 
 
@@ -571,8 +592,10 @@ def family_config(c, hd):
             assert rs["rope_type"] == "linear"
             fam["global_divisor"] = [float(rs["factor"])] * (hd // 2)
     if mt == "phi3":
-        fam["window"] = c["sliding_window"]
+        fam["window"] = c.get("sliding_window")
         fam["sliding"] = [True] * n
+        # rope over the first partial_rotary_factor of each head's dims (Phi-4-mini: 3/4)
+        fam["rot_dim"] = int(hd * c.get("partial_rotary_factor", 1.0))
         rs = c["rope_scaling"]
         assert rs["type"] == "longrope"
         orig, mx = c["original_max_position_embeddings"], c["max_position_embeddings"]
@@ -938,6 +961,12 @@ def family_sensitivity(cfg, W, prompt, err):
         out["local_rope_base_ignored"] = err(with_fam(local_theta=None))
     if fam["global_divisor"] is not None:
         out["rope_divisors_ignored"] = err(with_fam(global_divisor=None))
+    if fam["rot_dim"] < cfg["head_dim"]:
+        # rope over every dim (the extra ones unscaled by the long factors)
+        pad = [1.0] * ((cfg["head_dim"] - fam["rot_dim"]) // 2)
+        out["partial_rotary_ignored"] = err(with_fam(
+            rot_dim=cfg["head_dim"], global_divisor=list(fam["global_divisor"] or []) + pad
+            if fam["global_divisor"] is not None else None))
     if fam.get("mscale"):
         out["attention_factor_ignored"] = err(with_fam(scale=1.0 / math.sqrt(cfg["head_dim"])))
     if fam["moe"]:

@@ -129,6 +129,19 @@ fn phi3_fused_longrope_window_match_reference() {
 }
 
 #[test]
+fn phi4mini_partial_rotary_tied_matches_reference() {
+    check_model("phi4mini", 16, |s| {
+        assert_eq!(s.arch, "phi3");
+        assert!(s.variant.fused_tensors && s.tied_embeddings);
+        assert_eq!(s.variant.window, None);
+        // partial_rotary_factor 0.75 of head_dim 16: rope over 12 dims, 6 long factors.
+        assert_eq!((s.head_dim, s.rope.dim), (16, 12));
+        let f = s.rope.freq_factors.as_ref().expect("long factors");
+        assert_eq!(f.len(), 6);
+    });
+}
+
+#[test]
 fn qwen3moe_eight_experts_top2_normalised_matches_reference() {
     check_model("qwen3moe", 16, |s| {
         assert_eq!(s.arch, "qwen3moe");
@@ -326,6 +339,7 @@ fn fixture_files_are_small_and_sharded_as_described() {
         "gemma2",
         "gemma3",
         "phi3",
+        "phi4mini",
         "qwen3moe",
         "mixtral",
         "qwen2moe",

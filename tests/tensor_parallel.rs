@@ -247,6 +247,7 @@ fn family_fixtures_match_when_sharded() {
         ("gemma2", &[2]),
         ("gemma3", &[2, 4]),
         ("phi3", &[2, 4]),
+        ("phi4mini", &[2]),
     ];
     for (name, sizes) in cases {
         check(name, &arch(name), sizes);

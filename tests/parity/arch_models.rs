@@ -31,11 +31,12 @@ fn repo() -> PathBuf {
 }
 
 /// The fixtures and where they live: (name, HF directory, GGUF file if any).
-const FAMILIES: [(&str, bool); 11] = [
+const FAMILIES: [(&str, bool); 12] = [
     ("qwen3", true),
     ("gemma2", true),
     ("gemma3", true),
     ("phi3", true),
+    ("phi4mini", false),
     ("qwen3moe", true),
     ("mixtral", true),
     ("qwen2moe", true),
