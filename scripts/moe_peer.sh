@@ -26,7 +26,8 @@
 # build is packed into $OUT/lcpp-bin.tgz.NN (15 MB parts) when LCPP_PACK=1.
 # Everything goes to $OUT: summary.txt (the figures) and logs.tgz (every log, /metrics).
 # Environment: SKIP_MOE=1, SKIP_8B=1, SKIP_LLAMA=1, SKIP_SERVE=1 (Kiln serve on the MoE file),
-# SKIP_LLAMA_MOE=1 (llama.cpp on the MoE file) leave those parts out; KILN_DEV (default
+# SKIP_LLAMA_MOE=1 (llama.cpp on the MoE file) leave those parts out; LLAMA_8B_BENCH=1 adds
+# llama-bench and llama-batched-bench on the 8B Q4_K_M file; KILN_DEV (default
 # cuda:0) and LAYERS (cut both files' layers) make a quick dry run on the CPU possible.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -193,6 +194,16 @@ if [ -z "${SKIP_MOE:-}" ] && [ -z "${SKIP_LLAMA_MOE:-}" ]; then
         > "$logs/llama-batched-moe.log" 2>&1
     say "llama-batched-bench MoE: exit $?"
     grep -E "^\|" "$logs/llama-batched-moe.log" >> "$summary"
+fi
+if [ -z "${SKIP_8B:-}" ] && [ -n "${LLAMA_8B_BENCH:-}" ]; then
+    # issue 15's single-stream and batched decode of the same 8B Q4_K_M file
+    timeout 120 "$bin/llama-bench" -m "$d8b" -ngl 99 -fa 1 -p 2048 -n 128 -r 3 > "$logs/llama-bench-8b.log" 2>&1
+    say "llama-bench 8B Q4_K_M: exit $?"
+    grep -E "^\|" "$logs/llama-bench-8b.log" >> "$summary"
+    timeout 120 "$bin/llama-batched-bench" -m "$d8b" -ngl 99 -fa -npp 512 -ntg 128 -npl 1,32,64 -c 41984 \
+        > "$logs/llama-batched-8b.log" 2>&1
+    say "llama-batched-bench 8B Q4_K_M: exit $?"
+    grep -E "^\|" "$logs/llama-batched-8b.log" >> "$summary"
 fi
 if [ -z "${SKIP_8B:-}" ] && late 320; then
     say "llama-server part skipped (late)"
