@@ -73,6 +73,8 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int t = lane % TPR, stream = warp * RPW + lane / TPR;
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     // Grid (KV head, item), heads fastest: the blocks of one row's heads run together and
     // read the same cache slots (each slot row holds every head) at about the same time.
     const u32* it = items + 6 * (size_t)blockIdx.y;
@@ -429,6 +431,8 @@ __device__ __forceinline__ void combine_dims(const float* __restrict__ acc, size
 template <typename T>
 __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                   const u32* __restrict__ splits, T* __restrict__ out, int n_heads, int hd) {
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     __shared__ float w_s[COMBINE_PARTS];
     __shared__ float red_s[MAX_WARPS];
     const u32* sp = splits + 3 * (size_t)blockIdx.x;

@@ -34,6 +34,8 @@ __device__ __forceinline__ void qgemv_impl(const u8* __restrict__ w, const u8* _
                                            const T* __restrict__ x, const T* __restrict__ bias,
                                            T* __restrict__ y, int k, int n, int rows, int ldy) {
     static_assert(!GLU || R == 2, "qgemv_silu pairs a gate row and an up row");
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wid = blockIdx.x * (blockDim.x / WARP) + warp;
     const int j0 = GLU ? wid : wid * R;
@@ -201,6 +203,8 @@ constexpr int QX_THREADS = 256;
 // Grid ceil(rows * k / 32 / QX_THREADS); each thread quantizes one block of 32 values.
 extern "C" __global__ void __launch_bounds__(QX_THREADS)
     quantize_x_bf16(const bf16* __restrict__ x, u8* __restrict__ xq, int k, int rows) {
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     const size_t c = (size_t)blockIdx.x * QX_THREADS + threadIdx.x;  // block of 32
     if (c >= (size_t)rows * k / 32) return;
     const vec4u* src = reinterpret_cast<const vec4u*>(x + 32 * c);
@@ -234,7 +238,9 @@ extern "C" __global__ void __launch_bounds__(QX_THREADS)
 // Accumulates acc[m][r] += x row m . weight row r (rows wr[r], each of k columns) for M rows
 // of x (those past `rows` reread row rows - 1), from the 8-bit activations at xq. Each lane
 // takes U units of each row per step; at 1 and 2 rows the next step's units are fetched
-// before this step's products (loads stay in flight through the arithmetic).
+// before this step's products (loads stay in flight through the arithmetic). The kernel's
+// KILN_PDL_WAIT() is here, after the first weight loads are issued: they are in flight while
+// the kernel before drains, and xq is read only after it.
 template <typename Q, int M, int R, int U>
 __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u8* __restrict__ xq, int k,
                                          int rows, int lane, float (&acc)[M][R]) {
@@ -250,6 +256,7 @@ __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u
                 for (int r = 0; r < R; ++r) dst[t][r] = Q::load(wr[r], u0 + t * WARP);
     };
     if (AHEAD) fetch(raw, lane);
+    KILN_PDL_WAIT();
     for (int u0 = lane; u0 < nu; u0 += U * WARP) {
         if (AHEAD)
             fetch(next, u0 + U * WARP);
@@ -320,6 +327,7 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
                                           const u8* __restrict__ w1, const u8* __restrict__ w2,
                                           const bf16* __restrict__ bias, bf16* __restrict__ y, int k, int r0,
                                           int r1, int r2, int rows, int ldy) {
+    KILN_PDL_TRIGGER();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int wid = blockIdx.x * (blockDim.x / WARP) + warp;
     const int c0 = (r0 + R - 1) / R, c1 = (r1 + R - 1) / R, c2 = (r2 + R - 1) / R;
@@ -332,7 +340,8 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
     } else if (wid < c0 + c1 + c2) {
         n = r2, col0 = r0 + r1, w = w2, wid -= c0 + c1;
     } else {
-        return;  // whole warps leave; nothing below synchronizes the block
+        KILN_PDL_WAIT();  // (qdot_acc waits on the other paths)
+        return;           // whole warps leave; nothing below synchronizes the block
     }
     const int j0 = wid * R;
     float acc[M][R];
@@ -364,9 +373,13 @@ template <typename Q, int M, int U>
 __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const u8* __restrict__ wg,
                                                const u8* __restrict__ wu, bf16* __restrict__ y, int k, int f,
                                                int rows, int ldy) {
+    KILN_PDL_TRIGGER();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int j = blockIdx.x * (blockDim.x / WARP) + warp;
-    if (j >= f) return;
+    if (j >= f) {
+        KILN_PDL_WAIT();  // (qdot_acc waits on the other path)
+        return;
+    }
     const typename Q::Row wr[2] = {Q::row(wg, f, k, j), Q::row(wu, f, k, j)};
     float acc[M][2];
 #pragma unroll

@@ -19,6 +19,16 @@ use crate::backend::DType;
 pub struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Programmatic dependent launch for [`Runtime::launch_dependent`]: sm_90+, a driver of
+    /// CUDA 12.3+ (graph capture keeps the programmatic edges), and not `KILN_PDL=0`.
+    pdl: bool,
+}
+
+/// Whether [`Runtime::launch_dependent`] uses programmatic dependent launch on a device of
+/// compute capability `major` under driver `driver_version` (`KILN_PDL=0` turns it off).
+fn pdl_enabled(major: i32, driver_version: i32) -> bool {
+    let off = std::env::var("KILN_PDL").is_ok_and(|v| v == "0" || v == "off");
+    major >= 9 && driver_version >= 12030 && !off
 }
 
 fn failed(e: DriverError) -> RtError {
@@ -109,7 +119,8 @@ impl Runtime for Cuda {
             warp_size,
             driver_version,
         };
-        Ok((Cuda { ctx, stream }, info))
+        let pdl = pdl_enabled(major, driver_version);
+        Ok((Cuda { ctx, stream, pdl }, info))
     }
 
     fn mem_info(&self) -> RtResult<(usize, usize)> {
@@ -158,6 +169,49 @@ impl Runtime for Cuda {
                 params,
             )
         }
+        .map_err(failed)
+    }
+
+    unsafe fn launch_dependent(
+        &self,
+        f: &CudaFunction,
+        grid: Grid,
+        smem: u32,
+        params: &mut [*mut c_void],
+    ) -> RtResult<()> {
+        if !self.pdl {
+            // SAFETY: per this method's contract.
+            return unsafe { self.launch(f, grid, smem, params) };
+        }
+        self.ctx.bind_to_thread().map_err(failed)?;
+        // SAFETY: a zeroed attribute value is a valid union (plain integers); the field set
+        // is the one the id names.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.blocks.0,
+            gridDimY: grid.blocks.1,
+            gridDimZ: grid.blocks.2,
+            blockDimX: grid.threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: per this method's contract; `config` and `attr` live across the call, and
+        // the kernel waits for its predecessors before touching their buffers (the contract).
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
         .map_err(failed)
     }
 
