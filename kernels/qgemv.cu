@@ -193,8 +193,8 @@ KILN_FOR_DTYPES(KILN_QGEMV)
 // The activations of a decode step are quantized once per matmul input into a scratch
 // `xq`: i8 qs[rows][k] at 0, then float2 ds[rows][k / 32] (d = amax / 127, s = the exact
 // sum of the 32 values) at plane_align(rows * k). The RMSNorm before a matmul writes it as
-// it goes (norm.cu); `quantize_x` makes it for the other inputs (the attention output, the
-// SiLU output). Each weight run of 16 becomes 4 words of signed 8-bit quants (run8 in
+// it goes (norm.cu), and so does decode attention's split-K merge (attention_decode.cu);
+// `quantize_x` makes it for the other inputs (the SiLU output, an unmerged attention output). Each weight run of 16 becomes 4 words of signed 8-bit quants (run8 in
 // quant.cuh), multiplied with 4 words of qs by dp4a; the run adds sc * d * sumi (+ mn * s
 // once per block for the k-quants' min and centering).
 

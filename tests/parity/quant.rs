@@ -530,3 +530,81 @@ fn stories260k_quantized_greedy_matches_cpu() {
         }
     }
 }
+
+/// The split-K merge of decode attention also leaves its output as 8-bit rows for the output
+/// matmul (bf16, quantized weights loaded, every row split), so that matmul launches no
+/// `quantize_x`; it gives what the same matmul gives on that output quantized by
+/// `quantize_x` (after a write, which drops the merge's rows), for 1 and 3 decode rows.
+#[cfg(feature = "cuda")]
+#[test]
+fn attention_merge_quantizes_the_output_rows() {
+    use kiln::backend::AttnShape;
+    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
+        return;
+    };
+    let mut rng = rng("attention_merge_quantizes");
+    let shape = AttnShape::new(32, 8, 128);
+    let (qd, n_out, ctx) = (shape.q_dim(), 1024, 700u32);
+    let w = b
+        .upload_weight(raw(&mut rng, GgmlType::Q4K, n_out, qd))
+        .unwrap();
+    for batch in [1usize, 3] {
+        let bps = (ctx + 1).div_ceil(16);
+        let kvs = KvShape {
+            num_layers: 1,
+            num_blocks: batch * bps as usize,
+            block_size: 16,
+            n_kv_heads: 8,
+            head_dim: 128,
+        };
+        let mut kv = b.alloc_kv(&kvs).unwrap();
+        let tables: Vec<Vec<u32>> = (0..batch as u32)
+            .map(|i| (i * bps..(i + 1) * bps).collect())
+            .collect();
+        // The context's k and v (a prefill's), then one decode row per sequence.
+        let seqs = |q: u32, c: u32| tables.iter().map(|t| (q, c, t.clone())).collect::<Vec<_>>();
+        let (pre, dec) = (
+            plan(&seqs(ctx, ctx), 16, |_| 0),
+            plan(&seqs(1, ctx + 1), 16, |_| 0),
+        );
+        let n_pre = batch * ctx as usize;
+        let ctx_qkv = random(&mut rng, n_pre * shape.qkv_dim(), 1.0);
+        let ctx_qkv = tensor(&mut b, n_pre, shape.qkv_dim(), &ctx_qkv);
+        let pb = b.prepare(&pre).unwrap();
+        b.write_kv(&mut kv, 0, &ctx_qkv, &pb, &shape).unwrap();
+        let q = random(&mut rng, batch * shape.qkv_dim(), 1.0);
+        let q = tensor(&mut b, batch, shape.qkv_dim(), &q);
+        // Every launch of the decode step timed (the ops show which kernels ran).
+        b.set_timing_period(Some(1));
+        let db = b.prepare(&dec).unwrap();
+        b.write_kv(&mut kv, 0, &q, &db, &shape).unwrap();
+        let mut out = poisoned(&mut b, batch, qd);
+        let [mut y1, mut y2] = [0, 0].map(|_| poisoned(&mut b, batch, n_out));
+        b.attention(&q, &kv, 0, &db, &shape, &mut out).unwrap();
+        b.matmul(&out, &w, None, batch, &mut y1).unwrap();
+        let fused: Vec<_> = b.take_kernel_timings().unwrap();
+        b.write(&mut y2, &vec![f32::NAN; batch * n_out]);
+        b.matmul(&out, &w, None, batch, &mut y2).unwrap();
+        let plain: Vec<_> = b.take_kernel_timings().unwrap();
+        b.set_timing_period(None);
+        let ops =
+            |t: &[kiln::backend::gpu::KernelTiming]| t.iter().map(|k| k.kernel).collect::<Vec<_>>();
+        let (fused, plain) = (ops(&fused), ops(&plain));
+        assert!(
+            fused.contains(&"attn_combine"),
+            "batch {batch}: rows split: {fused:?}"
+        );
+        assert!(!fused.contains(&"quantize_x"), "batch {batch}: {fused:?}");
+        assert!(plain.contains(&"quantize_x"), "batch {batch}: {plain:?}");
+        let (g1, g2) = (
+            b.to_host(&y1, batch).unwrap(),
+            b.to_host(&y2, batch).unwrap(),
+        );
+        assert_close(
+            &format!("batch {batch}: the merge's 8-bit rows against quantize_x's"),
+            &g1,
+            &g2,
+            1e-5,
+        );
+    }
+}
