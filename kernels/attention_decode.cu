@@ -385,10 +385,15 @@ __device__ __forceinline__ float combine_weight(const float* __restrict__ ml, si
 }
 
 // Output value v (rounded) at d of a head into the 8-bit rows at q (this head's first byte)
-// and ds (its first (d, s) pair): the layout of quantize_x (qgemv.cu), one block of 32 per
-// warp (every lane of the warp calls it, at 32 consecutive d).
+// and ds (its first (d, s) pair): the layout of quantize_x (qgemv.cu). Every lane of a
+// group of 32 calls it, at 32 consecutive d (a block of 32; a 64-wide wavefront holds two).
 __device__ __forceinline__ void combine_quant(float v, int d, u8* __restrict__ q, float* __restrict__ ds) {
-    const float amax = warp_max(fabsf(v)), sum = warp_sum(v);
+    float amax = fabsf(v), sum = v;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, shfl_xor(amax, o));
+        sum += shfl_xor(sum, o);
+    }
     const float id = amax > 0.f ? 127.f / amax : 0.f;
     q[d] = (u8)((u32)(int)rintf(v * id) & 0xffu);
     if (d % 32 == 0) {
