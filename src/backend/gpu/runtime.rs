@@ -117,7 +117,8 @@ pub trait Runtime: Sized + 'static {
 
     /// [`Runtime::launch`] for a kernel that executes `KILN_PDL_WAIT()` (prelude.cuh) before
     /// it reads or writes anything its predecessors on the stream read or write: where the
-    /// runtime supports it (CUDA on sm_90+), the kernel may start while its predecessor
+    /// runtime supports it (CUDA on sm_90+; `KILN_PDL` says where: not inside recorded
+    /// graphs unless `=graphs`, never with `=0`), the kernel may start while its predecessor
     /// drains and waits in the wait; elsewhere (and by default) a plain launch.
     ///
     /// # Safety
