@@ -194,9 +194,10 @@ KILN_FOR_DTYPES(KILN_QGEMV)
 // `xq`: i8 qs[rows][k] at 0, then float2 ds[rows][k / 32] (d = amax / 127, s = the exact
 // sum of the 32 values) at plane_align(rows * k). The RMSNorm before a matmul writes it as
 // it goes (norm.cu), and so does decode attention's split-K merge (attention_decode.cu);
-// `quantize_x` makes it for the other inputs (the SiLU output, an unmerged attention output). Each weight run of 16 becomes 4 words of signed 8-bit quants (run8 in
-// quant.cuh), multiplied with 4 words of qs by dp4a; the run adds sc * d * sumi (+ mn * s
-// once per block for the k-quants' min and centering).
+// `quantize_x` makes it for the other inputs (the SiLU output, an unmerged attention
+// output). Each weight run of 16 becomes 4 words of signed 8-bit quants (run8 in quant.cuh),
+// multiplied with 4 words of qs by dp4a; the run adds sc * d * sumi (+ mn * s once per block
+// for the k-quants' min and centering).
 
 constexpr int QX_THREADS = 256;
 
@@ -238,9 +239,7 @@ extern "C" __global__ void __launch_bounds__(QX_THREADS)
 // Accumulates acc[m][r] += x row m . weight row r (rows wr[r], each of k columns) for M rows
 // of x (those past `rows` reread row rows - 1), from the 8-bit activations at xq. Each lane
 // takes U units of each row per step; at 1 and 2 rows the next step's units are fetched
-// before this step's products (loads stay in flight through the arithmetic). The kernel's
-// KILN_PDL_WAIT() is here, after the first weight loads are issued: they are in flight while
-// the kernel before drains, and xq is read only after it.
+// before this step's products (loads stay in flight through the arithmetic).
 template <typename Q, int M, int R, int U>
 __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u8* __restrict__ xq, int k,
                                          int rows, int lane, float (&acc)[M][R]) {
@@ -256,7 +255,6 @@ __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u
                 for (int r = 0; r < R; ++r) dst[t][r] = Q::load(wr[r], u0 + t * WARP);
     };
     if (AHEAD) fetch(raw, lane);
-    KILN_PDL_WAIT();
     for (int u0 = lane; u0 < nu; u0 += U * WARP) {
         if (AHEAD)
             fetch(next, u0 + U * WARP);
@@ -328,6 +326,7 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
                                           const bf16* __restrict__ bias, bf16* __restrict__ y, int k, int r0,
                                           int r1, int r2, int rows, int ldy) {
     KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int wid = blockIdx.x * (blockDim.x / WARP) + warp;
     const int c0 = (r0 + R - 1) / R, c1 = (r1 + R - 1) / R, c2 = (r2 + R - 1) / R;
@@ -340,8 +339,7 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
     } else if (wid < c0 + c1 + c2) {
         n = r2, col0 = r0 + r1, w = w2, wid -= c0 + c1;
     } else {
-        KILN_PDL_WAIT();  // (qdot_acc waits on the other paths)
-        return;           // whole warps leave; nothing below synchronizes the block
+        return;  // whole warps leave; nothing below synchronizes the block
     }
     const int j0 = wid * R;
     float acc[M][R];
@@ -374,12 +372,10 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
                                                const u8* __restrict__ wu, bf16* __restrict__ y, int k, int f,
                                                int rows, int ldy) {
     KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int j = blockIdx.x * (blockDim.x / WARP) + warp;
-    if (j >= f) {
-        KILN_PDL_WAIT();  // (qdot_acc waits on the other path)
-        return;
-    }
+    if (j >= f) return;
     const typename Q::Row wr[2] = {Q::row(wg, f, k, j), Q::row(wu, f, k, j)};
     float acc[M][2];
 #pragma unroll
