@@ -73,6 +73,8 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int t = lane % TPR, stream = warp * RPW + lane / TPR;
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     // Grid (KV head, item), heads fastest: the blocks of one row's heads run together and
     // read the same cache slots (each slot row holds every head) at about the same time.
     const u32* it = items + 6 * (size_t)blockIdx.y;
@@ -382,10 +384,29 @@ __device__ __forceinline__ float combine_weight(const float* __restrict__ ml, si
     return m == -KILN_INF ? 0.f : expf(m - mx);
 }
 
+// Output value v (rounded) at d of a head into the 8-bit rows at q (this head's first byte)
+// and ds (its first (d, s) pair): the layout of quantize_x (qgemv.cu). Every lane of a
+// group of 32 calls it, at 32 consecutive d (a block of 32; a 64-wide wavefront holds two).
+__device__ __forceinline__ void combine_quant(float v, int d, u8* __restrict__ q, float* __restrict__ ds) {
+    float amax = fabsf(v), sum = v;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, shfl_xor(amax, o));
+        sum += shfl_xor(sum, o);
+    }
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    q[d] = (u8)((u32)(int)rintf(v * id) & 0xffu);
+    if (d % 32 == 0) {
+        ds[2 * (d / 32)] = amax / 127.f;
+        ds[2 * (d / 32) + 1] = sum;
+    }
+}
+
 template <typename T, int VW>
 __device__ __forceinline__ void combine_dims(const float* __restrict__ acc, size_t acc_stride,
                                             const float* __restrict__ ml, size_t ml_stride, const float* w_s,
-                                            float mx, int np, int hd, float inv, T* __restrict__ o) {
+                                            float mx, int np, int hd, float inv, T* __restrict__ o,
+                                            u8* __restrict__ q, float* __restrict__ ds) {
     __shared__ __align__(16) float o_s[COMBINE_THREADS * VW];
     const int nvec = hd / VW;
     const int nt = min((int)blockDim.x, COMBINE_THREADS);
@@ -418,17 +439,24 @@ __device__ __forceinline__ void combine_dims(const float* __restrict__ acc, size
     }
     if (ng > 1) {
         __syncthreads();
+        // With q (hd a multiple of 32, at most 4 * COMBINE_THREADS / 2: this path), whole
+        // warps take each pass.
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float s = 0.f;
             for (int k = 0; k < ng; ++k) s += o_s[k * hd + d];
-            o[d] = from_f<T>(s * inv);
+            const T r = from_f<T>(s * inv);
+            o[d] = r;
+            if (q) combine_quant(to_f(r), d, q, ds);
         }
     }
 }
 
 template <typename T>
 __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                  const u32* __restrict__ splits, T* __restrict__ out, int n_heads, int hd) {
+                                  const u32* __restrict__ splits, T* __restrict__ out, int n_heads, int hd,
+                                  u8* __restrict__ xq, int rows) {
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     __shared__ float w_s[COMBINE_PARTS];
     __shared__ float red_s[MAX_WARPS];
     const u32* sp = splits + 3 * (size_t)blockIdx.x;
@@ -451,10 +479,19 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
     const float* acc = part_acc + ((size_t)p0 * n_heads + h) * hd;
     const size_t acc_stride = (size_t)n_heads * hd;
     T* o = out + row * n_heads * hd + (size_t)h * hd;
+    // xq (non-null: bf16 decode, every row merged here, hd a multiple of 32 up to 256): the
+    // rounded outputs also as 8-bit rows for the output matmul (no quantize_x launch).
+    u8* q = nullptr;
+    float* ds = nullptr;
+    if (xq) {
+        const size_t width = (size_t)n_heads * hd, at = row * width + (size_t)h * hd;
+        q = xq + at;
+        ds = reinterpret_cast<float*>(xq + (((size_t)rows * width + 255) & ~(size_t)255)) + 2 * (at / 32);
+    }
     if (hd % 4 == 0) {
-        combine_dims<T, 4>(acc, acc_stride, ml, ml_stride, w_s, mx, np, hd, inv, o);
+        combine_dims<T, 4>(acc, acc_stride, ml, ml_stride, w_s, mx, np, hd, inv, o, q, ds);
     } else {
-        combine_dims<T, 1>(acc, acc_stride, ml, ml_stride, w_s, mx, np, hd, inv, o);
+        combine_dims<T, 1>(acc, acc_stride, ml, ml_stride, w_s, mx, np, hd, inv, o, q, ds);
     }
 }
 
@@ -485,7 +522,8 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
     KILN_ATTN_DEC_D(N, T, 128)                                                                       \
     KILN_ATTN_DEC_256(N, T)                                                                          \
     extern "C" __global__ void attn_combine_##N(const float* part_acc, const float* part_ml,         \
-                                                const u32* splits, T* out, int n_heads, int hd) {    \
-        attn_combine_impl<T>(part_acc, part_ml, splits, out, n_heads, hd);                           \
+                                                const u32* splits, T* out, int n_heads, int hd,      \
+                                                u8* xq, int rows) {                                  \
+        attn_combine_impl<T>(part_acc, part_ml, splits, out, n_heads, hd, xq, rows);                 \
     }
 KILN_FOR_DTYPES(KILN_ATTN_DECODE)

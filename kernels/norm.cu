@@ -24,6 +24,8 @@ __device__ __forceinline__ float norm_in(const T* __restrict__ x, T* __restrict_
 template <typename T>
 __device__ void rms_norm_impl(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ w,
                               T* __restrict__ out, int h, float eps) {
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     __shared__ float scratch[MAX_WARPS];
     const size_t base = (size_t)blockIdx.x * h;
     const int step = blockDim.x;
@@ -112,6 +114,8 @@ __device__ __forceinline__ void norm_quant(const float* v, bool valid, u8* __res
 template <typename T>
 __device__ void rms_norm_vec_impl(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ w,
                                   T* __restrict__ out, u8* __restrict__ xq, int h, float eps) {
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     typedef Chunk<T> C;
     typedef typename C::Raw Raw;
     constexpr int E = C::E;

@@ -38,6 +38,23 @@ __device__ __forceinline__ V shfl(V v, int src) { return __shfl_sync(0xffffffffu
 __device__ __forceinline__ void sync_warp() { __syncwarp(); }
 #endif
 
+// Programmatic dependent launch (NVIDIA sm_90+). A kernel the host launches as dependent
+// (Kernel::waits_for_predecessor) may start while the kernel before it on the stream drains:
+//   KILN_PDL_WAIT():    returns once every kernel before this one has finished and its writes
+//                       are visible. Execute it on every path (early exits included) before
+//                       reading or writing any buffer another kernel uses; only read-only
+//                       data (weights) may be touched before it.
+//   KILN_PDL_TRIGGER(): lets the next dependent kernel start its blocks (it still waits in
+//                       its own KILN_PDL_WAIT()); without it, that happens at this kernel's end.
+// Both are no-ops when the kernel was launched plainly, below sm_90, and on HIP.
+#if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define KILN_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define KILN_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define KILN_PDL_WAIT() ((void)0)
+#define KILN_PDL_TRIGGER() ((void)0)
+#endif
+
 // bfloat16 storage: the top 16 bits of an IEEE float. Same layout as __nv_bfloat16 and
 // hip_bfloat16, so buffers are shared with cuBLAS / hipBLAS as-is.
 struct bf16 {

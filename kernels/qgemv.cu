@@ -34,6 +34,8 @@ __device__ __forceinline__ void qgemv_impl(const u8* __restrict__ w, const u8* _
                                            const T* __restrict__ x, const T* __restrict__ bias,
                                            T* __restrict__ y, int k, int n, int rows, int ldy) {
     static_assert(!GLU || R == 2, "qgemv_silu pairs a gate row and an up row");
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wid = blockIdx.x * (blockDim.x / WARP) + warp;
     const int j0 = GLU ? wid : wid * R;
@@ -191,16 +193,19 @@ KILN_FOR_DTYPES(KILN_QGEMV)
 // The activations of a decode step are quantized once per matmul input into a scratch
 // `xq`: i8 qs[rows][k] at 0, then float2 ds[rows][k / 32] (d = amax / 127, s = the exact
 // sum of the 32 values) at plane_align(rows * k). The RMSNorm before a matmul writes it as
-// it goes (norm.cu); `quantize_x` makes it for the other inputs (the attention output, the
-// SiLU output). Each weight run of 16 becomes 4 words of signed 8-bit quants (run8 in
-// quant.cuh), multiplied with 4 words of qs by dp4a; the run adds sc * d * sumi (+ mn * s
-// once per block for the k-quants' min and centering).
+// it goes (norm.cu), and so does decode attention's split-K merge (attention_decode.cu);
+// `quantize_x` makes it for the other inputs (the SiLU output, an unmerged attention
+// output). Each weight run of 16 becomes 4 words of signed 8-bit quants (run8 in quant.cuh),
+// multiplied with 4 words of qs by dp4a; the run adds sc * d * sumi (+ mn * s once per block
+// for the k-quants' min and centering).
 
 constexpr int QX_THREADS = 256;
 
 // Grid ceil(rows * k / 32 / QX_THREADS); each thread quantizes one block of 32 values.
 extern "C" __global__ void __launch_bounds__(QX_THREADS)
     quantize_x_bf16(const bf16* __restrict__ x, u8* __restrict__ xq, int k, int rows) {
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     const size_t c = (size_t)blockIdx.x * QX_THREADS + threadIdx.x;  // block of 32
     if (c >= (size_t)rows * k / 32) return;
     const vec4u* src = reinterpret_cast<const vec4u*>(x + 32 * c);
@@ -320,6 +325,8 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
                                           const u8* __restrict__ w1, const u8* __restrict__ w2,
                                           const bf16* __restrict__ bias, bf16* __restrict__ y, int k, int r0,
                                           int r1, int r2, int rows, int ldy) {
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int wid = blockIdx.x * (blockDim.x / WARP) + warp;
     const int c0 = (r0 + R - 1) / R, c1 = (r1 + R - 1) / R, c2 = (r2 + R - 1) / R;
@@ -364,6 +371,8 @@ template <typename Q, int M, int U>
 __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const u8* __restrict__ wg,
                                                const u8* __restrict__ wu, bf16* __restrict__ y, int k, int f,
                                                int rows, int ldy) {
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int j = blockIdx.x * (blockDim.x / WARP) + warp;
     if (j >= f) return;

@@ -48,6 +48,8 @@ __device__ void rope_kv_impl(T* __restrict__ qkv, int stride, const u32* __restr
                              const float* __restrict__ inv_freq, int head_dim, int rot_dim, int interleaved,
                              int n_heads, int n_kv, const u32* __restrict__ slots, T* __restrict__ k_cache,
                              T* __restrict__ v_cache) {
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
     rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, n_heads + n_kv);
     const u32 slot = slots[blockIdx.x];
     // The group's k heads: [k0, k1) of the n_kv.

@@ -321,6 +321,102 @@ fn quant_chain<B: TestBackend>(b: &mut B) {
 }
 crate::parity_test!(quantized_decode_chain, quant_chain);
 
+/// A decode chain like [`quant_chain`]'s (bf16, one row, 8B shapes; qkv, an output matmul,
+/// gate/up SiLU and down) over three layers, 24 times with each down output fed to the next
+/// layer's residual add, queued without waiting: on
+/// sm_90 the norms, `quantize_x` and the 8-bit matmuls are launched as dependents that may
+/// start while the kernel before them drains (programmatic dependent launch, `KILN_PDL`).
+/// The results must be bit for bit those of the same chain with every launch waited for
+/// (`sync_check`): a kernel touching a buffer before its predecessor is done (the 8-bit rows
+/// the next norm overwrites, the residual) changes them.
+#[cfg(feature = "cuda")]
+#[test]
+fn quantized_decode_chain_overlapped_equals_serialized() {
+    use kiln::backend::cuda::{CudaBackend, CudaOptions, DType, device_available};
+    if !device_available() {
+        eprintln!("notice: no CUDA device or driver here; CUDA parity skipped");
+        return;
+    }
+    let (h, kv, f, layers, steps) = (4096, 1024, 14336, 3, 24);
+    let mut rng = rng("quant_chain_overlapped");
+    let weights: Vec<[HostTensor; 4]> = (0..layers)
+        .map(|_| {
+            let qkv = HostTensor::concat_rows(vec![
+                raw(&mut rng, GgmlType::Q4K, h, h),
+                raw(&mut rng, GgmlType::Q4K, kv, h),
+                raw(&mut rng, GgmlType::Q6K, kv, h),
+            ])
+            .unwrap();
+            let gate_up = HostTensor::concat_rows(vec![
+                raw(&mut rng, GgmlType::Q4K, f, h),
+                raw(&mut rng, GgmlType::Q4K, f, h),
+            ])
+            .unwrap();
+            let o = raw(&mut rng, GgmlType::Q4K, h, h);
+            [qkv, o, gate_up, raw(&mut rng, GgmlType::Q6K, h, f)]
+        })
+        .collect();
+    let norms: Vec<Vec<f32>> = (0..2 * layers).map(|_| random(&mut rng, h, 1.0)).collect();
+    let x0 = random(&mut rng, h, 1.0);
+    let m = h + 2 * kv;
+    let run = |sync_check: bool| -> Vec<Vec<f32>> {
+        let opts = CudaOptions {
+            dtype: DType::Bf16,
+            sync_check,
+            graphs: false,
+            kernel_cache: kiln::engine::default_kernel_cache_dir(),
+            ..CudaOptions::default()
+        };
+        let mut b = CudaBackend::new(0, opts).expect("a CUDA device is present");
+        let bw: Vec<_> = weights
+            .iter()
+            .map(|ws| ws.clone().map(|w| b.upload_weight(w).unwrap()))
+            .collect();
+        let bn: Vec<_> = norms.iter().map(|n| weight(&mut b, vec![h], n)).collect();
+        let mut x = tensor(&mut b, 1, h, &x0);
+        let [mut xn, mut qkv, mut attn, mut gu, mut act, mut out] =
+            [h, m, h, 2 * f, f, h].map(|c| poisoned(&mut b, 1, c));
+        b.write(&mut out, &vec![0.0; h]);
+        let eps = 1e-5;
+        for step in 0..steps {
+            let l = step % layers;
+            // The previous down output joins the residual, then the layer's chain (the
+            // "attention output" is a matmul of the normed row: its input is quantized by
+            // `quantize_x`, as is the SiLU output).
+            b.add_rms_norm(&out, &mut x, &bn[2 * l], eps, 1, &mut xn)
+                .unwrap();
+            b.matmul(&xn, &bw[l][0], None, 1, &mut qkv).unwrap();
+            b.matmul(&xn, &bw[l][1], None, 1, &mut attn).unwrap();
+            b.add_rms_norm(&attn, &mut x, &bn[2 * l + 1], eps, 1, &mut xn)
+                .unwrap();
+            b.matmul_glu(Activation::Silu, &xn, &bw[l][2], 1, &mut gu, &mut act)
+                .unwrap();
+            b.matmul(&act, &bw[l][3], None, 1, &mut out).unwrap();
+        }
+        [&x, &qkv, &act, &out]
+            .map(|t| b.to_host(t, 1).unwrap())
+            .into_iter()
+            .collect()
+    };
+    let (serial, overlapped) = (run(true), run(false));
+    for (what, (s, o)) in ["residual", "qkv", "silu", "down"]
+        .iter()
+        .zip(serial.iter().zip(&overlapped))
+    {
+        assert!(s.iter().all(|v| v.is_finite()), "{what}: serialized output");
+        let differ = s
+            .iter()
+            .zip(o)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ, 0,
+            "{what}: {differ} values differ from the serialized chain's"
+        );
+    }
+    eprintln!("quantized decode chain: overlapped launches give the serialized bits");
+}
+
 /// Embedding rows of quantized tables (dequantized by token id on the device).
 fn quant_embed<B: TestBackend>(b: &mut B) {
     let mut rng = rng("quant_embed");
@@ -432,5 +528,83 @@ fn stories260k_quantized_greedy_matches_cpu() {
         if let Some(b) = rocm(kiln::backend::DType::F32) {
             assert_eq!(greedy_ids(b, &files), want, "{name}: rocm f32 greedy ids");
         }
+    }
+}
+
+/// The split-K merge of decode attention also leaves its output as 8-bit rows for the output
+/// matmul (bf16, quantized weights loaded, every row split), so that matmul launches no
+/// `quantize_x`; it gives what the same matmul gives on that output quantized by
+/// `quantize_x` (after a write, which drops the merge's rows), for 1 and 3 decode rows.
+#[cfg(feature = "cuda")]
+#[test]
+fn attention_merge_quantizes_the_output_rows() {
+    use kiln::backend::AttnShape;
+    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
+        return;
+    };
+    let mut rng = rng("attention_merge_quantizes");
+    let shape = AttnShape::new(32, 8, 128);
+    let (qd, n_out, ctx) = (shape.q_dim(), 1024, 700u32);
+    let w = b
+        .upload_weight(raw(&mut rng, GgmlType::Q4K, n_out, qd))
+        .unwrap();
+    for batch in [1usize, 3] {
+        let bps = (ctx + 1).div_ceil(16);
+        let kvs = KvShape {
+            num_layers: 1,
+            num_blocks: batch * bps as usize,
+            block_size: 16,
+            n_kv_heads: 8,
+            head_dim: 128,
+        };
+        let mut kv = b.alloc_kv(&kvs).unwrap();
+        let tables: Vec<Vec<u32>> = (0..batch as u32)
+            .map(|i| (i * bps..(i + 1) * bps).collect())
+            .collect();
+        // The context's k and v (a prefill's), then one decode row per sequence.
+        let seqs = |q: u32, c: u32| tables.iter().map(|t| (q, c, t.clone())).collect::<Vec<_>>();
+        let (pre, dec) = (
+            plan(&seqs(ctx, ctx), 16, |_| 0),
+            plan(&seqs(1, ctx + 1), 16, |_| 0),
+        );
+        let n_pre = batch * ctx as usize;
+        let ctx_qkv = random(&mut rng, n_pre * shape.qkv_dim(), 1.0);
+        let ctx_qkv = tensor(&mut b, n_pre, shape.qkv_dim(), &ctx_qkv);
+        let pb = b.prepare(&pre).unwrap();
+        b.write_kv(&mut kv, 0, &ctx_qkv, &pb, &shape).unwrap();
+        let q = random(&mut rng, batch * shape.qkv_dim(), 1.0);
+        let q = tensor(&mut b, batch, shape.qkv_dim(), &q);
+        // Every launch of the decode step timed (the ops show which kernels ran).
+        b.set_timing_period(Some(1));
+        let db = b.prepare(&dec).unwrap();
+        b.write_kv(&mut kv, 0, &q, &db, &shape).unwrap();
+        let mut out = poisoned(&mut b, batch, qd);
+        let [mut y1, mut y2] = [0, 0].map(|_| poisoned(&mut b, batch, n_out));
+        b.attention(&q, &kv, 0, &db, &shape, &mut out).unwrap();
+        b.matmul(&out, &w, None, batch, &mut y1).unwrap();
+        let fused: Vec<_> = b.take_kernel_timings().unwrap();
+        b.write(&mut y2, &vec![f32::NAN; batch * n_out]);
+        b.matmul(&out, &w, None, batch, &mut y2).unwrap();
+        let plain: Vec<_> = b.take_kernel_timings().unwrap();
+        b.set_timing_period(None);
+        let ops =
+            |t: &[kiln::backend::gpu::KernelTiming]| t.iter().map(|k| k.kernel).collect::<Vec<_>>();
+        let (fused, plain) = (ops(&fused), ops(&plain));
+        assert!(
+            fused.contains(&"attn_combine"),
+            "batch {batch}: rows split: {fused:?}"
+        );
+        assert!(!fused.contains(&"quantize_x"), "batch {batch}: {fused:?}");
+        assert!(plain.contains(&"quantize_x"), "batch {batch}: {plain:?}");
+        let (g1, g2) = (
+            b.to_host(&y1, batch).unwrap(),
+            b.to_host(&y2, batch).unwrap(),
+        );
+        assert_close(
+            &format!("batch {batch}: the merge's 8-bit rows against quantize_x's"),
+            &g1,
+            &g2,
+            1e-5,
+        );
     }
 }

@@ -162,9 +162,11 @@ kernel_args! {
         part_ml: ptr, positions: ptr, seqinfo: ptr, tables: ptr, items: ptr, n_heads: i32,
         n_kv: i32, head_dim: i32, block_size: i32, scale: f32, window: i32, softcap: f32,
     }
-    /// `attn_combine_<dt>`: merges split-K partials into the rows listed in `splits`.
+    /// `attn_combine_<dt>`: merges split-K partials into the rows listed in `splits`; with `xq`
+    /// (non-null) also writes them as 8-bit rows of `rows` rows (`quantize_x`'s layout).
     AttnCombineArgs (Kernel::AttnCombine) {
-        part_acc: ptr, part_ml: ptr, splits: ptr, out: ptr, n_heads: i32, hd: i32,
+        part_acc: ptr, part_ml: ptr, splits: ptr, out: ptr, n_heads: i32, hd: i32, xq: ptr,
+        rows: i32,
     }
     /// `gemv_<dt>_m<rows>`: `y = x @ w^T (+ bias)`, `k` inputs, `n` outputs.
     GemvArgs (Kernel::Gemv { .. }) { x: ptr, w: ptr, bias: ptr, y: ptr, k: i32, n: i32 }

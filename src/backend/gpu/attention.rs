@@ -4,6 +4,7 @@
 
 use super::args::{AttnArgs, AttnCombineArgs};
 use super::kernels::{AttnHead, Kernel};
+use super::matmul::QxRows;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
 use crate::backend::{AttnShape, BackendError};
@@ -84,6 +85,15 @@ impl<R: Runtime> GpuBackend<R> {
         };
         self.launch_with(kernel, grid, &args)?;
         if l.n_splits > 0 {
+            // Every row merged here (none written by the attention kernel itself), head
+            // blocks of whole warps: the merge also leaves the 8-bit rows of its output for
+            // the decode matmul after it (bf16; `qx_slot`), as the RMSNorms do.
+            let q_dim = shape.q_dim();
+            let xq = if l.n_splits == l.n_tokens && hd.is_multiple_of(32) && hd <= 256 {
+                self.qx_slot(l.n_tokens, q_dim)
+            } else {
+                None
+            };
             let grid = Grid {
                 blocks: (l.n_splits as u32, n_heads as u32, 1),
                 threads: COMBINE_THREADS,
@@ -95,8 +105,16 @@ impl<R: Runtime> GpuBackend<R> {
                 out: out.buf.ptr(),
                 n_heads: n_heads as i32,
                 hd: hd as i32,
+                xq: xq.unwrap_or(0),
+                rows: l.n_tokens as i32,
             };
             self.launch_with(Kernel::AttnCombine, grid, &args)?;
+            self.scratch.qx = xq.map(|at| QxRows {
+                x: out.buf.ptr(),
+                rows: l.n_tokens,
+                cols: q_dim,
+                at,
+            });
         }
         Ok(())
     }

@@ -19,6 +19,38 @@ use crate::backend::DType;
 pub struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Where [`Runtime::launch_dependent`] uses programmatic dependent launch.
+    pdl: Pdl,
+    /// Between a successful `begin_capture` and the next `end_capture`.
+    capturing: std::cell::Cell<bool>,
+}
+
+/// Where [`Runtime::launch_dependent`] uses programmatic dependent launch (sm_90+, a driver
+/// of CUDA 12.3+, whose graph capture keeps the programmatic edges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pdl {
+    /// Never (`KILN_PDL=0`, or the device or driver lacks it).
+    Off,
+    /// Launches that run at once (the default). Recorded graphs keep plain edges: on the
+    /// H100, programmatic edges made no measurable difference to a replayed 8B decode step
+    /// (3.16 ms either way), while eager steps gain 7% (3.55 to 3.31 ms).
+    Eager,
+    /// Also inside recorded graphs (`KILN_PDL=graphs`).
+    Always,
+}
+
+impl Pdl {
+    /// The mode for a device of compute capability `major` under driver `driver_version`.
+    fn new(major: i32, driver_version: i32) -> Pdl {
+        if major < 9 || driver_version < 12030 {
+            return Pdl::Off;
+        }
+        match std::env::var("KILN_PDL").as_deref() {
+            Ok("0" | "off") => Pdl::Off,
+            Ok("graphs") => Pdl::Always,
+            _ => Pdl::Eager,
+        }
+    }
 }
 
 fn failed(e: DriverError) -> RtError {
@@ -109,7 +141,13 @@ impl Runtime for Cuda {
             warp_size,
             driver_version,
         };
-        Ok((Cuda { ctx, stream }, info))
+        let cuda = Cuda {
+            ctx,
+            stream,
+            pdl: Pdl::new(major, driver_version),
+            capturing: std::cell::Cell::new(false),
+        };
+        Ok((cuda, info))
     }
 
     fn mem_info(&self) -> RtResult<(usize, usize)> {
@@ -158,6 +196,54 @@ impl Runtime for Cuda {
                 params,
             )
         }
+        .map_err(failed)
+    }
+
+    unsafe fn launch_dependent(
+        &self,
+        f: &CudaFunction,
+        grid: Grid,
+        smem: u32,
+        params: &mut [*mut c_void],
+    ) -> RtResult<()> {
+        let on = match self.pdl {
+            Pdl::Off => false,
+            Pdl::Eager => !self.capturing.get(),
+            Pdl::Always => true,
+        };
+        if !on {
+            // SAFETY: per this method's contract.
+            return unsafe { self.launch(f, grid, smem, params) };
+        }
+        self.ctx.bind_to_thread().map_err(failed)?;
+        // SAFETY: a zeroed attribute value is a valid union (plain integers); the field set
+        // is the one the id names.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.blocks.0,
+            gridDimY: grid.blocks.1,
+            gridDimZ: grid.blocks.2,
+            blockDimX: grid.threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: per this method's contract; `config` and `attr` live across the call, and
+        // the kernel waits for its predecessors before touching their buffers (the contract).
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
         .map_err(failed)
     }
 
@@ -316,10 +402,13 @@ impl Runtime for Cuda {
         // synchronizing while this one records.
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(failed)
+            .map_err(failed)?;
+        self.capturing.set(true);
+        Ok(())
     }
 
     fn end_capture(&self) -> RtResult<cudarc::driver::CudaGraph> {
+        self.capturing.set(false);
         self.stream
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .map_err(failed)?

@@ -175,6 +175,9 @@ impl<R: Runtime> Device<R> {
     }
 
     /// Launches `f` on the lane's stream; with `sync_check`, waits and reports errors as `op`'s.
+    /// `dependent`: `f` waits for its predecessors itself (`KILN_PDL_WAIT()` on every path
+    /// before it touches a buffer they use), so it may start early
+    /// ([`Runtime::launch_dependent`]).
     pub fn launch(
         &mut self,
         op: &'static str,
@@ -182,6 +185,7 @@ impl<R: Runtime> Device<R> {
         grid: Grid,
         smem: u32,
         args: &[Arg],
+        dependent: bool,
     ) -> Result<(), BackendError> {
         let (bx, by, bz) = grid.blocks;
         if bx == 0 || by == 0 || bz == 0 {
@@ -205,8 +209,16 @@ impl<R: Runtime> Device<R> {
         // SAFETY: `params` points at one live slot per kernel parameter, in order, with the
         // width the kernel declares (entry points and argument lists are kept in step in
         // this module's callers); every pointer argument addresses a live buffer of this
-        // backend that the launch's geometry stays inside.
-        unsafe { self.rt.launch(f, grid, smem, &mut params) }.map_err(dev_err(op))?;
+        // backend that the launch's geometry stays inside; a dependent kernel waits for its
+        // predecessors before it touches their buffers (the caller's `dependent`).
+        unsafe {
+            if dependent {
+                self.rt.launch_dependent(f, grid, smem, &mut params)
+            } else {
+                self.rt.launch(f, grid, smem, &mut params)
+            }
+        }
+        .map_err(dev_err(op))?;
         self.timer.end(timed, &self.rt)?;
         if self.sync_check && !self.capturing {
             self.rt.sync().map_err(dev_err(op))?;

@@ -516,6 +516,31 @@ impl Kernel {
         }
     }
 
+    /// Whether the kernel executes `KILN_PDL_WAIT()` (prelude.cuh) on every path before it
+    /// reads or writes a buffer that a kernel before it may use, so it may be launched to
+    /// start while that kernel drains ([`super::runtime::Runtime::launch_dependent`]). Only
+    /// the kernels of the decode chain: the norms, the fused rope + cache write, decode
+    /// attention and its combine, the quantized streaming matmuls and `quantize_x`. Every
+    /// other kernel keeps the plain launch.
+    pub(super) fn waits_for_predecessor(self) -> bool {
+        matches!(
+            self,
+            Kernel::RmsNorm
+                | Kernel::AddRmsNorm
+                | Kernel::RmsNormVec
+                | Kernel::AddRmsNormVec
+                | Kernel::RopeKv
+                | Kernel::AttentionDecode { .. }
+                | Kernel::AttnCombine
+                | Kernel::Qgemv { .. }
+                | Kernel::QgemvSilu { .. }
+                | Kernel::QuantizeX
+                | Kernel::Qdot { .. }
+                | Kernel::QdotMix { .. }
+                | Kernel::QdotSilu { .. }
+        )
+    }
+
     pub(super) fn source(self) -> Source {
         match self {
             Kernel::Embed | Kernel::GatherRows => Source::Embed,

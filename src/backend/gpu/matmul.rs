@@ -7,8 +7,9 @@
 //! a Q6_K v) on activations quantized to 8-bit blocks of 32 in the dequant scratch, their
 //! quants multiplied with dp4a (llama.cpp's MMVQ scheme: an activation error of about 0.5%
 //! against exact products, under bf16's tolerance). The RMSNorm before qkv and gate/up
-//! writes its output quantized as well ([`QxRows`]); `quantize_x` runs only for the other
-//! inputs (the attention output before o_proj, the SiLU output before down). f32 keeps
+//! writes its output quantized as well ([`QxRows`]), and so does decode attention's split-K
+//! merge (the input of o_proj, when every row is merged); `quantize_x` runs only for the
+//! other inputs (the SiLU output before down, an attention output written unmerged). f32 keeps
 //! exact float products in registers (`qgemv`, one launch per part, each writing its
 //! columns). Batches of up
 //! to [`QMMA_MAX_ROWS`] rows (bf16) run the tiled kernel of `kernels/qmma.cu` (weight tiles

@@ -276,7 +276,8 @@ impl<R: Runtime> GpuBackend<R> {
     fn launch(&mut self, k: Kernel, grid: Grid, args: &[Arg]) -> Result<(), BackendError> {
         self.scratch.qx = None;
         let f = self.kernels.get(&self.dev.rt, k)?;
-        self.dev.launch(k.op(), f, grid, 0, args)
+        self.dev
+            .launch(k.op(), f, grid, 0, args, k.waits_for_predecessor())
     }
 
     /// Launches `k` with its typed arguments; a kernel of another signature is refused.

@@ -115,6 +115,25 @@ pub trait Runtime: Sized + 'static {
         params: &mut [*mut c_void],
     ) -> RtResult<()>;
 
+    /// [`Runtime::launch`] for a kernel that executes `KILN_PDL_WAIT()` (prelude.cuh) before
+    /// it reads or writes anything its predecessors on the stream read or write: where the
+    /// runtime supports it (CUDA on sm_90+; `KILN_PDL` says where: not inside recorded
+    /// graphs unless `=graphs`, never with `=0`), the kernel may start while its predecessor
+    /// drains and waits in the wait; elsewhere (and by default) a plain launch.
+    ///
+    /// # Safety
+    /// As [`Runtime::launch`], and `f` waits as above on every path, early exits included.
+    unsafe fn launch_dependent(
+        &self,
+        f: &Self::Func,
+        grid: Grid,
+        smem: u32,
+        params: &mut [*mut c_void],
+    ) -> RtResult<()> {
+        // SAFETY: per this method's contract.
+        unsafe { self.launch(f, grid, smem, params) }
+    }
+
     /// Waits for all queued work.
     fn sync(&self) -> RtResult<()>;
 
