@@ -136,19 +136,8 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
     // The group's C columns; a column past the last computes the last one (the group's
     // shuffles stay whole) and is not stored.
     const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) / lanes * C;
-    int xr[MS];
-    int nv = 0;
-#pragma unroll
-    for (int i = 0; i < MS; ++i) {
-        const int p = tile * MOE_TILE + i;
-        const int a = sorted[p];
-        if (a >= 0) nv = i + 1;
-        // gate/up read the token's row of x; down reads the slot's own activation row.
-        xr[i] = a < 0 ? 0 : (GATE_UP ? a / k : p);
-    }
-    const QxScale* ds = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)xrows * in_len));
+    const QxScale* ds0 = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)xrows * in_len));
     const int nb = in_len / 32;
-    const u8* xbase = xq;
     typename Q::Row r0[C], r1[C];
 #pragma unroll
     for (int cc = 0; cc < C; ++cc) {
@@ -156,11 +145,6 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
         r0[cc] = Q::row(w0, n_rows, in_len, j);
         r1[cc] = Q::row(GATE_UP ? w1 : w0, n_rows, in_len, j);
     }
-    float a0[C][MS], a1[C][MS];
-#pragma unroll
-    for (int cc = 0; cc < C; ++cc)
-#pragma unroll
-        for (int i = 0; i < MS; ++i) a0[cc][i] = a1[cc][i] = 0.f;
     const int nu = in_len / Q::UNIT;
     typename Q::Raw raw0[U][C], raw1[U][C];
     auto fetch = [&](int u0) {
@@ -175,75 +159,101 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
                 }
         }
     };
-    fetch(sub);
-    if constexpr (SELF) {
-        // The slot's row quantized by the block while the first units load; every slot then
-        // reads row 0 of the shared copy.
-        __shared__ __align__(16) u8 sq[MOE8_SELF_MAX];
-        __shared__ QxScale sds[MOE8_SELF_MAX / 32];
-        if (nv > 0)
-            for (int c = threadIdx.x; c < nb; c += blockDim.x)
-                sds[c] = moe_qx32(act + (size_t)(tile * MOE_TILE) * in_len + 32 * c, sq + 32 * c);
-        __syncthreads();
-        xbase = sq;
-        ds = sds;
-        xr[0] = 0;
-    }
-    for (int u0 = sub; u0 < nu; u0 += U * lanes) {
-        if (u0 != sub) fetch(u0);
-#pragma unroll
-        for (int t = 0; t < U; ++t) {
-            const int u = u0 + t * lanes;
-            if (u >= nu) continue;
-#pragma unroll
-            for (int run = 0; run < Q::RUNS; ++run) {
-                u32 q0[C][4], q1[C][4];
-                float s0[C], m0[C], s1[C], m1[C];
-#pragma unroll
-                for (int cc = 0; cc < C; ++cc) {
-                    Q::run8(raw0[t][cc], u, run, q0[cc], s0[cc], m0[cc]);
-                    if (GATE_UP) Q::run8(raw1[t][cc], u, run, q1[cc], s1[cc], m1[cc]);
-                }
-                const int off = Q::xoff(u, run);
-#pragma unroll
-                for (int i = 0; i < MS; ++i) {
-                    if (i >= nv) continue;
-                    const vec4u xv = *reinterpret_cast<const vec4u*>(xbase + (size_t)xr[i] * in_len + off);
-                    const QxScale dx = ds[(size_t)xr[i] * nb + off / 32];
-#pragma unroll
+    // The tile's slots in groups of MS (real slots are a prefix: a group without one ends
+    // the tile). Buckets 1 and 8 take one group; bucket 4 up to two, the second decoding the
+    // weight units again (from L2).
+    constexpr int GROUPS = MS == 4 ? MOE_TILE / MS : 1;
+#pragma unroll 1
+    for (int grp = 0; grp < GROUPS; ++grp) {
+        const int p0 = tile * MOE_TILE + grp * MS;  // the group's first slot
+        int xr[MS];
+        int nv = 0;
+    #pragma unroll
+        for (int i = 0; i < MS; ++i) {
+            const int p = p0 + i;
+            const int a = sorted[p];
+            if (a >= 0) nv = i + 1;
+            // gate/up read the token's row of x; down reads the slot's own activation row.
+            xr[i] = a < 0 ? 0 : (GATE_UP ? a / k : p);
+        }
+        if (nv == 0) break;
+        const QxScale* ds = ds0;
+        const u8* xbase = xq;
+        float a0[C][MS], a1[C][MS];
+    #pragma unroll
+        for (int cc = 0; cc < C; ++cc)
+    #pragma unroll
+            for (int i = 0; i < MS; ++i) a0[cc][i] = a1[cc][i] = 0.f;
+        fetch(sub);
+        if constexpr (SELF) {
+            // The slot's row quantized by the block while the first units load; every slot then
+            // reads row 0 of the shared copy.
+            __shared__ __align__(16) u8 sq[MOE8_SELF_MAX];
+            __shared__ QxScale sds[MOE8_SELF_MAX / 32];
+            if (nv > 0)
+                for (int c = threadIdx.x; c < nb; c += blockDim.x)
+                    sds[c] = moe_qx32(act + (size_t)p0 * in_len + 32 * c, sq + 32 * c);
+            __syncthreads();
+            xbase = sq;
+            ds = sds;
+            xr[0] = 0;
+        }
+        for (int u0 = sub; u0 < nu; u0 += U * lanes) {
+            if (u0 != sub) fetch(u0);
+    #pragma unroll
+            for (int t = 0; t < U; ++t) {
+                const int u = u0 + t * lanes;
+                if (u >= nu) continue;
+    #pragma unroll
+                for (int run = 0; run < Q::RUNS; ++run) {
+                    u32 q0[C][4], q1[C][4];
+                    float s0[C], m0[C], s1[C], m1[C];
+    #pragma unroll
                     for (int cc = 0; cc < C; ++cc) {
-                        int si = dp4a(q0[cc][0], xv.x, 0);
-                        si = dp4a(q0[cc][1], xv.y, si);
-                        si = dp4a(q0[cc][2], xv.z, si);
-                        si = dp4a(q0[cc][3], xv.w, si);
-                        a0[cc][i] = fmaf(s0[cc] * dx.d, (float)si, a0[cc][i]);
-                        if (Q::XSUM) a0[cc][i] = fmaf(m0[cc], dx.s, a0[cc][i]);
-                        if (GATE_UP) {
-                            int sj = dp4a(q1[cc][0], xv.x, 0);
-                            sj = dp4a(q1[cc][1], xv.y, sj);
-                            sj = dp4a(q1[cc][2], xv.z, sj);
-                            sj = dp4a(q1[cc][3], xv.w, sj);
-                            a1[cc][i] = fmaf(s1[cc] * dx.d, (float)sj, a1[cc][i]);
-                            if (Q::XSUM) a1[cc][i] = fmaf(m1[cc], dx.s, a1[cc][i]);
+                        Q::run8(raw0[t][cc], u, run, q0[cc], s0[cc], m0[cc]);
+                        if (GATE_UP) Q::run8(raw1[t][cc], u, run, q1[cc], s1[cc], m1[cc]);
+                    }
+                    const int off = Q::xoff(u, run);
+    #pragma unroll
+                    for (int i = 0; i < MS; ++i) {
+                        if (i >= nv) continue;
+                        const vec4u xv = *reinterpret_cast<const vec4u*>(xbase + (size_t)xr[i] * in_len + off);
+                        const QxScale dx = ds[(size_t)xr[i] * nb + off / 32];
+    #pragma unroll
+                        for (int cc = 0; cc < C; ++cc) {
+                            int si = dp4a(q0[cc][0], xv.x, 0);
+                            si = dp4a(q0[cc][1], xv.y, si);
+                            si = dp4a(q0[cc][2], xv.z, si);
+                            si = dp4a(q0[cc][3], xv.w, si);
+                            a0[cc][i] = fmaf(s0[cc] * dx.d, (float)si, a0[cc][i]);
+                            if (Q::XSUM) a0[cc][i] = fmaf(m0[cc], dx.s, a0[cc][i]);
+                            if (GATE_UP) {
+                                int sj = dp4a(q1[cc][0], xv.x, 0);
+                                sj = dp4a(q1[cc][1], xv.y, sj);
+                                sj = dp4a(q1[cc][2], xv.z, sj);
+                                sj = dp4a(q1[cc][3], xv.w, sj);
+                                a1[cc][i] = fmaf(s1[cc] * dx.d, (float)sj, a1[cc][i]);
+                                if (Q::XSUM) a1[cc][i] = fmaf(m1[cc], dx.s, a1[cc][i]);
+                            }
                         }
                     }
                 }
             }
         }
-    }
-#pragma unroll
-    for (int i = 0; i < MS; ++i) {
-        if (i >= nv) continue;
-#pragma unroll
-        for (int cc = 0; cc < C; ++cc) {
-            float g = a0[cc][i], v = a1[cc][i];
-            for (int o = lanes / 2; o > 0; o >>= 1) {
-                g += shfl_xor(g, o);
-                if (GATE_UP) v += shfl_xor(v, o);
+    #pragma unroll
+        for (int i = 0; i < MS; ++i) {
+            if (i >= nv) continue;
+    #pragma unroll
+            for (int cc = 0; cc < C; ++cc) {
+                float g = a0[cc][i], v = a1[cc][i];
+                for (int o = lanes / 2; o > 0; o >>= 1) {
+                    g += shfl_xor(g, o);
+                    if (GATE_UP) v += shfl_xor(v, o);
+                }
+                if (sub == 0 && c0 + cc < out_len)
+                    out[(size_t)(p0 + i) * out_len + c0 + cc] =
+                        from_f<bf16>(GATE_UP ? g / (1.0f + __expf(-g)) * v : g);
             }
-            if (sub == 0 && c0 + cc < out_len)
-                out[(size_t)(tile * MOE_TILE + i) * out_len + c0 + cc] =
-                    from_f<bf16>(GATE_UP ? g / (1.0f + __expf(-g)) * v : g);
         }
     }
 }
@@ -281,8 +291,8 @@ constexpr int MOE8_GU_C = 1, MOE8_GU_U = 2, MOE8_DOWN_C = 4, MOE8_DOWN_U = 1;
                                                                     tile_expert, 1, f, h, n_rows,   \
                                                                     lanes, y, act);                 \
     }
-// One real slot a tile (one row: decode batch 1) or up to all of them.
-#define KILN_MOE8(QN, Q) KILN_MOE8_S(QN, Q, 1) KILN_MOE8_S(QN, Q, 8) KILN_MOE8_SELF(QN, Q)
+// One real slot a tile (one row: decode batch 1), groups of 4 (up to two passes) or 8.
+#define KILN_MOE8(QN, Q) KILN_MOE8_S(QN, Q, 1) KILN_MOE8_S(QN, Q, 4) KILN_MOE8_S(QN, Q, 8) KILN_MOE8_SELF(QN, Q)
 KILN_MOE8(q80, Q8_0)
 KILN_MOE8(q40, Q4_0)
 KILN_MOE8(q4k, Q4_K)

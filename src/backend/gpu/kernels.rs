@@ -294,7 +294,7 @@ pub enum Kernel {
         slots: u32,
     },
     /// [`Kernel::MoeQDown`] by dp4a on 8-bit activations (bf16 only). `slots` (of
-    /// [`MOE8_SLOTS`], both kernels): the most real slots a tile of the step can hold.
+    /// [`MOE8_SLOTS`], both kernels): the real slots of a tile one pass takes.
     MoeQ8Down {
         q: QType,
         slots: u32,
@@ -376,8 +376,9 @@ pub const QMMA_ROWS: [u32; 3] = [16, 32, 64];
 pub const QGEMV_ROWS: [u32; 4] = [1, 2, 4, 8];
 
 /// Slot buckets of the MoE dp4a tiles (`kernels/moe_quant.cu`, `moe8_*_s<slots>`): one real
-/// slot a tile (a one-row step) or up to the whole tile of 8.
-pub const MOE8_SLOTS: [u32; 2] = [1, 8];
+/// slot a tile (a one-row step), groups of 4 slots (a second pass over the weights for a
+/// tile with more), or the whole tile of 8.
+pub const MOE8_SLOTS: [u32; 3] = [1, 4, 8];
 
 /// The types of [`Kernel::QdotMix`]'s first parts (its last part is Q6_K).
 pub const QDOT_MIX_TYPES: [QType; 2] = [QType::Q4K, QType::Q5K];
