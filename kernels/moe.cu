@@ -2,6 +2,9 @@
 // the step's rows, so a step records into a graph (no host round trip inside).
 //   moe_route:   per row, softmax over the router logits, the top k (ties -> lowest
 //                index), weights renormalised over the k when `norm`; one warp per row
+//   moe_prep:    small decode steps (the host: up to 8 rows, at most MOE_PREP_MAX
+//                assignments): moe_route, moe_align and, with `xq`, quantize_x of the n rows
+//                of x (bf16), in one block and one launch
 //   moe_align:   one block: the assignments (t * k + j) sorted by expert (in assignment
 //                order within an expert), each expert's
 //                run padded to a multiple of MOE_TILE; `sorted[p]` = assignment or -1,
@@ -17,22 +20,21 @@
 //   sorted:  | e0 a a a - | e1 a - - - | e3 a a a a | a - - - |  - = -1 padding
 //              tile 0        tile 1       tile 2      tile 3     (MOE_TILE = 4 here)
 
-constexpr int MOE_TILE = 8;
 constexpr int MOE_MAX_EXPERTS = 512;
 constexpr int MOE_MAX_K = 32;
 
 // Experts per lane of moe_route's warp (lane l holds experts l, l + WARP, ...).
 constexpr int MOE_PER_LANE = MOE_MAX_EXPERTS / WARP;
 
-// One warp per row (grid-stride over rows): the lanes hold the row's logits, softmax by
-// warp reductions, then k rounds of a warp-wide arg-max over the experts not yet taken
-// (larger value first, then the lower index: the lowest index wins a tie).
+// One warp per row (warp w of `warps` takes rows w, w + warps, ...): the lanes hold the
+// row's logits, softmax by warp reductions, then k rounds of a warp-wide arg-max over the
+// experts not yet taken (larger value first, then the lower index: the lowest index wins a
+// tie). `ids` may be shared memory (moe_prep).
 template <typename T>
-__device__ void moe_route_impl(const T* __restrict__ logits, int n, int ne, int k, int norm,
-                               int* __restrict__ ids, float* __restrict__ wts) {
+__device__ __forceinline__ void moe_route_rows(const T* __restrict__ logits, int n, int ne, int k, int norm,
+                                               int* ids, float* __restrict__ wts, int w, int warps) {
     const int lane = threadIdx.x % WARP;
-    const int warps = gridDim.x * (blockDim.x / WARP);
-    for (int t = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP; t < n; t += warps) {
+    for (int t = w; t < n; t += warps) {
         const T* l = logits + (size_t)t * ne;
         float v[MOE_PER_LANE];
         float mx = -KILN_INF;
@@ -90,10 +92,11 @@ constexpr int MOE_ALIGN_THREADS = 1024;
 
 // Counts per expert (shared atomics), a block-wide prefix sum of the padded counts, then a
 // warp per expert places its assignments in order: a lane-wide prefix sum of
-// `ids[a] == e` over each WARP assignments gives every match its slot.
-extern "C" __global__ void __launch_bounds__(MOE_ALIGN_THREADS)
-    moe_align(const int* __restrict__ ids, int total, int ne, int* __restrict__ sorted,
-              int* __restrict__ tile_expert, int* __restrict__ inv, int max_tiles, int* __restrict__ estart) {
+// `ids[a] == e` over each WARP assignments gives every match its slot. `ids` may be shared
+// memory (moe_prep).
+__device__ __forceinline__ void moe_align_block(const int* ids, int total, int ne, int* __restrict__ sorted,
+                                                int* __restrict__ tile_expert, int* __restrict__ inv,
+                                                int max_tiles, int* __restrict__ estart) {
     __shared__ int cnt[MOE_MAX_EXPERTS];
     __shared__ int start[MOE_MAX_EXPERTS + 1];
     const int tid = threadIdx.x, nt = blockDim.x;
@@ -137,6 +140,41 @@ extern "C" __global__ void __launch_bounds__(MOE_ALIGN_THREADS)
         for (int i = start[e] / MOE_TILE + lane; i < start[e + 1] / MOE_TILE; i += WARP) tile_expert[i] = e;
     }
     for (int i = start[ne] / MOE_TILE + tid; i < max_tiles; i += nt) tile_expert[i] = -1;
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_ALIGN_THREADS)
+    moe_align(const int* __restrict__ ids, int total, int ne, int* __restrict__ sorted,
+              int* __restrict__ tile_expert, int* __restrict__ inv, int max_tiles, int* __restrict__ estart) {
+    moe_align_block(ids, total, ne, sorted, tile_expert, inv, max_tiles, estart);
+}
+
+// Most assignments (rows * k) moe_prep takes: its ids stay in shared memory (MOE_PREP_MAX
+// in src/backend/gpu/moe.rs).
+constexpr int MOE_PREP_MAX = 512;
+
+// moe_prep's quantize_x: the n rows of x, a thread per block of 32 (bf16 only; the host
+// passes no xq in f32).
+__device__ __forceinline__ void moe_prep_qx(const float*, int, int, u8*) {}
+#if !defined(KILN_DTYPE_F32)
+__device__ __forceinline__ void moe_prep_qx(const bf16* __restrict__ x, int n, int h, u8* __restrict__ xq) {
+    if (xq == nullptr) return;
+    const int blocks = n * (h / 32);
+    QxScale* ds = reinterpret_cast<QxScale*>(xq + plane_align((size_t)n * h));
+    for (int c = threadIdx.x; c < blocks; c += blockDim.x) ds[c] = moe_qx32(x + 32 * (size_t)c, xq + 32 * (size_t)c);
+}
+#endif
+
+// Decode steps: route (a warp per row), quantize x, then align the assignments held in
+// shared memory, in one block of MOE_ALIGN_THREADS: one launch instead of three.
+template <typename T>
+__device__ void moe_prep_impl(const T* __restrict__ logits, const T* __restrict__ x, int n, int ne, int k, int norm,
+                              int h, float* __restrict__ wts, int* __restrict__ sorted, int* __restrict__ tile_expert,
+                              int* __restrict__ inv, int max_tiles, int* __restrict__ estart, u8* __restrict__ xq) {
+    __shared__ int ids[MOE_PREP_MAX];
+    moe_route_rows<T>(logits, n, ne, k, norm, ids, wts, threadIdx.x / WARP, blockDim.x / WARP);
+    moe_prep_qx(x, n, h, xq);
+    __syncthreads();
+    moe_align_block(ids, n * k, ne, sorted, tile_expert, inv, max_tiles, estart);
 }
 
 // One block per (tile, group of output columns); each warp takes columns in turn and
@@ -218,7 +256,15 @@ __device__ void moe_shared_add_impl(const T* __restrict__ x, const T* __restrict
 #define KILN_MOE(N, T)                                                                              \
     extern "C" __global__ void moe_route_##N(const T* logits, int n, int ne, int k, int norm,       \
                                              int* ids, float* wts) {                                \
-        moe_route_impl<T>(logits, n, ne, k, norm, ids, wts);                                        \
+        moe_route_rows<T>(logits, n, ne, k, norm, ids, wts,                                         \
+                          blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP,                    \
+                          gridDim.x * (blockDim.x / WARP));                                         \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(MOE_ALIGN_THREADS)                                 \
+        moe_prep_##N(const T* logits, const T* x, int n, int ne, int k, int norm, int h, float* wts, \
+                     int* sorted, int* tile_expert, int* inv, int max_tiles, int* estart, u8* xq) { \
+        moe_prep_impl<T>(logits, x, n, ne, k, norm, h, wts, sorted, tile_expert, inv, max_tiles,    \
+                         estart, xq);                                                               \
     }                                                                                               \
     extern "C" __global__ void moe_gate_up_##N(const T* x, const T* wg, const T* wu,                \
                                                const int* sorted, const int* tile_expert, int k,    \

@@ -8,8 +8,6 @@
 //   moe_gate_up_<q>: act[p] = silu(Wg_e x_t) * (Wu_e x_t)   (gate and up of one type)
 //   moe_down_<q>:    y[p] = Wd_e act[p]
 
-constexpr int MOEQ_TILE = 8;  // MOE_TILE of moe.cu (the host sizes both alike)
-
 // 16 elements of row `xr` at `off`, as floats (16-byte loads: `off` and rows 16-aligned).
 template <typename T>
 __device__ __forceinline__ void moeq_x16(const T* __restrict__ xr, int off, float* xf) {
@@ -20,7 +18,7 @@ __device__ __forceinline__ void moeq_x16(const T* __restrict__ xr, int off, floa
 }
 
 // One block per (tile, group of output columns); each warp takes columns in turn, its lanes
-// the units of the column's row, and reduces the MOEQ_TILE dot products over the lanes.
+// the units of the column's row, and reduces the MOE_TILE dot products over the lanes.
 template <typename Q, typename T, bool GATE_UP>
 __device__ void moeq_tile_impl(const T* __restrict__ in, const u8* __restrict__ w0, const u8* __restrict__ w1,
                                const int* __restrict__ sorted, const int* __restrict__ tile_expert, int k,
@@ -29,10 +27,10 @@ __device__ void moeq_tile_impl(const T* __restrict__ in, const u8* __restrict__ 
     const int e = tile_expert[tile];
     if (e < 0) return;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    const T* rows[MOEQ_TILE];
-    int slot[MOEQ_TILE];
-    for (int i = 0; i < MOEQ_TILE; ++i) {
-        const int p = tile * MOEQ_TILE + i;
+    const T* rows[MOE_TILE];
+    int slot[MOE_TILE];
+    for (int i = 0; i < MOE_TILE; ++i) {
+        const int p = tile * MOE_TILE + i;
         const int a = sorted[p];
         slot[i] = a < 0 ? -1 : p;
         // gate/up read the token's row of x; down reads the slot's own activation row.
@@ -45,8 +43,8 @@ __device__ void moeq_tile_impl(const T* __restrict__ in, const u8* __restrict__ 
         const int j = e * out_len + c;
         const typename Q::Row r0 = Q::row(w0, n_rows, in_len, j);
         const typename Q::Row r1 = GATE_UP ? Q::row(w1, n_rows, in_len, j) : r0;
-        float a0[MOEQ_TILE], a1[MOEQ_TILE];
-        for (int i = 0; i < MOEQ_TILE; ++i) a0[i] = a1[i] = 0.f;
+        float a0[MOE_TILE], a1[MOE_TILE];
+        for (int i = 0; i < MOE_TILE; ++i) a0[i] = a1[i] = 0.f;
         for (int u = lane; u < nu; u += WARP) {
             const typename Q::Raw raw0 = Q::load(r0, u);
             const typename Q::Raw raw1 = GATE_UP ? Q::load(r1, u) : raw0;
@@ -56,7 +54,7 @@ __device__ void moeq_tile_impl(const T* __restrict__ in, const u8* __restrict__ 
                 Q::run(raw0, u, run, q0, s0, d0);
                 if (GATE_UP) Q::run(raw1, u, run, q1, s1, d1);
                 const int off = Q::xoff(u, run);
-                for (int i = 0; i < MOEQ_TILE; ++i) {
+                for (int i = 0; i < MOE_TILE; ++i) {
                     if (!rows[i]) continue;
                     float xf[16];
                     moeq_x16<T>(rows[i], off, xf);
@@ -73,7 +71,7 @@ __device__ void moeq_tile_impl(const T* __restrict__ in, const u8* __restrict__ 
                 }
             }
         }
-        for (int i = 0; i < MOEQ_TILE; ++i) {
+        for (int i = 0; i < MOE_TILE; ++i) {
             const float s0 = warp_sum(a0[i]);
             const float s1 = GATE_UP ? warp_sum(a1[i]) : 0.f;
             if (lane == 0 && slot[i] >= 0) {
@@ -118,12 +116,19 @@ KILN_FOR_DTYPES(KILN_MOEQ)
 // computed.
 
 // MS: the most real slots a tile of this step can hold (an expert takes a token at most once:
-// min(rows, MOEQ_TILE)); slots from MS on are padding.
-template <typename Q, bool GATE_UP, int C, int U, int MS>
+// min(rows, MOE_TILE)); slots from MS on are padding.
+// SELF (down at one slot a tile): the block quantizes its slot's row of `act` (bf16, at most
+// MOE8_SELF_MAX values) into shared memory itself, after its first weight units are in
+// flight, instead of reading a quantize_x launch's rows at xq.
+constexpr int MOE8_SELF_MAX = 4096;  // MOE8_SELF_MAX in src/backend/gpu/moe.rs
+
+template <typename Q, bool GATE_UP, int C, int U, int MS, bool SELF = false>
 __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xrows, const u8* __restrict__ w0,
                                                const u8* __restrict__ w1, const int* __restrict__ sorted,
                                                const int* __restrict__ tile_expert, int k, int in_len,
-                                               int out_len, int n_rows, int lanes, bf16* __restrict__ out) {
+                                               int out_len, int n_rows, int lanes, bf16* __restrict__ out,
+                                               const bf16* __restrict__ act = nullptr) {
+    static_assert(!SELF || (MS == 1 && !GATE_UP), "in-block quantization: down, one slot a tile");
     const int tile = blockIdx.x;
     const int e = tile_expert[tile];
     if (e < 0) return;
@@ -131,17 +136,7 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
     // The group's C columns; a column past the last computes the last one (the group's
     // shuffles stay whole) and is not stored.
     const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) / lanes * C;
-    int xr[MS];
-    int nv = 0;
-#pragma unroll
-    for (int i = 0; i < MS; ++i) {
-        const int p = tile * MOEQ_TILE + i;
-        const int a = sorted[p];
-        if (a >= 0) nv = i + 1;
-        // gate/up read the token's row of x; down reads the slot's own activation row.
-        xr[i] = a < 0 ? 0 : (GATE_UP ? a / k : p);
-    }
-    const QxScale* ds = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)xrows * in_len));
+    const QxScale* ds0 = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)xrows * in_len));
     const int nb = in_len / 32;
     typename Q::Row r0[C], r1[C];
 #pragma unroll
@@ -150,14 +145,9 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
         r0[cc] = Q::row(w0, n_rows, in_len, j);
         r1[cc] = Q::row(GATE_UP ? w1 : w0, n_rows, in_len, j);
     }
-    float a0[C][MS], a1[C][MS];
-#pragma unroll
-    for (int cc = 0; cc < C; ++cc)
-#pragma unroll
-        for (int i = 0; i < MS; ++i) a0[cc][i] = a1[cc][i] = 0.f;
     const int nu = in_len / Q::UNIT;
-    for (int u0 = sub; u0 < nu; u0 += U * lanes) {
-        typename Q::Raw raw0[U][C], raw1[U][C];
+    typename Q::Raw raw0[U][C], raw1[U][C];
+    auto fetch = [&](int u0) {
 #pragma unroll
         for (int t = 0; t < U; ++t) {
             const int u = u0 + t * lanes;
@@ -168,59 +158,102 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
                     if (GATE_UP) raw1[t][cc] = Q::load(r1[cc], u);
                 }
         }
-#pragma unroll
-        for (int t = 0; t < U; ++t) {
-            const int u = u0 + t * lanes;
-            if (u >= nu) continue;
-#pragma unroll
-            for (int run = 0; run < Q::RUNS; ++run) {
-                u32 q0[C][4], q1[C][4];
-                float s0[C], m0[C], s1[C], m1[C];
-#pragma unroll
-                for (int cc = 0; cc < C; ++cc) {
-                    Q::run8(raw0[t][cc], u, run, q0[cc], s0[cc], m0[cc]);
-                    if (GATE_UP) Q::run8(raw1[t][cc], u, run, q1[cc], s1[cc], m1[cc]);
-                }
-                const int off = Q::xoff(u, run);
-#pragma unroll
-                for (int i = 0; i < MS; ++i) {
-                    if (i >= nv) continue;
-                    const vec4u xv = *reinterpret_cast<const vec4u*>(xq + (size_t)xr[i] * in_len + off);
-                    const QxScale dx = ds[(size_t)xr[i] * nb + off / 32];
-#pragma unroll
+    };
+    // The tile's slots in groups of MS (real slots are a prefix: a group without one ends
+    // the tile). Buckets 1 and 8 take one group; bucket 4 up to two, the second decoding the
+    // weight units again (from L2).
+    constexpr int GROUPS = MS == 4 ? MOE_TILE / MS : 1;
+#pragma unroll 1
+    for (int grp = 0; grp < GROUPS; ++grp) {
+        const int p0 = tile * MOE_TILE + grp * MS;  // the group's first slot
+        int xr[MS];
+        int nv = 0;
+    #pragma unroll
+        for (int i = 0; i < MS; ++i) {
+            const int p = p0 + i;
+            const int a = sorted[p];
+            if (a >= 0) nv = i + 1;
+            // gate/up read the token's row of x; down reads the slot's own activation row.
+            xr[i] = a < 0 ? 0 : (GATE_UP ? a / k : p);
+        }
+        if (nv == 0) break;
+        const QxScale* ds = ds0;
+        const u8* xbase = xq;
+        float a0[C][MS], a1[C][MS];
+    #pragma unroll
+        for (int cc = 0; cc < C; ++cc)
+    #pragma unroll
+            for (int i = 0; i < MS; ++i) a0[cc][i] = a1[cc][i] = 0.f;
+        fetch(sub);
+        if constexpr (SELF) {
+            // The slot's row quantized by the block while the first units load; every slot then
+            // reads row 0 of the shared copy.
+            __shared__ __align__(16) u8 sq[MOE8_SELF_MAX];
+            __shared__ QxScale sds[MOE8_SELF_MAX / 32];
+            if (nv > 0)
+                for (int c = threadIdx.x; c < nb; c += blockDim.x)
+                    sds[c] = moe_qx32(act + (size_t)p0 * in_len + 32 * c, sq + 32 * c);
+            __syncthreads();
+            xbase = sq;
+            ds = sds;
+            xr[0] = 0;
+        }
+        for (int u0 = sub; u0 < nu; u0 += U * lanes) {
+            if (u0 != sub) fetch(u0);
+    #pragma unroll
+            for (int t = 0; t < U; ++t) {
+                const int u = u0 + t * lanes;
+                if (u >= nu) continue;
+    #pragma unroll
+                for (int run = 0; run < Q::RUNS; ++run) {
+                    u32 q0[C][4], q1[C][4];
+                    float s0[C], m0[C], s1[C], m1[C];
+    #pragma unroll
                     for (int cc = 0; cc < C; ++cc) {
-                        int si = dp4a(q0[cc][0], xv.x, 0);
-                        si = dp4a(q0[cc][1], xv.y, si);
-                        si = dp4a(q0[cc][2], xv.z, si);
-                        si = dp4a(q0[cc][3], xv.w, si);
-                        a0[cc][i] = fmaf(s0[cc] * dx.d, (float)si, a0[cc][i]);
-                        if (Q::XSUM) a0[cc][i] = fmaf(m0[cc], dx.s, a0[cc][i]);
-                        if (GATE_UP) {
-                            int sj = dp4a(q1[cc][0], xv.x, 0);
-                            sj = dp4a(q1[cc][1], xv.y, sj);
-                            sj = dp4a(q1[cc][2], xv.z, sj);
-                            sj = dp4a(q1[cc][3], xv.w, sj);
-                            a1[cc][i] = fmaf(s1[cc] * dx.d, (float)sj, a1[cc][i]);
-                            if (Q::XSUM) a1[cc][i] = fmaf(m1[cc], dx.s, a1[cc][i]);
+                        Q::run8(raw0[t][cc], u, run, q0[cc], s0[cc], m0[cc]);
+                        if (GATE_UP) Q::run8(raw1[t][cc], u, run, q1[cc], s1[cc], m1[cc]);
+                    }
+                    const int off = Q::xoff(u, run);
+    #pragma unroll
+                    for (int i = 0; i < MS; ++i) {
+                        if (i >= nv) continue;
+                        const vec4u xv = *reinterpret_cast<const vec4u*>(xbase + (size_t)xr[i] * in_len + off);
+                        const QxScale dx = ds[(size_t)xr[i] * nb + off / 32];
+    #pragma unroll
+                        for (int cc = 0; cc < C; ++cc) {
+                            int si = dp4a(q0[cc][0], xv.x, 0);
+                            si = dp4a(q0[cc][1], xv.y, si);
+                            si = dp4a(q0[cc][2], xv.z, si);
+                            si = dp4a(q0[cc][3], xv.w, si);
+                            a0[cc][i] = fmaf(s0[cc] * dx.d, (float)si, a0[cc][i]);
+                            if (Q::XSUM) a0[cc][i] = fmaf(m0[cc], dx.s, a0[cc][i]);
+                            if (GATE_UP) {
+                                int sj = dp4a(q1[cc][0], xv.x, 0);
+                                sj = dp4a(q1[cc][1], xv.y, sj);
+                                sj = dp4a(q1[cc][2], xv.z, sj);
+                                sj = dp4a(q1[cc][3], xv.w, sj);
+                                a1[cc][i] = fmaf(s1[cc] * dx.d, (float)sj, a1[cc][i]);
+                                if (Q::XSUM) a1[cc][i] = fmaf(m1[cc], dx.s, a1[cc][i]);
+                            }
                         }
                     }
                 }
             }
         }
-    }
-#pragma unroll
-    for (int i = 0; i < MS; ++i) {
-        if (i >= nv) continue;
-#pragma unroll
-        for (int cc = 0; cc < C; ++cc) {
-            float g = a0[cc][i], v = a1[cc][i];
-            for (int o = lanes / 2; o > 0; o >>= 1) {
-                g += shfl_xor(g, o);
-                if (GATE_UP) v += shfl_xor(v, o);
+    #pragma unroll
+        for (int i = 0; i < MS; ++i) {
+            if (i >= nv) continue;
+    #pragma unroll
+            for (int cc = 0; cc < C; ++cc) {
+                float g = a0[cc][i], v = a1[cc][i];
+                for (int o = lanes / 2; o > 0; o >>= 1) {
+                    g += shfl_xor(g, o);
+                    if (GATE_UP) v += shfl_xor(v, o);
+                }
+                if (sub == 0 && c0 + cc < out_len)
+                    out[(size_t)(p0 + i) * out_len + c0 + cc] =
+                        from_f<bf16>(GATE_UP ? g / (1.0f + __expf(-g)) * v : g);
             }
-            if (sub == 0 && c0 + cc < out_len)
-                out[(size_t)(tile * MOEQ_TILE + i) * out_len + c0 + cc] =
-                    from_f<bf16>(GATE_UP ? g / (1.0f + __expf(-g)) * v : g);
         }
     }
 }
@@ -248,8 +281,18 @@ constexpr int MOE8_GU_C = 1, MOE8_GU_U = 2, MOE8_DOWN_C = 4, MOE8_DOWN_U = 1;
         moe8_tile_impl<Q, false, MOE8_DOWN_C, MOE8_DOWN_U, MS>(xq, xrows, wd, nullptr, sorted,      \
                                                                tile_expert, 1, f, h, n_rows, lanes, y); \
     }
-// One real slot a tile (one row: decode batch 1) or up to all of them.
-#define KILN_MOE8(QN, Q) KILN_MOE8_S(QN, Q, 1) KILN_MOE8_S(QN, Q, 8)
+// Down at one slot a tile, the activations quantized in the block (no quantize_x launch).
+#define KILN_MOE8_SELF(QN, Q)                                                                       \
+    extern "C" __global__ void moe8_down_self_##QN##_bf16(const bf16* act, const u8* wd,           \
+                                                         const int* sorted, const int* tile_expert, \
+                                                         int f, int h, int n_rows, int lanes,       \
+                                                         bf16* y) {                                 \
+        moe8_tile_impl<Q, false, MOE8_DOWN_C, MOE8_DOWN_U, 1, true>(nullptr, 0, wd, nullptr, sorted, \
+                                                                    tile_expert, 1, f, h, n_rows,   \
+                                                                    lanes, y, act);                 \
+    }
+// One real slot a tile (one row: decode batch 1), groups of 4 (up to two passes) or 8.
+#define KILN_MOE8(QN, Q) KILN_MOE8_S(QN, Q, 1) KILN_MOE8_S(QN, Q, 4) KILN_MOE8_S(QN, Q, 8) KILN_MOE8_SELF(QN, Q)
 KILN_MOE8(q80, Q8_0)
 KILN_MOE8(q40, Q4_0)
 KILN_MOE8(q4k, Q4_K)
@@ -280,7 +323,7 @@ __device__ __forceinline__ void moemma_gate_up_impl(const bf16* __restrict__ x, 
                                                     int n_rows, bf16* __restrict__ act) {
     const int e = tile_expert[blockIdx.x];
     if (e < 0) return;
-    const int p0 = blockIdx.x * MOEQ_TILE, first = estart[e], end = estart[e + 1];
+    const int p0 = blockIdx.x * MOE_TILE, first = estart[e], end = estart[e + 1];
     if ((p0 - first) % MOEMMA_BM != 0) return;  // the whole block leaves, before any sync
     auto xrow = [&](int s) {
         const int p = p0 + s;
@@ -314,7 +357,7 @@ __device__ __forceinline__ void moemma_down_impl(const bf16* __restrict__ act, c
                                                  bf16* __restrict__ y) {
     const int e = tile_expert[blockIdx.x];
     if (e < 0) return;
-    const int p0 = blockIdx.x * MOEQ_TILE, first = estart[e], end = estart[e + 1];
+    const int p0 = blockIdx.x * MOE_TILE, first = estart[e], end = estart[e + 1];
     if ((p0 - first) % MOEMMA_BM != 0) return;
     auto xrow = [&](int s) {
         const int p = p0 + s;

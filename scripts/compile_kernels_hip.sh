@@ -4,7 +4,8 @@
 # The kernel list is derived from kernels/*.cu (tests/kernels_hip.rs checks that every source
 # of the typed kernel enum is one of them). Each source is compiled exactly as the runtime
 # compiles it: prelude.cuh, then the source's shared headers (attention_*.cu: attention.cuh;
-# qgemv.cu: quant.cuh; qmma.cu, moe_quant.cu: quant.cuh then qmma.cuh)
+# qgemv.cu: quant.cuh; qmma.cu: quant.cuh then qmma.cuh; moe.cu: quant.cuh then moe.cuh;
+# moe_quant.cu: quant.cuh, qmma.cuh, moe.cuh)
 # and the untouched kernel text, each after a #line marker, with -DKILN_WARP_SIZE set for
 # the target and both storage types (f32, bf16) instantiated.
 # `-include hip/hip_runtime.h` supplies what hipRTC pre-includes implicitly.
@@ -32,7 +33,9 @@ headers_of() {
     case "$1" in
         attention_*.cu) echo attention.cuh ;;
         qgemv.cu) echo quant.cuh ;;
-        qmma.cu | moe_quant.cu) echo quant.cuh qmma.cuh ;;
+        qmma.cu) echo quant.cuh qmma.cuh ;;
+        moe.cu) echo quant.cuh moe.cuh ;;
+        moe_quant.cu) echo quant.cuh qmma.cuh moe.cuh ;;
     esac
 }
 

@@ -404,22 +404,37 @@ fn bench_arch_moe_gguf() {
     let bps = (ctx as usize + 64).div_ceil(16);
     let blocks = (64 * bps).max(2048 / 16 + 1);
     let mut rig = ArchRig::from_files("moe", bf16_backend(), &files, blocks, 64);
-    let pre = rig.rig.prefill_median();
-    let p = plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16);
-    rig.rig.b.set_graphs(false);
-    let (wall, timings) = rig.rig.timed_kernels(&p);
-    let (_, line) = by_op(&timings);
-    eprintln!(
-        "BREAKDOWN moe prefill 2048: wall {:.3} ms, {line}",
-        wall * 1e3
-    );
-    eprintln!(
-        "BENCH moe prefill 2048 layers {}: {:.1} ms ({:.0} tok/s)",
-        spec.n_layers,
-        pre * 1e3,
-        2048.0 / pre
-    );
+    for (k, regs, local, shared) in rig.rig.b.kernel_resources() {
+        let name = format!("{k:?}");
+        let q = name.contains("Q4K") || name.contains("Q6K");
+        if name.starts_with("Moe") && (q || !name.contains('{')) {
+            eprintln!("RESOURCES {name}: {regs} regs, {local} B local, {shared} B shared");
+        }
+    }
+    // KILN_BENCH_CASES picks cases: e.g. "prefill,1,32" (default: all).
+    let only = std::env::var("KILN_BENCH_CASES").ok();
+    let on = |c: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == c));
+    if on("prefill") {
+        let pre = rig.rig.prefill_median();
+        let p = plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16);
+        rig.rig.b.set_graphs(false);
+        let (wall, timings) = rig.rig.timed_kernels(&p);
+        let (_, line) = by_op(&timings);
+        eprintln!(
+            "BREAKDOWN moe prefill 2048: wall {:.3} ms, {line}",
+            wall * 1e3
+        );
+        eprintln!(
+            "BENCH moe prefill 2048 layers {}: {:.1} ms ({:.0} tok/s)",
+            spec.n_layers,
+            pre * 1e3,
+            2048.0 / pre
+        );
+    }
     for batch in [1usize, 32, 64] {
+        if !on(&batch.to_string()) {
+            continue;
+        }
         let (eager, graph) = rig.decode(batch, ctx);
         rig.breakdown(&format!("decode batch {batch} ctx {ctx}"), batch, ctx);
         let bytes = moe_step_bytes(&g, &spec, batch, ctx as usize);

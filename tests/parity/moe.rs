@@ -232,7 +232,11 @@ parity_test!(moe_ffn_grouped_experts, moe);
 /// looser tolerance; a GPU in f32 dequantizes in registers and accumulates in f32, in bf16
 /// it multiplies 8-bit activations (blocks of 32) by dp4a. A GPU also runs Qwen3-30B-A3B's
 /// expert shape (hidden 2048, expert width 768: 32 lanes per gate/up column, 16 per Q6_K
-/// down column) at 1 row (most experts idle), 5 and 40 (several tiles per expert).
+/// down column) at 1 row (most experts idle), 5 and 40 (several tiles per expert), and 64
+/// experts top 8 at 70 rows (the dp4a tiles' bucket of 8 slots; 11 rows of 4 experts take
+/// bucket 4's second pass). Up to 8 rows one `moe_prep` block routes and quantizes x (1 and
+/// 5 rows here; 11 rows take the separate route, align and `quantize_x` launches), and at 1
+/// row the down tiles quantize their activations themselves (`moe8_down_self_*`).
 fn moe_quant<B: TestBackend>(b: &mut B) {
     use kiln::backend::HostTensor;
     use kiln::backend::cpu::CpuBackend;
@@ -242,6 +246,7 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
     let mut shapes = vec![(4, 2, 256, 256, vec![11, 1, 40])];
     if b.label() != "cpu" {
         shapes.push((8, 4, 768, 2048, vec![1, 5, 40]));
+        shapes.push((64, 8, 256, 256, vec![70]));
     }
     // The CPU's 8-bit activations (one scale per 256, as llama.cpp's Q8_K) are quantized twice
     // here, before gate/up and before down: over 300 seeds one row of Q5_K/Q4_K experts

@@ -250,6 +250,12 @@ kernel_args! {
         ids: ptr, total: i32, ne: i32, sorted: ptr, tile_expert: ptr, inv: ptr, max_tiles: i32,
         estart: ptr,
     }
+    /// `moe_prep_<dt>`: [`MoeRouteArgs`] then [`MoeAlignArgs`] in one block (ids in shared
+    /// memory), and with `xq` (bf16) the 8-bit rows of the `n` rows of `x` (`h` columns).
+    MoePrepArgs (Kernel::MoePrep) {
+        logits: ptr, x: ptr, n: i32, ne: i32, k: i32, norm: i32, h: i32, wts: ptr, sorted: ptr,
+        tile_expert: ptr, inv: ptr, max_tiles: i32, estart: ptr, xq: ptr,
+    }
     /// `moe_gate_up_<dt>`: `act[slot] = silu(Wg_e x) * (Wu_e x)` per tile of one expert.
     MoeGateUpArgs (Kernel::MoeGateUp) {
         x: ptr, wg: ptr, wu: ptr, sorted: ptr, tile_expert: ptr, k: i32, h: i32, f: i32,
@@ -284,6 +290,12 @@ kernel_args! {
     MoeQ8DownArgs (Kernel::MoeQ8Down { .. }) {
         xq: ptr, xrows: i32, wd: ptr, sorted: ptr, tile_expert: ptr, f: i32, h: i32, n_rows: i32,
         lanes: i32, y: ptr,
+    }
+    /// `moe8_down_self_<q>_bf16`: [`MoeQ8DownArgs`] at one slot a tile, each block quantizing
+    /// its slot's row of `act` itself.
+    MoeQ8DownSelfArgs (Kernel::MoeQ8DownSelf { .. }) {
+        act: ptr, wd: ptr, sorted: ptr, tile_expert: ptr, f: i32, h: i32, n_rows: i32, lanes: i32,
+        y: ptr,
     }
     /// `moemma_gate_up_<q>_bf16`: [`MoeQGateUpArgs`] on tensor cores, 64 slots of one expert
     /// per block (`estart`: each expert's first slot).

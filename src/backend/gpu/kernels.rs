@@ -28,6 +28,11 @@ const QMMA_HEADERS: [(&str, &str); 2] = [
     QUANT_HEADER,
     ("qmma.cuh", include_str!("../../../kernels/qmma.cuh")),
 ];
+/// The MoE tile size and 8-bit activation block (`moe.cuh`, after `quant.cuh`), shared by
+/// the two MoE sources.
+const MOE_HEADER: (&str, &str) = ("moe.cuh", include_str!("../../../kernels/moe.cuh"));
+const MOE_HEADERS: [(&str, &str); 2] = [QUANT_HEADER, MOE_HEADER];
+const MOE_QUANT_HEADERS: [(&str, &str); 3] = [QUANT_HEADER, QMMA_HEADERS[1], MOE_HEADER];
 
 /// A kernel source file under `kernels/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -103,7 +108,9 @@ impl Source {
                 std::slice::from_ref(&ATTENTION_HEADER)
             }
             Source::Qgemv => std::slice::from_ref(&QUANT_HEADER),
-            Source::Qmma | Source::MoeQuant => &QMMA_HEADERS,
+            Source::Qmma => &QMMA_HEADERS,
+            Source::Moe => &MOE_HEADERS,
+            Source::MoeQuant => &MOE_QUANT_HEADERS,
             _ => &[],
         }
     }
@@ -262,6 +269,8 @@ pub enum Kernel {
     MoeRoute,
     /// MoE: assignments sorted by expert, padded to tiles (one block, any dtype).
     MoeAlign,
+    /// MoE at decode sizes: route, align and (bf16) the 8-bit rows of x in one block.
+    MoePrep,
     /// MoE: grouped gate/up matmuls and SiLU-mul.
     MoeGateUp,
     /// MoE: grouped down matmul.
@@ -285,10 +294,15 @@ pub enum Kernel {
         slots: u32,
     },
     /// [`Kernel::MoeQDown`] by dp4a on 8-bit activations (bf16 only). `slots` (of
-    /// [`MOE8_SLOTS`], both kernels): the most real slots a tile of the step can hold.
+    /// [`MOE8_SLOTS`], both kernels): the real slots of a tile one pass takes.
     MoeQ8Down {
         q: QType,
         slots: u32,
+    },
+    /// [`Kernel::MoeQ8Down`] at one slot a tile, each block quantizing its slot's
+    /// activations itself (bf16 only).
+    MoeQ8DownSelf {
+        q: QType,
     },
     /// [`Kernel::MoeQGateUp`] on tensor cores (`qmma.cuh`), for many rows per expert (bf16
     /// only).
@@ -362,8 +376,9 @@ pub const QMMA_ROWS: [u32; 3] = [16, 32, 64];
 pub const QGEMV_ROWS: [u32; 4] = [1, 2, 4, 8];
 
 /// Slot buckets of the MoE dp4a tiles (`kernels/moe_quant.cu`, `moe8_*_s<slots>`): one real
-/// slot a tile (a one-row step) or up to the whole tile of 8.
-pub const MOE8_SLOTS: [u32; 2] = [1, 8];
+/// slot a tile (a one-row step), groups of 4 slots (a second pass over the weights for a
+/// tile with more), or the whole tile of 8.
+pub const MOE8_SLOTS: [u32; 3] = [1, 4, 8];
 
 /// The types of [`Kernel::QdotMix`]'s first parts (its last part is Q6_K).
 pub const QDOT_MIX_TYPES: [QType; 2] = [QType::Q4K, QType::Q5K];
@@ -400,6 +415,7 @@ impl Kernel {
             Kernel::Softcap,
             Kernel::MoeRoute,
             Kernel::MoeAlign,
+            Kernel::MoePrep,
             Kernel::MoeGateUp,
             Kernel::MoeDown,
             Kernel::MoeCombine,
@@ -421,6 +437,7 @@ impl Kernel {
                 v.push(Kernel::MoeQ8GateUp { q, slots });
                 v.push(Kernel::MoeQ8Down { q, slots });
             }
+            v.push(Kernel::MoeQ8DownSelf { q });
             v.push(Kernel::MoeMmaGateUp { q });
             v.push(Kernel::MoeMmaDown { q });
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
@@ -490,6 +507,7 @@ impl Kernel {
             Kernel::Softcap => "softcap",
             Kernel::MoeRoute => "moe_route",
             Kernel::MoeAlign => "moe_align",
+            Kernel::MoePrep => "moe_prep",
             Kernel::MoeGateUp
             | Kernel::MoeQGateUp { .. }
             | Kernel::MoeQ8GateUp { .. }
@@ -497,6 +515,7 @@ impl Kernel {
             Kernel::MoeDown
             | Kernel::MoeQDown { .. }
             | Kernel::MoeQ8Down { .. }
+            | Kernel::MoeQ8DownSelf { .. }
             | Kernel::MoeMmaDown { .. } => "moe_down",
             Kernel::MoeCombine => "moe_combine",
             Kernel::MoeSharedAdd => "moe_shared_add",
@@ -565,6 +584,7 @@ impl Kernel {
             }
             Kernel::MoeRoute
             | Kernel::MoeAlign
+            | Kernel::MoePrep
             | Kernel::MoeGateUp
             | Kernel::MoeDown
             | Kernel::MoeCombine
@@ -573,6 +593,7 @@ impl Kernel {
             | Kernel::MoeQDown { .. }
             | Kernel::MoeQ8GateUp { .. }
             | Kernel::MoeQ8Down { .. }
+            | Kernel::MoeQ8DownSelf { .. }
             | Kernel::MoeMmaGateUp { .. }
             | Kernel::MoeMmaDown { .. } => Source::MoeQuant,
             Kernel::Qgemv { .. }
@@ -602,6 +623,7 @@ impl Kernel {
                 | Kernel::QdotSilu { .. }
                 | Kernel::MoeQ8GateUp { .. }
                 | Kernel::MoeQ8Down { .. }
+                | Kernel::MoeQ8DownSelf { .. }
                 | Kernel::MoeMmaGateUp { .. }
                 | Kernel::MoeMmaDown { .. }
         );
@@ -624,6 +646,7 @@ impl Kernel {
             Kernel::MoeQDown { q } => format!("moe_down_{}_{d}", q.tag()),
             Kernel::MoeQ8GateUp { q, slots } => format!("moe8_gate_up_{}_{d}_s{slots}", q.tag()),
             Kernel::MoeQ8Down { q, slots } => format!("moe8_down_{}_{d}_s{slots}", q.tag()),
+            Kernel::MoeQ8DownSelf { q } => format!("moe8_down_self_{}_{d}", q.tag()),
             Kernel::MoeMmaGateUp { q } => format!("moemma_gate_up_{}_{d}", q.tag()),
             Kernel::MoeMmaDown { q } => format!("moemma_down_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),

@@ -1,17 +1,19 @@
 //! Launcher of the mixture-of-experts FFN (`kernels/moe.cu`): route, sort the assignments
 //! by expert on the device, grouped gate/up and down matmuls over tiles of one expert,
-//! then each token's weighted sum. Five launches per layer whatever the batch (seven with
-//! quantized experts in bf16 at small batches: x and the activations quantized to 8 bits
-//! for the dp4a tiles of `moe_quant.cu`; from 16 rows per expert on average the tensor-core
-//! tiles take gate/up and down instead, on bf16 rows); every size
+//! then each token's weighted sum. Five launches per layer (seven with quantized experts
+//! in bf16 at small batches: x and the activations quantized to 8 bits for the dp4a tiles
+//! of `moe_quant.cu`; from 16 rows per expert on average the tensor-core tiles take gate/up
+//! and down instead, on bf16 rows). Up to 8 rows one `moe_prep` block routes, aligns and
+//! quantizes x (three launches in one), and at one row each down block quantizes its own
+//! activations: four launches at batch 1. Every size
 //! comes from the step's row count, so decode steps record into graphs. A shared expert
 //! (Qwen2-MoE) adds three: its gate/up and down matmuls (the dense FFN's launchers, so a
 //! quantized shared expert runs too) and the sigmoid-gated add.
 
 use super::args::{
     MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeMmaDownArgs, MoeMmaGateUpArgs,
-    MoeQ8DownArgs, MoeQ8GateUpArgs, MoeQDownArgs, MoeQGateUpArgs, MoeRouteArgs, MoeSharedAddArgs,
-    QuantizeXArgs,
+    MoePrepArgs, MoeQ8DownArgs, MoeQ8DownSelfArgs, MoeQ8GateUpArgs, MoeQDownArgs, MoeQGateUpArgs,
+    MoeRouteArgs, MoeSharedAddArgs, QuantizeXArgs,
 };
 use super::kernels::{Kernel, MOE8_SLOTS};
 use super::matmul::{QX_THREADS, qx_bytes};
@@ -50,6 +52,20 @@ const MMA_BK: usize = 128;
 /// Mean rows per expert from which the tensor-core tiles (64 slots of one expert per
 /// block) take over from the dp4a ones (8 slots).
 const MMA_MIN_ROWS: usize = 16;
+/// Most assignments (rows * top k, `MOE_PREP_MAX`) and rows `moe_prep` takes in one block:
+/// small decode steps. Up to 8 rows its route has the warps `moe_route`'s one block would
+/// have; at 32 and 64 rows (Qwen3-30B-A3B shape, H100) one block doing what four SMs did
+/// was slower than the three launches (graph step 22.78 -> 23.16 ms at 32, 35.01 -> 36.54
+/// at 64), while batch 1 gained (3.81 -> 3.70 ms with the in-block down quantization).
+const PREP_MAX: usize = 512;
+const PREP_ROWS: usize = 8;
+/// Most rows of a step the `moe8_*` tiles take in groups of 4 slots. (Qwen3-30B-A3B shape,
+/// H100, graph step: batch 32 22.70 -> 19.89 ms, batch 64 35.21 -> 31.39 ms against bucket 8:
+/// 93 registers instead of 128 for Q4_K gate/up, most tiles one pass.)
+const S4_ROWS: usize = 64;
+/// Longest expert row whose activations a `moe8_down_self_*` block quantizes itself
+/// (`MOE8_SELF_MAX`).
+const SELF_MAX: usize = 4096;
 
 /// Weights per unit of `quant.cuh`'s decoders (`Q::UNIT`).
 fn unit(q: QType) -> usize {
@@ -88,12 +104,19 @@ fn max_tiles(total: usize, ne: usize) -> usize {
 }
 
 /// The slot bucket of the `moe8_*` tiles for a step of `n` rows: an expert takes a token at
-/// most once, so no tile holds more than `n` real slots.
+/// most once, so no tile holds more than `n` real slots (bucket 1 at one row); up to
+/// `S4_ROWS` rows, groups of 4 slots (fewer registers than 8; a tile with more than 4 real
+/// slots takes a second pass over its weights); past that, all 8 in one pass.
 fn moe8_slots(n: usize) -> u32 {
-    MOE8_SLOTS
-        .into_iter()
-        .find(|&s| s as usize >= n)
-        .unwrap_or(TILE as u32)
+    let want = if n <= 1 {
+        1
+    } else if n <= S4_ROWS {
+        4
+    } else {
+        TILE as u32
+    };
+    debug_assert!(MOE8_SLOTS.contains(&want));
+    want
 }
 
 /// Tiles the grouped matmuls launch: the tiles in use are a prefix, each with at least one
@@ -217,37 +240,6 @@ impl<R: Runtime> GpuBackend<R> {
         let total = n * k;
         let tiles = max_tiles(total, ne);
         let used = used_tiles(total, ne);
-        let route = MoeRouteArgs {
-            logits: logits.buf.ptr(),
-            n: n as i32,
-            ne: ne as i32,
-            k: k as i32,
-            norm: s.norm_topk as i32,
-            ids: at(lay.ids),
-            wts: at(lay.wts),
-        };
-        let grid = |blocks: (usize, usize), threads: u32| Grid {
-            blocks: (blocks.0 as u32, blocks.1 as u32, 1),
-            threads,
-        };
-        let per_block = ROUTE_THREADS / 32;
-        let blocks = n.div_ceil(per_block).min(65535);
-        self.launch_with(
-            Kernel::MoeRoute,
-            grid((blocks, 1), ROUTE_THREADS as u32),
-            &route,
-        )?;
-        let align = MoeAlignArgs {
-            ids: at(lay.ids),
-            total: total as i32,
-            ne: ne as i32,
-            sorted: at(lay.sorted),
-            tile_expert: at(lay.tile_expert),
-            inv: at(lay.inv),
-            max_tiles: tiles as i32,
-            estart: at(lay.estart),
-        };
-        self.launch_with(Kernel::MoeAlign, grid((1, 1), ALIGN_THREADS), &align)?;
         // bf16 with quantized experts: dp4a on 8-bit activations (whole blocks of 32).
         let q8 = |q: Option<QType>, cols: usize| {
             q.filter(|_| self.dt == crate::backend::DType::Bf16 && cols.is_multiple_of(32))
@@ -261,6 +253,61 @@ impl<R: Runtime> GpuBackend<R> {
             })
         };
         let (gu_mma, down_mma) = (mma(gu_q, h), mma(down_q, f));
+        // The dp4a gate/up tiles read 8-bit rows of x.
+        let gu_xq = gu_q8.is_some() && gu_mma.is_none();
+        let grid = |blocks: (usize, usize), threads: u32| Grid {
+            blocks: (blocks.0 as u32, blocks.1 as u32, 1),
+            threads,
+        };
+        // Decode sizes: route, align and x's 8-bit rows in one launch.
+        let prep = total <= PREP_MAX && n <= PREP_ROWS;
+        if prep {
+            let args = MoePrepArgs {
+                logits: logits.buf.ptr(),
+                x: x.buf.ptr(),
+                n: n as i32,
+                ne: ne as i32,
+                k: k as i32,
+                norm: s.norm_topk as i32,
+                h: h as i32,
+                wts: at(lay.wts),
+                sorted: at(lay.sorted),
+                tile_expert: at(lay.tile_expert),
+                inv: at(lay.inv),
+                max_tiles: tiles as i32,
+                estart: at(lay.estart),
+                xq: if gu_xq { at(lay.xq) } else { 0 },
+            };
+            self.launch_with(Kernel::MoePrep, grid((1, 1), ALIGN_THREADS), &args)?;
+        } else {
+            let route = MoeRouteArgs {
+                logits: logits.buf.ptr(),
+                n: n as i32,
+                ne: ne as i32,
+                k: k as i32,
+                norm: s.norm_topk as i32,
+                ids: at(lay.ids),
+                wts: at(lay.wts),
+            };
+            let per_block = ROUTE_THREADS / 32;
+            let blocks = n.div_ceil(per_block).min(65535);
+            self.launch_with(
+                Kernel::MoeRoute,
+                grid((blocks, 1), ROUTE_THREADS as u32),
+                &route,
+            )?;
+            let align = MoeAlignArgs {
+                ids: at(lay.ids),
+                total: total as i32,
+                ne: ne as i32,
+                sorted: at(lay.sorted),
+                tile_expert: at(lay.tile_expert),
+                inv: at(lay.inv),
+                max_tiles: tiles as i32,
+                estart: at(lay.estart),
+            };
+            self.launch_with(Kernel::MoeAlign, grid((1, 1), ALIGN_THREADS), &align)?;
+        }
         let g = grid((used, f.div_ceil(COLS)), 256);
         match gu_q {
             Some(q) if gu_mma.is_some() => {
@@ -281,7 +328,9 @@ impl<R: Runtime> GpuBackend<R> {
                 self.launch_with(Kernel::MoeMmaGateUp { q }, g, &gate_up)?;
             }
             Some(q) if gu_q8.is_some() => {
-                self.quantize_rows(x.buf.ptr(), at(lay.xq), h, n)?;
+                if !prep {
+                    self.quantize_rows(x.buf.ptr(), at(lay.xq), h, n)?;
+                }
                 let lanes = q8_lanes(q, h);
                 let gate_up = MoeQ8GateUpArgs {
                     xq: at(lay.xq),
@@ -350,6 +399,24 @@ impl<R: Runtime> GpuBackend<R> {
                 };
                 let g = grid((used, h.div_ceil(MMA_BN)), MMA_THREADS);
                 self.launch_with(Kernel::MoeMmaDown { q }, g, &down)?;
+            }
+            Some(q) if down_q8.is_some() && moe8_slots(n) == 1 && f <= SELF_MAX => {
+                // One slot a tile: each block quantizes its slot's activations itself.
+                let lanes = q8_lanes(q, f);
+                let down = MoeQ8DownSelfArgs {
+                    act: at(lay.act),
+                    wd,
+                    sorted: at(lay.sorted),
+                    tile_expert: at(lay.tile_expert),
+                    f: f as i32,
+                    h: h as i32,
+                    n_rows: (ne * h) as i32,
+                    lanes: lanes as i32,
+                    y: at(lay.y),
+                };
+                let per_block = Q8_THREADS / lanes * Q8_DOWN_COLS;
+                let g = grid((used, h.div_ceil(per_block)), Q8_THREADS as u32);
+                self.launch_with(Kernel::MoeQ8DownSelf { q }, g, &down)?;
             }
             Some(q) if down_q8.is_some() => {
                 let slots = used * TILE;
