@@ -21,8 +21,8 @@ tiny random-weight HF directories, each covering a feature those files lack:
                  across the shards), head_dim 32, MHA.
 
   phi4mini       model_type phi3 as Phi-4-mini lays it out: partial_rotary_factor 0.75
-                 (rope over 12 of 16 head dims, 6 longrope factors), tied embeddings,
-                 no sliding window.
+                 (rope over 12 of 16 head dims, 6 longrope factors, the short ones at the
+                 original context), tied embeddings, no sliding window.
   qwen3moe       model_type qwen3_moe: 8 experts, top 2, norm_topk_prob true, q/k norms,
                  BF16; the longest prompt sends tokens to every expert of every layer,
                  while each decode step leaves 6 of 8 experts without a token.
@@ -196,13 +196,16 @@ MODELS = [
     ),
     dict(
         # Phi-4-mini's layout: rope over the first 3/4 of each head (partial_rotary_factor,
-        # longrope factors for those 12 of 16 dims), tied embeddings, no window.
+        # longrope factors for those 12 of 16 dims), tied embeddings, no window. The context
+        # stays at the original length, so the short factors apply and the attention factor
+        # is 1 (Kiln refuses a partial rope with another factor: it scales only the rotated
+        # dims in transformers and llama.cpp).
         name="phi4mini", seed=1030, dtype="F32", shards=None,
         config=dict(
             architectures=["Phi3ForCausalLM"], model_type="phi3",
             hidden_size=64, intermediate_size=32, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.75,
-            vocab_size=256, max_position_embeddings=512, original_max_position_embeddings=4,
+            vocab_size=256, max_position_embeddings=512, original_max_position_embeddings=512,
             rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=None,
             rope_scaling=dict(type="longrope",
                               short_factor=[1.0, 1.2, 1.5, 2.0, 2.6, 3.3],
@@ -599,8 +602,11 @@ def family_config(c, hd):
         rs = c["rope_scaling"]
         assert rs["type"] == "longrope"
         orig, mx = c["original_max_position_embeddings"], c["max_position_embeddings"]
-        # every prompt is longer than `orig`, so transformers uses the long factors
-        fam["global_divisor"] = [float(x) for x in rs["long_factor"]]
+        # Kiln and llama.cpp take the long factors when the context exceeds `orig`;
+        # transformers when the sequence does: phi3's prompts are all longer than its orig
+        # of 4, phi4mini's all shorter than 512, so both rules agree here.
+        which = "long_factor" if mx > orig else "short_factor"
+        fam["global_divisor"] = [float(x) for x in rs[which]]
         s = mx / orig
         mscale = math.sqrt(1 + math.log(s) / math.log(orig)) if s > 1 else 1.0
         fam["mscale"] = mscale
@@ -967,7 +973,7 @@ def family_sensitivity(cfg, W, prompt, err):
         out["partial_rotary_ignored"] = err(with_fam(
             rot_dim=cfg["head_dim"], global_divisor=list(fam["global_divisor"] or []) + pad
             if fam["global_divisor"] is not None else None))
-    if fam.get("mscale"):
+    if fam.get("mscale", 1.0) != 1.0:
         out["attention_factor_ignored"] = err(with_fam(scale=1.0 / math.sqrt(cfg["head_dim"])))
     if fam["moe"]:
         moe = fam["moe"]

@@ -136,9 +136,22 @@ fn phi4mini_partial_rotary_tied_matches_reference() {
         assert_eq!(s.variant.window, None);
         // partial_rotary_factor 0.75 of head_dim 16: rope over 12 dims, 6 long factors.
         assert_eq!((s.head_dim, s.rope.dim), (16, 12));
-        let f = s.rope.freq_factors.as_ref().expect("long factors");
-        assert_eq!(f.len(), 6);
+        let f = s.rope.freq_factors.as_ref().expect("longrope factors");
+        assert_eq!(f[5], 3.3, "the short factors (context 512 = original 512)");
     });
+    // Past the original context, long-rope's attention factor would scale only the 12
+    // rotated dims; Kiln scales whole scores, so it refuses the pair by name.
+    let dir = repo().join("tests/data/arch/phi4mini");
+    let mut c: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    c["max_position_embeddings"] = serde_json::json!(4096);
+    let err = ModelSpec::from_hf_config(&c.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("attention factor") && err.contains("partial_rotary_factor"),
+        "{err}"
+    );
 }
 
 #[test]

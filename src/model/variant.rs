@@ -197,6 +197,12 @@ pub fn gguf_variant(
                 };
                 rope.freq_factors = Some(g.tensor_f32(&format!("rope_factors_{which}.weight"))?);
                 let af = f("rope.scaling.attn_factor").unwrap_or(1.0);
+                partial_rope_factor(
+                    rope.dim,
+                    d.head_dim,
+                    af as f64,
+                    &key("rope.scaling.attn_factor"),
+                )?;
                 v.attn_scale = Some(af * af / (d.head_dim as f32).sqrt());
             }
         }
@@ -444,6 +450,31 @@ fn phi3_rope_scaling(
         None if scale > 1.0 => (1.0 + scale.ln() / (orig as f64).ln()).sqrt(),
         None => 1.0,
     };
+    partial_rope_factor(
+        rope.dim,
+        b.head_dim,
+        af,
+        "config.json rope_scaling (longrope attention factor)",
+    )?;
     v.attn_scale = Some((af * af / (b.head_dim as f64).sqrt()) as f32);
+    Ok(())
+}
+
+/// Long-rope's attention factor scales the rotated dims of q and k (transformers multiplies
+/// cos and sin by it, llama.cpp's rope its mscale); Kiln folds it into the score scale, which
+/// is the same only when every dim rotates. A partial rope (Phi-4-mini: 3/4 of each head)
+/// with a factor other than 1 is refused, naming `what`, rather than computed wrong.
+fn partial_rope_factor(
+    rope_dim: usize,
+    head_dim: usize,
+    factor: f64,
+    what: &str,
+) -> Result<(), ModelError> {
+    if rope_dim < head_dim && (factor - 1.0).abs() > 1e-6 {
+        return Err(spec_err(format!(
+            "{what}: an attention factor of {factor:.4} with rope over {rope_dim} of \
+             {head_dim} head dims (partial_rotary_factor) is not supported"
+        )));
+    }
     Ok(())
 }
