@@ -160,7 +160,7 @@ __device__ __forceinline__ void moe_prep_qx(const bf16* __restrict__ x, int n, i
     if (xq == nullptr) return;
     const int blocks = n * (h / 32);
     QxScale* ds = reinterpret_cast<QxScale*>(xq + plane_align((size_t)n * h));
-    for (int c = threadIdx.x; c < blocks; c += blockDim.x) ds[c] = moe_qx32(x + 32 * (size_t)c, xq + 32 * (size_t)c);
+    for (int c = threadIdx.x; c < blocks; c += blockDim.x) ds[c] = qx32_bf16(x + 32 * (size_t)c, xq + 32 * (size_t)c);
 }
 #endif
 

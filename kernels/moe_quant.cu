@@ -192,7 +192,7 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
             __shared__ QxScale sds[MOE8_SELF_MAX / 32];
             if (nv > 0)
                 for (int c = threadIdx.x; c < nb; c += blockDim.x)
-                    sds[c] = moe_qx32(act + (size_t)p0 * in_len + 32 * c, sq + 32 * c);
+                    sds[c] = qx32_bf16(act + (size_t)p0 * in_len + 32 * c, sq + 32 * c);
             __syncthreads();
             xbase = sq;
             ds = sds;

@@ -208,32 +208,7 @@ extern "C" __global__ void __launch_bounds__(QX_THREADS)
     KILN_PDL_WAIT();
     const size_t c = (size_t)blockIdx.x * QX_THREADS + threadIdx.x;  // block of 32
     if (c >= (size_t)rows * k / 32) return;
-    const vec4u* src = reinterpret_cast<const vec4u*>(x + 32 * c);
-    vec4u raw[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) raw[i] = src[i];
-    float v[32];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) Chunk<bf16>::unpack(raw[i], v + 8 * i);
-    float amax = 0.f, sum = 0.f;
-#pragma unroll
-    for (int e = 0; e < 32; ++e) {
-        amax = fmaxf(amax, fabsf(v[e]));
-        sum += v[e];
-    }
-    const float id = amax > 0.f ? 127.f / amax : 0.f;
-    u32 w[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        u32 r = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) r |= ((u32)(int)rintf(v[4 * i + e] * id) & 0xffu) << (8 * e);
-        w[i] = r;
-    }
-    vec4u* dst = reinterpret_cast<vec4u*>(xq + 32 * c);
-    dst[0] = vec4u{w[0], w[1], w[2], w[3]};
-    dst[1] = vec4u{w[4], w[5], w[6], w[7]};
-    reinterpret_cast<QxScale*>(xq + plane_align((size_t)rows * k))[c] = QxScale{amax / 127.f, sum};
+    reinterpret_cast<QxScale*>(xq + plane_align((size_t)rows * k))[c] = qx32_bf16(x + 32 * c, xq + 32 * c);
 }
 
 // Accumulates acc[m][r] += x row m . weight row r (rows wr[r], each of k columns) for M rows

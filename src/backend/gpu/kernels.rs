@@ -28,7 +28,7 @@ const QMMA_HEADERS: [(&str, &str); 2] = [
     QUANT_HEADER,
     ("qmma.cuh", include_str!("../../../kernels/qmma.cuh")),
 ];
-/// The MoE tile size and 8-bit activation block (`moe.cuh`, after `quant.cuh`), shared by
+/// The MoE tile size (`moe.cuh`, after `quant.cuh`, whose 8-bit activation block it uses), shared by
 /// the two MoE sources.
 const MOE_HEADER: (&str, &str) = ("moe.cuh", include_str!("../../../kernels/moe.cuh"));
 const MOE_HEADERS: [(&str, &str); 2] = [QUANT_HEADER, MOE_HEADER];
