@@ -3,14 +3,16 @@
 // one thread per pair, its angle computed once for the group's heads.
 //   interleaved: pairs (2i, 2i+1)      half: pairs (i, i + rot_dim/2)
 // Angles pos * inv_freq[i] in f64, as the CPU reference computes them; inv_freq carries the
-// Llama-3 scaling (computed once on the host by RopeSpec::inv_freqs).
+// Llama-3 scaling (computed once on the host by RopeSpec::inv_freqs). The rotated values are
+// multiplied by mscale (long-rope's attention factor, RopeSpec::attn_factor; 1 elsewhere):
+// only the rotated dims, so a partial rope leaves the others as they are.
 
 constexpr int ROPE_HEADS = 8;  // heads per block (ROPE_HEADS in src/backend/gpu/mod.rs)
 
 template <typename T>
 __device__ __forceinline__ void rope_impl(T* __restrict__ qkv, int stride, const u32* __restrict__ positions,
                                           const float* __restrict__ inv_freq, int head_dim, int rot_dim,
-                                          int interleaved, int heads) {
+                                          int interleaved, float mscale, int heads) {
     const int h0 = blockIdx.y * ROPE_HEADS, h1 = min(h0 + ROPE_HEADS, heads);
     T* row = qkv + (size_t)blockIdx.x * stride;
     const double pos = (double)positions[blockIdx.x];
@@ -18,7 +20,7 @@ __device__ __forceinline__ void rope_impl(T* __restrict__ qkv, int stride, const
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double s, c;
         sincos(pos * (double)inv_freq[i], &s, &c);
-        const float cf = (float)c, sf = (float)s;
+        const float cf = (float)c * mscale, sf = (float)s * mscale;
         const int a = interleaved ? 2 * i : i;
         const int b = interleaved ? 2 * i + 1 : i + half;
         // Every head's pair loaded before the first store: one memory latency per block.
@@ -46,11 +48,11 @@ __device__ __forceinline__ void rope_impl(T* __restrict__ qkv, int stride, const
 template <typename T>
 __device__ void rope_kv_impl(T* __restrict__ qkv, int stride, const u32* __restrict__ positions,
                              const float* __restrict__ inv_freq, int head_dim, int rot_dim, int interleaved,
-                             int n_heads, int n_kv, const u32* __restrict__ slots, T* __restrict__ k_cache,
+                             float mscale, int n_heads, int n_kv, const u32* __restrict__ slots, T* __restrict__ k_cache,
                              T* __restrict__ v_cache) {
     KILN_PDL_TRIGGER();
     KILN_PDL_WAIT();
-    rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, n_heads + n_kv);
+    rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, mscale, n_heads + n_kv);
     const u32 slot = slots[blockIdx.x];
     // The group's k heads: [k0, k1) of the n_kv.
     const int k0 = max((int)blockIdx.y * ROPE_HEADS, n_heads) - n_heads;
@@ -83,13 +85,15 @@ __device__ void rope_kv_impl(T* __restrict__ qkv, int stride, const u32* __restr
 
 #define KILN_ROPE(N, T)                                                                            \
     extern "C" __global__ void rope_##N(T* qkv, int stride, const u32* positions, const float* inv_freq, \
-                                        int head_dim, int rot_dim, int interleaved, int heads) {   \
-        rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, heads);     \
+                                        int head_dim, int rot_dim, int interleaved, float mscale,  \
+                                        int heads) {                                               \
+        rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, mscale, heads); \
     }                                                                                              \
     extern "C" __global__ void rope_kv_##N(T* qkv, int stride, const u32* positions, const float* inv_freq, \
-                                           int head_dim, int rot_dim, int interleaved, int n_heads, int n_kv, \
-                                           const u32* slots, T* k_cache, T* v_cache) {             \
-        rope_kv_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, n_heads, n_kv, \
+                                           int head_dim, int rot_dim, int interleaved, float mscale,  \
+                                           int n_heads, int n_kv, const u32* slots, T* k_cache,       \
+                                           T* v_cache) {                                              \
+        rope_kv_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, mscale, n_heads, n_kv, \
                         slots, k_cache, v_cache);                                                  \
     }
 KILN_FOR_DTYPES(KILN_ROPE)

@@ -21,8 +21,9 @@ tiny random-weight HF directories, each covering a feature those files lack:
                  across the shards), head_dim 32, MHA.
 
   phi4mini       model_type phi3 as Phi-4-mini lays it out: partial_rotary_factor 0.75
-                 (rope over 12 of 16 head dims, 6 longrope factors, the short ones at the
-                 original context), tied embeddings, no sliding window.
+                 (rope over 12 of 16 head dims, 6 longrope factors: the long ones, past
+                 the original context, with attention factor 2.12 on the rotated dims
+                 only), tied embeddings, no sliding window.
   qwen3moe       model_type qwen3_moe: 8 experts, top 2, norm_topk_prob true, q/k norms,
                  BF16; the longest prompt sends tokens to every expert of every layer,
                  while each decode step leaves 6 of 8 experts without a token.
@@ -197,15 +198,16 @@ MODELS = [
     dict(
         # Phi-4-mini's layout: rope over the first 3/4 of each head (partial_rotary_factor,
         # longrope factors for those 12 of 16 dims), tied embeddings, no window. The context
-        # stays at the original length, so the short factors apply and the attention factor
-        # is 1 (Kiln refuses a partial rope with another factor: it scales only the rotated
-        # dims in transformers and llama.cpp).
+        # is 128 times the original, as the real model's 131072 is 32 times its 4096: the
+        # long factors apply and the attention factor (2.12) scales only the 12 rotated dims
+        # (transformers multiplies cos and sin by it), which differs from folding it into
+        # the q.k scale (the sensitivity record's attention_factor_on_whole_scores).
         name="phi4mini", seed=1030, dtype="F32", shards=None,
         config=dict(
             architectures=["Phi3ForCausalLM"], model_type="phi3",
             hidden_size=64, intermediate_size=32, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.75,
-            vocab_size=256, max_position_embeddings=512, original_max_position_embeddings=512,
+            vocab_size=256, max_position_embeddings=512, original_max_position_embeddings=4,
             rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=None,
             rope_scaling=dict(type="longrope",
                               short_factor=[1.0, 1.2, 1.5, 2.0, 2.6, 3.3],
@@ -568,7 +570,7 @@ def family_config(c, hd):
                embed_scale=math.sqrt(c["hidden_size"]) if gemma else 1.0,
                scale=1.0 / math.sqrt(hd), attn_softcap=None, final_softcap=None,
                window=None, sliding=[False] * n, local_theta=None, global_divisor=None,
-               fused=mt == "phi3", rot_dim=hd, moe=None)
+               fused=mt == "phi3", rot_dim=hd, mscale=1.0, moe=None)
     if mt in ("qwen3_moe", "qwen2_moe"):
         assert c["decoder_sparse_step"] == 1 and c["mlp_only_layers"] == []
         fam["moe"] = dict(n_expert=c["num_experts"], top_k=c["num_experts_per_tok"],
@@ -603,14 +605,13 @@ def family_config(c, hd):
         assert rs["type"] == "longrope"
         orig, mx = c["original_max_position_embeddings"], c["max_position_embeddings"]
         # Kiln and llama.cpp take the long factors when the context exceeds `orig`;
-        # transformers when the sequence does: phi3's prompts are all longer than its orig
-        # of 4, phi4mini's all shorter than 512, so both rules agree here.
+        # transformers when the sequence does: every prompt is longer than phi3's and
+        # phi4mini's orig of 4, so both rules agree here.
         which = "long_factor" if mx > orig else "short_factor"
         fam["global_divisor"] = [float(x) for x in rs[which]]
         s = mx / orig
         mscale = math.sqrt(1 + math.log(s) / math.log(orig)) if s > 1 else 1.0
         fam["mscale"] = mscale
-        fam["scale"] = mscale * mscale / math.sqrt(hd)
     return fam
 
 
@@ -804,7 +805,9 @@ def forward_family(cfg, W, ids):
           q, k = RoPE over the first rot_dim dims, rotate_half layout; inv_freq
                  theta^(-2i/d) / divisor_i (Gemma 3 global: linear factor; Phi-3: long
                  factors); Gemma 3 sliding layers use rope_local_base_freq, no divisor
-          s = q k^T * scale  (Gemma: query_pre_attn_scalar^-0.5; Phi-3: mscale^2/sqrt(d))
+                 Phi-3 long rope: the rotated dims times mscale (transformers' cos and
+                 sin times attention_factor), the others as they are
+          s = q k^T * scale  (1/sqrt(d); Gemma: query_pre_attn_scalar^-0.5)
           s = cap * tanh(s / cap)                          (Gemma 2 attn_logit_softcapping)
           causal mask; sliding layers also mask j <= i - window
           o = softmax(s) v Wo^T ; Gemma: o = RMSNorm(o) * post_attention_layernorm
@@ -838,8 +841,9 @@ def forward_family(cfg, W, ids):
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
         if fam["qk_norm"]:
             q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
-        q = np.concatenate([rope_half(q[..., :rd], pos, freqs), q[..., rd:]], axis=-1)
-        k = np.concatenate([rope_half(k[..., :rd], pos, freqs), k[..., rd:]], axis=-1)
+        ms = fam["mscale"]
+        q = np.concatenate([rope_half(q[..., :rd], pos, freqs) * ms, q[..., rd:]], axis=-1)
+        k = np.concatenate([rope_half(k[..., :rd], pos, freqs) * ms, k[..., rd:]], axis=-1)
         att = np.empty((T, nh, hd))
         for hh in range(nh):
             kv = hh // group
@@ -973,8 +977,12 @@ def family_sensitivity(cfg, W, prompt, err):
         out["partial_rotary_ignored"] = err(with_fam(
             rot_dim=cfg["head_dim"], global_divisor=list(fam["global_divisor"] or []) + pad
             if fam["global_divisor"] is not None else None))
-    if fam.get("mscale", 1.0) != 1.0:
-        out["attention_factor_ignored"] = err(with_fam(scale=1.0 / math.sqrt(cfg["head_dim"])))
+    if fam["mscale"] != 1.0:
+        out["attention_factor_ignored"] = err(with_fam(mscale=1.0))
+        if fam["rot_dim"] < cfg["head_dim"]:
+            # the factor folded into the score scale (mscale^2 on every dim's product)
+            out["attention_factor_on_whole_scores"] = err(with_fam(
+                mscale=1.0, scale=fam["mscale"] ** 2 / math.sqrt(cfg["head_dim"])))
     if fam["moe"]:
         moe = fam["moe"]
         out["top_k_minus_one"] = err(with_fam(moe=dict(moe, top_k=moe["top_k"] - 1)))

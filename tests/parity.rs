@@ -61,6 +61,7 @@ fn rope(dim: usize, layout: RopeLayout) -> RopeSpec {
         layout,
         llama3: None,
         freq_factors: None,
+        attn_factor: 1.0,
     }
 }
 

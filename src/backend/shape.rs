@@ -99,6 +99,10 @@ pub struct RopeSpec {
     pub llama3: Option<Llama3Scaling>,
     /// Per-frequency divisors (GGUF `rope_freqs.weight`, how llama.cpp stores Llama-3.1 scaling).
     pub freq_factors: Option<Vec<f32>>,
+    /// Factor the rotated dims are multiplied by after rotation (cos and sin times it):
+    /// long-rope's attention factor (Phi-3/4 past the original context); 1 elsewhere. With a
+    /// partial rope the dims past [`RopeSpec::dim`] keep their values.
+    pub attn_factor: f32,
 }
 
 impl RopeSpec {
@@ -171,6 +175,7 @@ mod tests {
             layout: RopeLayout::Half,
             llama3: Some(s),
             freq_factors: None,
+            attn_factor: 1.0,
         };
         let plain = RopeSpec {
             llama3: None,

@@ -382,6 +382,7 @@ impl ModelSpec {
                     Some(_) => Some(g.tensor_f32("rope_freqs.weight")?),
                     None => None,
                 },
+                attn_factor: 1.0,
             },
             tied_embeddings: g.tensor("output.weight").is_none(),
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
@@ -484,6 +485,7 @@ impl ModelSpec {
             layout: RopeLayout::Half,
             llama3,
             freq_factors: None,
+            attn_factor: 1.0,
         };
         let base = HfBase {
             arch: &arch,

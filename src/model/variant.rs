@@ -196,14 +196,7 @@ pub fn gguf_variant(
                     "short"
                 };
                 rope.freq_factors = Some(g.tensor_f32(&format!("rope_factors_{which}.weight"))?);
-                let af = f("rope.scaling.attn_factor").unwrap_or(1.0);
-                partial_rope_factor(
-                    rope.dim,
-                    d.head_dim,
-                    af as f64,
-                    &key("rope.scaling.attn_factor"),
-                )?;
-                v.attn_scale = Some(af * af / (d.head_dim as f32).sqrt());
+                rope.attn_factor = f("rope.scaling.attn_factor").unwrap_or(1.0);
             }
         }
         _ => {}
@@ -325,7 +318,7 @@ pub fn hf_variant(c: &Value, b: &HfBase, rope: &mut RopeSpec) -> Result<Variant,
                 let dim = (b.head_dim as f32 * p) as usize;
                 rope.dim = dim;
             }
-            phi3_rope_scaling(c, b, rope, &mut v)?;
+            phi3_rope_scaling(c, b, rope)?;
         }
         other => return Err(spec_err(format!("unsupported model_type '{other}'"))),
     }
@@ -410,14 +403,9 @@ fn gemma3_ropes(c: &Value, rope: &mut RopeSpec, v: &mut Variant) -> Result<(), M
 
 /// Phi-3 `longrope` (`su`): per-frequency divisors, the long set when the context exceeds
 /// `original_max_position_embeddings` (llama.cpp's rule; transformers switches per step),
-/// and the attention factor on cos and sin, folded into the q·k scale (it multiplies both
-/// q and k).
-fn phi3_rope_scaling(
-    c: &Value,
-    b: &HfBase,
-    rope: &mut RopeSpec,
-    v: &mut Variant,
-) -> Result<(), ModelError> {
+/// and the attention factor on cos and sin (the rotated dims of q and k; with a partial
+/// rope, Phi-4-mini's, the other dims keep their values).
+fn phi3_rope_scaling(c: &Value, b: &HfBase, rope: &mut RopeSpec) -> Result<(), ModelError> {
     let Some(s) = c.get("rope_scaling").filter(|s| !s.is_null()) else {
         return Ok(());
     };
@@ -450,31 +438,6 @@ fn phi3_rope_scaling(
         None if scale > 1.0 => (1.0 + scale.ln() / (orig as f64).ln()).sqrt(),
         None => 1.0,
     };
-    partial_rope_factor(
-        rope.dim,
-        b.head_dim,
-        af,
-        "config.json rope_scaling (longrope attention factor)",
-    )?;
-    v.attn_scale = Some((af * af / (b.head_dim as f64).sqrt()) as f32);
-    Ok(())
-}
-
-/// Long-rope's attention factor scales the rotated dims of q and k (transformers multiplies
-/// cos and sin by it, llama.cpp's rope its mscale); Kiln folds it into the score scale, which
-/// is the same only when every dim rotates. A partial rope (Phi-4-mini: 3/4 of each head)
-/// with a factor other than 1 is refused, naming `what`, rather than computed wrong.
-fn partial_rope_factor(
-    rope_dim: usize,
-    head_dim: usize,
-    factor: f64,
-    what: &str,
-) -> Result<(), ModelError> {
-    if rope_dim < head_dim && (factor - 1.0).abs() > 1e-6 {
-        return Err(spec_err(format!(
-            "{what}: an attention factor of {factor:.4} with rope over {rope_dim} of \
-             {head_dim} head dims (partial_rotary_factor) is not supported"
-        )));
-    }
+    rope.attn_factor = af as f32;
     Ok(())
 }

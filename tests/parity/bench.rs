@@ -122,6 +122,7 @@ pub(crate) fn llama3_8b(layers: usize) -> ModelSpec {
                 original_max_position: 8192.0,
             }),
             freq_factors: None,
+            attn_factor: 1.0,
         },
         tied_embeddings: false,
         qkv_bias: false,

@@ -38,6 +38,7 @@ fn rope(theta: f32, dim: usize) -> RopeSpec {
         layout: RopeLayout::Half,
         llama3: None,
         freq_factors: None,
+        attn_factor: 1.0,
     }
 }
 

@@ -327,9 +327,10 @@ impl Backend for CpuBackend {
         let interleaved = rope.layout == RopeLayout::Interleaved;
         for (t, &pos) in b.plan.positions.iter().enumerate() {
             self.cos_sin.clear();
+            let m = rope.attn_factor;
             self.cos_sin.extend(self.inv_freqs.iter().map(|&f| {
                 let (s, c) = (pos as f64 * f as f64).sin_cos();
-                (c as f32, s as f32)
+                (c as f32 * m, s as f32 * m)
             }));
             let row = &mut qkv.data[t * qkv.cols..t * qkv.cols + heads * hd];
             for head in row.chunks_exact_mut(hd) {

@@ -139,12 +139,12 @@ kernel_args! {
     /// `rope_<dt>`: rotary embedding of the first `heads` heads of each row, in place.
     RopeArgs (Kernel::Rope) {
         qkv: ptr, stride: i32, positions: ptr, inv_freq: ptr, head_dim: i32, rot_dim: i32,
-        interleaved: i32, heads: i32,
+        interleaved: i32, mscale: f32, heads: i32,
     }
     /// `rope_kv_<dt>`: rope, then the k/v heads written to the paged cache.
     RopeKvArgs (Kernel::RopeKv) {
         qkv: ptr, stride: i32, positions: ptr, inv_freq: ptr, head_dim: i32, rot_dim: i32,
-        interleaved: i32, n_heads: i32, n_kv: i32, slots: ptr, k_cache: ptr, v_cache: ptr,
+        interleaved: i32, mscale: f32, n_heads: i32, n_kv: i32, slots: ptr, k_cache: ptr, v_cache: ptr,
     }
     /// `write_kv_<dt>`: the k/v heads of each row to their cache slot.
     WriteKvArgs (Kernel::WriteKv) {

@@ -21,6 +21,7 @@ struct RopeLaunch {
     head_dim: i32,
     rot_dim: i32,
     interleaved: i32,
+    mscale: f32,
 }
 
 impl<R: Runtime> GpuBackend<R> {
@@ -49,6 +50,7 @@ impl<R: Runtime> GpuBackend<R> {
             head_dim: shape.head_dim as i32,
             rot_dim: rope.dim as i32,
             interleaved: (rope.layout == RopeLayout::Interleaved) as i32,
+            mscale: rope.attn_factor,
         })
     }
 
@@ -106,6 +108,7 @@ impl<R: Runtime> GpuBackend<R> {
             head_dim: r.head_dim,
             rot_dim: r.rot_dim,
             interleaved: r.interleaved,
+            mscale: r.mscale,
             heads: (shape.n_heads + shape.n_kv_heads) as i32,
         };
         self.launch_with(Kernel::Rope, r.grid, &args)
@@ -159,6 +162,7 @@ impl<R: Runtime> GpuBackend<R> {
             head_dim: r.head_dim,
             rot_dim: r.rot_dim,
             interleaved: r.interleaved,
+            mscale: r.mscale,
             n_heads: shape.n_heads as i32,
             n_kv: shape.n_kv_heads as i32,
             slots: self.meta_ptr(l.slots),
