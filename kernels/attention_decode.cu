@@ -518,12 +518,13 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
 // Head size 256 (Gemma): up to 4 vectors per pass (8 would not fit the registers).
 #define KILN_ATTN_DEC_256(N, T) KILN_ATTN_DEC(N, T, 256, 1) KILN_ATTN_DEC(N, T, 256, 2) KILN_ATTN_DEC(N, T, 256, 4)
 #define KILN_ATTN_DECODE(N, T)                                                                       \
-    KILN_ATTN_DEC_D(N, T, 64)                                                                        \
-    KILN_ATTN_DEC_D(N, T, 128)                                                                       \
-    KILN_ATTN_DEC_256(N, T)                                                                          \
-    extern "C" __global__ void attn_combine_##N(const float* part_acc, const float* part_ml,         \
-                                                const u32* splits, T* out, int n_heads, int hd,      \
-                                                u8* xq, int rows) {                                  \
-        attn_combine_impl<T>(part_acc, part_ml, splits, out, n_heads, hd, xq, rows);                 \
-    }
+    KILN_IN_PART(h64, KILN_ATTN_DEC_D(N, T, 64))                                                     \
+    KILN_IN_PART(h128, KILN_ATTN_DEC_D(N, T, 128))                                                   \
+    KILN_IN_PART(h256, KILN_ATTN_DEC_256(N, T))                                                      \
+    KILN_IN_PART(common,                                                                            \
+        extern "C" __global__ void attn_combine_##N(const float* part_acc, const float* part_ml,     \
+                                                    const u32* splits, T* out, int n_heads, int hd,  \
+                                                    u8* xq, int rows) {                              \
+            attn_combine_impl<T>(part_acc, part_ml, splits, out, n_heads, hd, xq, rows);             \
+        })
 KILN_FOR_DTYPES(KILN_ATTN_DECODE)

@@ -13,10 +13,10 @@
 #define KILN_ATTN_D(N, T, DN, D) \
     KILN_ATTN_ONE(N, T, DN, D, 1) KILN_ATTN_ONE(N, T, DN, D, 4) KILN_ATTN_ONE(N, T, DN, D, 8)
 #define KILN_ATTN_PREFILL(N, T)                                                                      \
-    KILN_ATTN_D(N, T, 64, 64)                                                                        \
-    KILN_ATTN_D(N, T, 80, 80)                                                                        \
-    KILN_ATTN_D(N, T, 96, 96)                                                                        \
-    KILN_ATTN_D(N, T, 128, 128)                                                                      \
-    KILN_ATTN_D(N, T, 256, 256)                                                                      \
-    KILN_ATTN_D(N, T, any, 0)
+    KILN_IN_PART(h64, KILN_ATTN_D(N, T, 64, 64))                                                     \
+    KILN_IN_PART(h80, KILN_ATTN_D(N, T, 80, 80))                                                     \
+    KILN_IN_PART(h96, KILN_ATTN_D(N, T, 96, 96))                                                     \
+    KILN_IN_PART(h128, KILN_ATTN_D(N, T, 128, 128))                                                  \
+    KILN_IN_PART(h256, KILN_ATTN_D(N, T, 256, 256))                                                  \
+    KILN_IN_PART(hany, KILN_ATTN_D(N, T, any, 0))
 KILN_FOR_DTYPES(KILN_ATTN_PREFILL)

@@ -312,8 +312,8 @@ __device__ __forceinline__ void attn_tc_body(const bf16* qkv, int qkv_stride, co
         attn_tc_body<D>(KILN_ATTN_PASS_ARGS);                                                           \
     }
 #define KILN_ATTN_TC_ALL(N, T)                                                                       \
-    KILN_ATTN_TC(N, T, 64)                                                                           \
-    KILN_ATTN_TC(N, T, 80)                                                                           \
-    KILN_ATTN_TC(N, T, 96)                                                                           \
-    KILN_ATTN_TC(N, T, 128)
+    KILN_IN_PART(h64, KILN_ATTN_TC(N, T, 64))                                                        \
+    KILN_IN_PART(h80, KILN_ATTN_TC(N, T, 80))                                                        \
+    KILN_IN_PART(h96, KILN_ATTN_TC(N, T, 96))                                                        \
+    KILN_IN_PART(h128, KILN_ATTN_TC(N, T, 128))
 KILN_FOR_DTYPES(KILN_ATTN_TC_ALL)

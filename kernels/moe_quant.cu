@@ -96,11 +96,11 @@ __device__ void moeq_tile_impl(const T* __restrict__ in, const u8* __restrict__ 
                                     y);                                                             \
     }
 #define KILN_MOEQ(N, T)                                                                             \
-    KILN_MOEQ_T(q80, Q8_0, N, T)                                                                   \
-    KILN_MOEQ_T(q40, Q4_0, N, T)                                                                   \
-    KILN_MOEQ_T(q4k, Q4_K, N, T)                                                                   \
-    KILN_MOEQ_T(q5k, Q5_K, N, T)                                                                   \
-    KILN_MOEQ_T(q6k, Q6_K, N, T)
+    KILN_IN_PART(q80, KILN_MOEQ_T(q80, Q8_0, N, T))                                                \
+    KILN_IN_PART(q40, KILN_MOEQ_T(q40, Q4_0, N, T))                                                \
+    KILN_IN_PART(q4k, KILN_MOEQ_T(q4k, Q4_K, N, T))                                                \
+    KILN_IN_PART(q5k, KILN_MOEQ_T(q5k, Q5_K, N, T))                                                \
+    KILN_IN_PART(q6k, KILN_MOEQ_T(q6k, Q6_K, N, T))
 KILN_FOR_DTYPES(KILN_MOEQ)
 
 #if !defined(KILN_DTYPE_F32)
@@ -293,11 +293,11 @@ constexpr int MOE8_GU_C = 1, MOE8_GU_U = 2, MOE8_DOWN_C = 4, MOE8_DOWN_U = 1;
     }
 // One real slot a tile (one row: decode batch 1), groups of 4 (up to two passes) or 8.
 #define KILN_MOE8(QN, Q) KILN_MOE8_S(QN, Q, 1) KILN_MOE8_S(QN, Q, 4) KILN_MOE8_S(QN, Q, 8) KILN_MOE8_SELF(QN, Q)
-KILN_MOE8(q80, Q8_0)
-KILN_MOE8(q40, Q4_0)
-KILN_MOE8(q4k, Q4_K)
-KILN_MOE8(q5k, Q5_K)
-KILN_MOE8(q6k, Q6_K)
+KILN_IN_PART(q80, KILN_MOE8(q80, Q8_0))
+KILN_IN_PART(q40, KILN_MOE8(q40, Q4_0))
+KILN_IN_PART(q4k, KILN_MOE8(q4k, Q4_K))
+KILN_IN_PART(q5k, KILN_MOE8(q5k, Q5_K))
+KILN_IN_PART(q6k, KILN_MOE8(q6k, Q6_K))
 #endif
 
 #if !defined(KILN_DTYPE_F32)
@@ -383,9 +383,9 @@ __device__ __forceinline__ void moemma_down_impl(const bf16* __restrict__ act, c
                                 int n_rows, bf16* y) {                                              \
         moemma_down_impl<Q>(act, wd, sorted, tile_expert, estart, f, h, n_rows, y);                 \
     }
-KILN_MOEMMA(q80, Q8_0)
-KILN_MOEMMA(q40, Q4_0)
-KILN_MOEMMA(q4k, Q4_K)
-KILN_MOEMMA(q5k, Q5_K)
-KILN_MOEMMA(q6k, Q6_K)
+KILN_IN_PART(q80, KILN_MOEMMA(q80, Q8_0))
+KILN_IN_PART(q40, KILN_MOEMMA(q40, Q4_0))
+KILN_IN_PART(q4k, KILN_MOEMMA(q4k, Q4_K))
+KILN_IN_PART(q5k, KILN_MOEMMA(q5k, Q5_K))
+KILN_IN_PART(q6k, KILN_MOEMMA(q6k, Q6_K))
 #endif

@@ -181,3 +181,55 @@ struct Chunk<float> {
     M(f32, float)          \
     M(bf16, bf16)
 #endif
+
+// Compile units (`Part` in src/backend/gpu/kernels.rs): the large sources are compiled once
+// per weight type (q80 ... q6k) or head size (h64 ... hany), plus `common` for the rest, so
+// a start-up waits only for the parts its model runs. The host defines KILN_PARTS and the
+// one KILN_PART_<tag> it wants as 1; without KILN_PARTS (hipcc, hipRTC, a whole-file
+// compile) every part is in. KILN_IN_PART(tag, ...) keeps its text only in that part.
+#if defined(KILN_PARTS)
+#define KILN_PART_DEFAULT 0
+#else
+#define KILN_PART_DEFAULT 1
+#endif
+#ifndef KILN_PART_common
+#define KILN_PART_common KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q80
+#define KILN_PART_q80 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q40
+#define KILN_PART_q40 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q4k
+#define KILN_PART_q4k KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q5k
+#define KILN_PART_q5k KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q6k
+#define KILN_PART_q6k KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h64
+#define KILN_PART_h64 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h80
+#define KILN_PART_h80 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h96
+#define KILN_PART_h96 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h128
+#define KILN_PART_h128 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h256
+#define KILN_PART_h256 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_hany
+#define KILN_PART_hany KILN_PART_DEFAULT
+#endif
+#define KILN_PART_IF_0(...)
+#define KILN_PART_IF_1(...) __VA_ARGS__
+#define KILN_PART_IF_(flag, ...) KILN_PART_IF_##flag(__VA_ARGS__)
+#define KILN_PART_IF(flag, ...) KILN_PART_IF_(flag, __VA_ARGS__)
+#define KILN_IN_PART(tag, ...) KILN_PART_IF(KILN_PART_##tag, __VA_ARGS__)

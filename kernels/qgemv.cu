@@ -175,17 +175,18 @@ __device__ __forceinline__ void convert_impl(const u16* __restrict__ src, T* __r
         dequant_impl<Q, T>(w, ids, out, k, n, ldo, first);                                          \
     }
 #define KILN_QGEMV(N, T)                                                                            \
-    KILN_QGEMV_T(q80, Q8_0, N, T)                                                                  \
-    KILN_QGEMV_T(q40, Q4_0, N, T)                                                                  \
-    KILN_QGEMV_T(q4k, Q4_K, N, T)                                                                  \
-    KILN_QGEMV_T(q5k, Q5_K, N, T)                                                                  \
-    KILN_QGEMV_T(q6k, Q6_K, N, T)                                                                  \
-    extern "C" __global__ void convert_f16_##N(const u16* src, T* dst, u64 total) {                 \
-        convert_impl<0, T>(src, dst, total);                                                        \
-    }                                                                                               \
-    extern "C" __global__ void convert_bf16_##N(const u16* src, T* dst, u64 total) {                \
-        convert_impl<1, T>(src, dst, total);                                                        \
-    }
+    KILN_IN_PART(q80, KILN_QGEMV_T(q80, Q8_0, N, T))                                               \
+    KILN_IN_PART(q40, KILN_QGEMV_T(q40, Q4_0, N, T))                                               \
+    KILN_IN_PART(q4k, KILN_QGEMV_T(q4k, Q4_K, N, T))                                               \
+    KILN_IN_PART(q5k, KILN_QGEMV_T(q5k, Q5_K, N, T))                                               \
+    KILN_IN_PART(q6k, KILN_QGEMV_T(q6k, Q6_K, N, T))                                               \
+    KILN_IN_PART(common,                                                                            \
+        extern "C" __global__ void convert_f16_##N(const u16* src, T* dst, u64 total) {             \
+            convert_impl<0, T>(src, dst, total);                                                    \
+        }                                                                                           \
+        extern "C" __global__ void convert_bf16_##N(const u16* src, T* dst, u64 total) {            \
+            convert_impl<1, T>(src, dst, total);                                                    \
+        })
 KILN_FOR_DTYPES(KILN_QGEMV)
 
 #if !defined(KILN_DTYPE_F32)
@@ -202,6 +203,7 @@ KILN_FOR_DTYPES(KILN_QGEMV)
 constexpr int QX_THREADS = 256;
 
 // Grid ceil(rows * k / 32 / QX_THREADS); each thread quantizes one block of 32 values.
+#if KILN_PART_common
 extern "C" __global__ void __launch_bounds__(QX_THREADS)
     quantize_x_bf16(const bf16* __restrict__ x, u8* __restrict__ xq, int k, int rows) {
     KILN_PDL_TRIGGER();
@@ -210,6 +212,7 @@ extern "C" __global__ void __launch_bounds__(QX_THREADS)
     if (c >= (size_t)rows * k / 32) return;
     reinterpret_cast<QxScale*>(xq + plane_align((size_t)rows * k))[c] = qx32_bf16(x + 32 * c, xq + 32 * c);
 }
+#endif
 
 // Accumulates acc[m][r] += x row m . weight row r (rows wr[r], each of k columns) for M rows
 // of x (those past `rows` reread row rows - 1), from the 8-bit activations at xq. Each lane
@@ -377,11 +380,11 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
     }
 #define KILN_QDOT_T(QN, Q, U1, U2) \
     KILN_QDOT(QN, Q, 1, U1) KILN_QDOT(QN, Q, 2, U2) KILN_QDOT(QN, Q, 4, 1) KILN_QDOT(QN, Q, 8, 1)
-KILN_QDOT_T(q80, Q8_0, 2, 1)
-KILN_QDOT_T(q40, Q4_0, 2, 1)
-KILN_QDOT_T(q4k, Q4_K, 2, 1)
-KILN_QDOT_T(q5k, Q5_K, 2, 1)
-KILN_QDOT_T(q6k, Q6_K, 1, 1)
+KILN_IN_PART(q80, KILN_QDOT_T(q80, Q8_0, 2, 1))
+KILN_IN_PART(q40, KILN_QDOT_T(q40, Q4_0, 2, 1))
+KILN_IN_PART(q4k, KILN_QDOT_T(q4k, Q4_K, 2, 1))
+KILN_IN_PART(q5k, KILN_QDOT_T(q5k, Q5_K, 2, 1))
+KILN_IN_PART(q6k, KILN_QDOT_T(q6k, Q6_K, 1, 1))
 // q and k of type Q, v of Q6_K in one launch (llama.cpp's Q4_K_M and Q5_K_M give attn_v more
 // bits).
 #define KILN_QDOT_MIX(QN, Q, M, U)                                                                  \
@@ -393,6 +396,6 @@ KILN_QDOT_T(q6k, Q6_K, 1, 1)
     }
 #define KILN_QDOT_MIX_T(QN, Q) \
     KILN_QDOT_MIX(QN, Q, 1, 2) KILN_QDOT_MIX(QN, Q, 2, 1) KILN_QDOT_MIX(QN, Q, 4, 1) KILN_QDOT_MIX(QN, Q, 8, 1)
-KILN_QDOT_MIX_T(q4k, Q4_K)
-KILN_QDOT_MIX_T(q5k, Q5_K)
+KILN_IN_PART(q4k, KILN_QDOT_MIX_T(q4k, Q4_K))
+KILN_IN_PART(q5k, KILN_QDOT_MIX_T(q5k, Q5_K))
 #endif

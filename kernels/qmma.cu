@@ -88,13 +88,13 @@ __device__ __forceinline__ void qmma_impl(const u8* __restrict__ w0, const u8* _
 #define KILN_QMMAMIX(QN, Q) KILN_QMMAMIX_M(QN, Q, 16) KILN_QMMAMIX_M(QN, Q, 32) KILN_QMMAMIX_M(QN, Q, 64)
 
 #if !defined(KILN_DTYPE_F32)
-KILN_QMMA(q80, Q8_0, 4)
-KILN_QMMA(q40, Q4_0, 0)
-KILN_QMMA(q4k, Q4_K, 0)
-KILN_QMMA(q5k, Q5_K, 0)
-KILN_QMMA(q6k, Q6_K, 0)
-KILN_QMMAMIX(q4k, Q4_K)
-KILN_QMMAMIX(q5k, Q5_K)
+KILN_IN_PART(q80, KILN_QMMA(q80, Q8_0, 4))
+KILN_IN_PART(q40, KILN_QMMA(q40, Q4_0, 0))
+KILN_IN_PART(q4k, KILN_QMMA(q4k, Q4_K, 0))
+KILN_IN_PART(q5k, KILN_QMMA(q5k, Q5_K, 0))
+KILN_IN_PART(q6k, KILN_QMMA(q6k, Q6_K, 0))
+KILN_IN_PART(q4k, KILN_QMMAMIX(q4k, Q4_K))
+KILN_IN_PART(q5k, KILN_QMMAMIX(q5k, Q5_K))
 
 // A separate launch: an in-kernel fix-up instead (the last split of each tile to finish
 // sums the partials in split order, tile counters it resets) measured slower on an H100
@@ -102,6 +102,7 @@ KILN_QMMAMIX(q5k, Q5_K)
 // did not run, 15.82 ms, and the tail of the last blocks cost the rest).
 // Grid (ceil(n / 256), rows), 256 threads: sums the `splits` f32 partials of each output
 // (ws[z][r][j], n columns) in split order, adds the bias, stores bf16 at y[r * ldy + j].
+#if KILN_PART_common
 extern "C" __global__ void __launch_bounds__(256)
     qmma_reduce_bf16(const float* __restrict__ ws, const bf16* __restrict__ bias, bf16* __restrict__ y, int n,
                      int rows, int ldy, int splits) {
@@ -113,4 +114,5 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int z = 0; z < splits; ++z) s += p[z * plane];
     y[(size_t)r * ldy + j] = from_f<bf16>(s + (bias ? to_f(bias[j]) : 0.f));
 }
+#endif  // KILN_PART_common
 #endif

@@ -119,10 +119,12 @@ mod rocm {
     /// `EF_AMDGPU_MACH_AMDGCN_GFX1030`; RDNA2 supports neither feature.
     const GFX1030: u32 = 0x036;
 
-    /// Compiles every source for `arch` (as a device reports it) in storage type `dt`, in
-    /// parallel as `Kernels::load` does, and checks each code object: an AMDGPU ELF whose
-    /// `e_flags` (target `EF_AMDGPU_MACH_*` in the low byte, xnack/sramecc feature bits
-    /// above) are `flags`, defining every entry point of `dt` and none of the other type.
+    /// Compiles every compile unit (a source, or one weight type's or head size's part of
+    /// one) for `arch` (as a device reports it) in storage type `dt`, in parallel as
+    /// `Kernels::load` does, and checks each code object: an AMDGPU ELF whose `e_flags`
+    /// (target `EF_AMDGPU_MACH_*` in the low byte, xnack/sramecc feature bits above) are
+    /// `flags`, defining every entry point of its unit in `dt`, none of the other type's
+    /// and none of another unit's.
     fn compile_all(arch: &str, warp: usize, flags: u32, dt: DType) {
         let info = DeviceInfo {
             name: format!("(none: hipRTC only, {arch})"),
@@ -133,13 +135,13 @@ mod rocm {
         };
         let opts = kernels::compile_options::<Hip>(&info, dt);
         assert!(opts.contains(&format!("--offload-arch={arch}")), "{opts:?}");
-        let sources = kernels::sources(dt);
+        let sources = kernels::units(dt);
         let other = if dt == DType::F32 {
             DType::Bf16
         } else {
             DType::F32
         };
-        let other_entries: Vec<String> = kernels::sources(other)
+        let other_type: Vec<String> = kernels::units(other)
             .into_iter()
             .flat_map(|(_, _, e)| e)
             .collect();
@@ -165,7 +167,13 @@ mod rocm {
                             image.len(),
                             took.as_secs_f64()
                         );
-                        check_image(&image, flags, entries, &other_entries)
+                        let other_units = sources
+                            .iter()
+                            .filter(|(f, _, _)| f != file)
+                            .flat_map(|(_, _, e)| e.iter().cloned());
+                        let others: Vec<String> =
+                            other_type.iter().cloned().chain(other_units).collect();
+                        check_image(&image, flags, entries, &others)
                     }
                     Err(e) => vec![e.to_string()],
                 };
@@ -193,16 +201,25 @@ mod rocm {
         if entries.is_empty() {
             problems.push("no entry points expected: wrong source list".into());
         }
-        // Each kernel has a kernel descriptor symbol `<name>.kd`.
-        let has = |name: &str| {
-            let sym = format!("{name}.kd\0");
-            image.windows(sym.len()).any(|w| w == sym.as_bytes())
-        };
-        for e in entries.iter().filter(|e| !has(e)) {
+        // Each kernel has a kernel descriptor symbol `<name>.kd` in the string table.
+        let mut kds = std::collections::HashSet::new();
+        for (at, _) in image.windows(4).enumerate().filter(|(_, w)| w == b".kd\0") {
+            let start = image[..at]
+                .iter()
+                .rposition(|&b| b == 0)
+                .map_or(0, |i| i + 1);
+            kds.insert(String::from_utf8_lossy(&image[start..at]).into_owned());
+        }
+        for e in entries.iter().filter(|e| !kds.contains(*e)) {
             problems.push(format!("kernel {e} missing"));
         }
-        for e in other.iter().filter(|e| !entries.contains(e) && has(e)) {
-            problems.push(format!("{e} built for the other storage type"));
+        for e in other
+            .iter()
+            .filter(|e| !entries.contains(e) && kds.contains(*e))
+        {
+            problems.push(format!(
+                "{e} built here: it belongs to another unit or the other storage type"
+            ));
         }
         problems
     }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use super::cpu::CpuBackend;
+use super::quant::GgmlType;
 use super::{Backend, BackendError, DType};
 
 /// How to build a GPU backend (`gpu::GpuBackend`); the engine fills it from its config.
@@ -29,6 +30,12 @@ pub struct GpuOptions {
     /// The model has mixture-of-experts layers: start-up waits for their kernels too (else
     /// they compile at the lowest CPU priority and load on first use).
     pub moe: bool,
+    /// The weight types of the model's file: start-up waits only for these types' quantized
+    /// kernels (the others compile at the lowest priority and load on first use). `None`:
+    /// every type.
+    pub weight_types: Option<Vec<GgmlType>>,
+    /// The model's attention head sizes, likewise for the attention kernels. `None`: all.
+    pub head_dims: Option<Vec<usize>>,
 }
 
 impl Default for GpuOptions {
@@ -42,6 +49,8 @@ impl Default for GpuOptions {
             gemv: true,
             attn_decode: true,
             moe: true,
+            weight_types: None,
+            head_dims: None,
         }
     }
 }

@@ -92,6 +92,8 @@ fn device_body(device: Device) -> LaneBody {
             gemv: c.gpu_gemv,
             attn_decode: c.gpu_attn_decode,
             moe: ctx.files.spec.variant.moe.is_some(),
+            weight_types: ctx.files.source.weight_types(),
+            head_dims: Some(vec![ctx.files.spec.head_dim]),
             ..GpuOptions::default()
         };
         let group = vec![id; c.tensor_parallel_size.max(1)];

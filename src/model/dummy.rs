@@ -104,6 +104,11 @@ pub fn random_elements(ty: GgmlType, len: usize, salt: u64) -> Vec<u8> {
 }
 
 impl TensorSource for PooledDummy {
+    /// Its type, and BF16 for matrices whose rows are not whole blocks of it.
+    fn weight_types(&self) -> Option<Vec<GgmlType>> {
+        Some(vec![self.ty, GgmlType::BF16, GgmlType::F32])
+    }
+
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
         match self.fetch_host(name, shape)? {
             Some(t) => Ok(t.into_f32()?.values().map(<[f32]>::to_vec)),

@@ -28,6 +28,12 @@ pub trait TensorSource: Send + Sync {
             .fetch(name, shape)?
             .map(|v| HostTensor::new(shape.to_vec(), v)))
     }
+
+    /// The types the source's tensors come in (the GPU backend waits at start for those
+    /// types' kernels only); `None` when unknown (every type's kernels are waited for).
+    fn weight_types(&self) -> Option<Vec<GgmlType>> {
+        None
+    }
 }
 
 fn shape_error(name: &str, want: &[usize], got: &[usize]) -> ModelError {
@@ -54,6 +60,16 @@ fn gguf_info<'a>(
 }
 
 impl TensorSource for GgufFile {
+    fn weight_types(&self) -> Option<Vec<GgmlType>> {
+        let mut types: Vec<GgmlType> = Vec::new();
+        for t in self.tensors() {
+            if !types.contains(&t.ggml_type) {
+                types.push(t.ggml_type);
+            }
+        }
+        Some(types)
+    }
+
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
         match gguf_info(self, name, shape)? {
             Some(_) => Ok(Some(self.tensor_f32(name)?)),
@@ -266,6 +282,11 @@ fn unsupported_dtype(hf: &str, dtype: Dtype) -> ModelError {
 }
 
 impl TensorSource for SafetensorsSource {
+    /// Plain types only (F32, F16, BF16 are all it reads): no quantized kernels.
+    fn weight_types(&self) -> Option<Vec<GgmlType>> {
+        Some(vec![GgmlType::F32, GgmlType::F16, GgmlType::BF16])
+    }
+
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
         self.with_view(name, shape, |hf, dtype, bytes, _| {
             Ok(match dtype {
@@ -317,6 +338,10 @@ pub struct DummySource {
 }
 
 impl TensorSource for DummySource {
+    fn weight_types(&self) -> Option<Vec<GgmlType>> {
+        Some(vec![GgmlType::F32])
+    }
+
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
         let n: usize = shape.iter().product();
         if name.ends_with("norm.weight") {

@@ -207,6 +207,100 @@ impl AttnHead {
 }
 
 /// Every kernel the backend launches.
+/// The part of a source one compile unit holds (`KILN_IN_PART` in `kernels/prelude.cuh`): the
+/// large sources are compiled once per weight type or head size, plus their other kernels,
+/// so start-up waits only for what the model runs (a first start with an empty kernel cache
+/// compiled every type and head size of `qgemv.cu` and `attention_prefill.cu`, 7-8 s each on
+/// an H100's 16 cores).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Part {
+    /// A source that is not split.
+    Whole,
+    /// The kernels of a split source that belong to no type or head size.
+    Common,
+    Q(QType),
+    Head(AttnHead),
+}
+
+impl Part {
+    /// The `KILN_PART_<tag>` the unit defines; `None` for a whole source.
+    fn tag(self) -> Option<String> {
+        match self {
+            Part::Whole => None,
+            Part::Common => Some("common".into()),
+            Part::Q(q) => Some(q.tag().into()),
+            Part::Head(h) => Some(format!("h{}", h.tag())),
+        }
+    }
+}
+
+/// One compile unit: a source, or one part of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Unit {
+    pub src: Source,
+    pub part: Part,
+}
+
+impl Unit {
+    /// The text the runtime compiler sees: the part's defines, then the source's text.
+    fn text(self) -> String {
+        match self.part.tag() {
+            None => self.src.full_text(),
+            Some(t) => format!(
+                "#define KILN_PARTS 1\n#define KILN_PART_{t} 1\n{}",
+                self.src.full_text()
+            ),
+        }
+    }
+
+    /// A name for logs and cache files: `qgemv` or `qgemv.q4k`.
+    pub fn name(self) -> String {
+        let file = self.src.file().trim_end_matches(".cu");
+        match self.part.tag() {
+            None => file.to_string(),
+            Some(t) => format!("{file}.{t}"),
+        }
+    }
+}
+
+/// What a model runs, so start-up waits only for those kernels' units (the others compile
+/// at the lowest CPU priority and load on first use). `None`: every type, every head size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelNeeds {
+    /// The model has mixture-of-experts layers.
+    pub moe: bool,
+    /// The quantized weight types of its file.
+    pub qtypes: Option<Vec<QType>>,
+    /// Its attention head sizes.
+    pub head_dims: Option<Vec<usize>>,
+}
+
+impl KernelNeeds {
+    /// Everything: what a backend opened without a model (the tests) waits for.
+    pub fn all() -> KernelNeeds {
+        KernelNeeds {
+            moe: true,
+            qtypes: None,
+            head_dims: None,
+        }
+    }
+
+    /// Whether start-up waits for `unit`.
+    fn core(&self, unit: Unit) -> bool {
+        if !self.moe && matches!(unit.src, Source::Moe | Source::MoeQuant) {
+            return false;
+        }
+        match unit.part {
+            Part::Q(q) => self.qtypes.as_ref().is_none_or(|t| t.contains(&q)),
+            Part::Head(h) => self
+                .head_dims
+                .as_ref()
+                .is_none_or(|d| d.iter().any(|&d| AttnHead::for_head_dim(d) == h)),
+            Part::Whole | Part::Common => true,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
     Embed,
@@ -608,6 +702,37 @@ impl Kernel {
         }
     }
 
+    /// The compile unit holding the kernel.
+    pub(super) fn unit(self) -> Unit {
+        let src = self.source();
+        let part = match self {
+            Kernel::Qgemv { q, .. }
+            | Kernel::QgemvSilu { q, .. }
+            | Kernel::Dequant { q }
+            | Kernel::Qdot { q, .. }
+            | Kernel::QdotMix { q, .. }
+            | Kernel::QdotSilu { q, .. }
+            | Kernel::Qmma { q, .. }
+            | Kernel::QmmaMix { q, .. }
+            | Kernel::MoeQGateUp { q }
+            | Kernel::MoeQDown { q }
+            | Kernel::MoeQ8GateUp { q, .. }
+            | Kernel::MoeQ8Down { q, .. }
+            | Kernel::MoeQ8DownSelf { q }
+            | Kernel::MoeMmaGateUp { q }
+            | Kernel::MoeMmaDown { q } => Part::Q(q),
+            Kernel::Attention { head, .. }
+            | Kernel::AttentionTc { head }
+            | Kernel::AttentionDecode { head, .. } => Part::Head(head),
+            Kernel::Convert { .. }
+            | Kernel::QuantizeX
+            | Kernel::QmmaReduce
+            | Kernel::AttnCombine => Part::Common,
+            _ => Part::Whole,
+        };
+        Unit { src, part }
+    }
+
     /// Whether the kernel exists for storage type `dt` (the tensor-core quantized matmul
     /// and the 8-bit activation decode path are bf16 only; f32 keeps exact float products:
     /// batches dequantize and run the f32 GEMM, decode streams through `qgemv`).
@@ -676,10 +801,10 @@ impl Kernel {
 /// [`Kernels::wait_core`] asks for every source a dense model runs. Modules stay loaded as
 /// long as this lives.
 pub struct Kernels<R: Runtime> {
-    slots: HashMap<Source, Slot<R>>,
+    slots: HashMap<Unit, Slot<R>>,
     dt: DType,
-    /// The model has mixture-of-experts layers (their sources are waited for too).
-    moe: bool,
+    /// What the model runs (those units are waited for at start).
+    needs: KernelNeeds,
     started: Instant,
 }
 
@@ -704,12 +829,6 @@ struct Loaded<R: Runtime> {
     _module: R::Module,
 }
 
-/// Whether a model runs `src` (the mixture-of-experts sources only for `moe` models): start-up
-/// waits for these. The others compile at the lowest CPU priority and load on first use.
-fn core_source(src: Source, moe: bool) -> bool {
-    moe || !matches!(src, Source::Moe | Source::MoeQuant)
-}
-
 /// Lowers the calling thread's CPU priority to the least (Linux; elsewhere nothing), so a
 /// compile nobody waits for takes only idle cores.
 fn lowest_priority() {
@@ -722,16 +841,16 @@ fn lowest_priority() {
 }
 
 impl<R: Runtime> Kernels<R> {
-    /// Starts compiling (or reading from `cache_dir`) every source with kernels for `dt`, one
-    /// thread each, for `dev`; `moe`: the model has mixture-of-experts layers. Nothing waits
-    /// here: a compile error or a missing entry point is returned by the first
-    /// [`Kernels::get`] of a kernel in that source, and by [`Kernels::wait_core`], which
-    /// start-up calls before the lane reports ready.
+    /// Starts compiling (or reading from `cache_dir`) every compile unit with kernels for
+    /// `dt`, one thread each, for `dev`; `needs`: what the model runs (the rest compiles at
+    /// the lowest CPU priority). Nothing waits here: a compile error or a missing entry point
+    /// is returned by the first [`Kernels::get`] of a kernel in that unit, and by
+    /// [`Kernels::wait_core`], which start-up calls before the lane reports ready.
     pub fn load(
         dev: &Device<R>,
         dt: DType,
         cache_dir: Option<&Path>,
-        moe: bool,
+        needs: KernelNeeds,
     ) -> Result<Kernels<R>, BackendError> {
         let opts = compile_options::<R>(&dev.info, dt);
         let salt = format!(
@@ -741,30 +860,36 @@ impl<R: Runtime> Kernels<R> {
             dev.info.driver_version,
             R::compiler_version()
         );
-        let all = Kernel::all();
-        // A source with no entry point for `dt` (qmma.cu in f32) is not compiled. The largest
-        // sources start first, so they are not queued behind small ones.
-        let mut used: Vec<Source> = Source::ALL
+        // A unit with no entry point for `dt` (qmma.cu in f32) is not compiled. The units
+        // start-up waits for start first, the largest first, so they are not queued behind
+        // small ones.
+        let mut used: Vec<Unit> = Kernel::all()
             .into_iter()
-            .filter(|&src| all.iter().any(|k| k.source() == src && k.available(dt)))
+            .filter(|k| k.available(dt))
+            .map(Kernel::unit)
+            .collect::<std::collections::HashSet<_>>()
+            .into_iter()
             .collect();
-        used.sort_by_cached_key(|s| std::cmp::Reverse(s.full_text().len()));
+        used.sort_by_cached_key(|&u| {
+            let size = u.src.full_text().len();
+            (!needs.core(u), std::cmp::Reverse(size), u.name())
+        });
         let mut slots = HashMap::new();
-        for src in used {
+        for unit in used {
             let (opts, salt) = (opts.clone(), salt.clone());
             let dir = cache_dir.map(Path::to_path_buf);
-            let core = core_source(src, moe);
+            let core = needs.core(unit);
             let handle = std::thread::Builder::new()
-                .name(format!("kiln-nvrtc-{}", src.file()))
+                .name(format!("kiln-nvrtc-{}", unit.name()))
                 .spawn(move || {
                     if !core {
                         lowest_priority();
                     }
-                    let c = cached_compile::<R>(src, &opts, &salt, dir.as_deref());
+                    let c = cached_compile::<R>(unit, &opts, &salt, dir.as_deref());
                     if let Ok(c) = &c {
                         tracing::info!(
                             backend = R::NAME,
-                            source = src.file(),
+                            source = unit.name(),
                             cached = c.cached,
                             secs = c.secs,
                             bytes = c.image.len(),
@@ -776,7 +901,7 @@ impl<R: Runtime> Kernels<R> {
                 })
                 .map_err(|e| compile_err::<R>(format!("cannot start a compile thread: {e}")))?;
             slots.insert(
-                src,
+                unit,
                 Slot {
                     pending: Mutex::new(Some(handle)),
                     loaded: OnceLock::new(),
@@ -786,24 +911,24 @@ impl<R: Runtime> Kernels<R> {
         Ok(Kernels {
             slots,
             dt,
-            moe,
+            needs,
             started: Instant::now(),
         })
     }
 
-    /// Waits for every source the model runs and loads its module: after this, start-up has
+    /// Waits for every unit the model runs and loads its module: after this, start-up has
     /// seen every compile error that serving the model could meet. Logs what the wait cost.
     pub fn wait_core(&self, rt: &R) -> Result<(), BackendError> {
         let t0 = Instant::now();
-        let mut core: Vec<Source> = self
+        let mut core: Vec<Unit> = self
             .slots
             .keys()
             .copied()
-            .filter(|&s| core_source(s, self.moe))
+            .filter(|&u| self.needs.core(u))
             .collect();
-        core.sort_by_key(|s| s.file());
-        for &src in &core {
-            self.slot(rt, src)?;
+        core.sort_by_key(|u| u.name());
+        for &unit in &core {
+            self.slot(rt, unit)?;
         }
         tracing::info!(
             backend = R::NAME,
@@ -815,23 +940,23 @@ impl<R: Runtime> Kernels<R> {
         Ok(())
     }
 
-    /// The loaded module of `src` (joining its compile thread and loading it on first use).
-    fn slot(&self, rt: &R, src: Source) -> Result<&Loaded<R>, BackendError> {
-        let slot = self.slots.get(&src).ok_or(BackendError::Unsupported {
+    /// The loaded module of `unit` (joining its compile thread and loading it on first use).
+    fn slot(&self, rt: &R, unit: Unit) -> Result<&Loaded<R>, BackendError> {
+        let slot = self.slots.get(&unit).ok_or(BackendError::Unsupported {
             backend: R::NAME,
             op: "kernel source",
-            dtype: format!("{:?} ({} has no entry points)", self.dt, src.file()),
+            dtype: format!("{:?} ({} has no entry points)", self.dt, unit.name()),
         })?;
         slot.loaded
-            .get_or_init(|| Self::finish(rt, src, self.dt, slot, self.started))
+            .get_or_init(|| Self::finish(rt, unit, self.dt, slot, self.started))
             .as_ref()
             .map_err(|message| compile_err::<R>(message.clone()))
     }
 
-    /// Joins `src`'s compile, loads the module and resolves every entry point of `dt`.
+    /// Joins `unit`'s compile, loads the module and resolves every entry point of `dt`.
     fn finish(
         rt: &R,
-        src: Source,
+        unit: Unit,
         dt: DType,
         slot: &Slot<R>,
         started: Instant,
@@ -842,7 +967,7 @@ impl<R: Runtime> Kernels<R> {
             .lock()
             .map_err(|_| "compile slot poisoned".to_string())?
             .take()
-            .ok_or_else(|| format!("{}: compile result already taken", src.file()))?;
+            .ok_or_else(|| format!("{}: compile result already taken", unit.name()))?;
         let compiled = handle
             .join()
             .unwrap_or_else(|_| Err(compile_err::<R>("compile thread panicked".into())))
@@ -850,25 +975,25 @@ impl<R: Runtime> Kernels<R> {
         let waited = t0.elapsed().as_secs_f64();
         let module = rt
             .load_module(&compiled.image)
-            .map_err(|e| format!("load_module {}: {e}", src.file()))?;
+            .map_err(|e| format!("load_module {}: {e}", unit.name()))?;
         let mut funcs = HashMap::new();
         for k in Kernel::all()
             .into_iter()
-            .filter(|k| k.source() == src && k.available(dt))
+            .filter(|k| k.unit() == unit && k.available(dt))
         {
             let f = rt.function(&module, &k.entry(dt)).ok_or_else(|| {
                 format!(
                     "op {}: {dt:?} entry point {} missing in {}",
                     k.op(),
                     k.entry(dt),
-                    src.file()
+                    unit.name()
                 )
             })?;
             funcs.insert(k, f);
         }
         tracing::debug!(
             backend = R::NAME,
-            source = src.file(),
+            source = unit.name(),
             waited_s = waited,
             load_s = t0.elapsed().as_secs_f64() - waited,
             since_start_s = started.elapsed().as_secs_f64(),
@@ -887,7 +1012,7 @@ impl<R: Runtime> Kernels<R> {
         let mut v: Vec<_> = self
             .slots
             .keys()
-            .filter_map(|&src| self.slot(rt, src).ok())
+            .filter_map(|&unit| self.slot(rt, unit).ok())
             .flat_map(|l| l.funcs.iter())
             .map(|(k, f)| {
                 let (regs, local, shared) = rt.resources(f);
@@ -908,7 +1033,7 @@ impl<R: Runtime> Kernels<R> {
         if !k.available(self.dt) {
             return Err(unsupported());
         }
-        self.slot(rt, k.source())?
+        self.slot(rt, k.unit())?
             .funcs
             .get(&k)
             .ok_or_else(unsupported)
@@ -940,6 +1065,22 @@ pub fn sources(dt: DType) -> Vec<(&'static str, String, Vec<String>)> {
         .collect()
 }
 
+/// Every compile unit with entry points for storage type `dt`, exactly as [`Kernels::load`]
+/// compiles it (a split source once per part): (unit name, text, entry points). For checks
+/// that run the compiler without a device (`tests/hiprtc.rs`).
+pub fn units(dt: DType) -> Vec<(String, String, Vec<String>)> {
+    let mut by_unit: HashMap<Unit, Vec<String>> = HashMap::new();
+    for k in Kernel::all().into_iter().filter(|k| k.available(dt)) {
+        by_unit.entry(k.unit()).or_default().push(k.entry(dt));
+    }
+    let mut v: Vec<_> = by_unit
+        .into_iter()
+        .map(|(u, entries)| (u.name(), u.text(), entries))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
 fn compile_err<R: Runtime>(message: String) -> BackendError {
     BackendError::Device {
         op: R::COMPILER,
@@ -962,21 +1103,16 @@ fn fnv64(parts: &[&[u8]]) -> u64 {
 const MAGIC: &[u8] = b"kiln-kernel-v1\n";
 
 fn cached_compile<R: Runtime>(
-    src: Source,
+    unit: Unit,
     opts: &[String],
     salt: &str,
     dir: Option<&Path>,
 ) -> Result<Compiled, BackendError> {
     let t0 = Instant::now();
-    let text = src.full_text();
+    let text = unit.text();
     let key = format!("{:016x}", fnv64(&[text.as_bytes(), salt.as_bytes()]));
-    let path: Option<PathBuf> = dir.map(|d| {
-        d.join(format!(
-            "{}-{}-{key}.bin",
-            R::NAME,
-            src.file().trim_end_matches(".cu")
-        ))
-    });
+    let path: Option<PathBuf> =
+        dir.map(|d| d.join(format!("{}-{}-{key}.bin", R::NAME, unit.name())));
     if let Some(p) = &path
         && let Ok(bytes) = std::fs::read(p)
     {
@@ -989,7 +1125,8 @@ fn cached_compile<R: Runtime>(
             });
         }
     }
-    let image = R::compile(&text, src.file(), opts).map_err(|e| compile_err::<R>(e.to_string()))?;
+    let image =
+        R::compile(&text, &unit.name(), opts).map_err(|e| compile_err::<R>(e.to_string()))?;
     if let Some(p) = &path {
         store(p, &key, &image);
     }
@@ -1013,5 +1150,107 @@ fn store(path: &Path, key: &str, image: &[u8]) {
     let body = [MAGIC, key.as_bytes(), b"\n", image].concat();
     if std::fs::write(&tmp, body).is_ok() && std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The units start-up waits for under `needs`, by name.
+    fn core_names(needs: &KernelNeeds, dt: DType) -> Vec<String> {
+        let mut v: Vec<String> = Kernel::all()
+            .into_iter()
+            .filter(|k| k.available(dt))
+            .map(Kernel::unit)
+            .filter(|&u| needs.core(u))
+            .map(Unit::name)
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    #[test]
+    fn a_q4_k_m_llama_waits_for_its_types_and_head_size_only() {
+        let needs = KernelNeeds {
+            moe: false,
+            qtypes: Some(vec![QType::Q4K, QType::Q6K]),
+            head_dims: Some(vec![128]),
+        };
+        let core = core_names(&needs, DType::Bf16);
+        for want in [
+            "qgemv.q4k",
+            "qgemv.q6k",
+            "qgemv.common",
+            "qmma.q4k",
+            "qmma.q6k",
+            "qmma.common",
+            "attention_prefill.h128",
+            "attention_tc.h128",
+            "attention_decode.h128",
+            "attention_decode.common",
+            "norm",
+            "rope",
+        ] {
+            assert!(core.contains(&want.to_string()), "{want} not in {core:?}");
+        }
+        for not in [
+            "qgemv.q80",
+            "qmma.q40",
+            "attention_prefill.h64",
+            "attention_prefill.hany",
+            "moe",
+            "moe_quant.q4k",
+        ] {
+            assert!(!core.contains(&not.to_string()), "{not} in {core:?}");
+        }
+        // Everything, as a backend opened without a model waits for it.
+        let all = core_names(&KernelNeeds::all(), DType::Bf16);
+        assert!(
+            all.len() > core.len() + 20,
+            "{} vs {}",
+            all.len(),
+            core.len()
+        );
+        assert!(all.contains(&"moe_quant.q80".to_string()));
+        // A head size without its own kernels waits for the any-size part.
+        let odd = KernelNeeds {
+            head_dims: Some(vec![112]),
+            ..needs
+        };
+        assert!(core_names(&odd, DType::Bf16).contains(&"attention_prefill.hany".into()));
+    }
+
+    #[test]
+    fn split_sources_compile_in_parts_and_the_rest_whole() {
+        let split = [
+            Source::Qgemv,
+            Source::Qmma,
+            Source::MoeQuant,
+            Source::AttentionPrefill,
+            Source::AttentionTc,
+            Source::AttentionDecode,
+        ];
+        for k in Kernel::all() {
+            let u = k.unit();
+            assert_eq!(u.src, k.source());
+            assert_eq!(
+                split.contains(&u.src),
+                u.part != Part::Whole,
+                "{k:?} in {}",
+                u.name()
+            );
+            // The part's define is the tag KILN_IN_PART uses in the source.
+            if let Some(tag) = u.part.tag() {
+                assert!(
+                    u.src.text().contains(&format!("KILN_IN_PART({tag},"))
+                        || u.src.text().contains(&format!("#if KILN_PART_{tag}")),
+                    "{} has no part {tag}",
+                    u.src.file()
+                );
+                assert!(u.text().starts_with("#define KILN_PARTS 1\n"));
+            }
+        }
     }
 }

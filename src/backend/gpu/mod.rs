@@ -46,7 +46,7 @@ use device::{Arg, DevBuf, Device};
 pub use graphs::GraphStats;
 
 pub use super::open::GpuOptions;
-use kernels::{Kernel, Kernels};
+use kernels::{Kernel, KernelNeeds, Kernels};
 pub use qtype::QType;
 use runtime::{Grid, Runtime};
 pub use timing::KernelTiming;
@@ -181,7 +181,15 @@ impl<R: Runtime> GpuBackend<R> {
         let dev = Device::<R>::open(ordinal, opts.sync_check, opts.timing_period)?;
         let open_s = t0.elapsed().as_secs_f64();
         // The kernels compile on threads of their own while the weights upload.
-        let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref(), opts.moe)?;
+        let needs = KernelNeeds {
+            moe: opts.moe,
+            qtypes: opts
+                .weight_types
+                .as_ref()
+                .map(|t| t.iter().filter_map(|&t| QType::of(t)).collect()),
+            head_dims: opts.head_dims.clone(),
+        };
+        let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref(), needs)?;
         let t1 = std::time::Instant::now();
         let blas = dev.rt.blas().map_err(runtime::dev_err("blas"))?;
         tracing::info!(
