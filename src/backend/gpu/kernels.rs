@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -795,21 +795,60 @@ impl Kernel {
     }
 }
 
-/// The loaded kernels of one backend. Every source compiles (or is read from the cache) on a
-/// thread of its own from [`Kernels::load`] on, while the model's weights upload; a source's
-/// module is loaded when one of its kernels is first asked for ([`Kernels::get`]) or when
-/// [`Kernels::wait_core`] asks for every source a dense model runs. Modules stay loaded as
-/// long as this lives.
+/// The loaded kernels of one backend. Every compile unit the model runs compiles (or is read
+/// from the cache) on a thread of its own from [`Kernels::load`] on, while the model's weights
+/// upload; the others compile when one of their kernels is first asked for. A unit's module
+/// is loaded when one of its kernels is first asked for ([`Kernels::get`]) or when
+/// [`Kernels::wait_core`] asks for every unit the model runs. Modules stay loaded as long as
+/// this lives.
 pub struct Kernels<R: Runtime> {
     slots: HashMap<Unit, Slot<R>>,
     dt: DType,
     /// What the model runs (those units are waited for at start).
     needs: KernelNeeds,
+    /// How every unit compiles (the units not started at load compile from it on first use).
+    job: Arc<CompileJob>,
     started: Instant,
 }
 
-/// One source: its compile thread until joined, then its module and functions (or the
-/// error, kept as text and returned for every later kernel of the source).
+/// The compiler options, cache salt and cache folder every unit of one backend shares.
+struct CompileJob {
+    opts: Vec<String>,
+    salt: String,
+    dir: Option<PathBuf>,
+}
+
+impl CompileJob {
+    /// Compiles (or reads from the cache) `unit` on a thread of its own at the lowest CPU
+    /// priority, logging how it went.
+    fn spawn<R: Runtime>(
+        self: Arc<Self>,
+        unit: Unit,
+    ) -> Result<JoinHandle<Result<Compiled, BackendError>>, BackendError> {
+        std::thread::Builder::new()
+            .name(format!("kiln-nvrtc-{}", unit.name()))
+            .spawn(move || {
+                lowest_priority();
+                let c = cached_compile::<R>(unit, &self.opts, &self.salt, self.dir.as_deref());
+                if let Ok(c) = &c {
+                    tracing::info!(
+                        backend = R::NAME,
+                        source = unit.name(),
+                        cached = c.cached,
+                        secs = c.secs,
+                        bytes = c.image.len(),
+                        "kernel source compiled"
+                    );
+                }
+                c
+            })
+            .map_err(|e| compile_err::<R>(format!("cannot start a compile thread: {e}")))
+    }
+}
+
+/// One unit: its compile thread until joined (none until first use for a unit the model
+/// does not run), then its module and functions (or the error, kept as text and returned for
+/// every later kernel of the unit).
 struct Slot<R: Runtime> {
     pending: Mutex<Option<JoinHandle<Result<Compiled, BackendError>>>>,
     loaded: OnceLock<Result<Loaded<R>, String>>,
@@ -829,8 +868,10 @@ struct Loaded<R: Runtime> {
     _module: R::Module,
 }
 
-/// Lowers the calling thread's CPU priority to the least (Linux; elsewhere nothing), so a
-/// compile nobody waits for takes only idle cores.
+/// Lowers the calling thread's CPU priority to the least (Linux; elsewhere nothing), so the
+/// compiles take the cores the weight upload leaves (with NVRTC's split-compile threads, a
+/// cold start ran ~40 compile threads, and the upload on the lane's thread fell from 2.7 to
+/// 0.7 GB/s on an H100 machine's 16 cores).
 fn lowest_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: plain syscalls on the calling thread's own id; a failure leaves the priority.
@@ -842,8 +883,8 @@ fn lowest_priority() {
 
 impl<R: Runtime> Kernels<R> {
     /// Starts compiling (or reading from `cache_dir`) every compile unit with kernels for
-    /// `dt`, one thread each, for `dev`; `needs`: what the model runs (the rest compiles at
-    /// the lowest CPU priority). Nothing waits here: a compile error or a missing entry point
+    /// `dt` that `needs` says the model runs, one thread each, for `dev` (the others compile
+    /// on first use). Nothing waits here: a compile error or a missing entry point
     /// is returned by the first [`Kernels::get`] of a kernel in that unit, and by
     /// [`Kernels::wait_core`], which start-up calls before the lane reports ready.
     pub fn load(
@@ -874,36 +915,24 @@ impl<R: Runtime> Kernels<R> {
             let size = u.src.full_text().len();
             (!needs.core(u), std::cmp::Reverse(size), u.name())
         });
+        let job = Arc::new(CompileJob {
+            opts,
+            salt,
+            dir: cache_dir.map(Path::to_path_buf),
+        });
         let mut slots = HashMap::new();
         for unit in used {
-            let (opts, salt) = (opts.clone(), salt.clone());
-            let dir = cache_dir.map(Path::to_path_buf);
-            let core = needs.core(unit);
-            let handle = std::thread::Builder::new()
-                .name(format!("kiln-nvrtc-{}", unit.name()))
-                .spawn(move || {
-                    if !core {
-                        lowest_priority();
-                    }
-                    let c = cached_compile::<R>(unit, &opts, &salt, dir.as_deref());
-                    if let Ok(c) = &c {
-                        tracing::info!(
-                            backend = R::NAME,
-                            source = unit.name(),
-                            cached = c.cached,
-                            secs = c.secs,
-                            bytes = c.image.len(),
-                            waited_for = core,
-                            "kernel source compiled"
-                        );
-                    }
-                    c
-                })
-                .map_err(|e| compile_err::<R>(format!("cannot start a compile thread: {e}")))?;
+            // What the model runs compiles now, each unit on a thread of its own at the
+            // lowest CPU priority (the weight upload on the lane's thread goes first; NVRTC's
+            // own threads inherit it); the rest compiles when first asked for.
+            let pending = match needs.core(unit) {
+                true => Some(job.clone().spawn::<R>(unit)?),
+                false => None,
+            };
             slots.insert(
                 unit,
                 Slot {
-                    pending: Mutex::new(Some(handle)),
+                    pending: Mutex::new(pending),
                     loaded: OnceLock::new(),
                 },
             );
@@ -912,6 +941,7 @@ impl<R: Runtime> Kernels<R> {
             slots,
             dt,
             needs,
+            job,
             started: Instant::now(),
         })
     }
@@ -948,7 +978,7 @@ impl<R: Runtime> Kernels<R> {
             dtype: format!("{:?} ({} has no entry points)", self.dt, unit.name()),
         })?;
         slot.loaded
-            .get_or_init(|| Self::finish(rt, unit, self.dt, slot, self.started))
+            .get_or_init(|| Self::finish(rt, unit, self.dt, slot, &self.job, self.started))
             .as_ref()
             .map_err(|message| compile_err::<R>(message.clone()))
     }
@@ -959,15 +989,19 @@ impl<R: Runtime> Kernels<R> {
         unit: Unit,
         dt: DType,
         slot: &Slot<R>,
+        job: &Arc<CompileJob>,
         started: Instant,
     ) -> Result<Loaded<R>, String> {
         let t0 = Instant::now();
-        let handle = slot
+        let pending = slot
             .pending
             .lock()
             .map_err(|_| "compile slot poisoned".to_string())?
-            .take()
-            .ok_or_else(|| format!("{}: compile result already taken", unit.name()))?;
+            .take();
+        let handle = match pending {
+            Some(h) => h,
+            None => job.clone().spawn::<R>(unit).map_err(|e| e.to_string())?,
+        };
         let compiled = handle
             .join()
             .unwrap_or_else(|_| Err(compile_err::<R>("compile thread panicked".into())))
