@@ -171,6 +171,20 @@ impl ArchRig {
         (eager, graph)
     }
 
+    /// Kernel time of one 2048-token prefill step by op; prints the ops.
+    fn prefill_breakdown(&mut self) {
+        self.rig.b.set_graphs(false);
+        let (wall, timings) = self
+            .rig
+            .timed_kernels(&plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16));
+        let (_, line) = by_op(&timings);
+        eprintln!(
+            "BREAKDOWN {} prefill 2048: wall {:.3} ms, {line}",
+            self.name,
+            wall * 1e3
+        );
+    }
+
     /// Kernel time of one eager decode step by op, and the attention time (with its split-K
     /// merge) of the sliding and the global layers; prints the ops.
     fn breakdown(&mut self, label: &str, batch: usize, ctx: u32) -> (f64, f64) {
@@ -236,6 +250,7 @@ fn bench_arch_qwen3_8b_vs_llama3_8b() {
             spec.n_layers,
             pre * 1e3
         );
+        rig.prefill_breakdown();
         let mut dec = Vec::new();
         for &(batch, ctx) in &cases {
             let t = rig.decode(batch, ctx);
