@@ -179,9 +179,10 @@ impl ArchRig {
             .timed_kernels(&plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16));
         let (_, line) = by_op(&timings);
         eprintln!(
-            "BREAKDOWN {} prefill 2048: wall {:.3} ms, {line}",
+            "BREAKDOWN {} prefill 2048: wall {:.3} ms, {}, {line}",
             self.name,
-            wall * 1e3
+            wall * 1e3,
+            head_line(&timings)
         );
     }
 
@@ -208,12 +209,19 @@ impl ArchRig {
         }
         let (_, line) = by_op(&timings);
         eprintln!(
-            "BREAKDOWN {} {label}: wall {:.3} ms, {line}",
+            "BREAKDOWN {} {label}: wall {:.3} ms, {}, {line}",
             self.name,
-            wall * 1e3
+            wall * 1e3,
+            head_line(&timings)
         );
         (attn[0], attn[1])
     }
+}
+
+/// The output head's time in a step's timings (the last matmul launch).
+fn head_line(timings: &[kiln::backend::gpu::KernelTiming]) -> String {
+    let head = timings.iter().rev().find(|t| t.kernel == "matmul");
+    format!("lm_head {:.3} ms", head.map_or(0.0, |t| t.seconds * 1e3))
 }
 
 /// Bytes of K and V one decode step reads at context `ctx`: every layer its window of it.

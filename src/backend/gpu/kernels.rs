@@ -219,6 +219,8 @@ pub enum Kernel {
     Rope,
     /// Rope, then the k/v heads written to the paged cache (rope + write_kv in one launch).
     RopeKv,
+    /// The per-head q/k RMSNorm, then `RopeKv` (head_rms_norm + rope + write_kv in one launch).
+    RopeKvNorm,
     WriteKv,
     SiluMul,
     /// SiLU-mul over whole 16-byte chunks.
@@ -398,6 +400,7 @@ impl Kernel {
             Kernel::AddRmsNormVec,
             Kernel::Rope,
             Kernel::RopeKv,
+            Kernel::RopeKvNorm,
             Kernel::WriteKv,
             Kernel::SiluMul,
             Kernel::SiluMulVec,
@@ -488,6 +491,7 @@ impl Kernel {
             Kernel::AddRmsNorm | Kernel::AddRmsNormVec => "add_rms_norm",
             Kernel::Rope => "rope",
             Kernel::RopeKv => "rope_kv",
+            Kernel::RopeKvNorm => "rope_kv_norm",
             Kernel::WriteKv => "write_kv",
             Kernel::SiluMul | Kernel::SiluMulVec => "silu_mul",
             Kernel::AddBias => "add_bias",
@@ -549,6 +553,7 @@ impl Kernel {
                 | Kernel::RmsNormVec
                 | Kernel::AddRmsNormVec
                 | Kernel::RopeKv
+                | Kernel::RopeKvNorm
                 | Kernel::AttentionDecode { .. }
                 | Kernel::AttnCombine
                 | Kernel::Qgemv { .. }
@@ -566,7 +571,7 @@ impl Kernel {
             Kernel::RmsNorm | Kernel::AddRmsNorm | Kernel::RmsNormVec | Kernel::AddRmsNormVec => {
                 Source::Norm
             }
-            Kernel::Rope | Kernel::RopeKv => Source::Rope,
+            Kernel::Rope | Kernel::RopeKv | Kernel::RopeKvNorm => Source::Rope,
             Kernel::WriteKv => Source::Kv,
             Kernel::SiluMul | Kernel::SiluMulVec | Kernel::AddBias => Source::Activation,
             Kernel::Attention { .. } => Source::AttentionPrefill,
