@@ -42,17 +42,13 @@ __device__ __forceinline__ void rope_impl(T* __restrict__ qkv, int stride, const
     }
 }
 
-// rope_kv: rope, then what write_kv (kv.cu) does, in one launch: the block of a group with
-// k heads copies their rotated k and their v into the paged cache at the row's slot (slot
-// 0xffffffff: a padding row, nothing written).
+// The cache write of rope_kv: the block of a group with k heads copies their rotated k and
+// their v into the paged cache at the row's slot (slot 0xffffffff: a padding row, nothing
+// written). Called by every thread after its own stores to the row.
 template <typename T>
-__device__ void rope_kv_impl(T* __restrict__ qkv, int stride, const u32* __restrict__ positions,
-                             const float* __restrict__ inv_freq, int head_dim, int rot_dim, int interleaved,
-                             float mscale, int n_heads, int n_kv, const u32* __restrict__ slots, T* __restrict__ k_cache,
-                             T* __restrict__ v_cache) {
-    KILN_PDL_TRIGGER();
-    KILN_PDL_WAIT();
-    rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, mscale, n_heads + n_kv);
+__device__ __forceinline__ void rope_kv_copy(const T* __restrict__ qkv, int stride, int head_dim, int n_heads,
+                                             int n_kv, const u32* __restrict__ slots, T* __restrict__ k_cache,
+                                             T* __restrict__ v_cache) {
     const u32 slot = slots[blockIdx.x];
     // The group's k heads: [k0, k1) of the n_kv.
     const int k0 = max((int)blockIdx.y * ROPE_HEADS, n_heads) - n_heads;
@@ -83,6 +79,103 @@ __device__ void rope_kv_impl(T* __restrict__ qkv, int stride, const u32* __restr
     }
 }
 
+// rope_kv: rope, then what write_kv (kv.cu) does, in one launch (rope_kv_copy).
+template <typename T>
+__device__ void rope_kv_impl(T* __restrict__ qkv, int stride, const u32* __restrict__ positions,
+                             const float* __restrict__ inv_freq, int head_dim, int rot_dim, int interleaved,
+                             float mscale, int n_heads, int n_kv, const u32* __restrict__ slots, T* __restrict__ k_cache,
+                             T* __restrict__ v_cache) {
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
+    rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, mscale, n_heads + n_kv);
+    rope_kv_copy<T>(qkv, stride, head_dim, n_heads, n_kv, slots, k_cache, v_cache);
+}
+
+// rope_kv_norm: Qwen3's and Gemma 3's per-head q/k RMSNorm (weights qw for the q heads, kw
+// for the k heads: head_rms_norm's values in arch.cu, rounded to the dtype as its store
+// would be), then rope_kv, in one launch. Thread i holds pair i of each of the group's heads
+// in registers (the host launches at least rot_dim / 2 threads): one load of the row, the
+// block's sums of squares, then the rotated values stored. The dims past rot_dim (a partial
+// rope) count in the norm and are normalized only.
+template <typename T>
+__device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __restrict__ positions,
+                                  const float* __restrict__ inv_freq, int head_dim, int rot_dim, int interleaved,
+                                  float mscale, int n_heads, int n_kv, const u32* __restrict__ slots,
+                                  T* __restrict__ k_cache, T* __restrict__ v_cache, const T* __restrict__ qw,
+                                  const T* __restrict__ kw, float eps) {
+    KILN_PDL_TRIGGER();
+    KILN_PDL_WAIT();
+    __shared__ float part[ROPE_HEADS][MAX_WARPS];
+    const int h0 = blockIdx.y * ROPE_HEADS, h1 = min(h0 + ROPE_HEADS, n_heads + n_kv);
+    T* row = qkv + (size_t)blockIdx.x * stride;
+    const int half = rot_dim / 2, i = threadIdx.x;
+    const bool pair = i < half;
+    const int a = interleaved ? 2 * i : i;
+    const int b = interleaved ? 2 * i + 1 : i + half;
+    float x0[ROPE_HEADS], x1[ROPE_HEADS], ss[ROPE_HEADS];
+#pragma unroll
+    for (int j = 0; j < ROPE_HEADS; ++j) {
+        const T* x = row + (size_t)(h0 + j) * head_dim;
+        const bool own = pair && h0 + j < h1;
+        x0[j] = own ? to_f(x[a]) : 0.f;
+        x1[j] = own ? to_f(x[b]) : 0.f;
+        ss[j] = x0[j] * x0[j] + x1[j] * x1[j];
+    }
+    for (int d = rot_dim + i; d < head_dim; d += blockDim.x) {
+#pragma unroll
+        for (int j = 0; j < ROPE_HEADS; ++j) {
+            const float v = h0 + j < h1 ? to_f(row[(size_t)(h0 + j) * head_dim + d]) : 0.f;
+            ss[j] += v * v;
+        }
+    }
+    float cf = 0.f, sf = 0.f;
+    if (pair) {
+        double s, c;
+        sincos((double)positions[blockIdx.x] * (double)inv_freq[i], &s, &c);
+        cf = (float)c * mscale;
+        sf = (float)s * mscale;
+    }
+    const int w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+#pragma unroll
+    for (int j = 0; j < ROPE_HEADS; ++j) {
+        ss[j] = warp_sum(ss[j]);
+        if (threadIdx.x % WARP == 0) part[j][w] = ss[j];
+    }
+    __syncthreads();
+    float inv[ROPE_HEADS];
+#pragma unroll
+    for (int j = 0; j < ROPE_HEADS; ++j) {
+        float t = 0.f;
+        for (int k = 0; k < nw; ++k) t += part[j][k];
+        inv[j] = 1.0f / sqrtf(t / (float)head_dim + eps);
+    }
+    if (pair) {
+        const float qa = to_f(qw[a]), qb = to_f(qw[b]), ka = to_f(kw[a]), kb = to_f(kw[b]);
+#pragma unroll
+        for (int j = 0; j < ROPE_HEADS; ++j) {
+            if (h0 + j < h1) {
+                const bool q = h0 + j < n_heads;
+                const float y0 = to_f(from_f<T>(x0[j] * inv[j] * (q ? qa : ka)));
+                const float y1 = to_f(from_f<T>(x1[j] * inv[j] * (q ? qb : kb)));
+                T* x = row + (size_t)(h0 + j) * head_dim;
+                x[a] = from_f<T>(y0 * cf - y1 * sf);
+                x[b] = from_f<T>(y0 * sf + y1 * cf);
+            }
+        }
+    }
+    for (int d = rot_dim + i; d < head_dim; d += blockDim.x) {
+        const float wq = to_f(qw[d]), wk = to_f(kw[d]);
+#pragma unroll
+        for (int j = 0; j < ROPE_HEADS; ++j) {
+            if (h0 + j < h1) {
+                T* x = row + (size_t)(h0 + j) * head_dim;
+                x[d] = from_f<T>(to_f(x[d]) * inv[j] * (h0 + j < n_heads ? wq : wk));
+            }
+        }
+    }
+    rope_kv_copy<T>(qkv, stride, head_dim, n_heads, n_kv, slots, k_cache, v_cache);
+}
+
 #define KILN_ROPE(N, T)                                                                            \
     extern "C" __global__ void rope_##N(T* qkv, int stride, const u32* positions, const float* inv_freq, \
                                         int head_dim, int rot_dim, int interleaved, float mscale,  \
@@ -95,5 +188,13 @@ __device__ void rope_kv_impl(T* __restrict__ qkv, int stride, const u32* __restr
                                            T* v_cache) {                                              \
         rope_kv_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, mscale, n_heads, n_kv, \
                         slots, k_cache, v_cache);                                                  \
+    }                                                                                              \
+    extern "C" __global__ void rope_kv_norm_##N(T* qkv, int stride, const u32* positions,         \
+                                                const float* inv_freq, int head_dim, int rot_dim,  \
+                                                int interleaved, float mscale, int n_heads, int n_kv, \
+                                                const u32* slots, T* k_cache, T* v_cache, const T* qw, \
+                                                const T* kw, float eps) {                          \
+        rope_kv_norm_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, mscale, n_heads, \
+                             n_kv, slots, k_cache, v_cache, qw, kw, eps);                          \
     }
 KILN_FOR_DTYPES(KILN_ROPE)

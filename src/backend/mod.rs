@@ -49,6 +49,16 @@ pub enum BackendError {
     Weight(#[from] quant::QuantError),
 }
 
+/// The per-head q/k RMSNorm of [`Backend::norm_rope_write_kv`] (Qwen3, Gemma 3): the
+/// weights (`[head_dim]` each), the epsilon, and the step's rows (`n` of
+/// [`Backend::head_rms_norm`]).
+pub struct QkNorm<'a, W> {
+    pub q: &'a W,
+    pub k: &'a W,
+    pub eps: f32,
+    pub n: usize,
+}
+
 /// The gate activation of a gated FFN (GLU): `act(x W_g^T) * (x W_u^T)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Activation {
@@ -193,6 +203,22 @@ pub trait Backend {
     ) -> Result<(), BackendError> {
         self.rope(qkv, b, shape, rope)?;
         self.write_kv(kv, layer, qkv, b, shape)
+    }
+    /// [`Backend::head_rms_norm`] with `norm`, then [`Backend::rope_write_kv`]; a backend may
+    /// do all three in one pass (its values then equal the two ops' within rounding).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rope_write_kv(
+        &mut self,
+        qkv: &mut Self::Tensor,
+        kv: &mut Self::Kv,
+        layer: usize,
+        b: &Self::Batch,
+        shape: &AttnShape,
+        rope: &RopeSpec,
+        norm: QkNorm<'_, Self::Weight>,
+    ) -> Result<(), BackendError> {
+        self.head_rms_norm(qkv, norm.q, norm.k, shape, norm.eps, norm.n)?;
+        self.rope_write_kv(qkv, kv, layer, b, shape, rope)
     }
     /// Causal attention of every token's query (q part of `qkv`) over its sequence's paged
     /// context, prefill chunks and decode tokens in one call. `out` is `[n, q_dim]`.

@@ -7,7 +7,7 @@ pub mod tp;
 pub mod weights;
 
 use crate::backend::{
-    AttnShape, Backend, BackendError, BatchPlan, HostTensor, MoeExperts, SharedExpert,
+    AttnShape, Backend, BackendError, BatchPlan, HostTensor, MoeExperts, QkNorm, SharedExpert,
 };
 use crate::model::{ModelError, ModelFiles, ModelSpec};
 pub use shard::Shard;
@@ -206,10 +206,12 @@ impl<B: Backend> Llama<B> {
                     backend.add_rms_norm(d, &mut s.x, &lw.attn_norm, eps, n, &mut s.h)?;
                 }
                 backend.matmul(&s.h, &lw.wqkv, lw.bqkv.as_ref(), n, &mut s.qkv)?;
-                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                    backend.head_rms_norm(&mut s.qkv, qn, kn, shape, eps, n)?;
+                if let (Some(q), Some(k)) = (&lw.q_norm, &lw.k_norm) {
+                    let norm = QkNorm { q, k, eps, n };
+                    backend.norm_rope_write_kv(&mut s.qkv, kv, l, &b, shape, rope, norm)?;
+                } else {
+                    backend.rope_write_kv(&mut s.qkv, kv, l, &b, shape, rope)?;
                 }
-                backend.rope_write_kv(&mut s.qkv, kv, l, &b, shape, rope)?;
                 backend.attention(&s.qkv, kv, l, &b, shape, &mut s.attn)?;
                 backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
                 reduce(backend, tp, &mut s.delta, n)?;

@@ -171,6 +171,21 @@ impl ArchRig {
         (eager, graph)
     }
 
+    /// Kernel time of one 2048-token prefill step by op; prints the ops.
+    fn prefill_breakdown(&mut self) {
+        self.rig.b.set_graphs(false);
+        let (wall, timings) = self
+            .rig
+            .timed_kernels(&plan(&[(2048, 2048)], 0, 2048 / 16 + 1, 16));
+        let (_, line) = by_op(&timings);
+        eprintln!(
+            "BREAKDOWN {} prefill 2048: wall {:.3} ms, {}, {line}",
+            self.name,
+            wall * 1e3,
+            head_line(&timings)
+        );
+    }
+
     /// Kernel time of one eager decode step by op, and the attention time (with its split-K
     /// merge) of the sliding and the global layers; prints the ops.
     fn breakdown(&mut self, label: &str, batch: usize, ctx: u32) -> (f64, f64) {
@@ -194,12 +209,19 @@ impl ArchRig {
         }
         let (_, line) = by_op(&timings);
         eprintln!(
-            "BREAKDOWN {} {label}: wall {:.3} ms, {line}",
+            "BREAKDOWN {} {label}: wall {:.3} ms, {}, {line}",
             self.name,
-            wall * 1e3
+            wall * 1e3,
+            head_line(&timings)
         );
         (attn[0], attn[1])
     }
+}
+
+/// The output head's time in a step's timings (the last matmul launch).
+fn head_line(timings: &[kiln::backend::gpu::KernelTiming]) -> String {
+    let head = timings.iter().rev().find(|t| t.kernel == "matmul");
+    format!("lm_head {:.3} ms", head.map_or(0.0, |t| t.seconds * 1e3))
 }
 
 /// Bytes of K and V one decode step reads at context `ctx`: every layer its window of it.
@@ -236,6 +258,7 @@ fn bench_arch_qwen3_8b_vs_llama3_8b() {
             spec.n_layers,
             pre * 1e3
         );
+        rig.prefill_breakdown();
         let mut dec = Vec::new();
         for &(batch, ctx) in &cases {
             let t = rig.decode(batch, ctx);

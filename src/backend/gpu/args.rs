@@ -146,6 +146,13 @@ kernel_args! {
         qkv: ptr, stride: i32, positions: ptr, inv_freq: ptr, head_dim: i32, rot_dim: i32,
         interleaved: i32, mscale: f32, n_heads: i32, n_kv: i32, slots: ptr, k_cache: ptr, v_cache: ptr,
     }
+    /// `rope_kv_norm_<dt>`: the q/k head norms (weights `qw`, `kw`), rope, then the k/v heads
+    /// written to the paged cache.
+    RopeKvNormArgs (Kernel::RopeKvNorm) {
+        qkv: ptr, stride: i32, positions: ptr, inv_freq: ptr, head_dim: i32, rot_dim: i32,
+        interleaved: i32, mscale: f32, n_heads: i32, n_kv: i32, slots: ptr, k_cache: ptr, v_cache: ptr,
+        qw: ptr, kw: ptr, eps: f32,
+    }
     /// `write_kv_<dt>`: the k/v heads of each row to their cache slot.
     WriteKvArgs (Kernel::WriteKv) {
         qkv: ptr, stride: i32, q_dim: i32, width: i32, slots: ptr, k_cache: ptr, v_cache: ptr,

@@ -313,6 +313,8 @@ pub enum Kernel {
     Rope,
     /// Rope, then the k/v heads written to the paged cache (rope + write_kv in one launch).
     RopeKv,
+    /// The per-head q/k RMSNorm, then `RopeKv` (head_rms_norm + rope + write_kv in one launch).
+    RopeKvNorm,
     WriteKv,
     SiluMul,
     /// SiLU-mul over whole 16-byte chunks.
@@ -492,6 +494,7 @@ impl Kernel {
             Kernel::AddRmsNormVec,
             Kernel::Rope,
             Kernel::RopeKv,
+            Kernel::RopeKvNorm,
             Kernel::WriteKv,
             Kernel::SiluMul,
             Kernel::SiluMulVec,
@@ -582,6 +585,7 @@ impl Kernel {
             Kernel::AddRmsNorm | Kernel::AddRmsNormVec => "add_rms_norm",
             Kernel::Rope => "rope",
             Kernel::RopeKv => "rope_kv",
+            Kernel::RopeKvNorm => "rope_kv_norm",
             Kernel::WriteKv => "write_kv",
             Kernel::SiluMul | Kernel::SiluMulVec => "silu_mul",
             Kernel::AddBias => "add_bias",
@@ -643,6 +647,7 @@ impl Kernel {
                 | Kernel::RmsNormVec
                 | Kernel::AddRmsNormVec
                 | Kernel::RopeKv
+                | Kernel::RopeKvNorm
                 | Kernel::AttentionDecode { .. }
                 | Kernel::AttnCombine
                 | Kernel::Qgemv { .. }
@@ -660,7 +665,7 @@ impl Kernel {
             Kernel::RmsNorm | Kernel::AddRmsNorm | Kernel::RmsNormVec | Kernel::AddRmsNormVec => {
                 Source::Norm
             }
-            Kernel::Rope | Kernel::RopeKv => Source::Rope,
+            Kernel::Rope | Kernel::RopeKv | Kernel::RopeKvNorm => Source::Rope,
             Kernel::WriteKv => Source::Kv,
             Kernel::SiluMul | Kernel::SiluMulVec | Kernel::AddBias => Source::Activation,
             Kernel::Attention { .. } => Source::AttentionPrefill,

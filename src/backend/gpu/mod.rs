@@ -54,7 +54,7 @@ pub use types::{GpuBatch, GpuKv, GpuTensor, GpuWeight};
 
 pub use super::DType;
 use super::{
-    Activation, AttnShape, Backend, BackendError, BatchPlan, HostTensor, KvShape, RopeSpec,
+    Activation, AttnShape, Backend, BackendError, BatchPlan, HostTensor, KvShape, QkNorm, RopeSpec,
 };
 use crate::sampling::{SampleRow, Sampled};
 
@@ -493,7 +493,20 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         shape: &AttnShape,
         rope: &RopeSpec,
     ) -> Result<(), BackendError> {
-        self.launch_rope_write_kv(qkv, kv, layer, b, shape, rope)
+        self.launch_rope_write_kv(qkv, kv, layer, b, shape, rope, None)
+    }
+
+    fn norm_rope_write_kv(
+        &mut self,
+        qkv: &mut GpuTensor,
+        kv: &mut GpuKv,
+        layer: usize,
+        b: &GpuBatch,
+        shape: &AttnShape,
+        rope: &RopeSpec,
+        norm: QkNorm<'_, GpuWeight>,
+    ) -> Result<(), BackendError> {
+        self.launch_rope_write_kv(qkv, kv, layer, b, shape, rope, Some(norm))
     }
 
     fn attention(

@@ -2,11 +2,11 @@
 //! the k/v write alone, or both in one launch; the rope frequency tables, uploaded once per
 //! rope spec.
 
-use super::args::{RopeArgs, RopeKvArgs, WriteKvArgs};
+use super::args::{RopeArgs, RopeKvArgs, RopeKvNormArgs, WriteKvArgs};
 use super::kernels::Kernel;
 use super::runtime::{Grid, Runtime};
-use super::{GpuBackend, GpuBatch, GpuKv, GpuTensor, check_cols, check_rows, invalid};
-use crate::backend::{AttnShape, BackendError, RopeLayout, RopeSpec};
+use super::{GpuBackend, GpuBatch, GpuKv, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
+use crate::backend::{AttnShape, BackendError, QkNorm, RopeLayout, RopeSpec};
 
 /// Heads per rope block (`ROPE_HEADS` in `kernels/rope.cu`).
 const ROPE_HEADS: usize = 8;
@@ -142,6 +142,9 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch_with(Kernel::WriteKv, grid, &args)
     }
 
+    /// Rope and the cache write of `layer` in one launch; with `norm`, the q/k head norms
+    /// first in the same launch (`head_rms_norm`'s values, rounded as its store would be).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_rope_write_kv(
         &mut self,
         qkv: &mut GpuTensor,
@@ -150,11 +153,50 @@ impl<R: Runtime> GpuBackend<R> {
         b: &GpuBatch,
         shape: &AttnShape,
         rope: &RopeSpec,
+        norm: Option<QkNorm<'_, GpuWeight>>,
     ) -> Result<(), BackendError> {
         let r = self.rope_launch(qkv, b, shape, rope)?;
         let (k, v) = self.kv_layer(kv, layer, shape)?;
         let l = self.layout(b)?;
-        let args = RopeKvArgs {
+        let slots = self.meta_ptr(l.slots);
+        let Some(norm) = norm else {
+            let args = RopeKvArgs {
+                qkv: r.qkv,
+                stride: r.stride,
+                positions: r.positions,
+                inv_freq: r.inv_freq,
+                head_dim: r.head_dim,
+                rot_dim: r.rot_dim,
+                interleaved: r.interleaved,
+                mscale: r.mscale,
+                n_heads: shape.n_heads as i32,
+                n_kv: shape.n_kv_heads as i32,
+                slots,
+                k_cache: k,
+                v_cache: v,
+            };
+            return self.launch_with(Kernel::RopeKv, r.grid, &args);
+        };
+        let hd = shape.head_dim;
+        check_cols("head_rms_norm q weight", norm.q.rows * norm.q.cols, hd)?;
+        check_cols("head_rms_norm k weight", norm.k.rows * norm.k.cols, hd)?;
+        if norm.n != l.n_tokens {
+            return Err(invalid(format!(
+                "head norms of {} rows in a step of {}",
+                norm.n, l.n_tokens
+            )));
+        }
+        // A thread per rotated pair (whole warps, at least the rope's 64).
+        let warp = self.dev.info.warp_size;
+        let threads = (rope.dim / 2).next_multiple_of(warp).max(64);
+        if threads > 1024 {
+            return Err(invalid(format!("head norms of head size {hd}")));
+        }
+        let grid = Grid {
+            threads: threads as u32,
+            ..r.grid
+        };
+        let args = RopeKvNormArgs {
             qkv: r.qkv,
             stride: r.stride,
             positions: r.positions,
@@ -165,10 +207,13 @@ impl<R: Runtime> GpuBackend<R> {
             mscale: r.mscale,
             n_heads: shape.n_heads as i32,
             n_kv: shape.n_kv_heads as i32,
-            slots: self.meta_ptr(l.slots),
+            slots,
             k_cache: k,
             v_cache: v,
+            qw: norm.q.dense_for("head_rms_norm")?.ptr(),
+            kw: norm.k.dense_for("head_rms_norm")?.ptr(),
+            eps: norm.eps,
         };
-        self.launch_with(Kernel::RopeKv, r.grid, &args)
+        self.launch_with(Kernel::RopeKvNorm, grid, &args)
     }
 }
