@@ -94,9 +94,11 @@ __device__ void rope_kv_impl(T* __restrict__ qkv, int stride, const u32* __restr
 // rope_kv_norm: Qwen3's and Gemma 3's per-head q/k RMSNorm (weights qw for the q heads, kw
 // for the k heads: head_rms_norm's values in arch.cu, rounded to the dtype as its store
 // would be), then rope_kv, in one launch. Thread i holds pair i of each of the group's heads
-// in registers (the host launches at least rot_dim / 2 threads): one load of the row, the
-// block's sums of squares, then the rotated values stored. The dims past rot_dim (a partial
-// rope) count in the norm and are normalized only.
+// in registers (the host launches at least rot_dim / 2 threads): the row and the weights in
+// one round of loads, the block's sums of squares, then each rotated value stored to the row
+// and, for a k head, to the cache by the thread that computed it (no second barrier, no
+// re-read); the group's v heads are copied while the loads are in flight. The dims past
+// rot_dim (a partial rope) count in the norm and are normalized only.
 template <typename T>
 __device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __restrict__ positions,
                                   const float* __restrict__ inv_freq, int head_dim, int rot_dim, int interleaved,
@@ -112,6 +114,13 @@ __device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __
     const bool pair = i < half;
     const int a = interleaved ? 2 * i : i;
     const int b = interleaved ? 2 * i + 1 : i + half;
+    float qa = 0.f, qb = 0.f, ka = 0.f, kb = 0.f;
+    if (pair) {
+        qa = to_f(qw[a]);
+        qb = to_f(qw[b]);
+        ka = to_f(kw[a]);
+        kb = to_f(kw[b]);
+    }
     float x0[ROPE_HEADS], x1[ROPE_HEADS], ss[ROPE_HEADS];
 #pragma unroll
     for (int j = 0; j < ROPE_HEADS; ++j) {
@@ -135,6 +144,25 @@ __device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __
         cf = (float)c * mscale;
         sf = (float)s * mscale;
     }
+    // The cache slot of the row and the group's kv heads [k0, k1) (none: nothing written).
+    const u32 slot = slots[blockIdx.x];
+    const int k0 = max(h0, n_heads) - n_heads, k1 = max(h1, n_heads) - n_heads;
+    const bool cache = k0 < k1 && slot != 0xffffffffu;
+    const int width = n_kv * head_dim;
+    const size_t dst = (size_t)slot * width;
+    if (cache) {  // v: copied as it is
+        const T* v = row + (size_t)n_heads * head_dim + width;
+        const int i0 = k0 * head_dim, i1 = k1 * head_dim;
+        typedef typename Chunk<T>::Raw Raw;
+        constexpr int E = Chunk<T>::E;
+        if ((i0 | i1) % E == 0 && ((size_t)(v + i0) | (size_t)(v_cache + dst + i0)) % 16 == 0) {
+            for (int c = i0 / E + i; c < i1 / E; c += blockDim.x) {
+                reinterpret_cast<Raw*>(v_cache + dst)[c] = reinterpret_cast<const Raw*>(v)[c];
+            }
+        } else {
+            for (int e = i0 + i; e < i1; e += blockDim.x) v_cache[dst + e] = v[e];
+        }
+    }
     const int w = threadIdx.x / WARP, nw = blockDim.x / WARP;
 #pragma unroll
     for (int j = 0; j < ROPE_HEADS; ++j) {
@@ -150,16 +178,21 @@ __device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __
         inv[j] = 1.0f / sqrtf(t / (float)head_dim + eps);
     }
     if (pair) {
-        const float qa = to_f(qw[a]), qb = to_f(qw[b]), ka = to_f(kw[a]), kb = to_f(kw[b]);
 #pragma unroll
         for (int j = 0; j < ROPE_HEADS; ++j) {
             if (h0 + j < h1) {
                 const bool q = h0 + j < n_heads;
                 const float y0 = to_f(from_f<T>(x0[j] * inv[j] * (q ? qa : ka)));
                 const float y1 = to_f(from_f<T>(x1[j] * inv[j] * (q ? qb : kb)));
+                const T r0 = from_f<T>(y0 * cf - y1 * sf), r1 = from_f<T>(y0 * sf + y1 * cf);
                 T* x = row + (size_t)(h0 + j) * head_dim;
-                x[a] = from_f<T>(y0 * cf - y1 * sf);
-                x[b] = from_f<T>(y0 * sf + y1 * cf);
+                x[a] = r0;
+                x[b] = r1;
+                if (!q && cache) {
+                    T* kc = k_cache + dst + (size_t)(h0 + j - n_heads) * head_dim;
+                    kc[a] = r0;
+                    kc[b] = r1;
+                }
             }
         }
     }
@@ -168,12 +201,14 @@ __device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __
 #pragma unroll
         for (int j = 0; j < ROPE_HEADS; ++j) {
             if (h0 + j < h1) {
+                const bool q = h0 + j < n_heads;
                 T* x = row + (size_t)(h0 + j) * head_dim;
-                x[d] = from_f<T>(to_f(x[d]) * inv[j] * (h0 + j < n_heads ? wq : wk));
+                const T r = from_f<T>(to_f(x[d]) * inv[j] * (q ? wq : wk));
+                x[d] = r;
+                if (!q && cache) k_cache[dst + (size_t)(h0 + j - n_heads) * head_dim + d] = r;
             }
         }
     }
-    rope_kv_copy<T>(qkv, stride, head_dim, n_heads, n_kv, slots, k_cache, v_cache);
 }
 
 #define KILN_ROPE(N, T)                                                                            \
