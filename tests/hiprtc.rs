@@ -1,8 +1,9 @@
 //! The ROCm backend where no AMD GPU is present (CI), with the `rocm` feature:
-//! - hipRTC compiles every kernel source, exactly as a ROCm lane compiles it at start (same
-//!   text, same options from `Hip::compile_options`), for gfx90a (CDNA2, wave64) and gfx1030
-//!   (RDNA2, wave32) in both storage types, into AMDGPU code objects defining every entry
-//!   point the backend loads. hipRTC needs no device: the target is an option.
+//! - hipRTC compiles every kernel compile unit, exactly as a ROCm lane compiles it at start
+//!   (same text, same options from `Hip::compile_options`), for gfx90a (CDNA2, wave64), and
+//!   every whole source for gfx1030 (RDNA2, wave32), in both storage types, into AMDGPU code
+//!   objects defining every entry point the backend loads. hipRTC needs no device: the
+//!   target is an option.
 //! - Without a device, `Hip::available`, `GpuBackend::<Hip>::new` and an engine on
 //!   `rocm:0` fail with a clear error instead of panicking; a tensor-parallel lane on
 //!   `rocm:0` without RCCL is refused at start naming `librccl`.
@@ -119,13 +120,21 @@ mod rocm {
     /// `EF_AMDGPU_MACH_AMDGCN_GFX1030`; RDNA2 supports neither feature.
     const GFX1030: u32 = 0x036;
 
-    /// Compiles every compile unit (a source, or one weight type's or head size's part of
-    /// one) for `arch` (as a device reports it) in storage type `dt`, in parallel as
-    /// `Kernels::load` does, and checks each code object: an AMDGPU ELF whose `e_flags`
-    /// (target `EF_AMDGPU_MACH_*` in the low byte, xnack/sramecc feature bits above) are
-    /// `flags`, defining every entry point of its unit in `dt`, none of the other type's
-    /// and none of another unit's.
-    fn compile_all(arch: &str, warp: usize, flags: u32, dt: DType) {
+    /// Compiles every source for `arch` (as a device reports it) in storage type `dt`, in
+    /// parallel as `Kernels::load` does, and checks each code object: an AMDGPU ELF whose
+    /// `e_flags` (target `EF_AMDGPU_MACH_*` in the low byte, xnack/sramecc feature bits
+    /// above) are `flags`, defining every entry point of `dt` and none of the other type.
+    /// `units`: each compile unit exactly as the backend compiles it (a large source once
+    /// per weight type or head size), each defining its own entry points and no other
+    /// unit's; else each whole source (every part; half the compiles, so one target each).
+    fn compile_all(arch: &str, warp: usize, flags: u32, dt: DType, units: bool) {
+        let list = |dt| match units {
+            true => kernels::units(dt),
+            false => kernels::sources(dt)
+                .into_iter()
+                .map(|(f, t, e)| (f.to_string(), t, e))
+                .collect(),
+        };
         let info = DeviceInfo {
             name: format!("(none: hipRTC only, {arch})"),
             arch: arch.to_string(),
@@ -135,16 +144,13 @@ mod rocm {
         };
         let opts = kernels::compile_options::<Hip>(&info, dt);
         assert!(opts.contains(&format!("--offload-arch={arch}")), "{opts:?}");
-        let sources = kernels::units(dt);
+        let sources = list(dt);
         let other = if dt == DType::F32 {
             DType::Bf16
         } else {
             DType::F32
         };
-        let other_type: Vec<String> = kernels::units(other)
-            .into_iter()
-            .flat_map(|(_, _, e)| e)
-            .collect();
+        let other_type: Vec<String> = list(other).into_iter().flat_map(|(_, _, e)| e).collect();
         let start = std::time::Instant::now();
         let images: Vec<_> = std::thread::scope(|s| {
             let handles: Vec<_> = sources
@@ -231,6 +237,7 @@ mod rocm {
             64,
             GFX90A_SRAMECC_ON_XNACK_OFF,
             DType::F32,
+            true,
         );
     }
 
@@ -241,17 +248,18 @@ mod rocm {
             64,
             GFX90A_SRAMECC_ON_XNACK_OFF,
             DType::Bf16,
+            true,
         );
     }
 
     #[test]
     fn hiprtc_compiles_every_kernel_gfx1030_f32() {
-        compile_all("gfx1030", 32, GFX1030, DType::F32);
+        compile_all("gfx1030", 32, GFX1030, DType::F32, false);
     }
 
     #[test]
     fn hiprtc_compiles_every_kernel_gfx1030_bf16() {
-        compile_all("gfx1030", 32, GFX1030, DType::Bf16);
+        compile_all("gfx1030", 32, GFX1030, DType::Bf16, false);
     }
 
     #[test]
