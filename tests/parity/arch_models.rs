@@ -108,7 +108,7 @@ fn compare(
         // Exact runs (f32) hold every step to the tolerance: that is the check of the ops. In
         // bf16 rounding compounds along a sequence, so only the prompt's logits are held to a
         // bf16 tolerance (measured on the H100: 1e-2 to 2.3e-2, Phi-3's long-rope fixture
-        // 3.4e-2; a wrong op moves logits by far more) and later steps are reported.
+        // more: `bf16_tol`; a wrong op moves logits by far more) and later steps are reported.
         let held = if exact { agree } else { 0 };
         for step in 0..=agree.min(g.step_logits.len() - 1) {
             let err = rel_l2(&g.step_logits[step], &w.step_logits[step]);
@@ -122,6 +122,20 @@ fn compare(
         same += agree;
     }
     (same, worst)
+}
+
+/// The bf16 limit of the prompt's logits. Phi-3's fixture runs long rope at 128 times its
+/// original context: an attention factor of 2.12 on q and k makes its scores 4.5 times
+/// sharper, and bf16 rounding moves its logits more than any other fixture's (on an H100, main
+/// at 0f4107c agreed on 33 of 72 greedy ids, worst later step 1.76e-1; the prompt's logits
+/// 5.36e-2 once the factor moved into the rope, which a NumPy emulation of bf16 rounding
+/// puts in the same 3e-2 to 1.5e-1 range with the factor in either place). A wrong op
+/// moves them by 1.0 to 1.3 (the fixture's sensitivity record).
+fn bf16_tol(name: &str) -> f64 {
+    match name {
+        "phi3" => 8e-2,
+        _ => 5e-2,
+    }
 }
 
 #[test]
@@ -140,7 +154,10 @@ fn family_fixtures_on_the_gpu_match_the_cpu() {
             let files = ModelFiles::open(&path, format).expect("fixture");
             let want = generate(CpuBackend::with_f32_weights(), &files, &prompts);
             let n: usize = want.iter().map(|g| g.token_ids.len()).sum();
-            for (dt, exact, tol) in [(DType::F32, true, 1e-4), (DType::Bf16, false, 5e-2)] {
+            for (dt, exact, tol) in [
+                (DType::F32, true, 1e-4),
+                (DType::Bf16, false, bf16_tol(name)),
+            ] {
                 let label = format!("{} {dt:?}", path.file_name().unwrap().to_string_lossy());
                 let b = crate::harness::cuda(dt).expect("a CUDA device");
                 let (same, worst) =
