@@ -130,10 +130,12 @@ fn compare(
 /// at 0f4107c agreed on 33 of 72 greedy ids, worst later step 1.76e-1; the prompt's logits
 /// 5.36e-2 once the factor moved into the rope, which a NumPy emulation of bf16 rounding
 /// puts in the same 3e-2 to 1.5e-1 range with the factor in either place). A wrong op
-/// moves them by 1.0 to 1.3 (the fixture's sensitivity record).
+/// moves them by 1.0 to 1.3 (the fixture's sensitivity record). Phi-4-mini's fixture, at a
+/// factor of 1.19 on 12 of 16 dims, gets the same limit: the emulation gives 1.1e-2 to 7.7e-2
+/// there (`scripts/bf16_rounding_emulation.py phi3 phi4mini`), a wrong op 0.35 to 1.3.
 fn bf16_tol(name: &str) -> f64 {
     match name {
-        "phi3" => 8e-2,
+        "phi3" | "phi4mini" => 8e-2,
         _ => 5e-2,
     }
 }
