@@ -344,6 +344,17 @@ pub enum Kernel {
         q: QType,
         rows: u32,
     },
+    /// [`Kernel::Qmma`] on 8-bit activations ([`Kernel::QuantizeX`]'s rows): the weight tile
+    /// unpacked to 8-bit quants, int8 tensor-core products (bf16 only).
+    Qmma8 {
+        q: QType,
+        rows: u32,
+    },
+    /// [`Kernel::QmmaMix`] on 8-bit activations.
+    Qmma8Mix {
+        q: QType,
+        rows: u32,
+    },
     /// Sums the split-k partials of [`Kernel::Qmma`] (+ bias) into the output (bf16 only).
     QmmaReduce,
     /// Activation rows to 8-bit blocks of 32 for [`Kernel::Qdot`] (bf16 only).
@@ -441,12 +452,14 @@ impl Kernel {
             v.push(Kernel::MoeMmaGateUp { q });
             v.push(Kernel::MoeMmaDown { q });
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
+            v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma8 { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::Qdot { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotSilu { q, rows }));
         }
         for q in QDOT_MIX_TYPES {
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotMix { q, rows }));
             v.extend(QMMA_ROWS.map(|rows| Kernel::QmmaMix { q, rows }));
+            v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma8Mix { q, rows }));
         }
         v.push(Kernel::QmmaReduce);
         v.push(Kernel::QuantizeX);
@@ -523,6 +536,8 @@ impl Kernel {
             | Kernel::Qgemv { .. }
             | Kernel::Qmma { .. }
             | Kernel::QmmaMix { .. }
+            | Kernel::Qmma8 { .. }
+            | Kernel::Qmma8Mix { .. }
             | Kernel::QmmaReduce
             | Kernel::Qdot { .. }
             | Kernel::QdotMix { .. } => "matmul",
@@ -604,7 +619,11 @@ impl Kernel {
             | Kernel::Qdot { .. }
             | Kernel::QdotMix { .. }
             | Kernel::QdotSilu { .. } => Source::Qgemv,
-            Kernel::Qmma { .. } | Kernel::QmmaMix { .. } | Kernel::QmmaReduce => Source::Qmma,
+            Kernel::Qmma { .. }
+            | Kernel::QmmaMix { .. }
+            | Kernel::Qmma8 { .. }
+            | Kernel::Qmma8Mix { .. }
+            | Kernel::QmmaReduce => Source::Qmma,
         }
     }
 
@@ -616,6 +635,8 @@ impl Kernel {
             self,
             Kernel::Qmma { .. }
                 | Kernel::QmmaMix { .. }
+                | Kernel::Qmma8 { .. }
+                | Kernel::Qmma8Mix { .. }
                 | Kernel::QmmaReduce
                 | Kernel::QuantizeX
                 | Kernel::Qdot { .. }
@@ -651,6 +672,8 @@ impl Kernel {
             Kernel::MoeMmaDown { q } => format!("moemma_down_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
             Kernel::QmmaMix { q, rows } => format!("qmmamix_{}_q6k_{d}_m{rows}", q.tag()),
+            Kernel::Qmma8 { q, rows } => format!("qmma8_{}_{d}_m{rows}", q.tag()),
+            Kernel::Qmma8Mix { q, rows } => format!("qmma8mix_{}_q6k_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
             Kernel::QuantizeX => format!("quantize_x_{d}"),
             Kernel::Qdot { q, rows } => format!("qdot_{}_{d}_m{rows}", q.tag()),

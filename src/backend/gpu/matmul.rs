@@ -281,12 +281,48 @@ impl<R: Runtime> GpuBackend<R> {
         Some(tile).filter(|_| fits && n > 0 && n <= QMMA_MAX_ROWS)
     }
 
+    /// Whether `n` rows of `k` columns take the 8-bit tiled kernels (`qmma8_*`): on NVIDIA
+    /// sm_80 or newer (int8 `mma.sync`; elsewhere the bf16 tiles stay), unless
+    /// `KILN_QMMA8=0`, with room for the 8-bit rows in the dequant scratch. Returns the
+    /// scratch bytes they take (the split-k partials follow them).
+    fn qmma8_bytes(&self, n: usize, k: usize) -> Option<usize> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("KILN_QMMA8").map_or(true, |v| v != "0"));
+        let sm80 = R::NAME == "cuda"
+            && self
+                .dev
+                .info
+                .arch
+                .strip_prefix("sm_")
+                .and_then(|a| {
+                    a.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+                        .parse::<u32>()
+                        .ok()
+                })
+                .is_some_and(|a| a >= 80);
+        let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes());
+        let bytes = qx_bytes(n, k).next_multiple_of(256);
+        (on && sm80 && k.is_multiple_of(32) && bytes <= room).then_some(bytes)
+    }
+
     /// How many k-ranges (grid z) a `qmma_*` launch of `blocks` blocks splits `k` into: enough
     /// for [`QMMA_WAVES`] blocks per SM, each split at least [`QMMA_MIN_SPLIT_TILES`] k-tiles,
     /// at most [`QMMA_MAX_SPLITS`], and the f32 partials of `outputs` values each fitting the
-    /// dequant scratch (free during these launches; 1 without it).
-    fn qmma_splits(&self, blocks: usize, k: usize, outputs: usize, tile: u32) -> usize {
-        let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes()) / (4 * outputs.max(1));
+    /// dequant scratch past its first `used` bytes (free during these launches; 1 without it).
+    fn qmma_splits(
+        &self,
+        blocks: usize,
+        k: usize,
+        outputs: usize,
+        tile: u32,
+        used: usize,
+    ) -> usize {
+        let room = self
+            .scratch
+            .dequant
+            .as_ref()
+            .map_or(0, |b| b.bytes().saturating_sub(used))
+            / (4 * outputs.max(1));
         // Larger row tiles do more per k-tile and need fewer blocks in flight (H100: 32 and 64
         // rows were 6-7% faster at 2 than at 4 blocks per SM, 16 rows 4% slower).
         let waves = if tile >= 32 {
@@ -444,6 +480,14 @@ impl<R: Runtime> GpuBackend<R> {
             return Ok(());
         }
         if let Some(rows) = self.qmma_rows(n, x, w) {
+            // The 8-bit path quantizes x once for every run, at the scratch's start.
+            let qx8 = self.qmma8_bytes(n, k);
+            let xq = match qx8 {
+                Some(_) => Some(self.quantize_x(x, n)?),
+                None => None,
+            };
+            let used = qx8.unwrap_or(0);
+            let scratch = self.scratch.dequant.as_ref().map_or(0, |b| b.ptr());
             for run in part_runs(w) {
                 let PartRun { q, mix, ref slots } = run;
                 let (bias, y) = self.part_out(slots[0].1, bias, out);
@@ -455,10 +499,10 @@ impl<R: Runtime> GpuBackend<R> {
                     r0,
                     r1,
                     r2,
-                    x: x.buf.ptr(),
+                    x: xq.unwrap_or(x.buf.ptr()),
                     bias,
                     y,
-                    ws: self.scratch.dequant.as_ref().map_or(0, |b| b.ptr()),
+                    ws: scratch + used as u64,
                     k: k as i32,
                     rows: n as i32,
                     ldy: m as i32,
@@ -466,15 +510,16 @@ impl<R: Runtime> GpuBackend<R> {
                 let blocks: usize = slots.iter().map(|(_, p)| p.rows.div_ceil(QMMA_BN)).sum();
                 let cols: usize = slots.iter().map(|(_, p)| p.rows).sum();
                 let tiles = (blocks, n.div_ceil(rows as usize));
-                let splits = self.qmma_splits(tiles.0 * tiles.1, k, n * cols, rows);
+                let splits = self.qmma_splits(tiles.0 * tiles.1, k, n * cols, rows, used);
                 let grid = Grid {
                     blocks: (tiles.0 as u32, tiles.1 as u32, splits as u32),
                     threads: QMMA_THREADS,
                 };
-                let kernel = if mix {
-                    Kernel::QmmaMix { q, rows }
-                } else {
-                    Kernel::Qmma { q, rows }
+                let kernel = match (mix, xq.is_some()) {
+                    (true, false) => Kernel::QmmaMix { q, rows },
+                    (false, false) => Kernel::Qmma { q, rows },
+                    (true, true) => Kernel::Qmma8Mix { q, rows },
+                    (false, true) => Kernel::Qmma8 { q, rows },
                 };
                 self.launch_with(kernel, grid, &args)?;
                 if splits > 1 {
