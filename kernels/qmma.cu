@@ -4,6 +4,8 @@
 //   qmma_<q>_bf16_m<BM>:         y[m, j] = sum_k x[m, k] * [W0; W1; W2][j, k] (+ bias[j])
 //   qmmamix_<q>_q6k_bf16_m<BM>:  the same with part 2 of type Q6_K (a Q4_K_M / Q5_K_M qkv)
 //   qmma_reduce_bf16:            y[m, j] = sum_z ws[z][m][j] (+ bias[j])   (split-k partials)
+//   qmma8_<q>_bf16_m<BM>, qmma8mix_<q>_q6k_bf16_m<BM>: the same two on x rows quantized to
+//                                8 bits (quantize_x), int8 tensor cores (qmma8_tile)
 // for m < rows, j < r0 + r1 + r2 (part p has rp rows, 0 when absent; its columns follow the
 // earlier parts').
 //

@@ -251,6 +251,8 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
 // m16n8k16 s8 takes (a0, a1) and b0: the first k16 half; (a2, a3) and b1 the second.
 
 constexpr int QMMA8_LD = QMMA_BK + 16;  // shared row stride in bytes: conflict-free ldmatrix
+constexpr int QMMA8_MAGIC = 0x4B400000;  // the bits of 1.5 * 2^23
+constexpr float QMMA8_MAGIC_F = 12582912.0f;
 
 template <typename Q>
 struct QMMA8_SUB {
@@ -268,6 +270,18 @@ __device__ __forceinline__ void qmma_s8k32(int c[4], const u32 a[4], u32 b0, u32
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// f32 rounded to tf32 (nearest, ties away), as the bits of a b32 register.
+__device__ __forceinline__ u32 qmma_tf32(float v) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+    return r;
+}
+// m16n8k4 tf32, f32 accumulation: A a0 (g, c) a1 (g+8, c); B b0 (k c, n g); C as above.
+__device__ __forceinline__ void qmma_tf32k4(float c[4], u32 a0, u32 a1, u32 b0) {
+    asm("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
 __device__ __forceinline__ void qmma_s8k16(int c[4], u32 a0, u32 a1, u32 b0) {
     asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -275,13 +289,14 @@ __device__ __forceinline__ void qmma_s8k16(int c[4], u32 a0, u32 a1, u32 b0) {
 }
 #endif
 
-// The 8-bit tiles' shared memory (one per BM): w8 (QMMA_BN rows), x8 (BM rows), then the
-// f32 weight scales [QMMA_BK / 16][QMMA_BN], the mins [QMMA_BK / 32][QMMA_BN] and the x
-// blocks' QxScale [BM][QMMA_BK / 32].
+// The 8-bit tiles' shared memory (one per BM): w8 (QMMA_BN rows), two buffers of x8 (BM
+// rows each: tile t + 1 copies in while tile t multiplies), then the f32 weight scales
+// [QMMA_BK / 16][QMMA_BN], the mins [QMMA_BK / 32][QMMA_BN] and two buffers of the x blocks'
+// QxScale [BM][QMMA_BK / 32].
 template <int BM>
 __device__ __forceinline__ u8* qmma8_shared() {
-    constexpr int BYTES = (QMMA_BN + BM) * QMMA8_LD + (QMMA_BK / 16 + QMMA_BK / 32) * QMMA_BN * 4 +
-                          BM * (QMMA_BK / 32) * 8;
+    constexpr int BYTES = (QMMA_BN + 2 * BM) * QMMA8_LD + (QMMA_BK / 16 + QMMA_BK / 32) * QMMA_BN * 4 +
+                          2 * BM * (QMMA_BK / 32) * 8;
     alignas(16) __shared__ u8 tiles[BYTES];
     return tiles;
 }
@@ -303,9 +318,9 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
     static_assert(BM % 16 == 0, "qmma8: m16 tiles");
     u8* w_s = qmma8_shared<BM>();
     u8* x_s = w_s + QMMA_BN * QMMA8_LD;
-    float* sw_s = reinterpret_cast<float*>(x_s + BM * QMMA8_LD);  // [QMMA_BK / SUB][QMMA_BN]
+    float* sw_s = reinterpret_cast<float*>(x_s + 2 * BM * QMMA8_LD);  // [QMMA_BK / SUB][QMMA_BN]
     float* mn_s = sw_s + (QMMA_BK / 16) * QMMA_BN;                 // [NB][QMMA_BN]
-    QxScale* xd_s = reinterpret_cast<QxScale*>(mn_s + NB * QMMA_BN);  // [BM][NB]
+    QxScale* xd_s = reinterpret_cast<QxScale*>(mn_s + NB * QMMA_BN);  // [2][BM][NB]
 
     const int t = threadIdx.x;
     typename Q::Row wr[UPT];
@@ -361,18 +376,28 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
     for (int i = 0; i < BM / RSTEP; ++i) acc[i] = 0.f;
 #endif
 
-    if (kt0 < nt) fetch(kt0);
-    for (int kt = kt0; kt < nt; ++kt) {
-        __syncthreads();  // the previous tile's products are done with the shared tiles
 #if defined(KILN_QMMA_TC)
+    // x tile kt (values and scales) into buffer `buf`, asynchronously: one commit group.
+    auto xcopy = [&](int kt, int buf) {
+        u8* xb = x_s + buf * BM * QMMA8_LD;
 #pragma unroll
         for (int s = 0; s < XPT; ++s) {
             const int i = t + s * QMMA_THREADS;
-            qmma_cp16(qmma_smem(x_s + (i / XC) * QMMA8_LD + (i % XC) * 16), xp[s] + kt * XC, keep[s] & 16u);
+            qmma_cp16(qmma_smem(xb + (i / XC) * QMMA8_LD + (i % XC) * 16), xp[s] + kt * XC, keep[s] & 16u);
         }
         if (t < SC)
-            qmma_cp16(qmma_smem(reinterpret_cast<u8*>(xd_s) + 16 * t), sp + kt * (NB * 8 / 16), sr >= 0 ? 16u : 0u);
+            qmma_cp16(qmma_smem(reinterpret_cast<u8*>(xd_s + buf * BM * NB) + 16 * t), sp + kt * (NB * 8 / 16),
+                      sr >= 0 ? 16u : 0u);
         asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    if (kt0 < nt) xcopy(kt0, 0);
+#endif
+    if (kt0 < nt) fetch(kt0);
+    for (int kt = kt0; kt < nt; ++kt) {
+        __syncthreads();  // the previous tile's products are done with w8 and the other x buffer
+#if defined(KILN_QMMA_TC)
+        const int buf = (kt - kt0) & 1;
+        if (kt + 1 < nt) xcopy(kt + 1, buf ^ 1);
 #endif
 #pragma unroll
         for (int s = 0; s < UPT; ++s) {
@@ -404,54 +429,78 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
 #endif
         if (kt + 1 < nt) fetch(kt + 1);
 #if defined(KILN_QMMA_TC)
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        // Tile kt's copies are done (tile kt + 1's may still fly).
+        if (kt + 1 < nt)
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        else
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #endif
         __syncthreads();
 #if defined(KILN_QMMA_TC)
+        const u32 xb_base = x_base + buf * BM * QMMA8_LD;
+        const QxScale* xd = xd_s + buf * BM * NB;
 #pragma unroll
         for (int b = 0; b < NB; ++b) {
             u32 bq[4];
             qmma_ldm4(bq, w_base + 32 * b);
             // This lane's columns: 2c, 2c + 1 of n8 tile j (warp * 16 + 8j).
-            float2 sw[2][2], mn[2];
+            float2 sw[2][2];
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int col = warp * 16 + j * 8 + 2 * c;
 #pragma unroll
                 for (int h = 0; h < 32 / SUB; ++h)
                     sw[j][h] = *reinterpret_cast<const float2*>(sw_s + ((32 / SUB) * b + h) * QMMA_BN + col);
-                if (Q::XSUM) mn[j] = *reinterpret_cast<const float2*>(mn_s + b * QMMA_BN + col);
             }
 #pragma unroll
             for (int mt = 0; mt < BM / 16; ++mt) {
                 u32 a[4];
-                qmma_ldm4(a, x_base + mt * 16 * QMMA8_LD + 32 * b);
-                const QxScale xr[2] = {xd_s[(mt * 16 + g) * NB + b], xd_s[(mt * 16 + g + 8) * NB + b]};
+                qmma_ldm4(a, xb_base + mt * 16 * QMMA8_LD + 32 * b);
+                const QxScale xr[2] = {xd[(mt * 16 + g) * NB + b], xd[(mt * 16 + g + 8) * NB + b]};
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
+                    // The int32 sums start at the bits of 1.5 * 2^23, so each reads as that
+                    // float plus the sum (|sum| < 2^22: 32 * 128 * 128 at most), exactly; one
+                    // subtraction gives the sum as a float (no int-to-float conversion, a
+                    // quarter-rate instruction).
                     if (SUB == 32) {
-                        int ci[4] = {0, 0, 0, 0};
+                        int ci[4] = {QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC};
                         qmma_s8k32(ci, a, bq[2 * j], bq[2 * j + 1]);
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
                             const float s = e & 1 ? sw[j][0].y : sw[j][0].x;
-                            float v = fmaf((float)ci[e], xr[e >> 1].d * s, acc[mt][j][e]);
-                            if (Q::XSUM) v = fmaf(xr[e >> 1].s, e & 1 ? mn[j].y : mn[j].x, v);
-                            acc[mt][j][e] = v;
+                            acc[mt][j][e] =
+                                fmaf(__int_as_float(ci[e]) - QMMA8_MAGIC_F, xr[e >> 1].d * s, acc[mt][j][e]);
                         }
                     } else {
-                        int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
+                        int c0[4] = {QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC};
+                        int c1[4] = {QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC};
                         qmma_s8k16(c0, a[0], a[1], bq[2 * j]);
                         qmma_s8k16(c1, a[2], a[3], bq[2 * j + 1]);
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
                             const float s0 = e & 1 ? sw[j][0].y : sw[j][0].x;
                             const float s1 = e & 1 ? sw[j][1 % (32 / SUB)].y : sw[j][1 % (32 / SUB)].x;
-                            acc[mt][j][e] =
-                                fmaf(xr[e >> 1].d, fmaf((float)c1[e], s1, (float)c0[e] * s0), acc[mt][j][e]);
+                            const float f0 = __int_as_float(c0[e]) - QMMA8_MAGIC_F;
+                            const float f1 = __int_as_float(c1[e]) - QMMA8_MAGIC_F;
+                            acc[mt][j][e] = fmaf(xr[e >> 1].d, fmaf(f1, s1, f0 * s0), acc[mt][j][e]);
                         }
                     }
                 }
+            }
+        }
+        if (Q::XSUM) {
+            // The k-quants' min term, sum over the tile's 32-blocks b of xsum[s][b] * mn[j][b]:
+            // a rank-4 product, one tf32 mma per m16 x n8 tile (k = b = c: NB is 4).
+            static_assert(NB == 4, "qmma8: one k4 step of 32-blocks per tile");
+            u32 bm[2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) bm[j] = qmma_tf32(mn_s[c * QMMA_BN + warp * 16 + j * 8 + g]);
+#pragma unroll
+            for (int mt = 0; mt < BM / 16; ++mt) {
+                const u32 a0 = qmma_tf32(xd[(mt * 16 + g) * NB + c].s), a1 = qmma_tf32(xd[(mt * 16 + g + 8) * NB + c].s);
+#pragma unroll
+                for (int j = 0; j < 2; ++j) qmma_tf32k4(acc[mt][j], a0, a1, bm[j]);
             }
         }
 #else

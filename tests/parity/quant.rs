@@ -43,8 +43,9 @@ fn qtol<B: TestBackend>(b: &B) -> f64 {
 }
 
 /// Relative error allowed at `n` rows: a GPU's decode rows in bf16 quantize the activations
-/// to 8 bits per 32 as the CPU does, and so do its batch rows (9-256, the 8-bit tiles of
-/// `qmma8_*` on NVIDIA sm_80+): both get the CPU's allowance ([`ACT8_TOL`]).
+/// to 8 bits per 32 as the CPU does, and so may its batch rows (9-256, the 8-bit tiles of
+/// `qmma8_*` on NVIDIA sm_80+, for Q8_0 or every type with `KILN_QMMA8=all`): both get the
+/// CPU's allowance ([`ACT8_TOL`]).
 fn row_tol<B: TestBackend>(b: &B, n: usize) -> f64 {
     if gpu(b) && n <= 256 && b.label().contains("Bf16") {
         ACT8_TOL
@@ -610,8 +611,9 @@ fn attention_merge_quantizes_the_output_rows() {
     }
 }
 
-/// The 8-bit tiles of batches (`qmma8_*`, 9-256 rows in bf16 on NVIDIA sm_80+; the bf16
-/// tiles elsewhere or with `KILN_QMMA8=0`): every type at each row tile and across them
+/// The 8-bit tiles of batches (`qmma8_*`, 9-256 rows in bf16 on NVIDIA sm_80+: Q8_0 by
+/// default, every type with `KILN_QMMA8=all`; the bf16 tiles elsewhere, for the other types
+/// and with `KILN_QMMA8=0`): every type at each row tile and across them
 /// (15, 16, 31, 32, 48, 63, 64; 100, 128, 200, 256 in several row blocks), output columns
 /// that end inside a 64-column block, several k-tiles per split, a Q4_K+Q4_K+Q6_K stack of
 /// ragged parts (one mixed launch), and a k that is not a multiple of the 128-column tile
