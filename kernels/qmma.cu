@@ -133,16 +133,20 @@ __device__ __forceinline__ void qmma8_impl(const u8* __restrict__ w0, const u8* 
     KILN_QMMA_M(QN, Q, 16, MINB) KILN_QMMA_M(QN, Q, 32, MINB) KILN_QMMA_M(QN, Q, 64, MINB)
 #define KILN_QMMAMIX(QN, Q) KILN_QMMAMIX_M(QN, Q, 16) KILN_QMMAMIX_M(QN, Q, 32) KILN_QMMAMIX_M(QN, Q, 64)
 
-#define KILN_QMMA8_M(QN, QA, QB, MIXN, BM)                                                         \
-    extern "C" __global__ void __launch_bounds__(QMMA_THREADS) qmma8##MIXN##_##QN##_bf16_m##BM(     \
+#define KILN_QMMA8_M(QN, Q, BM)                                                                     \
+    extern "C" __global__ void __launch_bounds__(QMMA_THREADS) qmma8_##QN##_bf16_m##BM(              \
         const u8* w0, const u8* w1, const u8* w2, const u8* x, const bf16* bias, bf16* y, float* ws, int k, \
         int r0, int r1, int r2, int rows, int ldy) {                                                \
-        qmma8_impl<QA, QB, BM>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);               \
+        qmma8_impl<Q, Q, BM>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);                 \
     }
-#define KILN_QMMA8(QN, Q) KILN_QMMA8_M(QN, Q, Q, , 16) KILN_QMMA8_M(QN, Q, Q, , 32) KILN_QMMA8_M(QN, Q, Q, , 64)
-#define KILN_QMMA8MIX(QN, Q)                                                                        \
-    KILN_QMMA8_M(QN##_q6k, Q, Q6_K, mix, 16)                                                        \
-    KILN_QMMA8_M(QN##_q6k, Q, Q6_K, mix, 32) KILN_QMMA8_M(QN##_q6k, Q, Q6_K, mix, 64)
+#define KILN_QMMA8MIX_M(QN, Q, BM)                                                                  \
+    extern "C" __global__ void __launch_bounds__(QMMA_THREADS) qmma8mix_##QN##_q6k_bf16_m##BM(       \
+        const u8* w0, const u8* w1, const u8* w2, const u8* x, const bf16* bias, bf16* y, float* ws, int k, \
+        int r0, int r1, int r2, int rows, int ldy) {                                                \
+        qmma8_impl<Q, Q6_K, BM>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);              \
+    }
+#define KILN_QMMA8(QN, Q) KILN_QMMA8_M(QN, Q, 16) KILN_QMMA8_M(QN, Q, 32) KILN_QMMA8_M(QN, Q, 64)
+#define KILN_QMMA8MIX(QN, Q) KILN_QMMA8MIX_M(QN, Q, 16) KILN_QMMA8MIX_M(QN, Q, 32) KILN_QMMA8MIX_M(QN, Q, 64)
 
 #if !defined(KILN_DTYPE_F32)
 KILN_QMMA(q80, Q8_0, 4)
