@@ -183,7 +183,8 @@ struct Chunk<float> {
 #endif
 
 // Compile units (`Part` in src/backend/gpu/kernels.rs): the large sources are compiled once
-// per weight type (q80 ... q6k) or head size (h64 ... hany), plus `common` for the rest, so
+// per weight type (q80 ... q6k) or head size (h64 ... hany), plus `common` for the rest (and
+// i8q40 ... i8q6k: qmma.cu's 8-bit tiles of the types that do not take them by default), so
 // a start-up waits only for the parts its model runs. The host defines KILN_PARTS and the
 // one KILN_PART_<tag> it wants as 1; without KILN_PARTS (hipcc, hipRTC, a whole-file
 // compile) every part is in. KILN_IN_PART(tag, ...) keeps its text only in that part.
@@ -227,6 +228,18 @@ struct Chunk<float> {
 #endif
 #ifndef KILN_PART_hany
 #define KILN_PART_hany KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_i8q40
+#define KILN_PART_i8q40 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_i8q4k
+#define KILN_PART_i8q4k KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_i8q5k
+#define KILN_PART_i8q5k KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_i8q6k
+#define KILN_PART_i8q6k KILN_PART_DEFAULT
 #endif
 #define KILN_PART_IF_0(...)
 #define KILN_PART_IF_1(...) __VA_ARGS__

@@ -4,6 +4,8 @@
 //   qmma_<q>_bf16_m<BM>:         y[m, j] = sum_k x[m, k] * [W0; W1; W2][j, k] (+ bias[j])
 //   qmmamix_<q>_q6k_bf16_m<BM>:  the same with part 2 of type Q6_K (a Q4_K_M / Q5_K_M qkv)
 //   qmma_reduce_bf16:            y[m, j] = sum_z ws[z][m][j] (+ bias[j])   (split-k partials)
+//   qmma8_<q>_bf16_m<BM>, qmma8mix_<q>_q6k_bf16_m<BM>: the same two on x rows quantized to
+//                                8 bits (quantize_x), int8 tensor cores (qmma8_tile)
 // for m < rows, j < r0 + r1 + r2 (part p has rp rows, 0 when absent; its columns follow the
 // earlier parts').
 //
@@ -58,6 +60,50 @@ __device__ __forceinline__ void qmma_impl(const u8* __restrict__ w0, const u8* _
         qmma_tile<QA, BM>(w, n, k, n0, x, k, xrow, kt0, nt, store);
 }
 
+// The 8-bit variant (qmma8_tile of qmma.cuh): the same grid, parts, splits and stores on x
+// rows quantized by quantize_x at xq (rows * k i8 values, then the QxScale blocks).
+//   qmma8_<q>_bf16_m<BM>, qmma8mix_<q>_q6k_bf16_m<BM>
+template <typename QA, typename QB, int BM>
+__device__ __forceinline__ void qmma8_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                                           const u8* __restrict__ w2, const u8* __restrict__ xq,
+                                           const bf16* __restrict__ bias, bf16* __restrict__ y,
+                                           float* __restrict__ ws, int k, int r0, int r1, int r2, int rows,
+                                           int ldy) {
+    const int b0 = (r0 + QMMA_BN - 1) / QMMA_BN, b1 = (r1 + QMMA_BN - 1) / QMMA_BN;
+    int bx = blockIdx.x, col0 = 0, n = r0;
+    const u8* w = w0;
+    if (bx >= b0 + b1) {
+        bx -= b0 + b1;
+        w = w2;
+        col0 = r0 + r1;
+        n = r2;
+    } else if (bx >= b0) {
+        bx -= b0;
+        w = w1;
+        col0 = r0;
+        n = r1;
+    }
+    const int n0 = bx * QMMA_BN, m0 = blockIdx.y * BM, ntot = r0 + r1 + r2;
+    const int per = (k / QMMA_BK + (int)gridDim.z - 1) / (int)gridDim.z;
+    const int kt0 = (int)blockIdx.z * per, nt = min(k / QMMA_BK, kt0 + per);
+    if (gridDim.z > 1) ws += (size_t)blockIdx.z * rows * ntot;
+    const QxScale* xs = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)rows * k));
+    auto xrow = [&](int s) { return m0 + s < rows ? m0 + s : -1; };
+    auto store = [&](int s, int col, float v) {
+        const int r = m0 + s;
+        if (r >= rows || col >= n) return;
+        const int j = col0 + col;
+        if (gridDim.z > 1)
+            ws[(size_t)r * ntot + j] = v;
+        else
+            y[(size_t)r * ldy + j] = from_f<bf16>(v + (bias ? to_f(bias[j]) : 0.f));
+    };
+    if (blockIdx.x >= b0 + b1)
+        qmma8_tile<QB, BM>(w, n, k, n0, xq, xs, xrow, kt0, nt, store);
+    else
+        qmma8_tile<QA, BM>(w, n, k, n0, xq, xs, xrow, kt0, nt, store);
+}
+
 // Each type's __launch_bounds__: KILN_QMMA_BOUNDS(4) also asks NVIDIA's compiler for 4
 // blocks per SM (at most 128 registers). Q8_0 takes it: its 64-row tile had 168 registers,
 // and a Llama-3-8B Q8_0 step at batch 64 is 5.9% faster with it on an H100 (15.64 ->
@@ -87,6 +133,21 @@ __device__ __forceinline__ void qmma_impl(const u8* __restrict__ w0, const u8* _
     KILN_QMMA_M(QN, Q, 16, MINB) KILN_QMMA_M(QN, Q, 32, MINB) KILN_QMMA_M(QN, Q, 64, MINB)
 #define KILN_QMMAMIX(QN, Q) KILN_QMMAMIX_M(QN, Q, 16) KILN_QMMAMIX_M(QN, Q, 32) KILN_QMMAMIX_M(QN, Q, 64)
 
+#define KILN_QMMA8_M(QN, Q, BM)                                                                     \
+    extern "C" __global__ void __launch_bounds__(QMMA_THREADS) qmma8_##QN##_bf16_m##BM(              \
+        const u8* w0, const u8* w1, const u8* w2, const u8* x, const bf16* bias, bf16* y, float* ws, int k, \
+        int r0, int r1, int r2, int rows, int ldy) {                                                \
+        qmma8_impl<Q, Q, BM>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);                 \
+    }
+#define KILN_QMMA8MIX_M(QN, Q, BM)                                                                  \
+    extern "C" __global__ void __launch_bounds__(QMMA_THREADS) qmma8mix_##QN##_q6k_bf16_m##BM(       \
+        const u8* w0, const u8* w1, const u8* w2, const u8* x, const bf16* bias, bf16* y, float* ws, int k, \
+        int r0, int r1, int r2, int rows, int ldy) {                                                \
+        qmma8_impl<Q, Q6_K, BM>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);              \
+    }
+#define KILN_QMMA8(QN, Q) KILN_QMMA8_M(QN, Q, 16) KILN_QMMA8_M(QN, Q, 32) KILN_QMMA8_M(QN, Q, 64)
+#define KILN_QMMA8MIX(QN, Q) KILN_QMMA8MIX_M(QN, Q, 16) KILN_QMMA8MIX_M(QN, Q, 32) KILN_QMMA8MIX_M(QN, Q, 64)
+
 #if !defined(KILN_DTYPE_F32)
 KILN_IN_PART(q80, KILN_QMMA(q80, Q8_0, 4))
 KILN_IN_PART(q40, KILN_QMMA(q40, Q4_0, 0))
@@ -95,6 +156,15 @@ KILN_IN_PART(q5k, KILN_QMMA(q5k, Q5_K, 0))
 KILN_IN_PART(q6k, KILN_QMMA(q6k, Q6_K, 0))
 KILN_IN_PART(q4k, KILN_QMMAMIX(q4k, Q4_K))
 KILN_IN_PART(q5k, KILN_QMMAMIX(q5k, Q5_K))
+// The 8-bit tiles: Q8_0's default path; the other types' only with KILN_QMMA8=all (slower for
+// the k-quants), so they are parts of their own that compile on first use.
+KILN_IN_PART(q80, KILN_QMMA8(q80, Q8_0))
+KILN_IN_PART(i8q40, KILN_QMMA8(q40, Q4_0))
+KILN_IN_PART(i8q4k, KILN_QMMA8(q4k, Q4_K))
+KILN_IN_PART(i8q5k, KILN_QMMA8(q5k, Q5_K))
+KILN_IN_PART(i8q6k, KILN_QMMA8(q6k, Q6_K))
+KILN_IN_PART(i8q4k, KILN_QMMA8MIX(q4k, Q4_K))
+KILN_IN_PART(i8q5k, KILN_QMMA8MIX(q5k, Q5_K))
 
 // A separate launch: an in-kernel fix-up instead (the last split of each tile to finish
 // sums the partials in split order, tile counters it resets) measured slower on an H100

@@ -226,3 +226,317 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
     for (int i = 0; i < BM / RSTEP; ++i) store(pr + i * RSTEP, n0 + pc, acc[i]);
 #endif
 }
+
+// ---- The 8-bit variant: qmma8_tile -----------------------------------------------------
+// The same product on x rows quantized to 8 bits (quantize_x's layout, quant.cuh: i8 values
+// xq[r * k + kk], then at plane_align(rows * k) one QxScale (d, s) per 32 of a row), with
+// the weight tile unpacked to centred signed 8-bit quants (each type's run8) in shared
+// memory and multiplied on int8 tensor cores:
+//
+//   qmma8_tile<Q, BM>(w, n, k, n0, xq, xs, xrow, kt0, nt, store)
+//     acc[s][j] = sum over 32-blocks b of  dx[s][b] * sum_t sw[j][t] * (x8[s] . q[j]) over
+//                 the scale runs t of b   (+ xsum[s][b] * mn[j][b] for the k-quants' min)
+//
+// The weight's scale granularity QMMA8_SUB<Q> is 32 (Q8_0, Q4_0, Q4_K, Q5_K: mma.m16n8k32,
+// one int32 per block of 32) or 16 (Q6_K: two mma.m16n8k16, one per scale). The int32
+// results are scaled into f32 accumulators once per 32-block (dx * sw): the x traffic and
+// the shared tiles are half the bf16 path's. xs: the QxScale array of the same xq (rows of
+// k / 32). Same contract otherwise as qmma_tile (k a multiple of QMMA_BK; every thread
+// calls it; shared memory qmma8_shared<BM>()). Elsewhere than sm_80+ NVIDIA a portable
+// dp4a loop does the products (the host keeps the bf16 path there).
+//
+// Fragments of mma.m16n8k32 s8 (g = lane / 4, c = lane % 4), four i8 per register:
+//   A: a0 (g, 4c..4c+3)  a1 (g+8, 4c..)  a2 (g, 16+4c..)  a3 (g+8, 16+4c..)
+//   B: b0 (k 4c..4c+3, n g)  b1 (k 16+4c.., n g)      C: as m16n8k16's
+// m16n8k16 s8 takes (a0, a1) and b0: the first k16 half; (a2, a3) and b1 the second.
+
+constexpr int QMMA8_LD = QMMA_BK + 16;  // shared row stride in bytes: conflict-free ldmatrix
+constexpr int QMMA8_MAGIC = 0x4B400000;  // the bits of 1.5 * 2^23
+constexpr float QMMA8_MAGIC_F = 12582912.0f;
+
+template <typename Q>
+struct QMMA8_SUB {
+    static constexpr int V = 32;
+};
+template <>
+struct QMMA8_SUB<Q6_K> {
+    static constexpr int V = 16;
+};
+
+#if defined(KILN_QMMA_TC)
+__device__ __forceinline__ void qmma_s8k32(int c[4], const u32 a[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// f32 rounded to tf32 (nearest, ties away), as the bits of a b32 register.
+__device__ __forceinline__ u32 qmma_tf32(float v) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+    return r;
+}
+// m16n8k4 tf32, f32 accumulation: A a0 (g, c) a1 (g+8, c); B b0 (k c, n g); C as above.
+__device__ __forceinline__ void qmma_tf32k4(float c[4], u32 a0, u32 a1, u32 b0) {
+    asm("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+__device__ __forceinline__ void qmma_s8k16(int c[4], u32 a0, u32 a1, u32 b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+#endif
+
+// The 8-bit tiles' shared memory (one per BM): w8 (QMMA_BN rows), two buffers of x8 (BM
+// rows each: tile t + 1 copies in while tile t multiplies), then the f32 weight scales
+// [QMMA_BK / 16][QMMA_BN], the mins [QMMA_BK / 32][QMMA_BN] and two buffers of the x blocks'
+// QxScale [BM][QMMA_BK / 32].
+template <int BM>
+__device__ __forceinline__ u8* qmma8_shared() {
+    constexpr int BYTES = (QMMA_BN + 2 * BM) * QMMA8_LD + (QMMA_BK / 16 + QMMA_BK / 32) * QMMA_BN * 4 +
+                          2 * BM * (QMMA_BK / 32) * 8;
+    alignas(16) __shared__ u8 tiles[BYTES];
+    return tiles;
+}
+
+template <typename Q, int BM, typename XRow, typename Store>
+__device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int k, int n0,
+                                           const u8* __restrict__ xq, const QxScale* __restrict__ xs,
+                                           XRow xrow, int kt0, int nt, Store store) {
+    constexpr int SUB = QMMA8_SUB<Q>::V;
+    constexpr int NB = QMMA_BK / 32;                      // x blocks per row per tile
+    constexpr int UPR = QMMA_BK / Q::UNIT;
+    constexpr int UPT = QMMA_BN * UPR / QMMA_THREADS;
+    constexpr int XC = QMMA_BK / 16;                      // 16-byte chunks per x row per tile
+    constexpr int XPT = BM * XC / QMMA_THREADS;
+    constexpr int SC = BM * NB * 8 / 16;                  // 16-byte chunks of x scales per tile
+    static_assert(UPT >= 1 && UPT * QMMA_THREADS == QMMA_BN * UPR, "qmma8: units per thread");
+    static_assert(XPT >= 1 && XPT * QMMA_THREADS == BM * XC, "qmma8: x chunks per thread");
+    static_assert(SC <= QMMA_THREADS, "qmma8: x scale chunks");
+    static_assert(BM % 16 == 0, "qmma8: m16 tiles");
+    u8* w_s = qmma8_shared<BM>();
+    u8* x_s = w_s + QMMA_BN * QMMA8_LD;
+    float* sw_s = reinterpret_cast<float*>(x_s + 2 * BM * QMMA8_LD);  // [QMMA_BK / SUB][QMMA_BN]
+    float* mn_s = sw_s + (QMMA_BK / 16) * QMMA_BN;                 // [NB][QMMA_BN]
+    QxScale* xd_s = reinterpret_cast<QxScale*>(mn_s + NB * QMMA_BN);  // [2][BM][NB]
+
+    const int t = threadIdx.x;
+    typename Q::Row wr[UPT];
+    int wrow[UPT], lu[UPT];
+#pragma unroll
+    for (int s = 0; s < UPT; ++s) {
+        const int i = t + s * QMMA_THREADS;
+        wrow[s] = i / UPR;
+        lu[s] = i % UPR;
+        wr[s] = Q::row(w, n, k, min(n0 + wrow[s], n - 1));
+    }
+    // x chunk s of thread t: row i / XC, 16 bytes at (i % XC) * 16 of the tile; slots
+    // without a row read row 0 and keep zeros (their scales too).
+    const vec4u* xp[XPT];
+    u32 keep[XPT];
+#pragma unroll
+    for (int s = 0; s < XPT; ++s) {
+        const int i = t + s * QMMA_THREADS, r = xrow(i / XC);
+        xp[s] = reinterpret_cast<const vec4u*>(xq + (size_t)max(r, 0) * k) + i % XC;
+        keep[s] = r >= 0 ? 0xffffffffu : 0u;
+    }
+    const int sr = t < SC ? xrow(t / 2) : -1;
+    const vec4u* sp = reinterpret_cast<const vec4u*>(xs + (size_t)max(sr, 0) * (k / 32)) + (t & 1);
+
+    typename Q::Raw raw[UPT];
+#if !defined(KILN_QMMA_TC)
+    vec4u xv[XPT], sv;
+#endif
+    auto fetch = [&](int kt) {
+#pragma unroll
+        for (int s = 0; s < UPT; ++s) raw[s] = Q::load(wr[s], kt * UPR + lu[s]);
+#if !defined(KILN_QMMA_TC)
+#pragma unroll
+        for (int s = 0; s < XPT; ++s) xv[s] = xp[s][kt * XC];
+        if (t < SC) sv = sp[kt * (NB * 8 / 16)];
+#endif
+    };
+
+#if defined(KILN_QMMA_TC)
+    const int warp = t / WARP, lane = t % WARP, g = lane / 4, c = lane % 4;
+    const u32 x_base = qmma_smem(x_s + (lane % 16) * QMMA8_LD + (lane / 16) * 16);
+    const u32 w_base = qmma_smem(w_s + (warp * 16 + (lane / 16) * 8 + lane % 8) * QMMA8_LD + ((lane / 8) & 1) * 16);
+    float acc[BM / 16][2][4];
+#pragma unroll
+    for (int mt = 0; mt < BM / 16; ++mt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+#else
+    constexpr int RSTEP = QMMA_THREADS / QMMA_BN;
+    const int pc = t % QMMA_BN, pr = t / QMMA_BN;
+    float acc[BM / RSTEP];
+#pragma unroll
+    for (int i = 0; i < BM / RSTEP; ++i) acc[i] = 0.f;
+#endif
+
+#if defined(KILN_QMMA_TC)
+    // x tile kt (values and scales) into buffer `buf`, asynchronously: one commit group.
+    auto xcopy = [&](int kt, int buf) {
+        u8* xb = x_s + buf * BM * QMMA8_LD;
+#pragma unroll
+        for (int s = 0; s < XPT; ++s) {
+            const int i = t + s * QMMA_THREADS;
+            qmma_cp16(qmma_smem(xb + (i / XC) * QMMA8_LD + (i % XC) * 16), xp[s] + kt * XC, keep[s] & 16u);
+        }
+        if (t < SC)
+            qmma_cp16(qmma_smem(reinterpret_cast<u8*>(xd_s + buf * BM * NB) + 16 * t), sp + kt * (NB * 8 / 16),
+                      sr >= 0 ? 16u : 0u);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    if (kt0 < nt) xcopy(kt0, 0);
+#endif
+    if (kt0 < nt) fetch(kt0);
+    for (int kt = kt0; kt < nt; ++kt) {
+        __syncthreads();  // the previous tile's products are done with w8 and the other x buffer
+#if defined(KILN_QMMA_TC)
+        const int buf = (kt - kt0) & 1;
+        if (kt + 1 < nt) xcopy(kt + 1, buf ^ 1);
+#endif
+#pragma unroll
+        for (int s = 0; s < UPT; ++s) {
+            const int u = kt * UPR + lu[s];
+#pragma unroll
+            for (int run = 0; run < Q::RUNS; ++run) {
+                u32 q[4];
+                float sc, mn;
+                Q::run8(raw[s], u, run, q, sc, mn);
+                const int off = Q::xoff(u, run) - kt * QMMA_BK;
+                *reinterpret_cast<vec4u*>(w_s + wrow[s] * QMMA8_LD + off) = vec4u{q[0], q[1], q[2], q[3]};
+                // A scale of 32 is written by the unit of its first 16 (both halves hold it).
+                if (SUB == 16 || off % 32 == 0) sw_s[(off / SUB) * QMMA_BN + wrow[s]] = sc;
+                if (Q::XSUM && off % 32 == 0) mn_s[(off / 32) * QMMA_BN + wrow[s]] = mn;
+            }
+        }
+#if !defined(KILN_QMMA_TC)
+#pragma unroll
+        for (int s = 0; s < XPT; ++s) {
+            const int i = t + s * QMMA_THREADS;
+            const vec4u v = xv[s];
+            *reinterpret_cast<vec4u*>(x_s + (i / XC) * QMMA8_LD + (i % XC) * 16) =
+                vec4u{v.x & keep[s], v.y & keep[s], v.z & keep[s], v.w & keep[s]};
+        }
+        if (t < SC) {
+            const u32 m = sr >= 0 ? 0xffffffffu : 0u;
+            reinterpret_cast<vec4u*>(xd_s)[t] = vec4u{sv.x & m, sv.y & m, sv.z & m, sv.w & m};
+        }
+#endif
+        if (kt + 1 < nt) fetch(kt + 1);
+#if defined(KILN_QMMA_TC)
+        // Tile kt's copies are done (tile kt + 1's may still fly).
+        if (kt + 1 < nt)
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        else
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+        __syncthreads();
+#if defined(KILN_QMMA_TC)
+        const u32 xb_base = x_base + buf * BM * QMMA8_LD;
+        const QxScale* xd = xd_s + buf * BM * NB;
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            u32 bq[4];
+            qmma_ldm4(bq, w_base + 32 * b);
+            // This lane's columns: 2c, 2c + 1 of n8 tile j (warp * 16 + 8j).
+            float2 sw[2][2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int col = warp * 16 + j * 8 + 2 * c;
+#pragma unroll
+                for (int h = 0; h < 32 / SUB; ++h)
+                    sw[j][h] = *reinterpret_cast<const float2*>(sw_s + ((32 / SUB) * b + h) * QMMA_BN + col);
+            }
+#pragma unroll
+            for (int mt = 0; mt < BM / 16; ++mt) {
+                u32 a[4];
+                qmma_ldm4(a, xb_base + mt * 16 * QMMA8_LD + 32 * b);
+                const QxScale xr[2] = {xd[(mt * 16 + g) * NB + b], xd[(mt * 16 + g + 8) * NB + b]};
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    // The int32 sums start at the bits of 1.5 * 2^23, so each reads as that
+                    // float plus the sum (|sum| < 2^22: 32 * 128 * 128 at most), exactly; one
+                    // subtraction gives the sum as a float (no int-to-float conversion, a
+                    // quarter-rate instruction).
+                    if (SUB == 32) {
+                        int ci[4] = {QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC};
+                        qmma_s8k32(ci, a, bq[2 * j], bq[2 * j + 1]);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const float s = e & 1 ? sw[j][0].y : sw[j][0].x;
+                            acc[mt][j][e] =
+                                fmaf(__int_as_float(ci[e]) - QMMA8_MAGIC_F, xr[e >> 1].d * s, acc[mt][j][e]);
+                        }
+                    } else {
+                        int c0[4] = {QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC};
+                        int c1[4] = {QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC, QMMA8_MAGIC};
+                        qmma_s8k16(c0, a[0], a[1], bq[2 * j]);
+                        qmma_s8k16(c1, a[2], a[3], bq[2 * j + 1]);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const float s0 = e & 1 ? sw[j][0].y : sw[j][0].x;
+                            const float s1 = e & 1 ? sw[j][1 % (32 / SUB)].y : sw[j][1 % (32 / SUB)].x;
+                            const float f0 = __int_as_float(c0[e]) - QMMA8_MAGIC_F;
+                            const float f1 = __int_as_float(c1[e]) - QMMA8_MAGIC_F;
+                            acc[mt][j][e] = fmaf(xr[e >> 1].d, fmaf(f1, s1, f0 * s0), acc[mt][j][e]);
+                        }
+                    }
+                }
+            }
+        }
+        if (Q::XSUM) {
+            // The k-quants' min term, sum over the tile's 32-blocks b of xsum[s][b] * mn[j][b]:
+            // a rank-4 product, one tf32 mma per m16 x n8 tile (k = b = c: NB is 4).
+            static_assert(NB == 4, "qmma8: one k4 step of 32-blocks per tile");
+            u32 bm[2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) bm[j] = qmma_tf32(mn_s[c * QMMA_BN + warp * 16 + j * 8 + g]);
+#pragma unroll
+            for (int mt = 0; mt < BM / 16; ++mt) {
+                const u32 a0 = qmma_tf32(xd[(mt * 16 + g) * NB + c].s), a1 = qmma_tf32(xd[(mt * 16 + g + 8) * NB + c].s);
+#pragma unroll
+                for (int j = 0; j < 2; ++j) qmma_tf32k4(acc[mt][j], a0, a1, bm[j]);
+            }
+        }
+#else
+        for (int b = 0; b < NB; ++b) {
+            const u32* wq = reinterpret_cast<const u32*>(w_s + pc * QMMA8_LD + 32 * b);
+            const float mnv = Q::XSUM ? mn_s[b * QMMA_BN + pc] : 0.f;
+#pragma unroll
+            for (int i = 0; i < BM / RSTEP; ++i) {
+                const int r = pr + i * RSTEP;
+                const u32* xw = reinterpret_cast<const u32*>(x_s + r * QMMA8_LD + 32 * b);
+                const QxScale xr = xd_s[r * NB + b];
+                float v = 0.f;
+#pragma unroll
+                for (int h = 0; h < 32 / SUB; ++h) {
+                    int d = 0;
+#pragma unroll
+                    for (int e = 0; e < SUB / 4; ++e) d = dp4a(xw[h * (SUB / 4) + e], wq[h * (SUB / 4) + e], d);
+                    v = fmaf((float)d, sw_s[((32 / SUB) * b + h) * QMMA_BN + pc], v);
+                }
+                acc[i] = fmaf(xr.d, v, acc[i]);
+                if (Q::XSUM) acc[i] = fmaf(xr.s, mnv, acc[i]);
+            }
+        }
+#endif
+    }
+
+#if defined(KILN_QMMA_TC)
+#pragma unroll
+    for (int mt = 0; mt < BM / 16; ++mt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                store(mt * 16 + g + (e >= 2 ? 8 : 0), n0 + warp * 16 + j * 8 + 2 * c + (e & 1), acc[mt][j][e]);
+#else
+#pragma unroll
+    for (int i = 0; i < BM / RSTEP; ++i) store(pr + i * RSTEP, n0 + pc, acc[i]);
+#endif
+}

@@ -236,7 +236,8 @@ pub(crate) fn weight_bytes(s: &ModelSpec, mix: Mix) -> f64 {
 #[test]
 #[ignore]
 fn bench_llama3_8b_shape() {
-    let mut rig = Rig::new(64 * (4096 + 64) / 16, 256, Mix::Plain);
+    // (Batches 16 and 128 at ctx 2048 run only when KILN_BENCH_CASES names them.)
+    let mut rig = Rig::new(128 * (2048 + 64) / 16 + 64, 256, Mix::Plain);
     for (k, regs, local, shared) in rig.rig.b.kernel_resources() {
         eprintln!("RESOURCES {k:?}: {regs} regs, {local} B local, {shared} B shared");
     }
@@ -246,15 +247,28 @@ fn bench_llama3_8b_shape() {
     if on("prefill") {
         rig.prefill();
     }
-    for (batch, ctx) in [(1, 512), (32, 2048), (64, 2048), (256, 512), (64, 4096)] {
-        if on(&format!("{batch}x{ctx}")) {
+    for (batch, ctx) in [
+        (1, 512),
+        (16, 2048),
+        (32, 2048),
+        (64, 2048),
+        (128, 2048),
+        (256, 512),
+        (64, 4096),
+    ] {
+        let named = only
+            .as_deref()
+            .is_some_and(|o| o.split(',').any(|x| x == format!("{batch}x{ctx}")));
+        if on(&format!("{batch}x{ctx}")) && (named || ![16, 128].contains(&batch)) {
             rig.decode(batch, ctx);
         }
     }
 }
 
 /// Quantized weights (`KILN_BENCH_MIX`: `q4_k_m`, `q8_0` or both, the default): prefill of
-/// 2048 tokens, decode at batch 1 (ctx 512), 32 and 64 (ctx 2048).
+/// 2048 tokens, decode at batch 1 (ctx 512), 32 and 64 (ctx 2048); batches 16 and 128 (ctx
+/// 2048) when `KILN_BENCH_CASES` names them. `KILN_QMMA8=0` keeps the batches (9-256 rows)
+/// on the bf16 tiles instead of the 8-bit ones (run the binary twice to compare).
 #[test]
 #[ignore]
 fn bench_llama3_8b_quant() {
@@ -267,7 +281,11 @@ fn bench_llama3_8b_quant() {
             "q8_0" => Mix::Q8_0,
             other => panic!("KILN_BENCH_MIX: unknown mix {other}"),
         };
-        let mut rig = Rig::new(64 * (2048 + 64) / 16 + 64, 64, mix);
+        let big = only
+            .as_deref()
+            .is_some_and(|o| o.split(',').any(|x| x == "128x2048"));
+        let seqs = if big { 128 } else { 64 };
+        let mut rig = Rig::new(seqs * (2048 + 64) / 16 + 64, seqs, mix);
         for (k, regs, local, shared) in rig.rig.b.kernel_resources() {
             let name = format!("{k:?}");
             if ["Qdot", "QuantizeX", "Qgemv", "Qmma"]
@@ -280,8 +298,11 @@ fn bench_llama3_8b_quant() {
         if on("prefill") {
             rig.prefill();
         }
-        for (batch, ctx) in [(1, 512), (32, 2048), (64, 2048)] {
-            if on(&format!("{batch}x{ctx}")) {
+        for (batch, ctx) in [(1, 512), (16, 2048), (32, 2048), (64, 2048), (128, 2048)] {
+            let named = only
+                .as_deref()
+                .is_some_and(|o| o.split(',').any(|x| x == format!("{batch}x{ctx}")));
+            if on(&format!("{batch}x{ctx}")) && (named || ![16, 128].contains(&batch)) {
                 rig.decode(batch, ctx);
             }
         }

@@ -43,9 +43,11 @@ fn qtol<B: TestBackend>(b: &B) -> f64 {
 }
 
 /// Relative error allowed at `n` rows: a GPU's decode rows in bf16 quantize the activations
-/// to 8 bits per 32 as the CPU does, and get the CPU's allowance ([`ACT8_TOL`]).
+/// to 8 bits per 32 as the CPU does, and so may its batch rows (9-256, the 8-bit tiles of
+/// `qmma8_*` on NVIDIA sm_80+, for Q8_0 or every type with `KILN_QMMA8=all`): both get the
+/// CPU's allowance ([`ACT8_TOL`]).
 fn row_tol<B: TestBackend>(b: &B, n: usize) -> f64 {
-    if gpu(b) && n <= 8 && b.label().contains("Bf16") {
+    if gpu(b) && n <= 256 && b.label().contains("Bf16") {
         ACT8_TOL
     } else {
         qtol(b)
@@ -608,3 +610,36 @@ fn attention_merge_quantizes_the_output_rows() {
         );
     }
 }
+
+/// The 8-bit tiles of batches (`qmma8_*`, 9-256 rows in bf16 on NVIDIA sm_80+: Q8_0 by
+/// default, every type with `KILN_QMMA8=all`; the bf16 tiles elsewhere, for the other types
+/// and with `KILN_QMMA8=0`): every type at each row tile and across them
+/// (15, 16, 31, 32, 48, 63, 64; 100, 128, 200, 256 in several row blocks), output columns
+/// that end inside a 64-column block, several k-tiles per split, a Q4_K+Q4_K+Q6_K stack of
+/// ragged parts (one mixed launch), and a k that is not a multiple of the 128-column tile
+/// (Q8_0 and Q4_0 at k 416: the dequantized GEMM instead).
+fn quant_i8_tiles<B: TestBackend>(b: &mut B) {
+    let mut rng = rng("quant_i8_tiles");
+    let rows: &[usize] = if gpu(b) {
+        &[9, 15, 16, 31, 32, 48, 63, 64, 100, 128, 200, 256]
+    } else {
+        &[9, 33, 100]
+    };
+    let mut cases: Vec<(GgmlType, usize, usize)> = TYPES.iter().map(|&t| (t, 72, 768)).collect();
+    cases.extend([(GgmlType::Q8_0, 40, 416), (GgmlType::Q4_0, 40, 416)]);
+    if gpu(b) {
+        cases.extend(TYPES.iter().map(|&t| (t, 200, 2816)));
+    }
+    for (ty, m, k) in cases {
+        let w = raw(&mut rng, ty, m, k);
+        check_matmul(b, &mut rng, w, m == 200, rows, &format!("{ty} tiles"));
+    }
+    let parts = vec![
+        raw(&mut rng, GgmlType::Q4K, 72, 768),
+        raw(&mut rng, GgmlType::Q4K, 40, 768),
+        raw(&mut rng, GgmlType::Q6K, 24, 768),
+    ];
+    let w = HostTensor::concat_rows(parts).unwrap();
+    check_matmul(b, &mut rng, w, true, rows, "Q4_K+Q6_K stack tiles");
+}
+crate::parity_test!(quantized_matmul_i8_tiles, quant_i8_tiles);

@@ -197,8 +197,9 @@ kernel_args! {
     /// (absent parts have 0 rows), for `rows` rows of `x` in blocks of the kernel's row tile
     /// (`y`'s row stride `ldy`, as [`QgemvArgs`]); with k split over grid z, f32 partials
     /// `[z][rows][n]` to `ws` instead (summed by `qmma_reduce_bf16`).
-    /// `qmmamix_<q>_q6k_*` (QmmaMix): part 2 is Q6_K.
-    QmmaArgs (Kernel::Qmma { .. } | Kernel::QmmaMix { .. }) {
+    /// `qmmamix_<q>_q6k_*` (QmmaMix): part 2 is Q6_K. `qmma8_*`, `qmma8mix_*` (Qmma8,
+    /// Qmma8Mix): `x` is the 8-bit rows of `quantize_x_bf16` (`rows` rows of `k`).
+    QmmaArgs (Kernel::Qmma { .. } | Kernel::QmmaMix { .. } | Kernel::Qmma8 { .. } | Kernel::Qmma8Mix { .. }) {
         w0: ptr, w1: ptr, w2: ptr, x: ptr, bias: ptr, y: ptr, ws: ptr, k: i32, r0: i32, r1: i32,
         r2: i32, rows: i32, ldy: i32,
     }

@@ -220,6 +220,8 @@ pub enum Part {
     Common,
     Q(QType),
     Head(AttnHead),
+    /// The 8-bit tiles of a type that takes the bf16 tiles by default (`KILN_QMMA8=all`).
+    Int8(QType),
 }
 
 impl Part {
@@ -230,6 +232,7 @@ impl Part {
             Part::Common => Some("common".into()),
             Part::Q(q) => Some(q.tag().into()),
             Part::Head(h) => Some(format!("h{}", h.tag())),
+            Part::Int8(q) => Some(format!("i8{}", q.tag())),
         }
     }
 }
@@ -296,6 +299,8 @@ impl KernelNeeds {
                 .head_dims
                 .as_ref()
                 .is_none_or(|d| d.iter().any(|&d| AttnHead::for_head_dim(d) == h)),
+            // Only a backend that waits for everything waits for these.
+            Part::Int8(_) => self.qtypes.is_none(),
             Part::Whole | Part::Common => true,
         }
     }
@@ -440,6 +445,17 @@ pub enum Kernel {
         q: QType,
         rows: u32,
     },
+    /// [`Kernel::Qmma`] on 8-bit activations ([`Kernel::QuantizeX`]'s rows): the weight tile
+    /// unpacked to 8-bit quants, int8 tensor-core products (bf16 only).
+    Qmma8 {
+        q: QType,
+        rows: u32,
+    },
+    /// [`Kernel::QmmaMix`] on 8-bit activations.
+    Qmma8Mix {
+        q: QType,
+        rows: u32,
+    },
     /// Sums the split-k partials of [`Kernel::Qmma`] (+ bias) into the output (bf16 only).
     QmmaReduce,
     /// Activation rows to 8-bit blocks of 32 for [`Kernel::Qdot`] (bf16 only).
@@ -538,12 +554,14 @@ impl Kernel {
             v.push(Kernel::MoeMmaGateUp { q });
             v.push(Kernel::MoeMmaDown { q });
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
+            v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma8 { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::Qdot { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotSilu { q, rows }));
         }
         for q in QDOT_MIX_TYPES {
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotMix { q, rows }));
             v.extend(QMMA_ROWS.map(|rows| Kernel::QmmaMix { q, rows }));
+            v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma8Mix { q, rows }));
         }
         v.push(Kernel::QmmaReduce);
         v.push(Kernel::QuantizeX);
@@ -621,6 +639,8 @@ impl Kernel {
             | Kernel::Qgemv { .. }
             | Kernel::Qmma { .. }
             | Kernel::QmmaMix { .. }
+            | Kernel::Qmma8 { .. }
+            | Kernel::Qmma8Mix { .. }
             | Kernel::QmmaReduce
             | Kernel::Qdot { .. }
             | Kernel::QdotMix { .. } => "matmul",
@@ -703,7 +723,11 @@ impl Kernel {
             | Kernel::Qdot { .. }
             | Kernel::QdotMix { .. }
             | Kernel::QdotSilu { .. } => Source::Qgemv,
-            Kernel::Qmma { .. } | Kernel::QmmaMix { .. } | Kernel::QmmaReduce => Source::Qmma,
+            Kernel::Qmma { .. }
+            | Kernel::QmmaMix { .. }
+            | Kernel::Qmma8 { .. }
+            | Kernel::Qmma8Mix { .. }
+            | Kernel::QmmaReduce => Source::Qmma,
         }
     }
 
@@ -726,6 +750,8 @@ impl Kernel {
             | Kernel::MoeQ8DownSelf { q }
             | Kernel::MoeMmaGateUp { q }
             | Kernel::MoeMmaDown { q } => Part::Q(q),
+            Kernel::Qmma8 { q: QType::Q8_0, .. } => Part::Q(QType::Q8_0),
+            Kernel::Qmma8 { q, .. } | Kernel::Qmma8Mix { q, .. } => Part::Int8(q),
             Kernel::Attention { head, .. }
             | Kernel::AttentionTc { head }
             | Kernel::AttentionDecode { head, .. } => Part::Head(head),
@@ -746,6 +772,8 @@ impl Kernel {
             self,
             Kernel::Qmma { .. }
                 | Kernel::QmmaMix { .. }
+                | Kernel::Qmma8 { .. }
+                | Kernel::Qmma8Mix { .. }
                 | Kernel::QmmaReduce
                 | Kernel::QuantizeX
                 | Kernel::Qdot { .. }
@@ -781,6 +809,8 @@ impl Kernel {
             Kernel::MoeMmaDown { q } => format!("moemma_down_{}_{d}", q.tag()),
             Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
             Kernel::QmmaMix { q, rows } => format!("qmmamix_{}_q6k_{d}_m{rows}", q.tag()),
+            Kernel::Qmma8 { q, rows } => format!("qmma8_{}_{d}_m{rows}", q.tag()),
+            Kernel::Qmma8Mix { q, rows } => format!("qmma8mix_{}_q6k_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
             Kernel::QuantizeX => format!("quantize_x_{d}"),
             Kernel::Qdot { q, rows } => format!("qdot_{}_{d}_m{rows}", q.tag()),
@@ -1241,6 +1271,7 @@ mod tests {
             "attention_prefill.hany",
             "moe",
             "moe_quant.q4k",
+            "qmma.i8q4k",
         ] {
             assert!(!core.contains(&not.to_string()), "{not} in {core:?}");
         }
@@ -1253,6 +1284,7 @@ mod tests {
             core.len()
         );
         assert!(all.contains(&"moe_quant.q80".to_string()));
+        assert!(all.contains(&"qmma.i8q4k".to_string()));
         // A head size without its own kernels waits for the any-size part.
         let odd = KernelNeeds {
             head_dims: Some(vec![112]),

@@ -16,7 +16,9 @@
 //! dequantized into shared memory, tensor-core products, no full-size copy; the parts of a
 //! stack grouped into launches as for `qdot` (a Q4_K_M qkv, a gate/up pair: one launch);
 //! k split over the grid when the blocks would not fill the SMs, the f32 partials summed
-//! in the dequant scratch by `qmma_reduce_bf16`); more rows
+//! in the dequant scratch by `qmma_reduce_bf16`; on NVIDIA sm_80+ the types of
+//! [`QMMA8_TYPES`] take `qmma8_*` instead: x quantized to 8 bits per 32 by `quantize_x`,
+//! int8 tensor-core products, `KILN_QMMA8` overrides); more rows
 //! (prefill) and f32 dequantize the weight into the backend's one scratch of the compute
 //! type, then the BLAS GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 
@@ -121,6 +123,32 @@ pub(super) struct QxRows {
 /// then at the next 256-byte boundary one (scale, sum) pair of f32 per 32.
 pub(super) fn qx_bytes(n: usize, k: usize) -> usize {
     (n * k).next_multiple_of(256) + n * (k / 32) * 8
+}
+
+/// The types whose batches take the 8-bit tiles (`qmma8_*`) by default, where they run
+/// (NVIDIA sm_80+). Per layer of Llama-3-8B shape on an H100 (bench_quant_layer_matmuls,
+/// us for rows 16 / 32 / 64 / 128), bf16 tiles against 8-bit tiles:
+/// Q8_0 178 / 198 / 281 / 443 against 162 / 187 / 249 / 391; the Q4_K_M mix (Q4_K, with
+/// Q6_K v and down) 159 / 195 / 267 / 420 against 187 / 222 / 311 / 501. The 8-bit tiles
+/// scale the int32 sums of every output per 32 of k (x scale times weight scale, 3 f32
+/// operations an output), where the bf16 tiles apply the scales once per weight: that
+/// pays for itself where unpacking is cheap (Q8_0's bytes are its quants) and not where it
+/// is not (the k-quants' 6-bit scales and mins, Q6_K's 16-element scales).
+/// (A type added here also moves its `Kernel::Qmma8` into its own compile unit,
+/// `Kernel::unit` in kernels.rs, so its models compile those kernels at start.)
+const QMMA8_TYPES: [QType; 1] = [QType::Q8_0];
+
+/// Whether a `qmma_*` launch of type `q` (`mix`: with a Q6_K part) takes the 8-bit tiles:
+/// [`QMMA8_TYPES`], or as `KILN_QMMA8` says: `0` none (the bf16 tiles for every type),
+/// `all` every type and mix.
+fn qmma8_takes(q: QType, mix: bool) -> bool {
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let mode = *MODE.get_or_init(|| match std::env::var("KILN_QMMA8").as_deref() {
+        Ok("0") => Some(false),
+        Ok("all") => Some(true),
+        _ => None,
+    });
+    mode.unwrap_or(!mix && QMMA8_TYPES.contains(&q))
 }
 
 /// Weight rows per warp of `gemv_*_m{n}` (the instantiations in `kernels/gemv.cu`).
@@ -281,12 +309,46 @@ impl<R: Runtime> GpuBackend<R> {
         Some(tile).filter(|_| fits && n > 0 && n <= QMMA_MAX_ROWS)
     }
 
+    /// Whether `n` rows of `k` columns may take the 8-bit tiled kernels (`qmma8_*`): on
+    /// NVIDIA sm_80 or newer (int8 `mma.sync`; elsewhere the bf16 tiles stay), with room for
+    /// the 8-bit rows in the dequant scratch. Returns the scratch bytes they take (the
+    /// split-k partials follow them). Which launches take them: [`qmma8_takes`].
+    fn qmma8_bytes(&self, n: usize, k: usize) -> Option<usize> {
+        let sm80 = R::NAME == "cuda"
+            && self
+                .dev
+                .info
+                .arch
+                .strip_prefix("sm_")
+                .and_then(|a| {
+                    a.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+                        .parse::<u32>()
+                        .ok()
+                })
+                .is_some_and(|a| a >= 80);
+        let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes());
+        let bytes = qx_bytes(n, k).next_multiple_of(256);
+        (sm80 && k.is_multiple_of(32) && bytes <= room).then_some(bytes)
+    }
+
     /// How many k-ranges (grid z) a `qmma_*` launch of `blocks` blocks splits `k` into: enough
     /// for [`QMMA_WAVES`] blocks per SM, each split at least [`QMMA_MIN_SPLIT_TILES`] k-tiles,
     /// at most [`QMMA_MAX_SPLITS`], and the f32 partials of `outputs` values each fitting the
-    /// dequant scratch (free during these launches; 1 without it).
-    fn qmma_splits(&self, blocks: usize, k: usize, outputs: usize, tile: u32) -> usize {
-        let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes()) / (4 * outputs.max(1));
+    /// dequant scratch past its first `used` bytes (free during these launches; 1 without it).
+    fn qmma_splits(
+        &self,
+        blocks: usize,
+        k: usize,
+        outputs: usize,
+        tile: u32,
+        used: usize,
+    ) -> usize {
+        let room = self
+            .scratch
+            .dequant
+            .as_ref()
+            .map_or(0, |b| b.bytes().saturating_sub(used))
+            / (4 * outputs.max(1));
         // Larger row tiles do more per k-tile and need fewer blocks in flight (H100: 32 and 64
         // rows were 6-7% faster at 2 than at 4 blocks per SM, 16 rows 4% slower).
         let waves = if tile >= 32 {
@@ -444,10 +506,24 @@ impl<R: Runtime> GpuBackend<R> {
             return Ok(());
         }
         if let Some(rows) = self.qmma_rows(n, x, w) {
-            for run in part_runs(w) {
+            // The 8-bit path quantizes x once for every run, at the scratch's start.
+            let runs = part_runs(w);
+            let qx8 = if runs.iter().any(|r| qmma8_takes(r.q, r.mix)) {
+                self.qmma8_bytes(n, k)
+            } else {
+                None
+            };
+            let xq = match qx8 {
+                Some(_) => Some(self.quantize_x(x, n)?),
+                None => None,
+            };
+            let used = qx8.unwrap_or(0);
+            let scratch = self.scratch.dequant.as_ref().map_or(0, |b| b.ptr());
+            for run in runs {
                 let PartRun { q, mix, ref slots } = run;
                 let (bias, y) = self.part_out(slots[0].1, bias, out);
                 let ([w0, w1, w2], [r0, r1, r2]) = run.slot_args();
+                let xq = xq.filter(|_| qmma8_takes(q, mix));
                 let args = QmmaArgs {
                     w0,
                     w1,
@@ -455,10 +531,10 @@ impl<R: Runtime> GpuBackend<R> {
                     r0,
                     r1,
                     r2,
-                    x: x.buf.ptr(),
+                    x: xq.unwrap_or(x.buf.ptr()),
                     bias,
                     y,
-                    ws: self.scratch.dequant.as_ref().map_or(0, |b| b.ptr()),
+                    ws: scratch + used as u64,
                     k: k as i32,
                     rows: n as i32,
                     ldy: m as i32,
@@ -466,15 +542,16 @@ impl<R: Runtime> GpuBackend<R> {
                 let blocks: usize = slots.iter().map(|(_, p)| p.rows.div_ceil(QMMA_BN)).sum();
                 let cols: usize = slots.iter().map(|(_, p)| p.rows).sum();
                 let tiles = (blocks, n.div_ceil(rows as usize));
-                let splits = self.qmma_splits(tiles.0 * tiles.1, k, n * cols, rows);
+                let splits = self.qmma_splits(tiles.0 * tiles.1, k, n * cols, rows, used);
                 let grid = Grid {
                     blocks: (tiles.0 as u32, tiles.1 as u32, splits as u32),
                     threads: QMMA_THREADS,
                 };
-                let kernel = if mix {
-                    Kernel::QmmaMix { q, rows }
-                } else {
-                    Kernel::Qmma { q, rows }
+                let kernel = match (mix, xq.is_some()) {
+                    (true, false) => Kernel::QmmaMix { q, rows },
+                    (false, false) => Kernel::Qmma { q, rows },
+                    (true, true) => Kernel::Qmma8Mix { q, rows },
+                    (false, true) => Kernel::Qmma8 { q, rows },
                 };
                 self.launch_with(kernel, grid, &args)?;
                 if splits > 1 {
