@@ -426,3 +426,47 @@ async fn blocks_behind_a_models_sliding_window_are_freed_and_output_matches() {
     let stats = these_match_reference(f, &ps, 120, cfg, &[Device::Cpu]).await;
     assert_eq!(stats.preemptions(), 0, "freed blocks make room for all six");
 }
+
+/// `kiln serve`'s start: the tokenizer builds on its own thread while the lanes load; the
+/// engine then tokenizes and stops exactly as one started from fully opened files, and a
+/// tokenizer that fails to build fails the start with its error (the lanes stopped).
+#[tokio::test]
+async fn overlapped_tokenizer_start_matches_the_plain_one_and_reports_its_failure() {
+    let path = kiln::config::default_model_path();
+    let (f, job) = ModelFiles::open_overlapped(&path, LoadFormat::Gguf).unwrap();
+    assert!(f.tokenizer.is_none(), "the tokenizer is left to its thread");
+    let overlapped =
+        Engine::start_overlapped(f, Some(job), &[Device::Cpu], EngineConfig::default()).unwrap();
+    let (plain, tok) = engine(EngineConfig::default());
+    let got = overlapped
+        .client()
+        .tokenizer()
+        .expect("the built tokenizer");
+    for s in SENTENCES {
+        assert_eq!(
+            got.encode(s, true).unwrap(),
+            tok.encode(s, true).unwrap(),
+            "{s}"
+        );
+    }
+    assert_eq!(got.eos_ids(), tok.eos_ids());
+    let prompt = tok.encode(SENTENCES[1], true).unwrap();
+    let a = run(&overlapped.client(), ignore_eos(prompt.clone(), 24)).await;
+    let b = run(&plain.client(), ignore_eos(prompt, 24)).await;
+    assert_eq!(a.text, b.text);
+
+    // A Hugging Face directory whose tokenizer.json is not a tokenizer.
+    let dir = std::env::temp_dir().join(format!("kiln-bad-tokenizer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/arch/qwen3");
+    for name in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(name), dir.join(name)).unwrap();
+    }
+    std::fs::write(dir.join("tokenizer.json"), "{ not a tokenizer").unwrap();
+    let (f, job) = ModelFiles::open_overlapped(&dir, LoadFormat::Hf).unwrap();
+    let e = Engine::start_overlapped(f, Some(job), &[Device::Cpu], EngineConfig::default())
+        .err()
+        .expect("a broken tokenizer fails the start");
+    assert!(e.to_string().contains("tokenizer"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

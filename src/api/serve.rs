@@ -34,14 +34,15 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         "starting"
     );
     let t0 = Instant::now();
-    let files = ModelFiles::open(&path, config.model.load_format)
+    // The tokenizer builds on a thread of its own while the lanes load the weights.
+    let (files, tokenizer) = ModelFiles::open_overlapped(&path, config.model.load_format)
         .with_context(|| format!("opening {}", path.display()))?;
     tracing::info!(
         open_s = t0.elapsed().as_secs_f64(),
-        "start-up: model file opened (header, tokenizer)"
+        "start-up: model file opened (header; the tokenizer builds alongside the lanes)"
     );
-    let engine =
-        Engine::start(files, &devices, config.engine.clone()).context("starting the engine")?;
+    let engine = Engine::start_overlapped(files, Some(tokenizer), &devices, config.engine.clone())
+        .context("starting the engine")?;
     let client = engine.client();
     tracing::info!(
         model = client.model_name(),

@@ -22,7 +22,7 @@ use super::{
     StreamEvent,
 };
 use crate::backend::{BackendError, DeviceId, GpuOptions};
-use crate::model::{ModelFiles, ModelSpec};
+use crate::model::{ModelFiles, ModelSpec, PendingTokenizer};
 use crate::tokenizer::Tokenizer;
 
 struct LaneHandle {
@@ -225,11 +225,22 @@ impl Engine {
         devices: &[Device],
         cfg: EngineConfig,
     ) -> Result<Engine, EngineError> {
+        Self::start_overlapped(files, None, devices, cfg)
+    }
+
+    /// [`Engine::start`] for files opened by [`ModelFiles::open_overlapped`]: the lanes load
+    /// the model while `tokenizer` is still being built, and start-up waits for both.
+    pub fn start_overlapped(
+        files: ModelFiles,
+        tokenizer: Option<PendingTokenizer>,
+        devices: &[Device],
+        cfg: EngineConfig,
+    ) -> Result<Engine, EngineError> {
         let bodies = devices
             .iter()
             .map(|d| (d.to_string(), device_body(*d)))
             .collect();
-        Self::start_lanes(files, bodies, cfg)
+        Self::start_lanes(files, tokenizer, bodies, cfg)
     }
 
     /// Starts one lane per backend constructor (run on the lane's own thread), e.g. to
@@ -247,7 +258,7 @@ impl Engine {
             .into_iter()
             .map(|(label, make)| (label, Box::new(move |ctx| lane::run(make, ctx)) as LaneBody))
             .collect();
-        Self::start_lanes(files, bodies, cfg)
+        Self::start_lanes(files, None, bodies, cfg)
     }
 
     /// [`Engine::start_with_backends`] for tensor-parallel lanes: per lane, one backend
@@ -265,11 +276,12 @@ impl Engine {
                 (label, Box::new(body) as LaneBody)
             })
             .collect();
-        Self::start_lanes(files, bodies, cfg)
+        Self::start_lanes(files, None, bodies, cfg)
     }
 
     fn start_lanes(
         files: ModelFiles,
+        tokenizer_job: Option<PendingTokenizer>,
         devices: Vec<(String, LaneBody)>,
         cfg: EngineConfig,
     ) -> Result<Engine, EngineError> {
@@ -285,7 +297,7 @@ impl Engine {
             .max_model_len
             .unwrap_or(files.spec.max_position)
             .min(files.spec.max_position);
-        let tokenizer = files.tokenizer.clone().map(Arc::new);
+        let ready_tokenizer = files.tokenizer.clone();
         let (spec, name) = (files.spec.clone(), files.name.clone());
         let files = Arc::new(files);
         let mut pending = Vec::new();
@@ -311,6 +323,15 @@ impl Engine {
             }
             lanes.push(handle);
         }
+        let tokenizer = match tokenizer_job.map(PendingTokenizer::join) {
+            None => ready_tokenizer,
+            Some(Ok(t)) => t,
+            Some(Err(e)) => {
+                failure.get_or_insert(EngineError::Load(format!("tokenizer: {e}")));
+                None
+            }
+        }
+        .map(Arc::new);
         let bounds = Bounds {
             vocab_size: spec.vocab_size,
             max_len,
