@@ -9,6 +9,7 @@ pub mod spec;
 pub mod variant;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// GGML element types and dequantizers (they live with the backend's host tensors).
 pub use crate::backend::quant;
@@ -132,18 +133,9 @@ fn resolve(path: &Path, format: LoadFormat) -> LoadFormat {
     }
 }
 
-/// The model's tokenizer alone, as [`ModelFiles::open`] builds it.
-fn tokenizer_of(path: &Path, format: LoadFormat) -> Result<Option<Tokenizer>, ModelError> {
-    match resolve(path, format) {
-        LoadFormat::Gguf => {
-            let g = gguf::GgufFile::open(path)?;
-            Tokenizer::from_gguf(&g)
-                .map(Some)
-                .map_err(|e| ModelError::Tokenizer(e.to_string()))
-        }
-        LoadFormat::Hf => hf_tokenizer(path),
-        _ => hf_tokenizer(dummy_dir(path)),
-    }
+/// A GGUF file's tokenizer (from its metadata).
+fn gguf_tokenizer(g: &gguf::GgufFile) -> Result<Tokenizer, ModelError> {
+    Tokenizer::from_gguf(g).map_err(|e| ModelError::Tokenizer(e.to_string()))
 }
 
 /// Where a dummy model's config and tokenizer live.
@@ -158,7 +150,7 @@ fn dummy_dir(path: &Path) -> &Path {
 impl ModelFiles {
     /// Opens a model: parses headers, config and tokenizer; tensors are read later by `runner::load_weights`.
     pub fn open(path: &Path, format: LoadFormat) -> Result<Self, ModelError> {
-        Self::open_with(path, format, true)
+        Self::open_with(path, format, true).map(|(files, _)| files)
     }
 
     /// [`ModelFiles::open`] with the tokenizer left out of the files and built on a thread of
@@ -168,25 +160,35 @@ impl ModelFiles {
         path: &Path,
         format: LoadFormat,
     ) -> Result<(Self, PendingTokenizer), ModelError> {
-        let files = Self::open_with(path, format, false)?;
-        let path = path.to_path_buf();
+        let (files, gguf) = Self::open_with(path, format, false)?;
+        // A GGUF tokenizer reads the header the files parsed (shared with the thread); the
+        // others read tokenizer.json next to the config.
+        let dir = match resolve(path, format) {
+            LoadFormat::Hf => path.to_path_buf(),
+            _ => dummy_dir(path).to_path_buf(),
+        };
         let handle = std::thread::Builder::new()
             .name("kiln-tokenizer".into())
-            .spawn(move || tokenizer_of(&path, format))
+            .spawn(move || match gguf {
+                Some(g) => gguf_tokenizer(&g).map(Some),
+                None => hf_tokenizer(&dir),
+            })
             .map_err(|e| ModelError::Tokenizer(format!("cannot start its thread: {e}")))?;
         Ok((files, PendingTokenizer(handle)))
     }
 
+    /// The files (with their tokenizer when `with_tokenizer`) and, for a GGUF file, its parsed
+    /// header, which the files' tensor source shares.
     fn open_with(
         path: &Path,
         format: LoadFormat,
         with_tokenizer: bool,
-    ) -> Result<Self, ModelError> {
+    ) -> Result<(Self, Option<Arc<gguf::GgufFile>>), ModelError> {
         let format = resolve(path, format);
-        match format {
+        let files = match format {
             LoadFormat::Gguf => {
                 let t0 = std::time::Instant::now();
-                let g = gguf::GgufFile::open(path)?;
+                let g = Arc::new(gguf::GgufFile::open(path)?);
                 let spec = ModelSpec::from_gguf(&g)?;
                 let header_s = t0.elapsed().as_secs_f64();
                 for name in g.nonfinite_tensors() {
@@ -196,10 +198,7 @@ impl ModelFiles {
                     );
                 }
                 let tokenizer = match with_tokenizer {
-                    true => Some(
-                        Tokenizer::from_gguf(&g)
-                            .map_err(|e| ModelError::Tokenizer(e.to_string()))?,
-                    ),
+                    true => Some(gguf_tokenizer(&g)?),
                     false => None,
                 };
                 if with_tokenizer {
@@ -209,12 +208,16 @@ impl ModelFiles {
                         "start-up: GGUF header and tokenizer"
                     );
                 }
-                Ok(Self {
-                    name: file_name(path),
-                    spec,
-                    tokenizer,
-                    source: Box::new(g),
-                })
+                let source = Box::new(g.clone());
+                return Ok((
+                    Self {
+                        name: file_name(path),
+                        spec,
+                        tokenizer,
+                        source,
+                    },
+                    Some(g),
+                ));
             }
             LoadFormat::Hf => {
                 let spec = hf_spec_at(&path.join("config.json"))?;
@@ -226,12 +229,12 @@ impl ModelFiles {
                     tracing::warn!("no tokenizer.json in {}: token ids only", path.display());
                 }
                 let source = SafetensorsSource::open(path)?.for_arch(&spec.arch);
-                Ok(Self {
+                Self {
                     name: file_name(path),
                     spec,
                     tokenizer,
                     source: Box::new(source),
-                })
+                }
             }
             LoadFormat::Dummy
             | LoadFormat::DummyBf16
@@ -246,15 +249,16 @@ impl ModelFiles {
                     Some(ty) => Box::new(dummy::PooledDummy::new(ty)?),
                     None => Box::new(DummySource { seed: 0 }),
                 };
-                Ok(Self {
+                Self {
                     name: file_name(path),
                     spec,
                     tokenizer,
                     source,
-                })
+                }
             }
             LoadFormat::Auto => unreachable!("resolved above"),
-        }
+        };
+        Ok((files, None))
     }
 }
 

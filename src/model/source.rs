@@ -59,6 +59,21 @@ fn gguf_info<'a>(
     Ok(Some(info))
 }
 
+/// A source shared with another owner (the GGUF header the tokenizer thread also reads).
+impl<S: TensorSource + ?Sized> TensorSource for Arc<S> {
+    fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+        (**self).fetch(name, shape)
+    }
+
+    fn fetch_host(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, ModelError> {
+        (**self).fetch_host(name, shape)
+    }
+
+    fn weight_types(&self) -> Option<Vec<GgmlType>> {
+        (**self).weight_types()
+    }
+}
+
 impl TensorSource for GgufFile {
     fn weight_types(&self) -> Option<Vec<GgmlType>> {
         let mut types: Vec<GgmlType> = Vec::new();

@@ -936,9 +936,8 @@ impl<R: Runtime> Kernels<R> {
             dev.info.driver_version,
             R::compiler_version()
         );
-        // A unit with no entry point for `dt` (qmma.cu in f32) is not compiled. The units
-        // start-up waits for start first, the largest first, so they are not queued behind
-        // small ones.
+        // A unit with no entry point for `dt` (qmma.cu in f32) is not compiled. The largest
+        // units start first, so they are not queued behind small ones.
         let mut used: Vec<Unit> = Kernel::all()
             .into_iter()
             .filter(|k| k.available(dt))
@@ -946,10 +945,7 @@ impl<R: Runtime> Kernels<R> {
             .collect::<std::collections::HashSet<_>>()
             .into_iter()
             .collect();
-        used.sort_by_cached_key(|&u| {
-            let size = u.src.full_text().len();
-            (!needs.core(u), std::cmp::Reverse(size), u.name())
-        });
+        used.sort_by_cached_key(|&u| (std::cmp::Reverse(u.src.full_text().len()), u.name()));
         let job = Arc::new(CompileJob {
             opts,
             salt,
