@@ -13,7 +13,8 @@
 #   cp ../main/target/dev-moepeer/{gguf-py.tgz,tok.tgz,lcpp-bin.txz} $d/   (llama.cpp optional)
 #   run: bash target/dev-cold/cold_start.sh          (carry target/dev-cold)
 # Environment: COLD_SPLITS (e.g. "0 off 4": one cold start of the first binary per
-# KILN_NVRTC_SPLIT value), BENCH=1 then runs `kiln bench` at concurrency 64 (512 in, 128 out)
+# KILN_NVRTC_SPLIT value), WARM_ENVS adds warm starts of the first binary with those
+# settings (F16=1 also on the F16 file), BENCH=1 then runs `kiln bench` at concurrency 64 (512 in, 128 out)
 # against llama-server (each binary) and kiln serve.
 # Everything goes to $OUT: summary.txt and logs.tgz.
 set -uo pipefail
@@ -108,6 +109,12 @@ for bin in "${bins[@]}"; do
         fi
     done
     kiln_start "$bin" "$home" "$bin-warm"
+    # WARM_ENVS (e.g. "KILN_UPLOAD_PINNED=0"): a warm start of the first binary with each
+    # setting, then the plain warm start again (run-to-run spread).
+    if [ "$bin" = "${bins[0]}" ] && [ -n "${WARM_ENVS:-}" ]; then
+        for v in $WARM_ENVS; do kiln_start "$bin" "$home" "$bin-warm-$v" "$v"; done
+        kiln_start "$bin" "$home" "$bin-warm-again"
+    fi
 done
 # F16=1: the same on the 16 GB F16 file of ../shared/peers/make_gguf.py (copied into the
 # folder): a cold and a warm Kiln start of the first binary, then llama-server's start.
@@ -124,6 +131,9 @@ if [ -n "${F16:-}" ] && [ -f "$here/make_gguf.py" ]; then
         rm -rf "$work/home-f16"
         kiln_start "${bins[0]}" "$work/home-f16" "f16-${bins[0]}-cold"
         kiln_start "${bins[0]}" "$work/home-f16" "f16-${bins[0]}-warm"
+        for v in ${WARM_ENVS:-}; do
+            kiln_start "${bins[0]}" "$work/home-f16" "f16-${bins[0]}-warm-$v" "$v"
+        done
         if [ -x "$lcpp/bin/llama-server" ]; then
             t0=$(now)
             "$lcpp/bin/llama-server" -m "$f16" -ngl 99 -fa -np 64 -c 65536 -dt 0.1 --port 8081 \

@@ -475,6 +475,68 @@ fn quant_embed<B: TestBackend>(b: &mut B) {
 }
 crate::parity_test!(quantized_embedding_rows, quant_embed);
 
+/// Tables larger than the upload's page-locked staging ring (4 x 16 MiB on CUDA), so its
+/// buffers are reused while earlier copies may still run: rows on each side of every
+/// staging boundary, and the last row, read back exactly as the CPU has them. F16 and BF16
+/// go through the device conversion or the direct copy, Q8_0 through the repack. GPU only
+/// (the CPU has no staging; a table this size would only slow CI).
+fn large_uploads<B: TestBackend>(b: &mut B) {
+    if !gpu(b) {
+        return;
+    }
+    let mut rng = rng("large_uploads");
+    let mut reference = CpuBackend::with_f32_weights();
+    let shape = KvShape {
+        num_layers: 1,
+        num_blocks: 8,
+        block_size: 4,
+        n_kv_heads: 1,
+        head_dim: 8,
+    };
+    b.alloc_kv(&shape).unwrap();
+    reference.alloc_kv(&shape).unwrap();
+    let (vocab, h) = (17_001, 4096);
+    for ty in [GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0] {
+        let table = match ty {
+            GgmlType::Q8_0 => raw(&mut rng, ty, vocab, h),
+            _ => {
+                let bytes = random(&mut rng, vocab * h, 1.0)
+                    .into_iter()
+                    .flat_map(|v| match ty {
+                        GgmlType::F16 => half::f16::from_f32(v).to_le_bytes(),
+                        _ => half::bf16::from_f32(v).to_le_bytes(),
+                    })
+                    .collect();
+                HostTensor::raw(vec![vocab, h], ty, bytes).unwrap()
+            }
+        };
+        let bt = b.upload_weight(table.clone()).expect("upload");
+        let rt = reference.upload_weight(table).unwrap();
+        // 16 MiB of two-byte rows is 2048 rows; of Q8_0's one-byte quants 4096.
+        let mut ids: Vec<u32> = [0, 1, 2047, 2048, 4095, 4096, 8191, 8192, 12_288, 16_384]
+            .into_iter()
+            .chain([vocab as u32 - 1])
+            .collect();
+        ids.extend((0..5).map(|_| rng.random_range(0..vocab as u32)));
+        let n = ids.len();
+        let tables = block_tables(&mut rng, &[n as u32], 4, 8);
+        let p = plan(&[(n as u32, n as u32, tables[0].clone())], 4, |i| ids[i]);
+        let (bb, rb) = (b.prepare(&p).unwrap(), reference.prepare(&p).unwrap());
+        let mut out = poisoned(b, n + 1, h);
+        let mut rout = reference.alloc(n, h).unwrap();
+        b.embed(&bt, 0, vocab, &bb, &mut out).expect("embed");
+        reference.embed(&rt, 0, vocab, &rb, &mut rout).unwrap();
+        let want = reference.to_host(&rout, n).unwrap();
+        assert_rows_only(
+            &format!("{} {ty} table of {vocab} x {h}", b.label()),
+            &b.to_host(&out, n + 1).unwrap(),
+            &want,
+            b.tol().min(1e-2),
+        );
+    }
+}
+crate::parity_test!(large_weight_uploads, large_uploads);
+
 /// The fixture directory: `KILN_MODELS_DIR` (device runs carry the files), else `../shared/models`.
 fn models_dir() -> std::path::PathBuf {
     std::env::var_os("KILN_MODELS_DIR")

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
-    DriverError, result, sys,
+    DriverError, PinnedHostSlice, result, sys,
 };
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
-use super::runtime::{DeviceInfo, Grid, RtError, RtResult, Runtime};
+use super::runtime::{DeviceInfo, Grid, PinnedHost, RtError, RtResult, Runtime};
 use crate::backend::DType;
 
 /// One CUDA device: its primary context and a non-blocking stream of this lane's own.
@@ -75,6 +75,17 @@ impl Drop for CudaBlas {
     fn drop(&mut self) {
         // SAFETY: the handle is live and destroyed once; errors cannot be reported from drop.
         let _ = unsafe { blas::destroy_handle(self.handle) };
+    }
+}
+
+/// Page-locked host memory of cudarc's (`cuMemHostAlloc`).
+struct CudaPinned(PinnedHostSlice<u8>);
+
+impl PinnedHost for CudaPinned {
+    fn bytes_mut(&mut self) -> RtResult<&mut [u8]> {
+        // cudarc's own event is never recorded (copies go through `upload_async`, whose
+        // caller waits for an event of its own), so this does not wait.
+        self.0.as_mut_slice().map_err(failed)
     }
 }
 
@@ -169,6 +180,20 @@ impl Runtime for Cuda {
         unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(failed)
     }
 
+    fn alloc_pinned(&self, bytes: usize) -> RtResult<Option<Box<dyn PinnedHost>>> {
+        // Plain page-locked memory (not write-combined: the repack writes it in pieces).
+        // SAFETY: the memory is uninitialized; the stager writes every byte it copies.
+        let p = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }.map_err(failed)?;
+        Ok(Some(Box::new(CudaPinned(p))))
+    }
+
+    unsafe fn upload_async(&self, dst: u64, src: &[u8]) -> RtResult<()> {
+        self.ctx.bind_to_thread().map_err(failed)?;
+        // SAFETY: the range is inside a live allocation and `src` (page-locked, or pageable
+        // and staged by the driver before returning) outlives the copy (caller).
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(failed)
+    }
+
     unsafe fn download(&self, src: u64, dst: &mut [u8]) -> RtResult<()> {
         self.ctx.bind_to_thread().map_err(failed)?;
         // SAFETY: the range is inside a live allocation (caller); the stream is synchronized
@@ -259,6 +284,10 @@ impl Runtime for Cuda {
 
     fn record(&self, e: &CudaEvent) -> RtResult<()> {
         e.record(&self.stream).map_err(failed)
+    }
+
+    fn wait(&self, e: &CudaEvent) -> RtResult<()> {
+        e.synchronize().map_err(failed)
     }
 
     fn elapsed_ms(&self, start: &CudaEvent, end: &CudaEvent) -> RtResult<f32> {

@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::ffi::c_void;
 
-use super::runtime::{DeviceInfo, Grid, RtError, Runtime, dev_err};
+use super::runtime::{DeviceInfo, Grid, PinnedHost, RtError, Runtime, dev_err};
 use super::timing::Timer;
 use crate::backend::BackendError;
 
@@ -64,8 +64,49 @@ pub enum Arg {
     F32(f32),
 }
 
+/// Page-locked staging buffers of [`Device::upload_with`], each with the event recorded
+/// after the copy that reads it. Declared before the runtime in [`Device`], and drained on
+/// drop, so no copy outlives its buffer.
+struct Staging<R: Runtime> {
+    slots: Vec<StagingSlot<R>>,
+    next: usize,
+}
+
+struct StagingSlot<R: Runtime> {
+    mem: Box<dyn PinnedHost>,
+    done: R::Event,
+    in_flight: bool,
+}
+
+/// Staging buffers in the ring and the size of each: the host fills one while the copies
+/// of the others run.
+const STAGING_SLOTS: usize = 4;
+const STAGING_BYTES: usize = 16 << 20;
+/// The host fills a staging buffer in pieces of about this size, one per thread.
+const FILL_PIECE: usize = 1 << 20;
+
+/// Whether large uploads stage through page-locked memory (`KILN_UPLOAD_PINNED=0`: through
+/// pageable memory, as before; for comparisons).
+fn pinned_uploads() -> bool {
+    !matches!(
+        std::env::var("KILN_UPLOAD_PINNED").as_deref(),
+        Ok("0" | "off")
+    )
+}
+
+/// Fills `out` (bytes `at..` of an upload of whole `unit`s) in parallel pieces.
+fn par_fill(out: &mut [u8], at: usize, unit: usize, fill: &(dyn Fn(usize, &mut [u8]) + Sync)) {
+    use rayon::prelude::*;
+    let piece = (FILL_PIECE / unit).max(1) * unit;
+    out.par_chunks_mut(piece)
+        .enumerate()
+        .for_each(|(i, c)| fill(at + i * piece, c));
+}
+
 /// The device of one lane.
 pub struct Device<R: Runtime> {
+    /// Before `rt`: dropped (after draining) while the runtime still lives.
+    staging: Option<Staging<R>>,
     pub rt: R,
     pub ordinal: usize,
     pub info: DeviceInfo,
@@ -87,6 +128,7 @@ impl<R: Runtime> Device<R> {
     ) -> Result<Device<R>, BackendError> {
         let (rt, info) = R::open(ordinal).map_err(dev_err("init"))?;
         Ok(Device {
+            staging: None,
             rt,
             ordinal,
             info,
@@ -147,6 +189,110 @@ impl<R: Runtime> Device<R> {
         unsafe { self.rt.upload(dst.ptr + offset as u64, src) }.map_err(dev_err("upload"))?;
         self.stats.h2d_calls += 1;
         self.stats.h2d_bytes += src.len() as u64;
+        Ok(())
+    }
+
+    /// Writes `len` bytes made by `fill` to `dst` at byte `offset` (stream-ordered). Counted.
+    ///
+    /// `fill(at, out)` writes bytes `at .. at + out.len()` of the upload; `at` is a multiple of
+    /// `unit` and so is `out.len()`, except where `out` ends the upload. The host fills
+    /// page-locked staging buffers on the rayon pool (reading a memory-mapped file there
+    /// faults its pages in on every thread) while the copies of earlier buffers run; a runtime
+    /// without page-locked memory, or `KILN_UPLOAD_PINNED=0`, stages through ordinary memory.
+    /// A staged copy may still run when this returns: [`Device::drain_uploads`] waits for it.
+    pub fn upload_with(
+        &mut self,
+        dst: &DevBuf,
+        offset: usize,
+        len: usize,
+        unit: usize,
+        fill: &(dyn Fn(usize, &mut [u8]) + Sync),
+    ) -> Result<(), BackendError> {
+        if offset + len > dst.bytes {
+            return Err(BackendError::Device {
+                op: "upload",
+                message: "copy past the end of a buffer".into(),
+            });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        self.not_while_capturing("upload")?;
+        let unit = unit.max(1);
+        let per = (STAGING_BYTES / unit).max(1) * unit;
+        if unit > STAGING_BYTES || !self.ensure_staging()? {
+            let mut stage = vec![0u8; per.min(len)];
+            for at in (0..len).step_by(per) {
+                let out = &mut stage[..per.min(len - at)];
+                par_fill(out, at, unit, fill);
+                self.upload(dst, offset + at, out)?;
+            }
+            return Ok(());
+        }
+        let Some(staging) = self.staging.as_mut() else {
+            return Ok(());
+        };
+        for at in (0..len).step_by(per) {
+            let n = per.min(len - at);
+            let count = staging.slots.len();
+            let slot = &mut staging.slots[staging.next];
+            staging.next = (staging.next + 1) % count;
+            if slot.in_flight {
+                self.rt.wait(&slot.done).map_err(dev_err("upload"))?;
+                slot.in_flight = false;
+            }
+            let out = &mut slot.mem.bytes_mut().map_err(dev_err("upload"))?[..n];
+            par_fill(out, at, unit, fill);
+            // SAFETY: the destination range lies inside `dst` (checked above), which is
+            // live; `out` is page-locked and is not written again before `done`, recorded
+            // next, has completed (waited above, in `drain_uploads` or on drop).
+            unsafe { self.rt.upload_async(dst.ptr + (offset + at) as u64, out) }
+                .map_err(dev_err("upload"))?;
+            self.rt.record(&slot.done).map_err(dev_err("upload"))?;
+            slot.in_flight = true;
+            self.stats.h2d_calls += 1;
+            self.stats.h2d_bytes += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Makes the staging ring of [`Device::upload_with`] if the runtime has page-locked
+    /// memory (and it is wanted); whether there is one.
+    fn ensure_staging(&mut self) -> Result<bool, BackendError> {
+        if self.staging.is_some() {
+            return Ok(true);
+        }
+        if !pinned_uploads() {
+            return Ok(false);
+        }
+        let mut slots = Vec::with_capacity(STAGING_SLOTS);
+        for _ in 0..STAGING_SLOTS {
+            let Some(mem) = self
+                .rt
+                .alloc_pinned(STAGING_BYTES)
+                .map_err(dev_err("pinned staging"))?
+            else {
+                return Ok(false);
+            };
+            let done = self.rt.new_event().map_err(dev_err("pinned staging"))?;
+            slots.push(StagingSlot {
+                mem,
+                done,
+                in_flight: false,
+            });
+        }
+        self.staging = Some(Staging { slots, next: 0 });
+        Ok(true)
+    }
+
+    /// Waits for the copies of [`Device::upload_with`] and frees its page-locked buffers
+    /// (after the weights are loaded).
+    pub fn drain_uploads(&mut self) -> Result<(), BackendError> {
+        if let Some(staging) = self.staging.take() {
+            for slot in staging.slots.iter().filter(|s| s.in_flight) {
+                self.rt.wait(&slot.done).map_err(dev_err("upload"))?;
+            }
+        }
         Ok(())
     }
 
@@ -253,5 +399,16 @@ impl<R: Runtime> Device<R> {
     /// Waits for all queued work.
     pub fn sync(&self, op: &'static str) -> Result<(), BackendError> {
         self.rt.sync().map_err(dev_err(op))
+    }
+}
+
+impl<R: Runtime> Drop for Device<R> {
+    fn drop(&mut self) {
+        // A staged copy may still read a page-locked buffer: wait before it is freed.
+        if let Some(staging) = &self.staging {
+            for slot in staging.slots.iter().filter(|s| s.in_flight) {
+                let _ = self.rt.wait(&slot.done);
+            }
+        }
     }
 }

@@ -364,6 +364,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     }
 
     fn alloc_kv(&mut self, shape: &KvShape) -> Result<GpuKv, BackendError> {
+        // The last staged weight copies may still run: they count as upload time.
+        let t0 = std::time::Instant::now();
+        self.dev.drain_uploads()?;
+        self.scratch.upload_s += t0.elapsed().as_secs_f64();
         // The lane reports ready after this: every kernel a dense model runs is loaded now,
         // so a compile error shows at start-up and the first request does not wait.
         self.kernels.wait_core(&self.dev.rt)?;

@@ -23,7 +23,7 @@ pub struct WeightPart {
     pub(super) rows: usize,
 }
 
-/// Largest staging buffer of an on-device F16/BF16 conversion, and of a quantized repack.
+/// Largest device staging buffer of an on-device F16/BF16 conversion.
 const STAGE_BYTES: usize = 32 << 20;
 
 impl<R: Runtime> GpuBackend<R> {
@@ -88,18 +88,13 @@ impl<R: Runtime> GpuBackend<R> {
     ) -> Result<DevBuf, BackendError> {
         let (planes, total) = q.planes(rows, k);
         let buf = self.dev.alloc(total, "weight")?;
-        let mut stage = Vec::new();
         for (i, &(start, row_bytes)) in planes.iter().enumerate() {
             if row_bytes == 0 {
                 continue;
             }
-            let per = (STAGE_BYTES / row_bytes).max(1);
-            for j0 in (0..rows).step_by(per) {
-                stage.resize(per.min(rows - j0) * row_bytes, 0);
-                q.repack_rows(bytes, k, i, j0, &mut stage);
-                // The copy is staged by the driver before it returns: `stage` is free again.
-                self.dev.upload(&buf, start + j0 * row_bytes, &stage)?;
-            }
+            let fill = |at: usize, out: &mut [u8]| q.repack_rows(bytes, k, i, at / row_bytes, out);
+            self.dev
+                .upload_with(&buf, start, rows * row_bytes, row_bytes, &fill)?;
         }
         Ok(buf)
     }
@@ -129,15 +124,19 @@ impl<R: Runtime> GpuBackend<R> {
         let HostData::Raw { bytes, .. } = &p.data else {
             return Err(unsupported(R::NAME, ty.to_string()));
         };
+        let copy = |at: usize, out: &mut [u8]| out.copy_from_slice(&bytes[at..at + out.len()]);
         if bf16 && self.dt == crate::backend::DType::Bf16 {
-            return self.dev.upload(buf, offset, bytes);
+            return self.dev.upload_with(buf, offset, bytes.len(), 1, &copy);
         }
         let stage = self
             .dev
             .alloc(bytes.len().min(STAGE_BYTES), "weight staging")?;
         let size = self.dt.size() as u64;
         for (i, chunk) in bytes.chunks(STAGE_BYTES).enumerate() {
-            self.dev.upload(&stage, 0, chunk)?;
+            let at = i * STAGE_BYTES;
+            let fill = |a: usize, out: &mut [u8]| copy(at + a, out);
+            // Stream order keeps the next chunk's copy behind this chunk's conversion.
+            self.dev.upload_with(&stage, 0, chunk.len(), 1, &fill)?;
             let total = (chunk.len() / 2) as u64;
             let first = (i * STAGE_BYTES / 2) as u64;
             let args = ConvertArgs {

@@ -53,6 +53,13 @@ pub struct DeviceInfo {
     pub driver_version: i32,
 }
 
+/// Page-locked host memory from [`Runtime::alloc_pinned`]: a stream copy reads it while the
+/// host goes on. Freed when dropped (the owner first waits for every copy reading it).
+pub trait PinnedHost: Send {
+    /// The whole buffer; only while no copy from it is in flight.
+    fn bytes_mut(&mut self) -> RtResult<&mut [u8]>;
+}
+
 /// One vendor runtime bound to one device and one stream. Created and used on the lane's
 /// thread only.
 pub trait Runtime: Sized + 'static {
@@ -94,6 +101,25 @@ pub trait Runtime: Sized + 'static {
     /// # Safety
     /// `dst .. dst + src.len()` lies inside a live allocation of this runtime.
     unsafe fn upload(&self, dst: u64, src: &[u8]) -> RtResult<()>;
+
+    /// `bytes` of page-locked host memory for [`Runtime::upload_async`], or `None` where the
+    /// runtime copies only from pageable memory (then large uploads stage through ordinary
+    /// memory and [`Runtime::upload`]).
+    fn alloc_pinned(&self, bytes: usize) -> RtResult<Option<Box<dyn PinnedHost>>> {
+        let _ = bytes;
+        Ok(None)
+    }
+
+    /// Queues a copy of `src` to device address `dst` that reads `src` after this returns.
+    ///
+    /// # Safety
+    /// As [`Runtime::upload`]; `src` lies in memory from [`Runtime::alloc_pinned`] (or is
+    /// pageable, where the copy stages it before returning), and stays alive and unwritten
+    /// until an event recorded after this call has completed.
+    unsafe fn upload_async(&self, dst: u64, src: &[u8]) -> RtResult<()> {
+        // SAFETY: per this method's contract.
+        unsafe { self.upload(dst, src) }
+    }
 
     /// Copies `dst.len()` bytes from device address `src` after all queued work, and waits.
     ///
@@ -140,6 +166,8 @@ pub trait Runtime: Sized + 'static {
     fn new_event(&self) -> RtResult<Self::Event>;
     /// Queues `e` on the stream.
     fn record(&self, e: &Self::Event) -> RtResult<()>;
+    /// Blocks the host until the work before `e`'s last recording has completed.
+    fn wait(&self, e: &Self::Event) -> RtResult<()>;
     /// Milliseconds between two recorded events (waits for `end`).
     fn elapsed_ms(&self, start: &Self::Event, end: &Self::Event) -> RtResult<f32>;
 

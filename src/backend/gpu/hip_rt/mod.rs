@@ -383,6 +383,13 @@ impl Runtime for Hip {
         })
     }
 
+    fn wait(&self, e: &HipEvent) -> RtResult<()> {
+        // SAFETY: the event is live.
+        check("hipEventSynchronize", unsafe {
+            ffi::hipEventSynchronize(e.0)
+        })
+    }
+
     fn elapsed_ms(&self, start: &HipEvent, end: &HipEvent) -> RtResult<f32> {
         let mut ms = 0f32;
         // SAFETY: both events are live; writes one float through a valid pointer.
