@@ -359,7 +359,7 @@ impl Config {
         set_list(&mut s.api_keys, &args.api_keys);
         set_list(&mut s.cors_allowed_origins, &args.cors_allowed_origins);
         set(&mut e.max_num_seqs, &args.max_num_seqs);
-        set(&mut e.max_num_batched_tokens, &args.max_num_batched_tokens);
+        set_opt(&mut e.max_num_batched_tokens, &args.max_num_batched_tokens);
         set(&mut e.block_size, &args.block_size);
         set_opt(&mut e.kv_blocks, &args.kv_blocks);
         set(&mut e.max_waiting, &args.max_waiting);
@@ -482,6 +482,27 @@ mod tests {
         let cfg = Config::from_toml(&text, &path).unwrap();
         assert_eq!(cfg, Config::default());
         cfg.validate().unwrap();
+    }
+
+    #[test]
+    fn batched_tokens_follow_the_flag_else_the_devices_memory() {
+        use crate::engine::EngineConfig;
+        let mut cfg = Config::default();
+        assert_eq!(cfg.engine.max_num_batched_tokens, None);
+        assert_eq!(cfg.engine.batched_tokens(), 2048);
+        // Unset: an 80 GB H100 takes 8192 tokens a step; a 24 GB card and the CPU 2048.
+        assert_eq!(
+            EngineConfig::default_batched_tokens(Some(81_559 << 20)),
+            8192
+        );
+        assert_eq!(EngineConfig::default_batched_tokens(Some(24 << 30)), 2048);
+        assert_eq!(EngineConfig::default_batched_tokens(None), 2048);
+        cfg.apply(&ServeArgs {
+            max_num_batched_tokens: Some(512),
+            ..ServeArgs::default()
+        });
+        assert_eq!(cfg.engine.max_num_batched_tokens, Some(512));
+        assert_eq!(cfg.engine.batched_tokens(), 512);
     }
 
     #[test]

@@ -312,7 +312,7 @@ async fn streamed_echo_with_logprobs_sends_the_prompt_first_and_equals_the_body(
 async fn a_long_prompt_in_many_small_chunks_gives_the_one_chunk_values() {
     let mut cfg = test_config();
     cfg.engine.max_num_seqs = 4;
-    cfg.engine.max_num_batched_tokens = 24;
+    cfg.engine.max_num_batched_tokens = Some(24);
     let small = start(cfg);
     let long = "Once upon a time, there was a little girl named Lily. She loved to play \
                 outside in the sunshine. One day, she saw a big, red ball in the park. She \

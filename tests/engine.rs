@@ -163,7 +163,7 @@ async fn wait_idle(client: &kiln::engine::EngineClient) -> kiln::engine::EngineS
 async fn batch_of_32_matches_single_sequence_reference() {
     let cfg = EngineConfig {
         max_num_seqs: 32,
-        max_num_batched_tokens: 96,
+        max_num_batched_tokens: Some(96),
         ..Default::default()
     };
     let stats = batch_matches_reference(cfg, &[Device::Cpu]).await;
@@ -204,7 +204,7 @@ async fn two_lanes_match_and_share_the_load() {
 async fn no_prefix_caching_matches_too() {
     let cfg = EngineConfig {
         enable_prefix_caching: false,
-        max_num_batched_tokens: 40,
+        max_num_batched_tokens: Some(40),
         ..Default::default()
     };
     let stats = batch_matches_reference(cfg, &[Device::Cpu]).await;

@@ -455,7 +455,7 @@ async fn greedy(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) -> Vec<u32
 fn engine(files: ModelFiles, tp: usize) -> Result<Engine, String> {
     let cfg = EngineConfig {
         max_num_seqs: 8,
-        max_num_batched_tokens: 64,
+        max_num_batched_tokens: Some(64),
         tensor_parallel_size: tp,
         ..Default::default()
     };

@@ -22,7 +22,9 @@ pub use batch::{BatchPlan, KvShape, SeqSlice};
 pub use collective::{GroupMember, HostGroup};
 pub use dtype::DType;
 pub use moe::{MoeExperts, MoeShape, SharedExpert};
-pub use open::{DeviceId, GpuOptions, Maker, WithBackend, WithBackends, open, open_group};
+pub use open::{
+    DeviceId, GpuOptions, Maker, WithBackend, WithBackends, open, open_group, total_memory,
+};
 pub use shape::{AttnShape, Llama3Scaling, RopeLayout, RopeSpec};
 pub use tensor::{HostData, HostTensor};
 

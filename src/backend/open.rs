@@ -92,6 +92,18 @@ pub fn open<W: WithBackend>(device: DeviceId, options: GpuOptions, with: W) -> W
     }
 }
 
+/// Total memory of `device` in bytes (a GPU's, read before a lane opens it); `None` for the
+/// CPU, a backend this build lacks, or a device that cannot be read.
+pub fn total_memory(device: DeviceId) -> Option<usize> {
+    match device {
+        #[cfg(feature = "cuda")]
+        DeviceId::Cuda(i) => super::cuda::CudaBackend::total_memory(i),
+        #[cfg(feature = "rocm")]
+        DeviceId::Rocm(i) => super::rocm::RocmBackend::total_memory(i),
+        _ => None,
+    }
+}
+
 /// A backend constructor, run on the thread of the shard it serves.
 pub type Maker<B> = Box<dyn FnOnce() -> Result<B, BackendError> + Send>;
 

@@ -237,9 +237,7 @@ impl Plan {
                 .collect::<Result<Vec<_>, _>>()?;
             let mut engine = EngineConfig::default();
             engine.max_num_seqs = a.max_num_seqs.unwrap_or(engine.max_num_seqs);
-            engine.max_num_batched_tokens = a
-                .max_num_batched_tokens
-                .unwrap_or(engine.max_num_batched_tokens);
+            engine.max_num_batched_tokens = a.max_num_batched_tokens;
             engine.kv_blocks = a.kv_blocks.or(engine.kv_blocks);
             engine.max_waiting = engine.max_waiting.max(a.num_prompts);
             let model = match &a.model {

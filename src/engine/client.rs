@@ -83,7 +83,11 @@ fn device_body(device: Device) -> LaneBody {
         Device::Cuda(i) => DeviceId::Cuda(i),
         Device::Rocm(i) => DeviceId::Rocm(i),
     };
-    Box::new(move |ctx| {
+    Box::new(move |mut ctx: lane::LaneCtx| {
+        if ctx.cfg.max_num_batched_tokens.is_none() {
+            let memory = crate::backend::total_memory(id);
+            ctx.cfg.max_num_batched_tokens = Some(EngineConfig::default_batched_tokens(memory));
+        }
         let c = &ctx.cfg;
         let opts = GpuOptions {
             dtype: c.gpu_dtype,
@@ -288,7 +292,7 @@ impl Engine {
         if devices.is_empty() {
             return Err(EngineError::Load("no devices given".into()));
         }
-        if cfg.block_size == 0 || cfg.max_num_seqs == 0 || cfg.max_num_batched_tokens == 0 {
+        if cfg.block_size == 0 || cfg.max_num_seqs == 0 || cfg.max_num_batched_tokens == Some(0) {
             return Err(EngineError::Load(
                 "block_size, max_num_seqs and max_num_batched_tokens must be > 0".into(),
             ));

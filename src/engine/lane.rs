@@ -160,7 +160,7 @@ where
         };
         let sched_cfg = SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
-            max_num_batched_tokens: cfg.max_num_batched_tokens,
+            max_num_batched_tokens: cfg.batched_tokens(),
             block_size: cfg.block_size,
             window: files.spec.variant.kv_window(files.spec.n_layers),
         };

@@ -51,12 +51,7 @@ where
         let mut backend = make()?;
         let backend_s = t0.elapsed().as_secs_f64();
         let t1 = std::time::Instant::now();
-        let model = Llama::load(
-            &mut backend,
-            files,
-            cfg.max_num_batched_tokens,
-            cfg.max_num_seqs,
-        )?;
+        let model = Llama::load(&mut backend, files, cfg.batched_tokens(), cfg.max_num_seqs)?;
         tracing::info!(
             lane = index,
             backend_s,
@@ -130,7 +125,7 @@ where
     let src = ShardSource {
         spec: files.spec.clone(),
         host: std::sync::Arc::new(host),
-        max_tokens: cfg.max_num_batched_tokens,
+        max_tokens: cfg.batched_tokens(),
         max_seqs: cfg.max_num_seqs,
         utilization: cfg.gpu_memory_utilization,
     };

@@ -448,6 +448,14 @@ impl Runtime for Cuda {
         g.launch().map_err(failed)
     }
 
+    fn total_memory(ordinal: usize) -> RtResult<usize> {
+        Self::available()?;
+        result::init().map_err(failed)?;
+        let dev = result::device::get(ordinal as c_int).map_err(failed)?;
+        // SAFETY: `dev` is a device handle the driver just returned.
+        unsafe { result::device::total_mem(dev) }.map_err(failed)
+    }
+
     fn device_count() -> RtResult<usize> {
         Self::available()?;
         Ok(CudaContext::device_count().map_err(failed)?.max(0) as usize)

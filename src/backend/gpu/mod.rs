@@ -174,6 +174,11 @@ impl<R: Runtime> GpuBackend<R> {
         R::available().is_ok()
     }
 
+    /// Total memory of device `ordinal` in bytes, or `None` where it cannot be read.
+    pub fn total_memory(ordinal: usize) -> Option<usize> {
+        R::total_memory(ordinal).ok()
+    }
+
     /// Opens device `ordinal`, starts compiling (or reading from the cache) every kernel,
     /// creates the BLAS handle.
     pub fn new(ordinal: usize, opts: GpuOptions) -> Result<GpuBackend<R>, BackendError> {

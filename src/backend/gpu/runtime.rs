@@ -210,6 +210,10 @@ pub trait Runtime: Sized + 'static {
     /// Queues a replay of `g` on the stream.
     fn replay(&self, g: &Self::Graph) -> RtResult<()>;
 
+    /// Total memory of device `ordinal` in bytes, read without opening the device for work
+    /// (start-up sizes defaults by it before the lanes open their devices).
+    fn total_memory(ordinal: usize) -> RtResult<usize>;
+
     /// Devices visible to this runtime (a tensor-parallel lane needs one per shard).
     fn device_count() -> RtResult<usize> {
         Self::available().map(|_| 1)

@@ -368,6 +368,17 @@ impl Runtime for Hip {
         })
     }
 
+    fn total_memory(ordinal: usize) -> RtResult<usize> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: selects a device of this thread, then writes two sizes through valid
+        // pointers.
+        unsafe {
+            check("hipSetDevice", ffi::hipSetDevice(ordinal as c_int))?;
+            check("hipMemGetInfo", ffi::hipMemGetInfo(&mut free, &mut total))?;
+        }
+        Ok(total)
+    }
+
     fn new_event(&self) -> RtResult<HipEvent> {
         self.bind()?;
         let mut e: ffi::Event = std::ptr::null_mut();
