@@ -86,7 +86,14 @@ fn device_body(device: Device) -> LaneBody {
     Box::new(move |mut ctx: lane::LaneCtx| {
         if ctx.cfg.max_num_batched_tokens.is_none() {
             let memory = crate::backend::total_memory(id);
-            ctx.cfg.max_num_batched_tokens = Some(EngineConfig::default_batched_tokens(memory));
+            let tokens = EngineConfig::default_batched_tokens(memory);
+            tracing::info!(
+                lane = ctx.index,
+                memory_bytes = memory,
+                max_num_batched_tokens = tokens,
+                "start-up: tokens per step by the device's memory"
+            );
+            ctx.cfg.max_num_batched_tokens = Some(tokens);
         }
         let c = &ctx.cfg;
         let opts = GpuOptions {
