@@ -88,13 +88,7 @@ fn embed_and_gather<B: TestBackend>(b: &mut B) {
         weight(b, vec![vocab, h], &table),
         weight(&mut cpu, vec![vocab, h], &table),
     );
-    let shape = KvShape {
-        num_layers: 1,
-        num_blocks: 8,
-        block_size: 4,
-        n_kv_heads: 1,
-        head_dim: 8,
-    };
+    let shape = TINY_KV;
     b.alloc_kv(&shape).unwrap();
     cpu.alloc_kv(&shape).unwrap();
     let tables = block_tables(&mut rng, &[7, 3, 3], 4, 8);

@@ -153,6 +153,16 @@ pub fn tensor<B: TestBackend>(b: &mut B, rows: usize, cols: usize, data: &[f32])
     t
 }
 
+/// A KV pool of one layer with 8 blocks of 4 positions (one head of 8): for ops that need a
+/// prepared batch but read no cache (embedding rows).
+pub const TINY_KV: kiln::backend::KvShape = kiln::backend::KvShape {
+    num_layers: 1,
+    num_blocks: 8,
+    block_size: 4,
+    n_kv_heads: 1,
+    head_dim: 8,
+};
+
 /// A tensor whose every element is NaN, so unwritten outputs show.
 pub fn poisoned<B: TestBackend>(b: &mut B, rows: usize, cols: usize) -> B::Tensor {
     tensor(b, rows, cols, &vec![f32::NAN; rows * cols])

@@ -9,7 +9,7 @@
 
 use kiln::backend::cpu::CpuBackend;
 use kiln::backend::quant::GgmlType;
-use kiln::backend::{Activation, Backend, HostTensor, KvShape};
+use kiln::backend::{Activation, Backend, HostTensor};
 use rand::RngExt;
 
 use crate::harness::*;
@@ -423,13 +423,7 @@ fn quantized_decode_chain_overlapped_equals_serialized() {
 fn quant_embed<B: TestBackend>(b: &mut B) {
     let mut rng = rng("quant_embed");
     let mut reference = CpuBackend::with_f32_weights();
-    let shape = KvShape {
-        num_layers: 1,
-        num_blocks: 8,
-        block_size: 4,
-        n_kv_heads: 1,
-        head_dim: 8,
-    };
+    let shape = TINY_KV;
     b.alloc_kv(&shape).unwrap();
     reference.alloc_kv(&shape).unwrap();
     let (vocab, h) = (300, 512);
@@ -486,13 +480,7 @@ fn large_uploads<B: TestBackend>(b: &mut B) {
     }
     let mut rng = rng("large_uploads");
     let mut reference = CpuBackend::with_f32_weights();
-    let shape = KvShape {
-        num_layers: 1,
-        num_blocks: 8,
-        block_size: 4,
-        n_kv_heads: 1,
-        head_dim: 8,
-    };
+    let shape = TINY_KV;
     b.alloc_kv(&shape).unwrap();
     reference.alloc_kv(&shape).unwrap();
     let (vocab, h) = (17_001, 4096);
