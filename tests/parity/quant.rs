@@ -602,7 +602,7 @@ fn attention_merge_quantizes_the_output_rows() {
         .unwrap();
     for batch in [1usize, 3] {
         let bps = (ctx + 1).div_ceil(16);
-        let kvs = KvShape {
+        let kvs = kiln::backend::KvShape {
             num_layers: 1,
             num_blocks: batch * bps as usize,
             block_size: 16,
