@@ -107,6 +107,8 @@ fn par_fill(out: &mut [u8], at: usize, unit: usize, fill: &(dyn Fn(usize, &mut [
 pub struct Device<R: Runtime> {
     /// Before `rt`: dropped (after draining) while the runtime still lives.
     staging: Option<Staging<R>>,
+    /// Page-locked memory was refused once: stage through pageable memory from then on.
+    no_staging: bool,
     pub rt: R,
     pub ordinal: usize,
     pub info: DeviceInfo,
@@ -129,6 +131,7 @@ impl<R: Runtime> Device<R> {
         let (rt, info) = R::open(ordinal).map_err(dev_err("init"))?;
         Ok(Device {
             staging: None,
+            no_staging: false,
             rt,
             ordinal,
             info,
@@ -262,17 +265,21 @@ impl<R: Runtime> Device<R> {
         if self.staging.is_some() {
             return Ok(true);
         }
-        if !pinned_uploads() {
+        if self.no_staging || !pinned_uploads() {
             return Ok(false);
         }
         let mut slots = Vec::with_capacity(STAGING_SLOTS);
         for _ in 0..STAGING_SLOTS {
-            let Some(mem) = self
-                .rt
-                .alloc_pinned(STAGING_BYTES)
-                .map_err(dev_err("pinned staging"))?
-            else {
-                return Ok(false);
+            let mem = match self.rt.alloc_pinned(STAGING_BYTES) {
+                Ok(Some(mem)) => mem,
+                Ok(None) => return Ok(false),
+                Err(e) => {
+                    // Page-locked memory can run out (other processes, container limits):
+                    // the pageable path is slower, not wrong.
+                    tracing::warn!(error = %e, "no page-locked staging; uploads go through pageable memory");
+                    self.no_staging = true;
+                    return Ok(false);
+                }
             };
             let done = self.rt.new_event().map_err(dev_err("pinned staging"))?;
             slots.push(StagingSlot {
