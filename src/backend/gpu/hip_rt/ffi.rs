@@ -77,6 +77,9 @@ unsafe extern "C" {
     pub fn hipMalloc(ptr: *mut *mut c_void, bytes: usize) -> HipError;
     pub fn hipFree(ptr: *mut c_void) -> HipError;
     pub fn hipMemGetInfo(free: *mut usize, total: *mut usize) -> HipError;
+    /// Page-locked host memory (`flags` 0: `hipHostMallocDefault`).
+    pub fn hipHostMalloc(ptr: *mut *mut c_void, bytes: usize, flags: c_uint) -> HipError;
+    pub fn hipHostFree(ptr: *mut c_void) -> HipError;
     pub fn hipMemcpyAsync(
         dst: *mut c_void,
         src: *const c_void,

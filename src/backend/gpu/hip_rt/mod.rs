@@ -17,7 +17,7 @@ mod rtc;
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 
-use super::runtime::{DeviceInfo, Grid, RtError, RtResult, Runtime};
+use super::runtime::{DeviceInfo, Grid, PinnedHost, RtError, RtResult, Runtime};
 use crate::backend::DType;
 
 /// The first of `candidates` that loads and whose symbols `resolve` finds; otherwise what
@@ -105,6 +105,32 @@ impl Drop for HipAlloc {
             let _ = ffi::hipSetDevice(self.device);
             let _ = ffi::hipFree(self.ptr);
         }
+    }
+}
+
+/// Page-locked host memory (`hipHostMalloc`), freed (`hipHostFree`) when dropped.
+pub struct HipPinned {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain host memory owned by this value alone; HIP allows it to be
+// used and freed from any thread.
+unsafe impl Send for HipPinned {}
+
+impl PinnedHost for HipPinned {
+    fn bytes_mut(&mut self) -> RtResult<&mut [u8]> {
+        // SAFETY: `ptr` holds `len` bytes from hipHostMalloc, alive while `self` is, and
+        // borrowed mutably through `self` only.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
+    }
+}
+
+impl Drop for HipPinned {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from hipHostMalloc and is freed once (the owner waited for
+        // every copy reading it).
+        let _ = unsafe { ffi::hipHostFree(self.ptr.cast()) };
     }
 }
 
@@ -301,12 +327,24 @@ impl Runtime for Hip {
         Ok((a, ptr as u64))
     }
 
-    unsafe fn upload(&self, dst: u64, src: &[u8]) -> RtResult<()> {
+    fn alloc_pinned(&self, bytes: usize) -> RtResult<Option<Box<dyn PinnedHost>>> {
         self.bind()?;
-        // SAFETY: the range is inside a live allocation (caller); `src` is pageable host
-        // memory, which hipMemcpyAsync copies synchronously (hip_runtime_api.h, ROCm 5.2
-        // through 7: "If host or dest are not pinned, the memory copy will be performed
-        // synchronously"), so `src` is free again when this returns.
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: writes one pointer; `HipPinned` frees it.
+        check("hipHostMalloc", unsafe {
+            ffi::hipHostMalloc(&mut ptr, bytes, 0)
+        })?;
+        Ok(Some(Box::new(HipPinned {
+            ptr: ptr.cast(),
+            len: bytes,
+        })))
+    }
+
+    unsafe fn upload_async(&self, dst: u64, src: &[u8]) -> RtResult<()> {
+        self.bind()?;
+        // SAFETY: the range is inside a live allocation and `src` (page-locked, copied
+        // while the host goes on, or pageable, copied before this returns) outlives the
+        // copy (caller).
         check("hipMemcpyAsync (host to device)", unsafe {
             ffi::hipMemcpyAsync(
                 dst as *mut c_void,
@@ -316,6 +354,14 @@ impl Runtime for Hip {
                 self.stream,
             )
         })
+    }
+
+    unsafe fn upload(&self, dst: u64, src: &[u8]) -> RtResult<()> {
+        // SAFETY: the range is inside a live allocation (caller); `src` is pageable host
+        // memory, which hipMemcpyAsync copies synchronously (hip_runtime_api.h, ROCm 5.2
+        // through 7: "If host or dest are not pinned, the memory copy will be performed
+        // synchronously"), so `src` is free again when this returns.
+        unsafe { self.upload_async(dst, src) }
     }
 
     unsafe fn download(&self, src: u64, dst: &mut [u8]) -> RtResult<()> {
