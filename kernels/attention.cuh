@@ -21,7 +21,8 @@
 //   slot(pos) = table[pos / block_size] * block_size + pos % block_size
 //
 // part == NO_PART: the block writes out[row, h*D + d]. Otherwise (split-K, flash-decoding;
-// decode items only) it writes unnormalized partials; attn_combine merges them.
+// decode items only) it writes unnormalized partials; attn_combine merges them, or (the
+// decode variant, by default) the last part block of each split row and KV head does.
 
 constexpr int ATTN_WARPS = 4;
 constexpr u32 NO_PART = 0xffffffffu;

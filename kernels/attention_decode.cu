@@ -30,13 +30,138 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 #endif
 
+// Loads of partials other blocks of the same launch wrote (attn_dec_merge): from L2, never
+// a possibly stale L1 line (NVIDIA: ld.global.cg; AMD: volatile loads bypass the vector L1).
+__device__ __forceinline__ float ld_shared_l2(const float* p) {
+#if defined(KILN_CUDA)
+    return __ldcg(p);
+#else
+    return *reinterpret_cast<const volatile float*>(p);
+#endif
+}
+__device__ __forceinline__ void ld_shared_l2_4(const float* p, float x[4]) {
+#if defined(KILN_CUDA)
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(p));
+    x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+#else
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = reinterpret_cast<const volatile float*>(p)[e];
+#endif
+}
+
+// Part k's weight: exp(m_k - mx), 0 for a part that saw no position.
+__device__ __forceinline__ float combine_weight(const float* __restrict__ ml, size_t ml_stride, int k, float mx) {
+    const float m = ml[(size_t)k * ml_stride];
+    return m == -KILN_INF ? 0.f : expf(m - mx);
+}
+
+// The split-K merge of one KV head's G query heads by the last of its part blocks
+// (attn_dec_impl): the same result as attn_combine for those heads, in one pass over all G
+// heads (no launch of its own). sp: the split row (row, first part, number of parts). Warp w
+// weighs heads w, w + NW, ... (each part's exp(m - max), lanes over the parts); then each
+// thread sums VW dims of one head over every part, its loads independent. With xq, the
+// rounded outputs also go out as 8-bit rows (attn_combine's combine_quant, VW lanes wide).
+// Shared memory: the G x np weights and G reciprocal sums (np <= 64, G <= 16: the host's
+// limits, within every decode variant's buffer).
+template <typename T, int D, int SMEM_BYTES>
+__device__ __forceinline__ void attn_dec_merge(unsigned char* smem, const float* part_acc,
+                                               const float* part_ml, const u32* __restrict__ sp,
+                                               T* __restrict__ out, u8* __restrict__ xq, int rows, int kvh, int G,
+                                               int n_heads) {
+    constexpr int VW = 4;
+    constexpr int LPB = 32 / VW;  // lanes per block of 32 dims
+    const size_t row = sp[0];
+    const int p0 = sp[1], np = sp[2], h0 = kvh * G;
+    float* w_s = reinterpret_cast<float*>(smem);  // [G][np]
+    float* inv_s = w_s + G * np;                  // [G]
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    const size_t ml_stride = 2 * (size_t)n_heads;
+    for (int j = warp; j < G; j += nw) {
+        const float* ml = part_ml + ((size_t)p0 * n_heads + h0 + j) * 2;
+        float mx = -KILN_INF;
+        for (int k = lane; k < np; k += WARP) mx = fmaxf(mx, ld_shared_l2(ml + (size_t)k * ml_stride));
+        mx = warp_max(mx);
+        float sum = 0.f;
+        for (int k = lane; k < np; k += WARP) {
+            const float m = ld_shared_l2(ml + (size_t)k * ml_stride);
+            const float w = m == -KILN_INF ? 0.f : expf(m - mx);
+            w_s[j * np + k] = w;
+            sum += w * ld_shared_l2(ml + (size_t)k * ml_stride + 1);
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) inv_s[j] = sum > 0.f ? 1.f / sum : 0.f;
+    }
+    __syncthreads();
+    const size_t acc_stride = (size_t)n_heads * D;
+    const size_t width = (size_t)n_heads * D;
+    constexpr int NV = D / VW;  // vectors per head
+    const int total = G * NV;
+    // Block-uniform passes: every lane takes part in the quantization's shuffles.
+    for (int base = 0; base < total; base += blockDim.x) {
+        const int idx = base + threadIdx.x;
+        const bool ok = idx < total;
+        const int j = ok ? idx / NV : 0, v = ok ? idx % NV : 0;
+        float a[VW];
+#pragma unroll
+        for (int e = 0; e < VW; ++e) a[e] = 0.f;
+        if (ok) {
+            const float* acc = part_acc + ((size_t)p0 * n_heads + h0 + j) * D + v * VW;
+            const float* w = w_s + j * np;
+#pragma unroll 8
+            for (int k = 0; k < np; ++k) {
+                float x[VW];
+                ld_shared_l2_4(acc + (size_t)k * acc_stride, x);
+#pragma unroll
+                for (int e = 0; e < VW; ++e) a[e] += w[k] * x[e];
+            }
+        }
+        const float inv = ok ? inv_s[j] : 0.f;
+        float r[VW];
+        T* o = out + row * width + (size_t)(h0 + j) * D + v * VW;
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+            const T t = from_f<T>(a[e] * inv);
+            if (ok) o[e] = t;
+            r[e] = to_f(t);
+        }
+        if (xq) {
+            float amax = 0.f, bsum = 0.f;
+#pragma unroll
+            for (int e = 0; e < VW; ++e) {
+                amax = fmaxf(amax, fabsf(r[e]));
+                bsum += r[e];
+            }
+#pragma unroll
+            for (int off = LPB / 2; off > 0; off >>= 1) {
+                amax = fmaxf(amax, shfl_xor(amax, off));
+                bsum += shfl_xor(bsum, off);
+            }
+            if (ok) {
+                const size_t at = row * width + (size_t)(h0 + j) * D + v * VW;
+                const float id = amax > 0.f ? 127.f / amax : 0.f;
+                u32 qw = 0;
+#pragma unroll
+                for (int e = 0; e < VW; ++e) qw |= ((u32)(int)rintf(r[e] * id) & 0xffu) << (8 * e);
+                *reinterpret_cast<u32*>(xq + at) = qw;
+                if (v % LPB == 0) {
+                    float* ds = reinterpret_cast<float*>(xq + (((size_t)rows * width + 255) & ~(size_t)255));
+                    ds[2 * (at / 32)] = amax / 127.f;
+                    ds[2 * (at / 32) + 1] = bsum;
+                }
+            }
+        }
+    }
+}
+
 template <typename T, int D, int QV>
 __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv_stride, const T* __restrict__ k_cache,
                               const T* __restrict__ v_cache, T* __restrict__ out, float* __restrict__ part_acc,
                               float* __restrict__ part_ml, const u32* __restrict__ positions,
                               const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
                               const u32* __restrict__ items, int n_heads, int n_kv, int block_size, float scale,
-                              int window, float softcap) {
+                              int window, float softcap, const u32* __restrict__ splits,
+                              const u32* __restrict__ part_split, u32* __restrict__ counters, u8* __restrict__ xq,
+                              int rows) {
     typedef Chunk<T> C;
     typedef typename C::Raw Raw;
     constexpr int E = C::E;
@@ -74,7 +199,9 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int t = lane % TPR, stream = warp * RPW + lane / TPR;
     KILN_PDL_TRIGGER();
-    KILN_PDL_WAIT();
+    // The step's metadata (items, positions, tables) is no predecessor's output: the first
+    // pass reads it, up to its first block-table entry, before KILN_PDL_WAIT (while the
+    // kernel before drains); q and the cache only after.
     // Grid (KV head, item), heads fastest: the blocks of one row's heads run together and
     // read the same cache slots (each slot row holds every head) at about the same time.
     const u32* it = items + 6 * (size_t)blockIdx.y;
@@ -93,7 +220,6 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
 
     for (int vb = 0; vb < nvec; vb += QV) {
         const int nv = min(QV, nvec - vb);
-        float q[QV][CPL][E];
         int qpos[QV];
         int maxpos = -1;
 #pragma unroll
@@ -101,14 +227,6 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
             const int v = vb + i;
             qpos[i] = i < nv ? (int)positions[row0 + v / G] : -1;
             maxpos = max(maxpos, qpos[i]);
-            const T* qr = qkv + (i < nv ? (size_t)(row0 + v / G) * qkv_stride + (size_t)(kvh * G + v % G) * D : 0);
-#pragma unroll
-            for (int c = 0; c < CPL; ++c) {
-                const Raw r = i < nv ? reinterpret_cast<const Raw*>(qr)[t + c * TPR] : C::zero();
-                C::unpack(r, q[i][c]);
-#pragma unroll
-                for (int e = 0; e < E; ++e) q[i][c][e] *= sl2;
-            }
         }
         // The smallest query position of the pass: steps wholly below it need no mask
         // (vectors past nv have q = 0 and are never stored).
@@ -119,16 +237,6 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
         int kv1 = item_kv1;
         const int kv0 = attn_window(item_kv0, kv1, part, minpos, maxpos, window);
         const int lim = min(kv1, maxpos + 1);
-        float m[QV], l[QV], acc[QV][CPL][E];
-#pragma unroll
-        for (int i = 0; i < QV; ++i) {
-            m[i] = -KILN_INF;
-            l[i] = 0.f;
-#pragma unroll
-            for (int c = 0; c < CPL; ++c)
-#pragma unroll
-                for (int e = 0; e < E; ++e) acc[i][c][e] = 0.f;
-        }
 
         // The U positions of a stream share one block-table entry when blocks and the item's
         // start are multiples of U (the usual case): that entry is loaded one step ahead so
@@ -143,6 +251,30 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
         const int off0 = first - tidx * block_size, tstep = (S * U) / block_size;
         u32 blk = 0;
         if (one && first < lim) blk = table[tidx];
+        if (vb == 0) KILN_PDL_WAIT();  // every block, once, before q and the cache
+        float q[QV][CPL][E];
+#pragma unroll
+        for (int i = 0; i < QV; ++i) {
+            const int v = vb + i;
+            const T* qr = qkv + (i < nv ? (size_t)(row0 + v / G) * qkv_stride + (size_t)(kvh * G + v % G) * D : 0);
+#pragma unroll
+            for (int c = 0; c < CPL; ++c) {
+                const Raw r = i < nv ? reinterpret_cast<const Raw*>(qr)[t + c * TPR] : C::zero();
+                C::unpack(r, q[i][c]);
+#pragma unroll
+                for (int e = 0; e < E; ++e) q[i][c][e] *= sl2;
+            }
+        }
+        float m[QV], l[QV], acc[QV][CPL][E];
+#pragma unroll
+        for (int i = 0; i < QV; ++i) {
+            m[i] = -KILN_INF;
+            l[i] = 0.f;
+#pragma unroll
+            for (int c = 0; c < CPL; ++c)
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[i][c][e] = 0.f;
+        }
         // The chunks of step position p0's U positions: K/V addresses (ok: inside the item).
         // Advances `blk` to the entry of the stream's next step.
         auto addresses = [&](int p0, const Raw* kp[U], const Raw* vp[U], bool ok[U]) {
@@ -364,6 +496,32 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
         }
         __syncthreads();
     }
+    if (nvec <= 0) KILN_PDL_WAIT();  // (an empty item: never made by the host)
+    // Split-K with the merge folded in (counters non-null): the last of a split row's part
+    // blocks of this KV head merges the parts of its G query heads (attn_dec_merge); the
+    // host launches no attn_combine.
+    if (counters != nullptr && part != NO_PART) {
+        __threadfence();  // this block's partials, visible to the merging block
+        __syncthreads();
+        int* flag = reinterpret_cast<int*>(smem);
+        if (threadIdx.x == 0) {
+            const u32 sidx = part_split[part];
+            u32* c = counters + (size_t)sidx * n_kv + kvh;
+            const bool last = atomicAdd(c, 1u) + 1u == splits[3 * sidx + 2];
+            // Reset for the next launch (every other part block has counted already).
+            if (last) atomicExch(c, 0u);
+            flag[0] = last ? 1 : 0;
+            flag[1] = (int)sidx;
+        }
+        __syncthreads();
+        const int last = flag[0], sidx = flag[1];
+        if (last) {
+            __threadfence();
+            __syncthreads();  // flag read by every thread before the merge reuses smem
+            attn_dec_merge<T, D, SMEM_BYTES>(smem, part_acc, part_ml, splits + 3 * (size_t)sidx, out, xq, rows, kvh, G,
+                                             n_heads);
+        }
+    }
 }
 
 // Split-K merge (flash-decoding's second pass). One block per (split row, query head): the
@@ -377,12 +535,6 @@ constexpr int COMBINE_THREADS = 128;
 // Parts whose weights stay in shared memory; further ones (never, with the host's cap of
 // 64 parts) are weighed from global memory.
 constexpr int COMBINE_PARTS = 256;
-
-// Part k's weight: exp(m_k - mx), 0 for a part that saw no position.
-__device__ __forceinline__ float combine_weight(const float* __restrict__ ml, size_t ml_stride, int k, float mx) {
-    const float m = ml[(size_t)k * ml_stride];
-    return m == -KILN_INF ? 0.f : expf(m - mx);
-}
 
 // Output value v (rounded) at d of a head into the 8-bit rows at q (this head's first byte)
 // and ds (its first (d, s) pair): the layout of quantize_x (qgemv.cu). Every lane of a
@@ -456,12 +608,13 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
                                   const u32* __restrict__ splits, T* __restrict__ out, int n_heads, int hd,
                                   u8* __restrict__ xq, int rows) {
     KILN_PDL_TRIGGER();
-    KILN_PDL_WAIT();
     __shared__ float w_s[COMBINE_PARTS];
     __shared__ float red_s[MAX_WARPS];
+    // The split row (step metadata, no predecessor's output) before the wait.
     const u32* sp = splits + 3 * (size_t)blockIdx.x;
     const size_t row = sp[0];
     const int p0 = sp[1], np = sp[2], h = blockIdx.y;
+    KILN_PDL_WAIT();
     const size_t ml_stride = 2 * (size_t)n_heads;
     const float* ml = part_ml + ((size_t)p0 * n_heads + h) * 2;
     float m = -KILN_INF;
@@ -508,10 +661,11 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
     extern "C" __global__ void KILN_DEC_BOUNDS(TT, D, QV) attn_##N##_d##D##_dec##QV(                   \
         const TT *qkv, int qkv_stride, const TT *k_cache, const TT *v_cache, TT *out, float *part_acc,   \
         float *part_ml, const u32 *positions, const u32 *seqinfo, const u32 *tables, const u32 *items,  \
-        int n_heads, int n_kv, int head_dim, int block_size, float scale, int window, float softcap) {  \
+        int n_heads, int n_kv, int head_dim, int block_size, float scale, int window, float softcap,    \
+        const u32 *splits, const u32 *part_split, u32 *counters, u8 *xq, int rows) {                    \
         attn_dec_impl<TT, D, QV>(qkv, qkv_stride, k_cache, v_cache, out, part_acc, part_ml, positions,    \
                                  seqinfo, tables, items, n_heads, n_kv, block_size, scale, window,        \
-                                 softcap);                                                                \
+                                 softcap, splits, part_split, counters, xq, rows);                        \
     }
 #define KILN_ATTN_DEC_D(N, T, D) \
     KILN_ATTN_DEC(N, T, D, 1) KILN_ATTN_DEC(N, T, D, 2) KILN_ATTN_DEC(N, T, D, 4) KILN_ATTN_DEC(N, T, D, 8)

@@ -115,13 +115,23 @@ template <typename T>
 __device__ void rms_norm_vec_impl(const T* __restrict__ x, T* __restrict__ residual, const T* __restrict__ w,
                                   T* __restrict__ out, u8* __restrict__ xq, int h, float eps) {
     KILN_PDL_TRIGGER();
-    KILN_PDL_WAIT();
     typedef Chunk<T> C;
     typedef typename C::Raw Raw;
     constexpr int E = C::E;
     __shared__ float scratch[MAX_WARPS];
     const size_t row = (size_t)blockIdx.x * h;
     const int hc = h / E, step = blockDim.x;
+    // The weight chunks of the cached passes, loaded first (they are no predecessor's
+    // output: before KILN_PDL_WAIT, so they arrive while the kernel before drains; without
+    // PDL, with the row's loads rather than after the block's sum).
+    const Raw* wr = reinterpret_cast<const Raw*>(w);
+    Raw wc[NORM_VEC_CACHE];
+#pragma unroll
+    for (int k = 0; k < NORM_VEC_CACHE; ++k) {
+        const int c = threadIdx.x + k * step;
+        wc[k] = c < hc ? wr[c] : C::zero();
+    }
+    KILN_PDL_WAIT();
     float cache[NORM_VEC_CACHE][E];
     float ss = 0.f;
 #pragma unroll
@@ -144,7 +154,6 @@ __device__ void rms_norm_vec_impl(const T* __restrict__ x, T* __restrict__ resid
     }
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)h + eps);
-    const Raw* wr = reinterpret_cast<const Raw*>(w);
     Raw* orow = reinterpret_cast<Raw*>(out + row);
     // Passes over the row are block-uniform (every lane takes part in norm_quant's shuffles).
 #pragma unroll
@@ -152,7 +161,7 @@ __device__ void rms_norm_vec_impl(const T* __restrict__ x, T* __restrict__ resid
         const int c = threadIdx.x + k * step;
         float wf[E];
         if (c < hc) {
-            C::unpack(wr[c], wf);
+            C::unpack(wc[k], wf);
 #pragma unroll
             for (int e = 0; e < E; ++e) wf[e] *= cache[k][e] * inv;
             const Raw o = C::pack(wf);

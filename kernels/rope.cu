@@ -9,18 +9,25 @@
 
 constexpr int ROPE_HEADS = 8;  // heads per block (ROPE_HEADS in src/backend/gpu/mod.rs)
 
+// The rotation factors (cos, sin) * mscale of pair i at position pos.
+__device__ __forceinline__ void rope_angle(double pos, const float* __restrict__ inv_freq, int i, float mscale,
+                                           float& cf, float& sf) {
+    double s, c;
+    sincos(pos * (double)inv_freq[i], &s, &c);
+    cf = (float)c * mscale;
+    sf = (float)s * mscale;
+}
+
+// (cf0, sf0): pair threadIdx.x's factors, computed by the caller (before KILN_PDL_WAIT in
+// rope_kv: the position and the frequencies are no predecessor's output).
 template <typename T>
-__device__ __forceinline__ void rope_impl(T* __restrict__ qkv, int stride, const u32* __restrict__ positions,
+__device__ __forceinline__ void rope_impl(T* __restrict__ qkv, int stride, double pos,
                                           const float* __restrict__ inv_freq, int head_dim, int rot_dim,
-                                          int interleaved, float mscale, int heads) {
+                                          int interleaved, float mscale, int heads, float cf0, float sf0) {
     const int h0 = blockIdx.y * ROPE_HEADS, h1 = min(h0 + ROPE_HEADS, heads);
     T* row = qkv + (size_t)blockIdx.x * stride;
-    const double pos = (double)positions[blockIdx.x];
     const int half = rot_dim / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double s, c;
-        sincos(pos * (double)inv_freq[i], &s, &c);
-        const float cf = (float)c * mscale, sf = (float)s * mscale;
         const int a = interleaved ? 2 * i : i;
         const int b = interleaved ? 2 * i + 1 : i + half;
         // Every head's pair loaded before the first store: one memory latency per block.
@@ -31,6 +38,8 @@ __device__ __forceinline__ void rope_impl(T* __restrict__ qkv, int stride, const
             x0[j] = h0 + j < h1 ? to_f(x[a]) : 0.f;
             x1[j] = h0 + j < h1 ? to_f(x[b]) : 0.f;
         }
+        float cf = cf0, sf = sf0;
+        if (i != (int)threadIdx.x) rope_angle(pos, inv_freq, i, mscale, cf, sf);
 #pragma unroll
         for (int j = 0; j < ROPE_HEADS; ++j) {
             if (h0 + j < h1) {
@@ -44,12 +53,11 @@ __device__ __forceinline__ void rope_impl(T* __restrict__ qkv, int stride, const
 
 // The cache write of rope_kv: the block of a group with k heads copies their rotated k and
 // their v into the paged cache at the row's slot (slot 0xffffffff: a padding row, nothing
-// written). Called by every thread after its own stores to the row.
+// written). Called by every thread after its own stores to the row; slot: slots[row].
 template <typename T>
 __device__ __forceinline__ void rope_kv_copy(const T* __restrict__ qkv, int stride, int head_dim, int n_heads,
-                                             int n_kv, const u32* __restrict__ slots, T* __restrict__ k_cache,
+                                             int n_kv, u32 slot, T* __restrict__ k_cache,
                                              T* __restrict__ v_cache) {
-    const u32 slot = slots[blockIdx.x];
     // The group's k heads: [k0, k1) of the n_kv.
     const int k0 = max((int)blockIdx.y * ROPE_HEADS, n_heads) - n_heads;
     const int k1 = min(((int)blockIdx.y + 1) * ROPE_HEADS, n_heads + n_kv) - n_heads;
@@ -86,9 +94,15 @@ __device__ void rope_kv_impl(T* __restrict__ qkv, int stride, const u32* __restr
                              float mscale, int n_heads, int n_kv, const u32* __restrict__ slots, T* __restrict__ k_cache,
                              T* __restrict__ v_cache) {
     KILN_PDL_TRIGGER();
+    // The step's metadata and the frequencies are no predecessor's output: read (and the
+    // first angle computed) while the kernel before drains.
+    const double pos = (double)positions[blockIdx.x];
+    const u32 slot = slots[blockIdx.x];
+    float cf = 0.f, sf = 0.f;
+    if ((int)threadIdx.x < rot_dim / 2) rope_angle(pos, inv_freq, threadIdx.x, mscale, cf, sf);
     KILN_PDL_WAIT();
-    rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, mscale, n_heads + n_kv);
-    rope_kv_copy<T>(qkv, stride, head_dim, n_heads, n_kv, slots, k_cache, v_cache);
+    rope_impl<T>(qkv, stride, pos, inv_freq, head_dim, rot_dim, interleaved, mscale, n_heads + n_kv, cf, sf);
+    rope_kv_copy<T>(qkv, stride, head_dim, n_heads, n_kv, slot, k_cache, v_cache);
 }
 
 // rope_kv_norm: Qwen3's and Gemma 3's per-head q/k RMSNorm (weights qw for the q heads, kw
@@ -106,7 +120,6 @@ __device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __
                                   T* __restrict__ k_cache, T* __restrict__ v_cache, const T* __restrict__ qw,
                                   const T* __restrict__ kw, float eps) {
     KILN_PDL_TRIGGER();
-    KILN_PDL_WAIT();
     __shared__ float part[ROPE_HEADS][MAX_WARPS];
     const int h0 = blockIdx.y * ROPE_HEADS, h1 = min(h0 + ROPE_HEADS, n_heads + n_kv);
     T* row = qkv + (size_t)blockIdx.x * stride;
@@ -121,6 +134,12 @@ __device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __
         ka = to_f(kw[a]);
         kb = to_f(kw[b]);
     }
+    // The weights, the angle and the slot are no predecessor's output: read (and computed)
+    // while the kernel before drains.
+    float cf = 0.f, sf = 0.f;
+    if (pair) rope_angle((double)positions[blockIdx.x], inv_freq, i, mscale, cf, sf);
+    const u32 slot = slots[blockIdx.x];
+    KILN_PDL_WAIT();
     float x0[ROPE_HEADS], x1[ROPE_HEADS], ss[ROPE_HEADS];
 #pragma unroll
     for (int j = 0; j < ROPE_HEADS; ++j) {
@@ -137,15 +156,7 @@ __device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __
             ss[j] += v * v;
         }
     }
-    float cf = 0.f, sf = 0.f;
-    if (pair) {
-        double s, c;
-        sincos((double)positions[blockIdx.x] * (double)inv_freq[i], &s, &c);
-        cf = (float)c * mscale;
-        sf = (float)s * mscale;
-    }
-    // The cache slot of the row and the group's kv heads [k0, k1) (none: nothing written).
-    const u32 slot = slots[blockIdx.x];
+    // The group's kv heads [k0, k1) (none, or a padding row's slot: nothing written).
     const int k0 = max(h0, n_heads) - n_heads, k1 = max(h1, n_heads) - n_heads;
     const bool cache = k0 < k1 && slot != 0xffffffffu;
     const int width = n_kv * head_dim;
@@ -215,7 +226,10 @@ __device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __
     extern "C" __global__ void rope_##N(T* qkv, int stride, const u32* positions, const float* inv_freq, \
                                         int head_dim, int rot_dim, int interleaved, float mscale,  \
                                         int heads) {                                               \
-        rope_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, mscale, heads); \
+        const double pos = (double)positions[blockIdx.x];                                          \
+        float cf = 0.f, sf = 0.f;                                                                  \
+        if ((int)threadIdx.x < rot_dim / 2) rope_angle(pos, inv_freq, threadIdx.x, mscale, cf, sf); \
+        rope_impl<T>(qkv, stride, pos, inv_freq, head_dim, rot_dim, interleaved, mscale, heads, cf, sf); \
     }                                                                                              \
     extern "C" __global__ void rope_kv_##N(T* qkv, int stride, const u32* positions, const float* inv_freq, \
                                            int head_dim, int rot_dim, int interleaved, float mscale,  \

@@ -163,11 +163,21 @@ kernel_args! {
     SiluMulVecArgs (Kernel::SiluMulVec) { gu: ptr, out: ptr, f: i32, n: i32 }
     /// `add_bias_<dt>`: `x[i] += bias[i % cols]` over `total` elements.
     AddBiasArgs (Kernel::AddBias) { x: ptr, bias: ptr, cols: i32, total: u64 }
-    /// Every paged attention variant (`attn_<dt>_d<D>_q<QV>`, `_tc`, `_dec<QV>`).
-    AttnArgs (Kernel::Attention { .. } | Kernel::AttentionTc { .. } | Kernel::AttentionDecode { .. }) {
+    /// The paged attention variants of prefill (`attn_<dt>_d<D>_q<QV>`, `_tc`).
+    AttnArgs (Kernel::Attention { .. } | Kernel::AttentionTc { .. }) {
         qkv: ptr, qkv_stride: i32, k_cache: ptr, v_cache: ptr, out: ptr, part_acc: ptr,
         part_ml: ptr, positions: ptr, seqinfo: ptr, tables: ptr, items: ptr, n_heads: i32,
         n_kv: i32, head_dim: i32, block_size: i32, scale: f32, window: i32, softcap: f32,
+    }
+    /// The decode variant (`attn_<dt>_d<D>_dec<QV>`): [`AttnArgs`], then with `counters`
+    /// (non-null) the split-K merge folded in: `splits`, each part's split row
+    /// (`part_split`), one zeroed counter per split row and KV head, and `xq`/`rows` as
+    /// [`AttnCombineArgs`] has them.
+    AttnDecArgs (Kernel::AttentionDecode { .. }) {
+        qkv: ptr, qkv_stride: i32, k_cache: ptr, v_cache: ptr, out: ptr, part_acc: ptr,
+        part_ml: ptr, positions: ptr, seqinfo: ptr, tables: ptr, items: ptr, n_heads: i32,
+        n_kv: i32, head_dim: i32, block_size: i32, scale: f32, window: i32, softcap: f32,
+        splits: ptr, part_split: ptr, counters: ptr, xq: ptr, rows: i32,
     }
     /// `attn_combine_<dt>`: merges split-K partials into the rows listed in `splits`; with `xq`
     /// (non-null) also writes them as 8-bit rows of `rows` rows (`quantize_x`'s layout).

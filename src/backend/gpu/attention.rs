@@ -1,8 +1,9 @@
 //! Host side of paged attention: picks the kernel instantiation for the head size and the
 //! step's largest item, launches it once over every item and KV head, then merges split-K
-//! partials when the step has any.
+//! partials when the step has any: inside the decode kernel (the last part block of each
+//! split row and KV head merges them), else by an `attn_combine` launch.
 
-use super::args::{AttnArgs, AttnCombineArgs};
+use super::args::{AttnArgs, AttnCombineArgs, AttnDecArgs};
 use super::kernels::{AttnHead, Kernel};
 use super::matmul::QxRows;
 use super::runtime::{Grid, Runtime};
@@ -13,6 +14,18 @@ use crate::backend::{AttnShape, BackendError};
 const ATTN_WARPS: usize = 4;
 /// Threads per split-K merge block (`COMBINE_THREADS` in `kernels/attention_decode.cu`).
 const COMBINE_THREADS: u32 = 128;
+/// Most query heads per KV head and parts per split row for the folded merge: its weights
+/// (heads x parts floats) must fit every decode variant's shared memory (`attn_dec_merge`).
+const MERGE_MAX_GROUP: usize = 16;
+const MERGE_MAX_PARTS: usize = 64;
+
+/// Whether the decode kernel merges its split-K parts itself (no `attn_combine` launch):
+/// on unless `KILN_ATTN_FUSE=0`.
+fn merge_folded() -> bool {
+    static ON: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| std::env::var("KILN_ATTN_FUSE").as_deref() != Ok("0"));
+    *ON
+}
 
 impl<R: Runtime> GpuBackend<R> {
     pub(super) fn launch_attention(
@@ -39,6 +52,13 @@ impl<R: Runtime> GpuBackend<R> {
         let head = AttnHead::for_head_dim(hd);
         let vectors = l.max_item_rows as usize * (n_heads / n_kv);
         let kernel = self.attention_kernel(head, vectors, l.n_items);
+        let dec = matches!(kernel, Kernel::AttentionDecode { .. });
+        let fold = dec
+            && l.n_splits > 0
+            && merge_folded()
+            && n_heads / n_kv <= MERGE_MAX_GROUP
+            && l.n_counters >= l.n_splits * n_kv
+            && l.max_parts as usize <= MERGE_MAX_PARTS;
         let (mut part_acc, mut part_ml) = (0u64, 0u64);
         if l.n_parts > 0 {
             let acc_bytes = l.n_parts * n_heads * hd * 4;
@@ -51,16 +71,29 @@ impl<R: Runtime> GpuBackend<R> {
             )?;
             part_ml = part_acc + acc_bytes as u64;
         }
+        // The step's metadata holds the counters, zeroed by its upload.
+        let counters = if fold { self.meta_ptr(l.counters) } else { 0 };
         let size = self.dt.size() as u64;
         let layer_elems = (kv.shape.num_slots() * kv.shape.slot_width()) as u64;
         let k = kv.buf.ptr() + 2 * layer as u64 * layer_elems * size;
-        let blocks = match kernel {
-            Kernel::AttentionDecode { .. } => (n_kv as u32, l.n_items as u32, 1),
-            _ => (l.n_items as u32, n_kv as u32, 1),
+        let blocks = if dec {
+            (n_kv as u32, l.n_items as u32, 1)
+        } else {
+            (l.n_items as u32, n_kv as u32, 1)
         };
         let grid = Grid {
             blocks,
             threads: (ATTN_WARPS * self.dev.info.warp_size) as u32,
+        };
+        // Every row merged (none written by the attention kernel itself), head blocks of
+        // whole warps: the merge also leaves the 8-bit rows of its output for the decode
+        // matmul after it (bf16; `qx_slot`), as the RMSNorms do.
+        let q_dim = shape.q_dim();
+        let xq = if l.n_splits > 0 && l.n_splits == l.n_tokens && hd.is_multiple_of(32) && hd <= 256
+        {
+            self.qx_slot(l.n_tokens, q_dim)
+        } else {
+            None
         };
         let args = AttnArgs {
             qkv: qkv.buf.ptr(),
@@ -83,17 +116,37 @@ impl<R: Runtime> GpuBackend<R> {
             window: shape.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
             softcap: shape.softcap.unwrap_or(0.0),
         };
-        self.launch_with(kernel, grid, &args)?;
-        if l.n_splits > 0 {
-            // Every row merged here (none written by the attention kernel itself), head
-            // blocks of whole warps: the merge also leaves the 8-bit rows of its output for
-            // the decode matmul after it (bf16; `qx_slot`), as the RMSNorms do.
-            let q_dim = shape.q_dim();
-            let xq = if l.n_splits == l.n_tokens && hd.is_multiple_of(32) && hd <= 256 {
-                self.qx_slot(l.n_tokens, q_dim)
-            } else {
-                None
+        if dec {
+            let args = AttnDecArgs {
+                qkv: args.qkv,
+                qkv_stride: args.qkv_stride,
+                k_cache: args.k_cache,
+                v_cache: args.v_cache,
+                out: args.out,
+                part_acc,
+                part_ml,
+                positions: args.positions,
+                seqinfo: args.seqinfo,
+                tables: args.tables,
+                items: args.items,
+                n_heads: args.n_heads,
+                n_kv: args.n_kv,
+                head_dim: args.head_dim,
+                block_size: args.block_size,
+                scale: args.scale,
+                window: args.window,
+                softcap: args.softcap,
+                splits: self.meta_ptr(l.splits),
+                part_split: self.meta_ptr(l.part_splits),
+                counters,
+                xq: if fold { xq.unwrap_or(0) } else { 0 },
+                rows: l.n_tokens as i32,
             };
+            self.launch_with(kernel, grid, &args)?;
+        } else {
+            self.launch_with(kernel, grid, &args)?;
+        }
+        if l.n_splits > 0 && !fold {
             let grid = Grid {
                 blocks: (l.n_splits as u32, n_heads as u32, 1),
                 threads: COMBINE_THREADS,
@@ -109,6 +162,8 @@ impl<R: Runtime> GpuBackend<R> {
                 rows: l.n_tokens as i32,
             };
             self.launch_with(Kernel::AttnCombine, grid, &args)?;
+        }
+        if l.n_splits > 0 {
             self.scratch.qx = xq.map(|at| QxRows {
                 x: out.buf.ptr(),
                 rows: l.n_tokens,

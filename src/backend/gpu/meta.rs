@@ -2,10 +2,15 @@
 //!
 //! ```text
 //! words: | token_ids [T] | positions [T] | slots [T] | seqinfo [S x 4] | block tables |
-//!        | logits_rows [L] | attention items [I x 6] | split rows [R x 3] |
+//!        | logits_rows [L] | attention items [I x 6] | split rows [R x 3] | part splits [P] |
+//!        | merge counters [R x KV heads] |
 //! seqinfo:  q_start, q_len, ctx_len, offset of the sequence's table in `block tables`
 //! item:     seq, row0, nrows, kv_begin, kv_end, part (NO_PART: written directly)
-//! split:    row, first part, number of parts (merged by attn_combine)
+//! split:    row, first part, number of parts (merged by attn_combine, or by the decode
+//!           attention's last part block of each KV head)
+//! part split: the split row of each split-K part
+//! merge counters: zeros, one per split row and KV head (the decode attention's folded merge
+//!           counts its finished parts there and leaves them zero again)
 //! ```
 //! Items cut each sequence's rows into tiles of `ROWS_PER_ITEM`. When the batch would give
 //! the GPU too few blocks, long decode rows are split along the context (flash-decoding)
@@ -44,6 +49,11 @@ pub struct Layout {
     pub logits_rows: usize,
     pub items: usize,
     pub splits: usize,
+    /// The split row of each part (`n_parts` words).
+    pub part_splits: usize,
+    /// `n_counters` zero words: the folded merge's counters (split row x KV head).
+    pub counters: usize,
+    pub n_counters: usize,
     pub words: usize,
     pub n_tokens: usize,
     pub n_logits: usize,
@@ -51,6 +61,8 @@ pub struct Layout {
     pub n_splits: usize,
     /// Split-K partial slots (each holds every query head of one row).
     pub n_parts: usize,
+    /// Most parts of one split row.
+    pub max_parts: u32,
     /// Most query rows in one item.
     pub max_item_rows: u32,
     /// Largest token id (checked against the vocab by `embed`).
@@ -103,7 +115,15 @@ pub fn pack(plan: &BatchPlan, kv: &KvShape, sm_count: usize, words: &mut Vec<u32
     l.splits = words.len();
     l.n_splits = splits.len();
     words.extend(splits.iter().flatten());
+    l.part_splits = words.len();
+    for (i, sp) in splits.iter().enumerate() {
+        words.extend(std::iter::repeat_n(i as u32, sp[2] as usize));
+    }
+    l.counters = words.len();
+    l.n_counters = splits.len() * kv.n_kv_heads;
+    words.extend(std::iter::repeat_n(0, l.n_counters));
     l.n_parts = n_parts;
+    l.max_parts = splits.iter().map(|sp| sp[2]).max().unwrap_or(0);
     l.words = words.len();
     l.max_token = plan.token_ids.iter().copied().max().unwrap_or(0);
     l
@@ -121,6 +141,8 @@ pub const SKIP_SLOT: u32 = u32::MAX;
 pub struct GraphKey {
     pub rows: u32,
     pub parts: u32,
+    /// The model's KV heads (the folded merge's counters per split row).
+    pub kv_heads: u32,
 }
 
 impl GraphKey {
@@ -152,7 +174,11 @@ impl GraphKey {
         } else {
             (target.div_ceil(blocks) as u32).min(MAX_PARTS)
         };
-        Some(GraphKey { rows, parts })
+        Some(GraphKey {
+            rows,
+            parts,
+            kv_heads: kv.n_kv_heads as u32,
+        })
     }
 }
 
@@ -217,6 +243,17 @@ pub fn pack_graph(plan: &BatchPlan, key: GraphKey, words: &mut Vec<u32>) -> Layo
         }
         l.n_splits = b;
         l.n_parts = b * p as usize;
+        l.max_parts = p;
+    }
+    l.part_splits = words.len();
+    l.counters = words.len();
+    if p > 1 {
+        for i in 0..b as u32 {
+            words.extend(std::iter::repeat_n(i, p as usize));
+        }
+        l.counters = words.len();
+        l.n_counters = b * key.kv_heads as usize;
+        words.extend(std::iter::repeat_n(0, l.n_counters));
     }
     l.tables = words.len();
     words.push(0);
@@ -346,6 +383,8 @@ mod tests {
                 l.logits_rows,
                 l.items,
                 l.splits,
+                l.part_splits,
+                l.counters,
                 l.tables,
             )
         };
@@ -356,6 +395,18 @@ mod tests {
         );
         assert_eq!(la.n_tokens, 4);
         assert_eq!(a[la.slots + 3], SKIP_SLOT, "the padding row writes no KV");
+        assert_eq!(lb.n_counters, 4 * 8, "a merge counter per row and KV head");
+        assert!(
+            b[lb.counters..lb.counters + lb.n_counters]
+                .iter()
+                .all(|&c| c == 0)
+        );
+        // Part k of row i belongs to split row i (attn_dec_merge finds its split this way).
+        let ps = &b[lb.part_splits..lb.part_splits + lb.n_parts];
+        for (k, &s) in ps.iter().enumerate() {
+            let sp = &b[lb.splits + 3 * s as usize..lb.splits + 3 * s as usize + 3];
+            assert!((sp[1]..sp[1] + sp[2]).contains(&(k as u32)));
+        }
         // Each real row's parts cover its context exactly once, in order.
         let p = key.parts as usize;
         for (i, ctx) in [900u32, 2000, 33].into_iter().enumerate() {
@@ -388,5 +439,11 @@ mod tests {
             assert_eq!(pair[0][4], pair[1][3], "parts are contiguous");
         }
         assert_eq!(&w[l.splits..l.splits + 3], &[0, 0, l.n_parts as u32]);
+        // Every part names its split row.
+        assert!(
+            w[l.part_splits..l.part_splits + l.n_parts]
+                .iter()
+                .all(|&s| s == 0)
+        );
     }
 }
