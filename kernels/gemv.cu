@@ -40,11 +40,12 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
     typedef Chunk<T> C;
     typedef typename C::Raw Raw;
     constexpr int E = C::E;
+    KILN_PDL_TRIGGER();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wid = blockIdx.x * (blockDim.x / WARP) + warp;
     // n counts output columns: weight rows, or pairs of them for GLU.
     const int j0 = GLU ? wid : wid * R, rs = GLU ? n : 1;
-    if (j0 >= n) return;  // whole warps leave; nothing below synchronizes the block
+    if (j0 >= n) return;  // whole warps leave (others of the grid wait); no block barrier
     const int nch = k / E;
     const Raw* wr[R];
 #pragma unroll
@@ -60,13 +61,20 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
         for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
 
     int c = lane;
-    // Main loop: U chunks of each of the R rows in flight per lane.
-    for (; c + (U - 1) * WARP < nch; c += U * WARP) {
-        Raw wv[U][R];
+    // Main loop: U chunks of each of the R rows in flight per lane. The weights are no earlier
+    // kernel's output: the first U chunks load before KILN_PDL_WAIT, while the kernel before
+    // drains; x only after it.
+    Raw wv[U][R];
+    auto load = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int r = 0; r < R; ++r) wv[u][r] = load_once(wr[r] + c + u * WARP);
+            for (int r = 0; r < R; ++r) wv[u][r] = load_once(wr[r] + c0 + u * WARP);
+    };
+    if (c + (U - 1) * WARP < nch) load(c);
+    KILN_PDL_WAIT();
+    for (; c + (U - 1) * WARP < nch; c += U * WARP) {
+        if (c != lane) load(c);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             float wf[R][E];

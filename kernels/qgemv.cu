@@ -215,7 +215,8 @@ extern "C" __global__ void __launch_bounds__(QX_THREADS)
 #endif
 
 // Accumulates acc[m][r] += x row m . weight row r (rows wr[r], each of k columns) for M rows
-// of x (those past `rows` reread row rows - 1), from the 8-bit activations at xq. Each lane
+// of x (those past `rows` reread row rows - 1), from the 8-bit activations at xq; it executes
+// the caller's KILN_PDL_WAIT, after its first weight loads and before reading xq. Each lane
 // takes U units of each row per step; at 1 and 2 rows the next step's units are fetched
 // before this step's products (loads stay in flight through the arithmetic).
 template <typename Q, int M, int R, int U>
@@ -232,11 +233,14 @@ __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u
 #pragma unroll
                 for (int r = 0; r < R; ++r) dst[t][r] = Q::load(wr[r], u0 + t * WARP);
     };
-    if (AHEAD) fetch(raw, lane);
+    // The weights are no earlier kernel's output: the first units load before KILN_PDL_WAIT,
+    // while the kernel before drains (the callers have not waited); x only after it.
+    fetch(raw, lane);
+    KILN_PDL_WAIT();
     for (int u0 = lane; u0 < nu; u0 += U * WARP) {
         if (AHEAD)
             fetch(next, u0 + U * WARP);
-        else
+        else if (u0 != lane)
             fetch(raw, u0);
 #pragma unroll
         for (int t = 0; t < U; ++t) {
@@ -303,8 +307,7 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
                                           const u8* __restrict__ w1, const u8* __restrict__ w2,
                                           const bf16* __restrict__ bias, bf16* __restrict__ y, int k, int r0,
                                           int r1, int r2, int rows, int ldy) {
-    KILN_PDL_TRIGGER();
-    KILN_PDL_WAIT();
+    KILN_PDL_TRIGGER();  // KILN_PDL_WAIT: in qdot_acc, after the first weight loads
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int wid = blockIdx.x * (blockDim.x / WARP) + warp;
     const int c0 = (r0 + R - 1) / R, c1 = (r1 + R - 1) / R, c2 = (r2 + R - 1) / R;
@@ -349,11 +352,10 @@ template <typename Q, int M, int U>
 __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const u8* __restrict__ wg,
                                                const u8* __restrict__ wu, bf16* __restrict__ y, int k, int f,
                                                int rows, int ldy) {
-    KILN_PDL_TRIGGER();
-    KILN_PDL_WAIT();
+    KILN_PDL_TRIGGER();  // KILN_PDL_WAIT: in qdot_acc, after the first weight loads
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int j = blockIdx.x * (blockDim.x / WARP) + warp;
-    if (j >= f) return;
+    if (j >= f) return;  // whole warps leave (others of the grid wait)
     const typename Q::Row wr[2] = {Q::row(wg, f, k, j), Q::row(wu, f, k, j)};
     float acc[M][2];
 #pragma unroll

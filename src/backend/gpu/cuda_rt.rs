@@ -21,22 +21,18 @@ pub struct Cuda {
     stream: Arc<CudaStream>,
     /// Where [`Runtime::launch_dependent`] uses programmatic dependent launch.
     pdl: Pdl,
-    /// Between a successful `begin_capture` and the next `end_capture`.
-    capturing: std::cell::Cell<bool>,
 }
 
-/// Where [`Runtime::launch_dependent`] uses programmatic dependent launch (sm_90+, a driver
-/// of CUDA 12.3+, whose graph capture keeps the programmatic edges).
+/// Whether [`Runtime::launch_dependent`] uses programmatic dependent launch (sm_90+, a
+/// driver of CUDA 12.3+, whose graph capture keeps the programmatic edges). Which launches
+/// ask for it, eagerly and inside recorded graphs, is the device's policy
+/// (`device::PdlPolicy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pdl {
     /// Never (`KILN_PDL=0`, or the device or driver lacks it).
     Off,
-    /// Launches that run at once (the default). Recorded graphs keep plain edges: on the
-    /// H100, programmatic edges made no measurable difference to a replayed 8B decode step
-    /// (3.16 ms either way), while eager steps gain 7% (3.55 to 3.31 ms).
-    Eager,
-    /// Also inside recorded graphs (`KILN_PDL=graphs`).
-    Always,
+    /// Whenever a launch asks for it.
+    On,
 }
 
 impl Pdl {
@@ -47,8 +43,7 @@ impl Pdl {
         }
         match std::env::var("KILN_PDL").as_deref() {
             Ok("0" | "off") => Pdl::Off,
-            Ok("graphs") => Pdl::Always,
-            _ => Pdl::Eager,
+            _ => Pdl::On,
         }
     }
 }
@@ -156,7 +151,6 @@ impl Runtime for Cuda {
             ctx,
             stream,
             pdl: Pdl::new(major, driver_version),
-            capturing: std::cell::Cell::new(false),
         };
         Ok((cuda, info))
     }
@@ -231,12 +225,7 @@ impl Runtime for Cuda {
         smem: u32,
         params: &mut [*mut c_void],
     ) -> RtResult<()> {
-        let on = match self.pdl {
-            Pdl::Off => false,
-            Pdl::Eager => !self.capturing.get(),
-            Pdl::Always => true,
-        };
-        if !on {
+        if self.pdl == Pdl::Off {
             // SAFETY: per this method's contract.
             return unsafe { self.launch(f, grid, smem, params) };
         }
@@ -432,12 +421,10 @@ impl Runtime for Cuda {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(failed)?;
-        self.capturing.set(true);
         Ok(())
     }
 
     fn end_capture(&self) -> RtResult<cudarc::driver::CudaGraph> {
-        self.capturing.set(false);
         self.stream
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .map_err(failed)?

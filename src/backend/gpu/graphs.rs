@@ -99,6 +99,7 @@ impl<R: Runtime> GpuBackend<R> {
             .begin_capture()
             .map_err(runtime::dev_err("graph capture"))?;
         self.dev.capturing = true;
+        self.dev.capture_rows = key.rows;
         let recorded = ops(self);
         self.dev.capturing = false;
         let graph = self.dev.rt.end_capture();

@@ -657,7 +657,8 @@ impl Kernel {
     /// reads or writes a buffer that a kernel before it may use, so it may be launched to
     /// start while that kernel drains ([`super::runtime::Runtime::launch_dependent`]). Only
     /// the kernels of the decode chain: the norms, the fused rope + cache write, decode
-    /// attention and its combine, the quantized streaming matmuls and `quantize_x`. Every
+    /// attention and its combine, the streaming matmuls (bf16 and quantized) and
+    /// `quantize_x`. Every
     /// other kernel keeps the plain launch.
     pub(super) fn waits_for_predecessor(self) -> bool {
         matches!(
@@ -676,6 +677,8 @@ impl Kernel {
                 | Kernel::Qdot { .. }
                 | Kernel::QdotMix { .. }
                 | Kernel::QdotSilu { .. }
+                | Kernel::Gemv { .. }
+                | Kernel::GemvSiluMul { .. }
         )
     }
 
