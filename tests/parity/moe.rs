@@ -192,8 +192,9 @@ fn moe<B: TestBackend>(b: &mut B) {
     l[6 + 4] = 2.0;
     case(b, &mut rng, "ties", shape(6, 3, 24, true), 32, l);
     // Qwen3-MoE's router shape: top 8 of 128 (four experts per lane of a 32-wide warp, most
-    // experts idle at 3 rows, a few with more than one tile at 70).
-    for n in [3, 70] {
+    // experts idle at 3 rows, a few with more than one tile at 70). A GPU's `moe_prep` takes
+    // 3 rows (24 assignments) in one warp, 5 rows (40) in its whole block.
+    for n in [3, 5, 70] {
         let l = random(&mut rng, n * 128, 2.0);
         case(
             b,
@@ -234,9 +235,10 @@ parity_test!(moe_ffn_grouped_experts, moe);
 /// expert shape (hidden 2048, expert width 768: 32 lanes per gate/up column, 16 per Q6_K
 /// down column) at 1 row (most experts idle), 5 and 40 (several tiles per expert), and 64
 /// experts top 8 at 70 rows (the dp4a tiles' bucket of 8 slots; 11 rows of 4 experts take
-/// bucket 4's second pass). Up to 8 rows one `moe_prep` block routes and quantizes x (1 and
-/// 5 rows here; 11 rows take the separate route, align and `quantize_x` launches), and at 1
-/// row the down tiles quantize their activations themselves (`moe8_down_self_*`).
+/// bucket 4's second pass). Up to 8 rows one `moe_prep` block routes and quantizes x (1, 5
+/// and 8 rows here, up to 32 assignments one warp of it routing and aligning, 8 rows all 32
+/// lanes; 11 rows take the separate route, align and `quantize_x` launches), and at 1 row the
+/// down tiles quantize their activations themselves (`moe8_down_self_*`).
 fn moe_quant<B: TestBackend>(b: &mut B) {
     use kiln::backend::HostTensor;
     use kiln::backend::cpu::CpuBackend;
@@ -245,7 +247,7 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
     let mut reference = CpuBackend::with_f32_weights();
     let mut shapes = vec![(4, 2, 256, 256, vec![11, 1, 40])];
     if b.label() != "cpu" {
-        shapes.push((8, 4, 768, 2048, vec![1, 5, 40]));
+        shapes.push((8, 4, 768, 2048, vec![1, 5, 8, 40]));
         shapes.push((64, 8, 256, 256, vec![70]));
     }
     // The CPU's 8-bit activations (one scale per 256, as llama.cpp's Q8_K) are quantized twice
