@@ -4,7 +4,8 @@
 //                index), weights renormalised over the k when `norm`; one warp per row
 //   moe_prep:    small decode steps (the host: up to 8 rows, at most MOE_PREP_MAX
 //                assignments): moe_route, moe_align and, with `xq`, quantize_x of the n rows
-//                of x (bf16), in one block and one launch
+//                of x (bf16), in one block and one launch; up to WARP assignments one
+//                warp routes and aligns in registers while the block's other warps quantize
 //   moe_align:   one block: the assignments (t * k + j) sorted by expert (in assignment
 //                order within an expert), each expert's
 //                run padded to a multiple of MOE_TILE; `sorted[p]` = assignment or -1,
@@ -14,6 +15,9 @@
 //                (one warp per output column, the expert's weight row read once per tile)
 //   moe_down:    y[p] = Wd_e act[p]
 //   moe_combine: out[t] = sum_j w[t, j] * y[inv[t * k + j]]   (fixed order: deterministic)
+//   moe_combine_norm: moe_combine's sum added to the residual, then the next RMSNorm
+//                (add_rms_norm's arithmetic, and in bf16 the 8-bit rows the vector norms
+//                leave): the MoE output and the next layer's norm in one launch
 //   moe_shared_add: out[t] += sigmoid(x_t . g) * ys[t]   (Qwen2-MoE's shared expert, whose
 //                ys = Wd (silu(Wg x) * (Wu x)) the ordinary matmuls compute); one block a row
 //
@@ -26,63 +30,74 @@ constexpr int MOE_MAX_K = 32;
 // Experts per lane of moe_route's warp (lane l holds experts l, l + WARP, ...).
 constexpr int MOE_PER_LANE = MOE_MAX_EXPERTS / WARP;
 
-// One warp per row (warp w of `warps` takes rows w, w + warps, ...): the lanes hold the
-// row's logits, softmax by warp reductions, then k rounds of a warp-wide arg-max over the
-// experts not yet taken (larger value first, then the lower index: the lowest index wins a
-// tie). `ids` may be shared memory (moe_prep).
+// One row's routing by one warp: the lanes hold the row's logits, softmax by warp
+// reductions, then k rounds of a warp-wide arg-max over the experts not yet taken (larger
+// value first, then the lower index: the lowest index wins a tie). Lane r < k gets the r-th
+// choice and its weight (renormalised over the k when `norm`); every lane takes part.
+template <typename T>
+__device__ __forceinline__ void moe_route_one(const T* __restrict__ l, int ne, int k, int norm, int& my_id,
+                                              float& my_w) {
+    const int lane = threadIdx.x % WARP;
+    float v[MOE_PER_LANE];
+    float mx = -KILN_INF;
+#pragma unroll
+    for (int i = 0; i < MOE_PER_LANE; ++i) {
+        const int e = lane + WARP * i;
+        v[i] = e < ne ? to_f(l[e]) : -KILN_INF;
+        mx = fmaxf(mx, v[i]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < MOE_PER_LANE; ++i)
+        if (lane + WARP * i < ne) sum += __expf(v[i] - mx);
+    sum = warp_sum(sum);
+    u32 taken = 0u;  // bit i: expert lane + WARP * i
+    float my_p = 0.f, total = 0.f;
+    my_id = 0;
+    for (int r = 0; r < k; ++r) {
+        int best = -1;
+        float bv = 0.f;
+#pragma unroll
+        for (int i = 0; i < MOE_PER_LANE; ++i) {
+            const int e = lane + WARP * i;
+            if (e < ne && !(taken & (1u << i)) && (best < 0 || v[i] > bv)) {
+                best = e;
+                bv = v[i];
+            }
+        }
+        for (int o = WARP / 2; o > 0; o >>= 1) {
+            const int ob = shfl_xor(best, o);
+            const float ov = shfl_xor(bv, o);
+            if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) {
+                best = ob;
+                bv = ov;
+            }
+        }
+        if (best % WARP == lane) taken |= 1u << (best / WARP);
+        const float p = __expf(bv - mx) / sum;
+        total += p;
+        if (lane == r) {
+            my_id = best;
+            my_p = p;
+        }
+    }
+    my_w = norm ? my_p / total : my_p;
+}
+
+// One warp per row (warp w of `warps` takes rows w, w + warps, ...), moe_route_one each.
+// `ids` may be shared memory (moe_prep).
 template <typename T>
 __device__ __forceinline__ void moe_route_rows(const T* __restrict__ logits, int n, int ne, int k, int norm,
                                                int* ids, float* __restrict__ wts, int w, int warps) {
     const int lane = threadIdx.x % WARP;
     for (int t = w; t < n; t += warps) {
-        const T* l = logits + (size_t)t * ne;
-        float v[MOE_PER_LANE];
-        float mx = -KILN_INF;
-#pragma unroll
-        for (int i = 0; i < MOE_PER_LANE; ++i) {
-            const int e = lane + WARP * i;
-            v[i] = e < ne ? to_f(l[e]) : -KILN_INF;
-            mx = fmaxf(mx, v[i]);
-        }
-        mx = warp_max(mx);
-        float sum = 0.f;
-#pragma unroll
-        for (int i = 0; i < MOE_PER_LANE; ++i)
-            if (lane + WARP * i < ne) sum += __expf(v[i] - mx);
-        sum = warp_sum(sum);
-        u32 taken = 0u;  // bit i: expert lane + WARP * i
-        int my_id = 0;
-        float my_p = 0.f, total = 0.f;
-        for (int r = 0; r < k; ++r) {
-            int best = -1;
-            float bv = 0.f;
-#pragma unroll
-            for (int i = 0; i < MOE_PER_LANE; ++i) {
-                const int e = lane + WARP * i;
-                if (e < ne && !(taken & (1u << i)) && (best < 0 || v[i] > bv)) {
-                    best = e;
-                    bv = v[i];
-                }
-            }
-            for (int o = WARP / 2; o > 0; o >>= 1) {
-                const int ob = shfl_xor(best, o);
-                const float ov = shfl_xor(bv, o);
-                if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) {
-                    best = ob;
-                    bv = ov;
-                }
-            }
-            if (best % WARP == lane) taken |= 1u << (best / WARP);
-            const float p = __expf(bv - mx) / sum;
-            total += p;
-            if (lane == r) {
-                my_id = best;
-                my_p = p;
-            }
-        }
+        int my_id;
+        float my_w;
+        moe_route_one<T>(logits + (size_t)t * ne, ne, k, norm, my_id, my_w);
         if (lane < k) {
             ids[(size_t)t * k + lane] = my_id;
-            wts[(size_t)t * k + lane] = norm ? my_p / total : my_p;
+            wts[(size_t)t * k + lane] = my_w;
         }
     }
 }
@@ -154,25 +169,97 @@ constexpr int MOE_PREP_MAX = 512;
 
 // moe_prep's quantize_x: the n rows of x, a thread per block of 32 (bf16 only; the host
 // passes no xq in f32).
-__device__ __forceinline__ void moe_prep_qx(const float*, int, int, u8*) {}
+// Threads first, first + stride, ... take the blocks.
+__device__ __forceinline__ void moe_prep_qx(const float*, int, int, u8*, int, int) {}
 #if !defined(KILN_DTYPE_F32)
-__device__ __forceinline__ void moe_prep_qx(const bf16* __restrict__ x, int n, int h, u8* __restrict__ xq) {
+__device__ __forceinline__ void moe_prep_qx(const bf16* __restrict__ x, int n, int h, u8* __restrict__ xq, int first,
+                                            int stride) {
     if (xq == nullptr) return;
     const int blocks = n * (h / 32);
     QxScale* ds = reinterpret_cast<QxScale*>(xq + plane_align((size_t)n * h));
-    for (int c = threadIdx.x; c < blocks; c += blockDim.x) ds[c] = qx32_bf16(x + 32 * (size_t)c, xq + 32 * (size_t)c);
+    for (int c = first; c < blocks; c += stride) ds[c] = qx32_bf16(x + 32 * (size_t)c, xq + 32 * (size_t)c);
 }
 #endif
 
+// moe_prep with at most WARP assignments (n * k <= WARP): warp 0 routes the rows and aligns
+// their assignments in registers (lane a holds assignment a; no block barrier), while the
+// block's other warps (the host launches WARP * (1 + quantizing warps) threads) quantize x.
+// The same outputs as moe_align_block: sorted, inv, tile_expert and estart.
+template <typename T>
+__device__ __forceinline__ void moe_prep_warp(const T* __restrict__ logits, const T* __restrict__ x, int n, int ne,
+                                              int k, int norm, int h, float* __restrict__ wts,
+                                              int* __restrict__ sorted, int* __restrict__ tile_expert,
+                                              int* __restrict__ inv, int max_tiles, int* __restrict__ estart,
+                                              u8* __restrict__ xq) {
+    if (threadIdx.x >= WARP) {
+        moe_prep_qx(x, n, h, xq, threadIdx.x - WARP, blockDim.x - WARP);
+        return;
+    }
+    const int lane = threadIdx.x, total = n * k;
+    // Lane a's expert; lanes past the assignments hold one above every expert.
+    int id = MOE_MAX_EXPERTS;
+    for (int t = 0; t < n; ++t) {
+        int my_id;
+        float my_w;
+        moe_route_one<T>(logits + (size_t)t * ne, ne, k, norm, my_id, my_w);
+        if (lane < k) wts[(size_t)t * k + lane] = my_w;
+        const int j = lane - t * k;
+        const bool row = j >= 0 && j < k;
+        const int v = shfl(my_id, row ? j : 0);
+        if (row) id = v;
+    }
+    // The lane's expert's assignment count and the lane's rank among them (assignment order).
+    int cnt = 0, rank = 0;
+    for (int b = 0; b < total; ++b) {
+        const int eb = shfl(id, b);
+        cnt += eb == id;
+        rank += eb == id && b < lane;
+    }
+    // The expert's first assignment carries its padded run; an expert's run starts after
+    // the runs of every lower expert (estart[e]: lane + WARP * i holds e's in est[i]).
+    const int pc = lane < total && rank == 0 ? (cnt + MOE_TILE - 1) / MOE_TILE * MOE_TILE : 0;
+    constexpr int NE = MOE_MAX_EXPERTS / WARP + 1;
+    int est[NE];
+#pragma unroll
+    for (int i = 0; i < NE; ++i) est[i] = 0;
+    int start = 0, used = 0;
+    for (int b = 0; b < total; ++b) {
+        const int eb = shfl(id, b), pb = shfl(pc, b);
+        if (eb < id) start += pb;
+        used += pb;
+#pragma unroll
+        for (int i = 0; i < NE; ++i)
+            if (eb < lane + WARP * i) est[i] += pb;
+    }
+#pragma unroll
+    for (int i = 0; i < NE; ++i)
+        if (lane + WARP * i <= ne) estart[lane + WARP * i] = est[i];
+    if (lane < total) {
+        sorted[start + rank] = lane;
+        inv[lane] = start + rank;
+    }
+    if (pc > 0) {
+        for (int p = start + cnt; p < start + pc; ++p) sorted[p] = -1;
+        for (int i = start / MOE_TILE; i < (start + pc) / MOE_TILE; ++i) tile_expert[i] = id;
+    }
+    for (int i = used / MOE_TILE + lane; i < max_tiles; i += WARP) tile_expert[i] = -1;
+    if (blockDim.x == WARP) moe_prep_qx(x, n, h, xq, lane, WARP);
+}
+
 // Decode steps: route (a warp per row), quantize x, then align the assignments held in
-// shared memory, in one block of MOE_ALIGN_THREADS: one launch instead of three.
+// shared memory, in one block of MOE_ALIGN_THREADS: one launch instead of three. Up to WARP
+// assignments, moe_prep_warp instead (a smaller block, no block barrier).
 template <typename T>
 __device__ void moe_prep_impl(const T* __restrict__ logits, const T* __restrict__ x, int n, int ne, int k, int norm,
                               int h, float* __restrict__ wts, int* __restrict__ sorted, int* __restrict__ tile_expert,
                               int* __restrict__ inv, int max_tiles, int* __restrict__ estart, u8* __restrict__ xq) {
+    if (n * k <= WARP) {
+        moe_prep_warp<T>(logits, x, n, ne, k, norm, h, wts, sorted, tile_expert, inv, max_tiles, estart, xq);
+        return;
+    }
     __shared__ int ids[MOE_PREP_MAX];
     moe_route_rows<T>(logits, n, ne, k, norm, ids, wts, threadIdx.x / WARP, blockDim.x / WARP);
-    moe_prep_qx(x, n, h, xq);
+    moe_prep_qx(x, n, h, xq, threadIdx.x, blockDim.x);
     __syncthreads();
     moe_align_block(ids, n * k, ne, sorted, tile_expert, inv, max_tiles, estart);
 }
@@ -236,6 +323,101 @@ __device__ void moe_combine_impl(const T* __restrict__ y, const int* __restrict_
     }
 }
 
+// Values per thread of moe_combine_norm (consecutive: four threads hold a block of 32).
+constexpr int MOE_CN_E = 8;
+
+// MOE_CN_E values at p (16-byte aligned) as floats, and back (rounded to T).
+template <typename T>
+__device__ __forceinline__ void moe_ld8(const T* __restrict__ p, float* v) {
+    typedef Chunk<T> C;
+#pragma unroll
+    for (int c = 0; c < MOE_CN_E / C::E; ++c) C::unpack(reinterpret_cast<const typename C::Raw*>(p)[c], v + c * C::E);
+}
+template <typename T>
+__device__ __forceinline__ void moe_st8(T* __restrict__ p, const float* v) {
+    typedef Chunk<T> C;
+#pragma unroll
+    for (int c = 0; c < MOE_CN_E / C::E; ++c) reinterpret_cast<typename C::Raw*>(p)[c] = C::pack(v + c * C::E);
+}
+
+// moe_combine followed by add_rms_norm in one launch, one block per row t: the row's
+// weighted sum of its slots (rounded to T, as moe_combine stores it) is added to the
+// residual (rounded, stored back), then out = rmsnorm(residual) * w (add_rms_norm's
+// arithmetic). A thread takes MOE_CN_E consecutive values (h a multiple of 32, at most
+// MOE_CN_E * blockDim.x; rows 16-byte aligned: the host checks). With xq (bf16), out's 8-bit
+// blocks of 32 as the vector norms leave them for the quantized matmul after: i8 qs[rows][h],
+// then at plane_align(rows * h) one (d, s) per block (rows = gridDim.x).
+template <typename T>
+__device__ void moe_combine_norm_impl(const T* __restrict__ y, const int* __restrict__ inv,
+                                      const float* __restrict__ wts, int k, int h, T* __restrict__ residual,
+                                      const T* __restrict__ w, T* __restrict__ out, u8* __restrict__ xq,
+                                      float eps) {
+    __shared__ float scratch[MAX_WARPS];
+    const int t = blockIdx.x, i0 = threadIdx.x * MOE_CN_E;
+    const bool on = i0 < h;
+    const size_t row = (size_t)t * h;
+    float v[MOE_CN_E];
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < MOE_CN_E; ++e) v[e] = 0.f;
+    if (on) {
+        for (int j = 0; j < k; ++j) {
+            const float wj = wts[(size_t)t * k + j];
+            float yv[MOE_CN_E];
+            moe_ld8<T>(y + (size_t)inv[(size_t)t * k + j] * h + i0, yv);
+#pragma unroll
+            for (int e = 0; e < MOE_CN_E; ++e) v[e] += wj * yv[e];
+        }
+        float r[MOE_CN_E];
+        moe_ld8<T>(residual + row + i0, r);
+#pragma unroll
+        for (int e = 0; e < MOE_CN_E; ++e) {
+            v[e] = to_f(from_f<T>(r[e] + to_f(from_f<T>(v[e]))));  // the rounded residual
+            ss += v[e] * v[e];
+        }
+        moe_st8<T>(residual + row + i0, v);
+    }
+    ss = block_sum(ss, scratch);
+    const float rs = 1.0f / sqrtf(ss / (float)h + eps);
+    float o[MOE_CN_E];
+#pragma unroll
+    for (int e = 0; e < MOE_CN_E; ++e) o[e] = 0.f;
+    if (on) {
+        moe_ld8<T>(w + i0, o);
+#pragma unroll
+        for (int e = 0; e < MOE_CN_E; ++e) o[e] = to_f(from_f<T>(o[e] * (v[e] * rs)));  // rounded
+        moe_st8<T>(out + row + i0, o);
+    }
+    if (xq == nullptr) return;
+    // A block of 32: four adjacent lanes (every lane takes part in the shuffles).
+    constexpr int G = 32 / MOE_CN_E;
+    float amax = 0.f, sum = 0.f;
+#pragma unroll
+    for (int e = 0; e < MOE_CN_E; ++e) {
+        amax = fmaxf(amax, fabsf(o[e]));
+        sum += o[e];
+    }
+#pragma unroll
+    for (int m = G / 2; m > 0; m >>= 1) {
+        amax = fmaxf(amax, shfl_xor(amax, m));
+        sum += shfl_xor(sum, m);
+    }
+    if (!on) return;
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    u32* q = reinterpret_cast<u32*>(xq + row + i0);
+#pragma unroll
+    for (int i = 0; i < MOE_CN_E / 4; ++i) {
+        u32 b = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) b |= ((u32)(int)rintf(o[4 * i + e] * id) & 0xffu) << (8 * e);
+        q[i] = b;
+    }
+    if (threadIdx.x % G == 0) {
+        QxScale* ds = reinterpret_cast<QxScale*>(xq + plane_align((size_t)gridDim.x * h));
+        ds[row / 32 + i0 / 32] = QxScale{amax / 127.f, sum};
+    }
+}
+
 template <typename T>
 __device__ void moe_shared_add_impl(const T* __restrict__ x, const T* __restrict__ g,
                                     const T* __restrict__ ys, int h, int n, T* __restrict__ out) {
@@ -278,6 +460,11 @@ __device__ void moe_shared_add_impl(const T* __restrict__ x, const T* __restrict
     extern "C" __global__ void moe_combine_##N(const T* y, const int* inv, const float* wts, int k, \
                                                int h, u64 total, T* out) {                          \
         moe_combine_impl<T>(y, inv, wts, k, h, (size_t)total, out);                                 \
+    }                                                                                               \
+    extern "C" __global__ void moe_combine_norm_##N(const T* y, const int* inv, const float* wts,   \
+                                                    int k, int h, T* residual, const T* w, T* out,  \
+                                                    u8* xq, float eps) {                            \
+        moe_combine_norm_impl<T>(y, inv, wts, k, h, residual, w, out, xq, eps);                     \
     }                                                                                               \
     extern "C" __global__ void moe_shared_add_##N(const T* x, const T* g, const T* ys, int h,       \
                                                   int n, T* out) {                                  \

@@ -298,6 +298,26 @@ pub trait Backend {
         let _ = (x, router_logits, experts, shape, n, out);
         Err(missing("moe_ffn"))
     }
+    /// [`Backend::moe_ffn`] of the rows of `h` whose output goes straight into the next
+    /// [`Backend::add_rms_norm`]: `residual += moe_ffn(h)`, then `h = rmsnorm(residual) * w`.
+    /// `delta` is scratch for the FFN output (its contents afterwards are unspecified). A
+    /// backend may fuse the expert outputs' weighted sum with the norm.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_ffn_add_rms_norm(
+        &mut self,
+        h: &mut Self::Tensor,
+        router_logits: &Self::Tensor,
+        experts: MoeExperts<'_, Self::Weight>,
+        shape: &MoeShape,
+        n: usize,
+        delta: &mut Self::Tensor,
+        residual: &mut Self::Tensor,
+        w: &Self::Weight,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        self.moe_ffn(h, router_logits, experts, shape, n, delta)?;
+        self.add_rms_norm(delta, residual, w, eps, n, h)
+    }
     /// Makes this backend rank `member.rank` of a tensor-parallel group (before any
     /// collective). A backend without collectives refuses.
     fn join_group(&mut self, member: GroupMember) -> Result<(), BackendError> {

@@ -197,11 +197,13 @@ impl<B: Backend> Llama<B> {
             }
             // Whether the pending residual delta is `post` (post-normed) rather than `delta`.
             let mut post = false;
+            // Whether the FFN already added its output and ran the next norm into `s.h`.
+            let mut normed = false;
             for (l, lw) in w.layers.iter().enumerate() {
                 let (shape, rope) = (&shapes[l], spec.layer_rope(l));
                 if l == 0 {
                     backend.rms_norm(&s.x, &lw.attn_norm, eps, n, &mut s.h)?;
-                } else {
+                } else if !normed {
                     let d = if post { &s.post } else { &s.delta };
                     backend.add_rms_norm(d, &mut s.x, &lw.attn_norm, eps, n, &mut s.h)?;
                 }
@@ -218,13 +220,21 @@ impl<B: Backend> Llama<B> {
                 post = post_norm(backend, lw.post_attn_norm.as_ref(), eps, n, s)?;
                 let d = if post { &s.post } else { &s.delta };
                 backend.add_rms_norm(d, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
-                ffn(backend, &lw.ffn, v, n, s)?;
+                // The norm after the FFN, where the FFN may run it (nothing between them).
+                let next = match w.layers.get(l + 1) {
+                    Some(nl) => Some(&nl.attn_norm),
+                    None => (n_logits > 0).then_some(&w.norm),
+                };
+                let next = next.filter(|_| !tp && lw.post_ffn_norm.is_none());
+                normed = ffn(backend, &lw.ffn, v, n, s, next.map(|w| (w, eps)))?;
                 reduce(backend, tp, &mut s.delta, n)?;
                 post = post_norm(backend, lw.post_ffn_norm.as_ref(), eps, n, s)?;
             }
             if n_logits > 0 {
                 let d = if post { &s.post } else { &s.delta };
-                backend.add_rms_norm(d, &mut s.x, &w.norm, eps, n, &mut s.h)?;
+                if !normed {
+                    backend.add_rms_norm(d, &mut s.x, &w.norm, eps, n, &mut s.h)?;
+                }
                 backend.gather_rows(&s.h, &b, &mut s.last)?;
                 head(backend, w.output(), tp, n_logits, s)?;
                 if let Some(cap) = v.final_softcap {
@@ -284,18 +294,22 @@ fn post_norm<B: Backend>(
 }
 
 /// The FFN of one layer from `s.h` into `s.delta`: dense (SwiGLU or GeGLU) or a mixture of
-/// experts (router matmul, then the grouped expert op with any shared expert).
+/// experts (router matmul, then the grouped expert op with any shared expert). With `next`
+/// (the following norm's weight and eps), a mixture of experts instead adds its output to
+/// `s.x` and runs that norm into `s.h` in the same op; returns whether it did.
 fn ffn<B: Backend>(
     backend: &mut B,
     w: &Ffn<B::Weight>,
     v: &crate::model::spec::Variant,
     n: usize,
     s: &mut Scratch<B::Tensor>,
-) -> Result<(), BackendError> {
+    next: Option<(&B::Weight, f32)>,
+) -> Result<bool, BackendError> {
     match (w, &v.moe) {
         (Ffn::Dense { w_gate_up, w_down }, _) => {
             backend.matmul_glu(v.act, &s.h, w_gate_up, n, &mut s.gate_up, &mut s.act)?;
-            backend.matmul(&s.act, w_down, None, n, &mut s.delta)
+            backend.matmul(&s.act, w_down, None, n, &mut s.delta)?;
+            Ok(false)
         }
         (
             Ffn::Moe {
@@ -319,7 +333,17 @@ fn ffn<B: Backend>(
                 down,
                 shared,
             };
-            backend.moe_ffn(&s.h, &s.router, experts, shape, n, &mut s.delta)
+            match next {
+                Some((nw, eps)) => {
+                    let (h, d, x) = (&mut s.h, &mut s.delta, &mut s.x);
+                    backend.moe_ffn_add_rms_norm(h, &s.router, experts, shape, n, d, x, nw, eps)?;
+                    Ok(true)
+                }
+                None => {
+                    backend.moe_ffn(&s.h, &s.router, experts, shape, n, &mut s.delta)?;
+                    Ok(false)
+                }
+            }
         }
         (Ffn::Moe { .. }, None) => Err(BackendError::InvalidBatch(
             "expert weights without a mixture-of-experts spec".into(),

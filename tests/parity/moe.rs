@@ -81,6 +81,50 @@ fn reference(
 }
 
 /// Runs one case on `b` and checks it against [`reference`].
+/// `Backend::moe_ffn_add_rms_norm` on the `n` rows of `x` (overwritten with the normed rows)
+/// against `want`, the FFN's expected output: the residual (a random row batch, one poisoned
+/// row after it that must stay untouched) becomes `residual + want` and `x` its RMSNorm
+/// times a random weight (f64 here).
+#[allow(clippy::too_many_arguments)]
+fn check_add_norm<B: TestBackend>(
+    b: &mut B,
+    rng: &mut ChaCha8Rng,
+    what: &str,
+    x: &mut B::Tensor,
+    logits: &B::Tensor,
+    experts: MoeExperts<'_, B::Weight>,
+    s: &MoeShape,
+    (n, h): (usize, usize),
+    want: &[f32],
+    tol: f64,
+) {
+    let eps = 1e-6;
+    let r0 = b.quantize(&random(rng, n * h, 1.0));
+    let nw = b.quantize(&random(rng, h, 1.0));
+    let mut rdata = r0.clone();
+    rdata.extend(std::iter::repeat_n(f32::NAN, h));
+    let mut resid = tensor(b, n + 1, h, &rdata);
+    let mut delta = b.alloc(n, h).unwrap();
+    let w = weight(b, vec![h], &nw);
+    b.moe_ffn_add_rms_norm(x, logits, experts, s, n, &mut delta, &mut resid, &w, eps)
+        .unwrap_or_else(|e| panic!("{what} + add_rms_norm: {e}"));
+    let sum: Vec<f32> = r0.iter().zip(want).map(|(r, d)| r + d).collect();
+    let mut normed = vec![0.0f32; n * h];
+    for t in 0..n {
+        let row = &sum[t * h..(t + 1) * h];
+        let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / h as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        for i in 0..h {
+            normed[t * h + i] = (row[i] as f64 * inv * nw[i] as f64) as f32;
+        }
+    }
+    let label = format!("{} moe_ffn_add_rms_norm {what}", b.label());
+    let got = b.to_host(&resid, n + 1).unwrap();
+    assert_rows_only(&format!("{label} (residual)"), &got, &sum, tol);
+    let got = b.to_host(x, n).unwrap();
+    assert_close(&format!("{label} (normed)"), &got, &normed, tol);
+}
+
 fn case<B: TestBackend>(
     b: &mut B,
     rng: &mut ChaCha8Rng,
@@ -106,7 +150,7 @@ fn case<B: TestBackend>(
         )
     });
     let want = reference(&x, &logits, (&gate, &up, &down), shared.as_ref(), &s, h);
-    let (bx, bl) = (tensor(b, n, h, &x), tensor(b, n, ne, &logits));
+    let (mut bx, bl) = (tensor(b, n, h, &x), tensor(b, n, ne, &logits));
     let wg = weight(b, vec![ne * f, h], &gate);
     let wu = weight(b, vec![ne * f, h], &up);
     let wd = weight(b, vec![ne * h, f], &down);
@@ -137,6 +181,20 @@ fn case<B: TestBackend>(
         &want,
         b.tol(),
     );
+    // The same FFN straight into the next norm (a GPU fuses the sum with it where the layer
+    // has no shared expert).
+    let experts = MoeExperts {
+        gate: &wg,
+        up: &wu,
+        down: &wd,
+        shared: ws.as_ref().map(|(gate_up, down, gate)| SharedExpert {
+            gate_up,
+            down,
+            gate,
+        }),
+    };
+    let tol = b.tol();
+    check_add_norm(b, rng, what, &mut bx, &bl, experts, &s, (n, h), &want, tol);
 }
 
 fn moe<B: TestBackend>(b: &mut B) {
@@ -192,8 +250,9 @@ fn moe<B: TestBackend>(b: &mut B) {
     l[6 + 4] = 2.0;
     case(b, &mut rng, "ties", shape(6, 3, 24, true), 32, l);
     // Qwen3-MoE's router shape: top 8 of 128 (four experts per lane of a 32-wide warp, most
-    // experts idle at 3 rows, a few with more than one tile at 70).
-    for n in [3, 70] {
+    // experts idle at 3 rows, a few with more than one tile at 70). A GPU's `moe_prep` takes
+    // 3 rows (24 assignments) in one warp, 5 rows (40) in its whole block.
+    for n in [3, 5, 70] {
         let l = random(&mut rng, n * 128, 2.0);
         case(
             b,
@@ -234,9 +293,10 @@ parity_test!(moe_ffn_grouped_experts, moe);
 /// expert shape (hidden 2048, expert width 768: 32 lanes per gate/up column, 16 per Q6_K
 /// down column) at 1 row (most experts idle), 5 and 40 (several tiles per expert), and 64
 /// experts top 8 at 70 rows (the dp4a tiles' bucket of 8 slots; 11 rows of 4 experts take
-/// bucket 4's second pass). Up to 8 rows one `moe_prep` block routes and quantizes x (1 and
-/// 5 rows here; 11 rows take the separate route, align and `quantize_x` launches), and at 1
-/// row the down tiles quantize their activations themselves (`moe8_down_self_*`).
+/// bucket 4's second pass). Up to 8 rows one `moe_prep` block routes and quantizes x (1, 5
+/// and 8 rows here, up to 32 assignments one warp of it routing and aligning, 8 rows all 32
+/// lanes; 11 rows take the separate route, align and `quantize_x` launches), and at 1 row the
+/// down tiles quantize their activations themselves (`moe8_down_self_*`).
 fn moe_quant<B: TestBackend>(b: &mut B) {
     use kiln::backend::HostTensor;
     use kiln::backend::cpu::CpuBackend;
@@ -245,7 +305,7 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
     let mut reference = CpuBackend::with_f32_weights();
     let mut shapes = vec![(4, 2, 256, 256, vec![11, 1, 40])];
     if b.label() != "cpu" {
-        shapes.push((8, 4, 768, 2048, vec![1, 5, 40]));
+        shapes.push((8, 4, 768, 2048, vec![1, 5, 8, 40]));
         shapes.push((64, 8, 256, 256, vec![70]));
     }
     // The CPU's 8-bit activations (one scale per 256, as llama.cpp's Q8_K) are quantized twice
@@ -306,7 +366,7 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
         for &n in &rows {
             let x = b.quantize(&random(&mut rng, n * h, 1.0));
             let l = b.quantize(&random(&mut rng, n * ne, 2.0));
-            let (bx, bl) = (tensor(b, n, h, &x), tensor(b, n, ne, &l));
+            let (mut bx, bl) = (tensor(b, n, h, &x), tensor(b, n, ne, &l));
             let mut out = poisoned(b, n + 1, h);
             let what = format!(
                 "{} moe_ffn {tgu}/{td} experts {ne}x{f}x{h}, {n} rows",
@@ -322,12 +382,10 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
             reference
                 .moe_ffn(&rx, &rl, experts(&rw), &s, n, &mut rout)
                 .unwrap();
-            assert_rows_only(
-                &what,
-                &b.to_host(&out, n + 1).unwrap(),
-                &reference.to_host(&rout, n).unwrap(),
-                tol,
-            );
+            let want = reference.to_host(&rout, n).unwrap();
+            assert_rows_only(&what, &b.to_host(&out, n + 1).unwrap(), &want, tol);
+            let ex = experts(&bw);
+            check_add_norm(b, &mut rng, &what, &mut bx, &bl, ex, &s, (n, h), &want, tol);
         }
     }
 }

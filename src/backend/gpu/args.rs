@@ -287,6 +287,12 @@ kernel_args! {
     MoeCombineArgs (Kernel::MoeCombine) {
         y: ptr, inv: ptr, wts: ptr, k: i32, h: i32, total: u64, out: ptr,
     }
+    /// `moe_combine_norm_<dt>`: [`MoeCombineArgs`]'s sums of each of the grid's rows added to
+    /// `residual`, then `out = rms_norm(residual) * w`, and with `xq` (bf16) out's 8-bit rows.
+    MoeCombineNormArgs (Kernel::MoeCombineNorm) {
+        y: ptr, inv: ptr, wts: ptr, k: i32, h: i32, residual: ptr, w: ptr, out: ptr, xq: ptr,
+        eps: f32,
+    }
     /// `moe_gate_up_<q>_<dt>`: [`MoeGateUpArgs`] over quantized experts (`n_rows` = E * f).
     MoeQGateUpArgs (Kernel::MoeQGateUp { .. }) {
         x: ptr, wg: ptr, wu: ptr, sorted: ptr, tile_expert: ptr, k: i32, h: i32, f: i32,

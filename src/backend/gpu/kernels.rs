@@ -378,6 +378,9 @@ pub enum Kernel {
     MoeDown,
     /// MoE: weighted sum of each token's expert outputs.
     MoeCombine,
+    /// MoE: [`Kernel::MoeCombine`] added to the residual, then the next RMSNorm (with the
+    /// 8-bit rows in bf16), one block per row.
+    MoeCombineNorm,
     /// MoE: the shared expert's output added under its sigmoid gate.
     MoeSharedAdd,
     /// MoE: grouped gate/up matmuls and SiLU-mul of quantized experts.
@@ -532,6 +535,7 @@ impl Kernel {
             Kernel::MoeGateUp,
             Kernel::MoeDown,
             Kernel::MoeCombine,
+            Kernel::MoeCombineNorm,
             Kernel::MoeSharedAdd,
         ];
         for rows in 1..=GEMV_MAX_ROWS as u32 {
@@ -634,6 +638,7 @@ impl Kernel {
             | Kernel::MoeQ8DownSelf { .. }
             | Kernel::MoeMmaDown { .. } => "moe_down",
             Kernel::MoeCombine => "moe_combine",
+            Kernel::MoeCombineNorm => "moe_combine_norm",
             Kernel::MoeSharedAdd => "moe_shared_add",
             Kernel::Gemv { .. }
             | Kernel::Qgemv { .. }
@@ -710,6 +715,7 @@ impl Kernel {
             | Kernel::MoeGateUp
             | Kernel::MoeDown
             | Kernel::MoeCombine
+            | Kernel::MoeCombineNorm
             | Kernel::MoeSharedAdd => Source::Moe,
             Kernel::MoeQGateUp { .. }
             | Kernel::MoeQDown { .. }

@@ -600,7 +600,23 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         n: usize,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
-        self.launch_moe_ffn(x, router_logits, experts, shape, n, out)
+        self.launch_moe_ffn(x, router_logits, experts, shape, n, moe::MoeOut::Delta(out))
+    }
+
+    fn moe_ffn_add_rms_norm(
+        &mut self,
+        h: &mut GpuTensor,
+        router_logits: &GpuTensor,
+        experts: super::MoeExperts<'_, GpuWeight>,
+        shape: &super::MoeShape,
+        n: usize,
+        delta: &mut GpuTensor,
+        residual: &mut GpuTensor,
+        w: &GpuWeight,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        let (e, s) = (experts, shape);
+        self.launch_moe_ffn_norm(h, router_logits, e, s, n, delta, residual, w, eps)
     }
 
     fn join_group(&mut self, member: super::GroupMember) -> Result<(), BackendError> {

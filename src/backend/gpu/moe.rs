@@ -11,12 +11,12 @@
 //! quantized shared expert runs too) and the sigmoid-gated add.
 
 use super::args::{
-    MoeAlignArgs, MoeCombineArgs, MoeDownArgs, MoeGateUpArgs, MoeMmaDownArgs, MoeMmaGateUpArgs,
-    MoePrepArgs, MoeQ8DownArgs, MoeQ8DownSelfArgs, MoeQ8GateUpArgs, MoeQDownArgs, MoeQGateUpArgs,
-    MoeRouteArgs, MoeSharedAddArgs, QuantizeXArgs,
+    MoeAlignArgs, MoeCombineArgs, MoeCombineNormArgs, MoeDownArgs, MoeGateUpArgs, MoeMmaDownArgs,
+    MoeMmaGateUpArgs, MoePrepArgs, MoeQ8DownArgs, MoeQ8DownSelfArgs, MoeQ8GateUpArgs, MoeQDownArgs,
+    MoeQGateUpArgs, MoeRouteArgs, MoeSharedAddArgs, QuantizeXArgs,
 };
 use super::kernels::{Kernel, MOE8_SLOTS};
-use super::matmul::{QX_THREADS, qx_bytes};
+use super::matmul::{QX_THREADS, QxRows, qx_bytes};
 use super::qtype::QType;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
@@ -31,6 +31,23 @@ pub(super) struct SharedScratch {
     /// `[rows, hidden]` the expert's output before its gate.
     y: GpuTensor,
 }
+
+/// Where the MoE FFN's output goes.
+pub(super) enum MoeOut<'a> {
+    /// `[rows, hidden]`: the weighted sums (`moe_combine`).
+    Delta(&'a mut GpuTensor),
+    /// Added to `residual`, then `out = rms_norm(residual) * w` (`moe_combine_norm`: the
+    /// next `add_rms_norm` in the same launch). `out` is the FFN's input `x` itself, read
+    /// only by the launches before.
+    Norm {
+        residual: &'a mut GpuTensor,
+        w: &'a GpuWeight,
+        eps: f32,
+    },
+}
+
+/// Values per thread of `moe_combine_norm` (`MOE_CN_E`).
+const CN_E: usize = 8;
 
 /// Assignment slots per tile (`MOE_TILE` in `moe.cu`).
 const TILE: usize = 8;
@@ -171,6 +188,44 @@ fn experts_of(w: &GpuWeight) -> Result<(u64, Option<QType>), BackendError> {
 }
 
 impl<R: Runtime> GpuBackend<R> {
+    /// `Backend::moe_ffn_add_rms_norm`: the weighted sum fused with the norm where
+    /// `moe_combine_norm` takes the rows (no shared expert; whole aligned chunks, at most
+    /// `CN_E` values a thread of a 1024-thread block), else `moe_ffn` then `add_rms_norm`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_moe_ffn_norm(
+        &mut self,
+        h: &mut GpuTensor,
+        logits: &GpuTensor,
+        w: MoeExperts<'_, GpuWeight>,
+        s: &MoeShape,
+        n: usize,
+        delta: &mut GpuTensor,
+        residual: &mut GpuTensor,
+        nw: &GpuWeight,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        let cols = h.cols;
+        let ptrs = [
+            h.buf.ptr(),
+            residual.buf.ptr(),
+            nw.dense().map_or(1, |b| b.ptr()),
+        ];
+        let fused = w.shared.is_none()
+            && cols.is_multiple_of(32)
+            && cols <= CN_E * 1024
+            && self.whole_chunks(cols, &ptrs);
+        if !fused {
+            self.launch_moe_ffn(h, logits, w, s, n, MoeOut::Delta(delta))?;
+            return self.add_rms_norm(delta, residual, nw, eps, n, h);
+        }
+        let out = MoeOut::Norm {
+            residual,
+            w: nw,
+            eps,
+        };
+        self.launch_moe_ffn(h, logits, w, s, n, out)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_moe_ffn(
         &mut self,
@@ -179,13 +234,23 @@ impl<R: Runtime> GpuBackend<R> {
         w: MoeExperts<'_, GpuWeight>,
         s: &MoeShape,
         n: usize,
-        out: &mut GpuTensor,
+        out: MoeOut<'_>,
     ) -> Result<(), BackendError> {
         s.check().map_err(invalid)?;
         let (h, ne, f, k) = (x.cols, s.n_expert, s.expert_ff, s.top_k);
         check_cols("moe router logits", logits.cols, ne)?;
-        check_cols("moe output", out.cols, h)?;
-        check_rows("moe_ffn", n, x.rows.min(logits.rows).min(out.rows))?;
+        let out_rows = match &out {
+            MoeOut::Delta(o) => {
+                check_cols("moe output", o.cols, h)?;
+                o.rows
+            }
+            MoeOut::Norm { residual, w, .. } => {
+                check_cols("moe residual", residual.cols, h)?;
+                check_cols("moe norm weight", w.rows * w.cols, h)?;
+                residual.rows
+            }
+        };
+        check_rows("moe_ffn", n, x.rows.min(logits.rows).min(out_rows))?;
         for (what, t, rows, cols) in [
             ("moe gate experts", w.gate, ne * f, h),
             ("moe up experts", w.up, ne * f, h),
@@ -278,7 +343,16 @@ impl<R: Runtime> GpuBackend<R> {
                 estart: at(lay.estart),
                 xq: if gu_xq { at(lay.xq) } else { 0 },
             };
-            self.launch_with(Kernel::MoePrep, grid((1, 1), ALIGN_THREADS), &args)?;
+            // Up to a warp of assignments one warp routes and aligns in registers and the
+            // block's other warps quantize x (a block of 32 each); else the whole block.
+            let warp = self.dev.info.warp_size;
+            let threads = if total <= warp {
+                let blocks = if gu_xq { n * h / 32 } else { 0 };
+                warp * (1 + blocks.div_ceil(warp).min(ALIGN_THREADS as usize / warp - 1))
+            } else {
+                ALIGN_THREADS as usize
+            };
+            self.launch_with(Kernel::MoePrep, grid((1, 1), threads as u32), &args)?;
         } else {
             let route = MoeRouteArgs {
                 logits: logits.buf.ptr(),
@@ -467,6 +541,35 @@ impl<R: Runtime> GpuBackend<R> {
                 self.launch_with(Kernel::MoeQDown { q }, g, &down)?;
             }
         }
+        let out = match out {
+            MoeOut::Delta(out) => out,
+            MoeOut::Norm { residual, w, eps } => {
+                // One block per row, CN_E values a thread; in bf16 at decode sizes also the
+                // 8-bit rows the quantized matmul after reads (as the vector norms leave).
+                let xq = self.qx_slot(n, h);
+                let args = MoeCombineNormArgs {
+                    y: at(lay.y),
+                    inv: at(lay.inv),
+                    wts: at(lay.wts),
+                    k: k as i32,
+                    h: h as i32,
+                    residual: residual.buf.ptr(),
+                    w: w.dense_for("moe_combine_norm")?.ptr(),
+                    out: x.buf.ptr(),
+                    xq: xq.unwrap_or(0),
+                    eps,
+                };
+                let threads = (h / CN_E).next_multiple_of(self.dev.info.warp_size);
+                self.launch_with(Kernel::MoeCombineNorm, grid((n, 1), threads as u32), &args)?;
+                self.scratch.qx = xq.map(|at| QxRows {
+                    x: x.buf.ptr(),
+                    rows: n,
+                    cols: h,
+                    at,
+                });
+                return Ok(());
+            }
+        };
         let combine = MoeCombineArgs {
             y: at(lay.y),
             inv: at(lay.inv),
