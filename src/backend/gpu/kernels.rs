@@ -855,6 +855,20 @@ pub struct Kernels<R: Runtime> {
     started: Instant,
 }
 
+impl<R: Runtime> Drop for Kernels<R> {
+    /// Joins the compile threads no one waited for (a backend dropped before its lane was
+    /// ready, a test that ran a few kernels): a thread still inside NVRTC when the process
+    /// exits can crash it there (`free(): invalid pointer` after a passing test run).
+    fn drop(&mut self) {
+        for slot in self.slots.values() {
+            let pending = slot.pending.lock().map(|mut p| p.take());
+            if let Ok(Some(handle)) = pending {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
 /// The compiler options, cache salt and cache folder every unit of one backend shares.
 struct CompileJob {
     opts: Vec<String>,
