@@ -125,30 +125,9 @@ __device__ __forceinline__ void attn_dec_merge(unsigned char* smem, const float*
             r[e] = to_f(t);
         }
         if (xq) {
-            float amax = 0.f, bsum = 0.f;
-#pragma unroll
-            for (int e = 0; e < VW; ++e) {
-                amax = fmaxf(amax, fabsf(r[e]));
-                bsum += r[e];
-            }
-#pragma unroll
-            for (int off = LPB / 2; off > 0; off >>= 1) {
-                amax = fmaxf(amax, shfl_xor(amax, off));
-                bsum += shfl_xor(bsum, off);
-            }
-            if (ok) {
-                const size_t at = row * width + (size_t)(h0 + j) * D + v * VW;
-                const float id = amax > 0.f ? 127.f / amax : 0.f;
-                u32 qw = 0;
-#pragma unroll
-                for (int e = 0; e < VW; ++e) qw |= ((u32)(int)rintf(r[e] * id) & 0xffu) << (8 * e);
-                *reinterpret_cast<u32*>(xq + at) = qw;
-                if (v % LPB == 0) {
-                    float* ds = reinterpret_cast<float*>(xq + (((size_t)rows * width + 255) & ~(size_t)255));
-                    ds[2 * (at / 32)] = amax / 127.f;
-                    ds[2 * (at / 32) + 1] = bsum;
-                }
-            }
+            const size_t at = row * width + (size_t)(h0 + j) * D + v * VW;
+            float* ds = reinterpret_cast<float*>(xq + (((size_t)rows * width + 255) & ~(size_t)255));
+            qx_lanes<VW>(r, ok, v % LPB == 0, xq + at, ds + 2 * (at / 32));
         }
     }
 }
@@ -540,18 +519,7 @@ constexpr int COMBINE_PARTS = 256;
 // and ds (its first (d, s) pair): the layout of quantize_x (qgemv.cu). Every lane of a
 // group of 32 calls it, at 32 consecutive d (a block of 32; a 64-wide wavefront holds two).
 __device__ __forceinline__ void combine_quant(float v, int d, u8* __restrict__ q, float* __restrict__ ds) {
-    float amax = fabsf(v), sum = v;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        amax = fmaxf(amax, shfl_xor(amax, o));
-        sum += shfl_xor(sum, o);
-    }
-    const float id = amax > 0.f ? 127.f / amax : 0.f;
-    q[d] = (u8)((u32)(int)rintf(v * id) & 0xffu);
-    if (d % 32 == 0) {
-        ds[2 * (d / 32)] = amax / 127.f;
-        ds[2 * (d / 32) + 1] = sum;
-    }
+    qx_lanes<1>(&v, true, d % 32 == 0, q + d, ds + 2 * (d / 32));
 }
 
 template <typename T, int VW>

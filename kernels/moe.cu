@@ -389,33 +389,9 @@ __device__ void moe_combine_norm_impl(const T* __restrict__ y, const int* __rest
         moe_st8<T>(out + row + i0, o);
     }
     if (xq == nullptr) return;
-    // A block of 32: four adjacent lanes (every lane takes part in the shuffles).
-    constexpr int G = 32 / MOE_CN_E;
-    float amax = 0.f, sum = 0.f;
-#pragma unroll
-    for (int e = 0; e < MOE_CN_E; ++e) {
-        amax = fmaxf(amax, fabsf(o[e]));
-        sum += o[e];
-    }
-#pragma unroll
-    for (int m = G / 2; m > 0; m >>= 1) {
-        amax = fmaxf(amax, shfl_xor(amax, m));
-        sum += shfl_xor(sum, m);
-    }
-    if (!on) return;
-    const float id = amax > 0.f ? 127.f / amax : 0.f;
-    u32* q = reinterpret_cast<u32*>(xq + row + i0);
-#pragma unroll
-    for (int i = 0; i < MOE_CN_E / 4; ++i) {
-        u32 b = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) b |= ((u32)(int)rintf(o[4 * i + e] * id) & 0xffu) << (8 * e);
-        q[i] = b;
-    }
-    if (threadIdx.x % G == 0) {
-        QxScale* ds = reinterpret_cast<QxScale*>(xq + plane_align((size_t)gridDim.x * h));
-        ds[row / 32 + i0 / 32] = QxScale{amax / 127.f, sum};
-    }
+    // A block of 32: adjacent lanes (every lane takes part in the shuffles).
+    float* ds = reinterpret_cast<float*>(xq + plane_align((size_t)gridDim.x * h));
+    qx_lanes<MOE_CN_E>(o, on, threadIdx.x % (32 / MOE_CN_E) == 0, xq + row + i0, ds + 2 * ((row + i0) / 32));
 }
 
 template <typename T>

@@ -82,33 +82,9 @@ __device__ __forceinline__ void norm_in_vec(const T* __restrict__ x, T* __restri
 template <typename T>
 __device__ __forceinline__ void norm_quant(const float* v, bool valid, u8* __restrict__ xq, int row, int c, int h) {
     constexpr int E = Chunk<T>::E, G = 32 / E;
-    float amax = 0.f, sum = 0.f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-        amax = fmaxf(amax, fabsf(v[e]));
-        sum += v[e];
-    }
-#pragma unroll
-    for (int o = G / 2; o > 0; o >>= 1) {
-        amax = fmaxf(amax, shfl_xor(amax, o));
-        sum += shfl_xor(sum, o);
-    }
-    if (!valid) return;
-    const float id = amax > 0.f ? 127.f / amax : 0.f;
-    u32* q = reinterpret_cast<u32*>(xq + (size_t)row * h + (size_t)c * E);
-#pragma unroll
-    for (int i = 0; i < E / 4; ++i) {
-        u32 r = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) r |= ((u32)(int)rintf(v[4 * i + e] * id) & 0xffu) << (8 * e);
-        q[i] = r;
-    }
-    if (c % G == 0) {
-        float* ds = reinterpret_cast<float*>(xq + (((size_t)gridDim.x * h + 255) & ~(size_t)255));
-        const size_t b = (size_t)row * (h / 32) + c / G;
-        ds[2 * b] = amax / 127.f;
-        ds[2 * b + 1] = sum;
-    }
+    float* ds = reinterpret_cast<float*>(xq + (((size_t)gridDim.x * h + 255) & ~(size_t)255));
+    qx_lanes<E>(v, valid, c % G == 0, xq + (size_t)row * h + (size_t)c * E,
+                ds + 2 * ((size_t)row * (h / 32) + c / G));
 }
 
 template <typename T>

@@ -93,6 +93,44 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// One lane's share of an 8-bit activation row (the layout of qgemv.cu's qdot: int8 quants,
+// and per block of 32 values d = amax / 127 and the exact sum s): the lane holds E values v
+// of a block whose 32 / E lanes are adjacent. Writes the lane's E quants at q (4-byte
+// aligned when E >= 4) and, where `first` (the block's first lane), the block's (d, s) at
+// ds[0], ds[1]. Every lane of the warp calls it (shuffles); only `valid` lanes store.
+template <int E>
+__device__ __forceinline__ void qx_lanes(const float* v, bool valid, bool first, u8* q, float* ds) {
+    float amax = 0.f, sum = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        amax = fmaxf(amax, fabsf(v[e]));
+        sum += v[e];
+    }
+#pragma unroll
+    for (int o = 32 / E / 2; o > 0; o >>= 1) {
+        amax = fmaxf(amax, shfl_xor(amax, o));
+        sum += shfl_xor(sum, o);
+    }
+    if (!valid) return;
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    if constexpr (E % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < E / 4; ++i) {
+            u32 w = 0;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) w |= ((u32)(int)rintf(v[4 * i + e] * id) & 0xffu) << (8 * e);
+            reinterpret_cast<u32*>(q)[i] = w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) q[e] = (u8)((u32)(int)rintf(v[e] * id) & 0xffu);
+    }
+    if (first) {
+        ds[0] = amax / 127.f;
+        ds[1] = sum;
+    }
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds MAX_WARPS values.
 template <typename V>
 __device__ V block_sum(V v, V* scratch) {
