@@ -18,33 +18,21 @@
 // more loads in flight. Output column j lands at y[m * ldy + j]: the host offsets y and
 // bias by the first part's first row in a larger stack.
 
-template <typename QA, typename QB, int BM>
-__device__ __forceinline__ void qmma_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
-                                          const u8* __restrict__ w2, const bf16* __restrict__ x,
-                                          const bf16* __restrict__ bias, bf16* __restrict__ y,
-                                          float* __restrict__ ws, int k, int r0, int r1, int r2, int rows,
-                                          int ldy) {
-    const int b0 = (r0 + QMMA_BN - 1) / QMMA_BN, b1 = (r1 + QMMA_BN - 1) / QMMA_BN;
-    int bx = blockIdx.x, col0 = 0, n = r0;
-    const u8* w = w0;
-    if (bx >= b0 + b1) {
-        bx -= b0 + b1;
-        w = w2;
-        col0 = r0 + r1;
-        n = r2;
-    } else if (bx >= b0) {
-        bx -= b0;
-        w = w1;
-        col0 = r0;
-        n = r1;
-    }
-    const int n0 = bx * QMMA_BN, m0 = blockIdx.y * BM, ntot = r0 + r1 + r2;
-    const int per = (k / QMMA_BK + (int)gridDim.z - 1) / (int)gridDim.z;
-    const int kt0 = (int)blockIdx.z * per, nt = min(k / QMMA_BK, kt0 + per);
-    if (gridDim.z > 1) ws += (size_t)blockIdx.z * rows * ntot;
-    auto xrow = [&](int s) { return m0 + s < rows ? m0 + s : -1; };
-    // One split stores bf16 (+ bias) at y[r * ldy + col]; several store f32 partials.
-    auto store = [&](int s, int col, float v) {
+// This block's share of the grid above: its part (weight, rows n, first output column col0;
+// `last`: part 2, of type QB), its columns n0.., its rows m0.. and its split's k-tiles
+// [kt0, nt); `store(s, col, v)` puts output (row m0 + s, column col of the part) where it
+// belongs: bf16 (+ bias) at y with one split, else the split's f32 partial in ws.
+struct QmmaBlock {
+    const u8* w;
+    int n, col0, n0, m0, kt0, nt;
+    bool last;
+    const bf16* bias;
+    bf16* y;
+    float* ws;
+    int ntot, rows, ldy;
+
+    __device__ __forceinline__ int xrow(int s) const { return m0 + s < rows ? m0 + s : -1; }
+    __device__ __forceinline__ void operator()(int s, int col, float v) const {
         const int r = m0 + s;
         if (r >= rows || col >= n) return;
         const int j = col0 + col;
@@ -52,12 +40,45 @@ __device__ __forceinline__ void qmma_impl(const u8* __restrict__ w0, const u8* _
             ws[(size_t)r * ntot + j] = v;
         else
             y[(size_t)r * ldy + j] = from_f<bf16>(v + (bias ? to_f(bias[j]) : 0.f));
-    };
+    }
+};
+
+template <int BM>
+__device__ __forceinline__ QmmaBlock qmma_block(const u8* w0, const u8* w1, const u8* w2, const bf16* bias,
+                                                bf16* y, float* ws, int k, int r0, int r1, int r2, int rows,
+                                                int ldy) {
+    const int b0 = (r0 + QMMA_BN - 1) / QMMA_BN, b1 = (r1 + QMMA_BN - 1) / QMMA_BN;
+    QmmaBlock b;
+    int bx = blockIdx.x;
+    b.w = w0, b.col0 = 0, b.n = r0, b.last = false;
+    if (bx >= b0 + b1) {
+        bx -= b0 + b1;
+        b.w = w2, b.col0 = r0 + r1, b.n = r2, b.last = true;
+    } else if (bx >= b0) {
+        bx -= b0;
+        b.w = w1, b.col0 = r0, b.n = r1;
+    }
+    b.n0 = bx * QMMA_BN, b.m0 = blockIdx.y * BM, b.ntot = r0 + r1 + r2;
+    const int per = (k / QMMA_BK + (int)gridDim.z - 1) / (int)gridDim.z;
+    b.kt0 = (int)blockIdx.z * per, b.nt = min(k / QMMA_BK, b.kt0 + per);
+    b.bias = bias, b.y = y, b.rows = rows, b.ldy = ldy;
+    b.ws = gridDim.z > 1 ? ws + (size_t)blockIdx.z * rows * b.ntot : ws;
+    return b;
+}
+
+template <typename QA, typename QB, int BM>
+__device__ __forceinline__ void qmma_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
+                                          const u8* __restrict__ w2, const bf16* __restrict__ x,
+                                          const bf16* __restrict__ bias, bf16* __restrict__ y,
+                                          float* __restrict__ ws, int k, int r0, int r1, int r2, int rows,
+                                          int ldy) {
+    const QmmaBlock b = qmma_block<BM>(w0, w1, w2, bias, y, ws, k, r0, r1, r2, rows, ldy);
+    auto xrow = [&](int s) { return b.xrow(s); };
     // The part is the same for the whole block: every thread takes the same branch.
-    if (blockIdx.x >= b0 + b1)
-        qmma_tile<QB, BM>(w, n, k, n0, x, k, xrow, kt0, nt, store);
+    if (b.last)
+        qmma_tile<QB, BM>(b.w, b.n, k, b.n0, x, k, xrow, b.kt0, b.nt, b);
     else
-        qmma_tile<QA, BM>(w, n, k, n0, x, k, xrow, kt0, nt, store);
+        qmma_tile<QA, BM>(b.w, b.n, k, b.n0, x, k, xrow, b.kt0, b.nt, b);
 }
 
 // The 8-bit variant (qmma8_tile of qmma.cuh): the same grid, parts, splits and stores on x
@@ -69,39 +90,13 @@ __device__ __forceinline__ void qmma8_impl(const u8* __restrict__ w0, const u8* 
                                            const bf16* __restrict__ bias, bf16* __restrict__ y,
                                            float* __restrict__ ws, int k, int r0, int r1, int r2, int rows,
                                            int ldy) {
-    const int b0 = (r0 + QMMA_BN - 1) / QMMA_BN, b1 = (r1 + QMMA_BN - 1) / QMMA_BN;
-    int bx = blockIdx.x, col0 = 0, n = r0;
-    const u8* w = w0;
-    if (bx >= b0 + b1) {
-        bx -= b0 + b1;
-        w = w2;
-        col0 = r0 + r1;
-        n = r2;
-    } else if (bx >= b0) {
-        bx -= b0;
-        w = w1;
-        col0 = r0;
-        n = r1;
-    }
-    const int n0 = bx * QMMA_BN, m0 = blockIdx.y * BM, ntot = r0 + r1 + r2;
-    const int per = (k / QMMA_BK + (int)gridDim.z - 1) / (int)gridDim.z;
-    const int kt0 = (int)blockIdx.z * per, nt = min(k / QMMA_BK, kt0 + per);
-    if (gridDim.z > 1) ws += (size_t)blockIdx.z * rows * ntot;
+    const QmmaBlock b = qmma_block<BM>(w0, w1, w2, bias, y, ws, k, r0, r1, r2, rows, ldy);
     const QxScale* xs = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)rows * k));
-    auto xrow = [&](int s) { return m0 + s < rows ? m0 + s : -1; };
-    auto store = [&](int s, int col, float v) {
-        const int r = m0 + s;
-        if (r >= rows || col >= n) return;
-        const int j = col0 + col;
-        if (gridDim.z > 1)
-            ws[(size_t)r * ntot + j] = v;
-        else
-            y[(size_t)r * ldy + j] = from_f<bf16>(v + (bias ? to_f(bias[j]) : 0.f));
-    };
-    if (blockIdx.x >= b0 + b1)
-        qmma8_tile<QB, BM>(w, n, k, n0, xq, xs, xrow, kt0, nt, store);
+    auto xrow = [&](int s) { return b.xrow(s); };
+    if (b.last)
+        qmma8_tile<QB, BM>(b.w, b.n, k, b.n0, xq, xs, xrow, b.kt0, b.nt, b);
     else
-        qmma8_tile<QA, BM>(w, n, k, n0, xq, xs, xrow, kt0, nt, store);
+        qmma8_tile<QA, BM>(b.w, b.n, k, b.n0, xq, xs, xrow, b.kt0, b.nt, b);
 }
 
 // Each type's __launch_bounds__: KILN_QMMA_BOUNDS(4) also asks NVIDIA's compiler for 4

@@ -182,18 +182,27 @@ if [ -x "$lcpp/bin/llama-server" ]; then
         kill "$lpid"; wait "$lpid" 2> /dev/null
     done
 fi
+# KILN_VARIANTS: `kiln serve` flag sets for the bench, separated by ';' (e.g.
+# "--max-num-batched-tokens 2048;--max-num-batched-tokens 8192"); default: one run, no flags.
 if [ -n "${BENCH:-}" ]; then
-    KILN_LOG=info HOME="$work/home-${bins[0]}-1" XDG_CACHE_HOME="$work/home-${bins[0]}-1/.cache" \
-        "$work/${bins[0]}" serve --model "$model" --device "$dev" --port 8125 \
-        > "$logs/serve-bench.log" 2>&1 &
-    spid=$!
-    say "kiln serve for the bench: first answer after $(first_answer 8125 "$(now)") s"
-    timeout 60 "$work/${bins[0]}" bench --base-url http://127.0.0.1:8125 --num-prompts 128 \
-        --max-concurrency 64 --input-len 512 --output-len 128 --seed 21 --ignore-eos \
-        > "$logs/bench-kiln.log" 2>&1
-    say "kiln bench c64 against kiln serve: exit $?"
-    grep -E "^(Output token throughput|TTFT|TPOT|Failed|Successful|Benchmark duration)" \
-        "$logs/bench-kiln.log" | tee -a "$summary"
-    kill "$spid"; wait "$spid" 2> /dev/null
+    IFS=';' read -ra variants <<< "${KILN_VARIANTS:-}"
+    [ ${#variants[@]} -eq 0 ] && variants=("")
+    n=0
+    for v in "${variants[@]}"; do
+        n=$((n + 1))
+        # shellcheck disable=SC2086
+        KILN_LOG=info HOME="$work/home-${bins[0]}-1" XDG_CACHE_HOME="$work/home-${bins[0]}-1/.cache" \
+            "$work/${bins[0]}" serve --model "$model" --device "$dev" --port 8125 $v \
+            > "$logs/serve-bench-$n.log" 2>&1 &
+        spid=$!
+        say "kiln serve ($v) for the bench: first answer after $(first_answer 8125 "$(now)") s"
+        timeout 60 "$work/${bins[0]}" bench --base-url http://127.0.0.1:8125 --num-prompts 128 \
+            --max-concurrency 64 --input-len 512 --output-len 128 --seed 21 --ignore-eos \
+            > "$logs/bench-kiln-$n.log" 2>&1
+        say "kiln bench c64 against kiln serve ($v): exit $?"
+        grep -E "^(Output token throughput|TTFT|TPOT|Failed|Successful|Benchmark duration)" \
+            "$logs/bench-kiln-$n.log" | tee -a "$summary"
+        kill "$spid"; wait "$spid" 2> /dev/null
+    done
 fi
 say done

@@ -19,33 +19,17 @@ use crate::backend::DType;
 pub struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    /// Where [`Runtime::launch_dependent`] uses programmatic dependent launch.
-    pdl: Pdl,
+    /// Whether [`Runtime::launch_dependent`] uses programmatic dependent launch
+    /// ([`pdl_available`]); which launches ask for it is the device's `PdlPolicy`.
+    pdl: bool,
 }
 
-/// Whether [`Runtime::launch_dependent`] uses programmatic dependent launch (sm_90+, a
-/// driver of CUDA 12.3+, whose graph capture keeps the programmatic edges). Which launches
-/// ask for it, eagerly and inside recorded graphs, is the device's policy
-/// (`device::PdlPolicy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pdl {
-    /// Never (`KILN_PDL=0`, or the device or driver lacks it).
-    Off,
-    /// Whenever a launch asks for it.
-    On,
-}
-
-impl Pdl {
-    /// The mode for a device of compute capability `major` under driver `driver_version`.
-    fn new(major: i32, driver_version: i32) -> Pdl {
-        if major < 9 || driver_version < 12030 {
-            return Pdl::Off;
-        }
-        match std::env::var("KILN_PDL").as_deref() {
-            Ok("0" | "off") => Pdl::Off,
-            _ => Pdl::On,
-        }
-    }
+/// Programmatic dependent launch needs sm_90+ and a driver of CUDA 12.3+ (whose graph
+/// capture keeps the programmatic edges); `KILN_PDL=0` turns it off.
+fn pdl_available(major: i32, driver_version: i32) -> bool {
+    major >= 9
+        && driver_version >= 12030
+        && !matches!(std::env::var("KILN_PDL").as_deref(), Ok("0" | "off"))
 }
 
 fn failed(e: DriverError) -> RtError {
@@ -150,7 +134,7 @@ impl Runtime for Cuda {
         let cuda = Cuda {
             ctx,
             stream,
-            pdl: Pdl::new(major, driver_version),
+            pdl: pdl_available(major, driver_version),
         };
         Ok((cuda, info))
     }
@@ -225,7 +209,7 @@ impl Runtime for Cuda {
         smem: u32,
         params: &mut [*mut c_void],
     ) -> RtResult<()> {
-        if self.pdl == Pdl::Off {
+        if !self.pdl {
             // SAFETY: per this method's contract.
             return unsafe { self.launch(f, grid, smem, params) };
         }

@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::ffi::c_void;
 
-use super::runtime::{DeviceInfo, Grid, PinnedHost, RtError, Runtime, dev_err};
+use super::runtime::{DeviceInfo, Grid, PinnedHost, RtError, RtResult, Runtime, dev_err};
 use super::timing::Timer;
 use crate::backend::BackendError;
 
@@ -70,6 +70,17 @@ pub enum Arg {
 struct Staging<R: Runtime> {
     slots: Vec<StagingSlot<R>>,
     next: usize,
+}
+
+impl<R: Runtime> Staging<R> {
+    /// Waits for every copy still reading a buffer (all of them, even after an error).
+    fn wait_all(&self, rt: &R) -> RtResult<()> {
+        let waits: Vec<RtResult<()>> = (self.slots.iter())
+            .filter(|s| s.in_flight)
+            .map(|s| rt.wait(&s.done))
+            .collect();
+        waits.into_iter().collect()
+    }
 }
 
 struct StagingSlot<R: Runtime> {
@@ -254,16 +265,16 @@ impl<R: Runtime> Device<R> {
         self.not_while_capturing("upload")?;
         let unit = unit.max(1);
         let per = (STAGING_BYTES / unit).max(1) * unit;
-        if unit > STAGING_BYTES || !self.ensure_staging()? {
+        if unit <= STAGING_BYTES {
+            self.ensure_staging()?;
+        }
+        let (Some(staging), true) = (self.staging.as_mut(), unit <= STAGING_BYTES) else {
             let mut stage = vec![0u8; per.min(len)];
             for at in (0..len).step_by(per) {
                 let out = &mut stage[..per.min(len - at)];
                 par_fill(out, at, unit, fill);
                 self.upload(dst, offset + at, out)?;
             }
-            return Ok(());
-        }
-        let Some(staging) = self.staging.as_mut() else {
             return Ok(());
         };
         for at in (0..len).step_by(per) {
@@ -290,26 +301,26 @@ impl<R: Runtime> Device<R> {
         Ok(())
     }
 
-    /// Makes the staging ring of [`Device::upload_with`] if the runtime has page-locked
-    /// memory (and it is wanted); whether there is one.
-    fn ensure_staging(&mut self) -> Result<bool, BackendError> {
-        if self.staging.is_some() {
-            return Ok(true);
-        }
-        if self.no_staging || !pinned_uploads() {
-            return Ok(false);
+    /// Makes the staging ring of [`Device::upload_with`] if there is none yet and the runtime
+    /// has page-locked memory (and it is wanted).
+    fn ensure_staging(&mut self) -> Result<(), BackendError> {
+        if self.staging.is_some() || self.no_staging || !pinned_uploads() {
+            return Ok(());
         }
         let mut slots = Vec::with_capacity(STAGING_SLOTS);
         for _ in 0..STAGING_SLOTS {
             let mem = match self.rt.alloc_pinned(STAGING_BYTES) {
                 Ok(Some(mem)) => mem,
-                Ok(None) => return Ok(false),
+                Ok(None) => {
+                    self.no_staging = true;
+                    return Ok(());
+                }
                 Err(e) => {
                     // Page-locked memory can run out (other processes, container limits):
                     // the pageable path is slower, not wrong.
                     tracing::warn!(error = %e, "no page-locked staging; uploads go through pageable memory");
                     self.no_staging = true;
-                    return Ok(false);
+                    return Ok(());
                 }
             };
             let done = self.rt.new_event().map_err(dev_err("pinned staging"))?;
@@ -320,18 +331,16 @@ impl<R: Runtime> Device<R> {
             });
         }
         self.staging = Some(Staging { slots, next: 0 });
-        Ok(true)
+        Ok(())
     }
 
     /// Waits for the copies of [`Device::upload_with`] and frees its page-locked buffers
     /// (after the weights are loaded).
     pub fn drain_uploads(&mut self) -> Result<(), BackendError> {
-        if let Some(staging) = self.staging.take() {
-            for slot in staging.slots.iter().filter(|s| s.in_flight) {
-                self.rt.wait(&slot.done).map_err(dev_err("upload"))?;
-            }
+        match self.staging.take() {
+            Some(staging) => staging.wait_all(&self.rt).map_err(dev_err("upload")),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Copies `dst.len()` bytes from `src` at byte `offset` and waits for them. Counted.
@@ -446,9 +455,7 @@ impl<R: Runtime> Drop for Device<R> {
     fn drop(&mut self) {
         // A staged copy may still read a page-locked buffer: wait before it is freed.
         if let Some(staging) = &self.staging {
-            for slot in staging.slots.iter().filter(|s| s.in_flight) {
-                let _ = self.rt.wait(&slot.done);
-            }
+            let _ = staging.wait_all(&self.rt);
         }
     }
 }
