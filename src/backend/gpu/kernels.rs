@@ -117,9 +117,20 @@ impl Source {
 
     /// The translation unit the runtime compiler sees: the prelude, then each header and the
     /// file, each after a `#line` marker (`scripts/compile_kernels_hip.sh` builds the same).
+    /// For kernel work on a machine without a Rust toolchain, `KILN_KERNEL_DIR` names a
+    /// folder whose files (same names as in `kernels/`) replace the built-in texts; the
+    /// kernel cache keys on the text, so a variant never reads another's code object.
     pub(super) fn full_text(self) -> String {
-        let mut text = PRELUDE.to_string();
+        let dir = std::env::var_os("KILN_KERNEL_DIR").map(PathBuf::from);
+        let text_of = |name: &str, built_in: &str| match &dir {
+            Some(d) => {
+                std::fs::read_to_string(d.join(name)).unwrap_or_else(|_| built_in.to_string())
+            }
+            None => built_in.to_string(),
+        };
+        let mut text = text_of("prelude.cuh", PRELUDE);
         for (name, body) in self.headers().iter().chain([&(self.file(), self.text())]) {
+            let body = text_of(name, body);
             text.push_str(&format!("\n#line 1 \"{name}\"\n{body}"));
         }
         text
