@@ -235,44 +235,76 @@ fn kv_read_bytes(s: &ModelSpec, batch: usize, ctx: usize) -> f64 {
 }
 
 /// Qwen3-8B against Llama-3-8B, same run, same cases: prefill 2048, decode batch 1 at ctx
-/// 512 and batch 32 at ctx 2048.
+/// 512 and batch 32 at ctx 2048. Both models stay loaded and every measurement alternates
+/// between them (three rounds, the median of each model's three), so a drift of the GPU's
+/// clocks over the run does not land on one model alone.
 #[test]
 #[ignore]
 fn bench_arch_qwen3_8b_vs_llama3_8b() {
     if !kiln::backend::cuda::device_available() {
         return;
     }
+    const ROUNDS: usize = 3;
     let cases = [(1usize, 512u32), (32, 2048)];
     let models: [(&'static str, ModelSpec); 2] = [
         ("llama-3-8b", llama3_8b(layer_cap(32))),
         ("qwen3-8b", qwen3_8b(layer_cap(36))),
     ];
+    let blocks = 32 * (2048 + 64) / 16;
+    let mut rigs: Vec<ArchRig> = models
+        .iter()
+        .map(|(name, spec)| ArchRig::new(name, bf16_backend(), spec.clone(), blocks))
+        .collect();
+    let mid = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut pre: [Vec<f64>; 2] = Default::default();
+    for _ in 0..ROUNDS {
+        for (i, rig) in rigs.iter_mut().enumerate() {
+            pre[i].push(rig.rig.prefill_median());
+        }
+    }
     // (prefill, decode cases) per model.
     let mut results: Vec<(f64, Vec<Times>)> = Vec::new();
-    for (name, spec) in &models {
-        let blocks = 32 * (2048 + 64) / 16;
-        let mut rig = ArchRig::new(name, bf16_backend(), spec.clone(), blocks);
-        let pre = rig.rig.prefill_median();
+    for (i, rig) in rigs.iter_mut().enumerate() {
+        let p = mid(pre[i].clone());
         eprintln!(
-            "BENCH {name} prefill 2048 layers {}: {:.1} ms",
-            spec.n_layers,
-            pre * 1e3
+            "BENCH {} prefill 2048 layers {}: {:.1} ms (rounds {:?})",
+            rig.name,
+            models[i].1.n_layers,
+            p * 1e3,
+            pre[i]
+                .iter()
+                .map(|t| (t * 1e4).round() / 10.0)
+                .collect::<Vec<_>>()
         );
         rig.prefill_breakdown();
-        let mut dec = Vec::new();
-        for &(batch, ctx) in &cases {
-            let t = rig.decode(batch, ctx);
+        results.push((p, Vec::new()));
+    }
+    for &(batch, ctx) in &cases {
+        let mut runs: [Vec<Times>; 2] = Default::default();
+        for _ in 0..ROUNDS {
+            for (i, rig) in rigs.iter_mut().enumerate() {
+                runs[i].push(rig.decode(batch, ctx));
+            }
+        }
+        for (i, rig) in rigs.iter_mut().enumerate() {
+            let t = (
+                mid(runs[i].iter().map(|t| t.0).collect()),
+                mid(runs[i].iter().map(|t| t.1).collect()),
+            );
             rig.breakdown(&format!("decode batch {batch} ctx {ctx}"), batch, ctx);
             eprintln!(
-                "BENCH {name} decode batch {batch} ctx {ctx} layers {}: eager {:.3} ms, graph {:.3} ms/step, {:.0} tok/s",
-                spec.n_layers,
+                "BENCH {} decode batch {batch} ctx {ctx} layers {}: eager {:.3} ms, graph {:.3} ms/step, {:.0} tok/s",
+                rig.name,
+                models[i].1.n_layers,
                 t.0 * 1e3,
                 t.1 * 1e3,
                 batch as f64 / t.1
             );
-            dec.push(t);
+            results[i].1.push(t);
         }
-        results.push((pre, dec));
     }
     let (l, q) = (&results[0], &results[1]);
     let floors = |s: &ModelSpec, batch: usize, ctx: u32| {
