@@ -141,13 +141,14 @@ __device__ __forceinline__ void qmma8_impl(const u8* __restrict__ w0, const u8* 
 // and a Llama-3-8B Q8_0 step at batch 64 is 5.9% faster with it on an H100 (15.64 ->
 // 14.76 ms). Q4_K_M's types lose with 3 or 4 (b64 14.36 -> 15.84 / 14.52 ms), and even an
 // explicit 1 changes their code (b64 16.81 ms), so the others keep the plain bounds.
-// (Threads of the block shape; a block of 256 threads counts as two of 128.)
-#define KILN_QMMA_BOUNDS_0(BM, W) __launch_bounds__(QmmaShape<BM, W>::THREADS)
+// (Threads of the block shape; a block of 256 threads counts as two of 128. The template
+// arguments' comma stays inside parentheses: HIP's __launch_bounds__ is a macro.)
+#define KILN_QMMA_BOUNDS_0(BM, W) __launch_bounds__((QmmaShape<BM, W>::THREADS))
 #if defined(KILN_CUDA)
 #define KILN_QMMA_BOUNDS_4(BM, W) \
-    __launch_bounds__(QmmaShape<BM, W>::THREADS, 4 * QMMA_THREADS / QmmaShape<BM, W>::THREADS)
+    __launch_bounds__((QmmaShape<BM, W>::THREADS), (4 * QMMA_THREADS / QmmaShape<BM, W>::THREADS))
 #else
-#define KILN_QMMA_BOUNDS_4(BM, W) __launch_bounds__(QmmaShape<BM, W>::THREADS)
+#define KILN_QMMA_BOUNDS_4(BM, W) __launch_bounds__((QmmaShape<BM, W>::THREADS))
 #endif
 #define KILN_QMMA_BOUNDS(MINB, BM, W) KILN_QMMA_BOUNDS_##MINB(BM, W)
 
