@@ -3,20 +3,55 @@
 // dequant + GEMM path; the tile core is qmma_tile of qmma.cuh):
 //   qmma_<q>_bf16_m<BM>:         y[m, j] = sum_k x[m, k] * [W0; W1; W2][j, k] (+ bias[j])
 //   qmmamix_<q>_q6k_bf16_m<BM>:  the same with part 2 of type Q6_K (a Q4_K_M / Q5_K_M qkv)
+//   qmma_<q>_bf16_m64w, qmmamix_<q>_q6k_bf16_m64w: the 64-row tile in wide blocks (below)
 //   qmma_reduce_bf16:            y[m, j] = sum_z ws[z][m][j] (+ bias[j])   (split-k partials)
 //   qmma8_<q>_bf16_m<BM>, qmma8mix_<q>_q6k_bf16_m<BM>: the same two on x rows quantized to
 //                                8 bits (quantize_x), int8 tensor cores (qmma8_tile)
 // for m < rows, j < r0 + r1 + r2 (part p has rp rows, 0 when absent; its columns follow the
 // earlier parts').
 //
-// Grid (blocks of QMMA_BN columns of each part in turn, ceil(rows / BM), splits),
-// QMMA_THREADS threads; the block's product is qmma_tile over x rows m0..m0+BM (rows past
-// `rows` zero). Split z of the k range takes k-tiles [z * per, min(nt, (z + 1) * per)),
+// Grid (blocks of BN columns of each part in turn, ceil(rows / BM), splits), THREADS
+// threads, BN and THREADS of QmmaShape below (the 8-bit kernels: QMMA_BN, QMMA_THREADS);
+// the block's product is qmma_tile over x rows m0..m0+BM (rows past `rows` zero). Split z
+// of the k range takes k-tiles [z * per, min(nt, (z + 1) * per)),
 // per = ceil(nt / splits); with one split the block writes y, else f32 partial sums to
 // ws[z * rows * n + m * n + j] (n = r0 + r1 + r2, no bias), which qmma_reduce_bf16 sums
 // into y. A 4096-row weight at a batch of 32 is 64 blocks: the splits fill the SMs and keep
 // more loads in flight. Output column j lands at y[m * ldy + j]: the host offsets y and
 // bias by the first part's first row in a larger stack.
+
+// The bf16 tiles' block shape for row tile BM (WIDE: the m64w kernels): output columns BN,
+// threads, WM rows of warps and XB x buffers (qmma_tile). On tensor cores:
+// - the 64-row tile's warps are 2 x 2, each 32 rows by 32 columns: per k16 step a warp
+//   reads 2 A and 2 B fragments (ldmatrix) for 8 mma, where 1 x 4 warps of 64 x 16 read 4
+//   and 1; the tile loop is bound by shared-memory traffic (H100, Nsight Compute: L1/TEX
+//   throughput 82%, short-scoreboard stalls the first reason);
+// - the wide blocks (128 columns, 8 warps as 2 x 4) copy each x value once for twice the
+//   weight columns; they pay where the grid has blocks enough (gate/up);
+// - the narrow tiles double-buffer x (tile t + 1's copies fly during tile t's products).
+// The host (`QMMA_WIDE`, `qmma_wide` in src/backend/gpu/matmul.rs) agrees.
+template <int BM, bool WIDE>
+struct QmmaShape {
+    static constexpr int BN = QMMA_BN, THREADS = QMMA_THREADS, WM = 1, XB = 1;
+};
+#if defined(KILN_QMMA_TC)
+template <>
+struct QmmaShape<16, false> {
+    static constexpr int BN = 64, THREADS = 128, WM = 1, XB = 2;
+};
+template <>
+struct QmmaShape<32, false> {
+    static constexpr int BN = 64, THREADS = 128, WM = 1, XB = 2;
+};
+template <>
+struct QmmaShape<64, false> {
+    static constexpr int BN = 64, THREADS = 128, WM = 2, XB = 2;
+};
+template <>
+struct QmmaShape<64, true> {
+    static constexpr int BN = 128, THREADS = 256, WM = 2, XB = 1;
+};
+#endif
 
 // This block's share of the grid above: its part (weight, rows n, first output column col0;
 // `last`: part 2, of type QB), its columns n0.., its rows m0.. and its split's k-tiles
@@ -43,11 +78,11 @@ struct QmmaBlock {
     }
 };
 
-template <int BM>
+template <int BM, int BN>
 __device__ __forceinline__ QmmaBlock qmma_block(const u8* w0, const u8* w1, const u8* w2, const bf16* bias,
                                                 bf16* y, float* ws, int k, int r0, int r1, int r2, int rows,
                                                 int ldy) {
-    const int b0 = (r0 + QMMA_BN - 1) / QMMA_BN, b1 = (r1 + QMMA_BN - 1) / QMMA_BN;
+    const int b0 = (r0 + BN - 1) / BN, b1 = (r1 + BN - 1) / BN;
     QmmaBlock b;
     int bx = blockIdx.x;
     b.w = w0, b.col0 = 0, b.n = r0, b.last = false;
@@ -58,7 +93,7 @@ __device__ __forceinline__ QmmaBlock qmma_block(const u8* w0, const u8* w1, cons
         bx -= b0;
         b.w = w1, b.col0 = r0, b.n = r1;
     }
-    b.n0 = bx * QMMA_BN, b.m0 = blockIdx.y * BM, b.ntot = r0 + r1 + r2;
+    b.n0 = bx * BN, b.m0 = blockIdx.y * BM, b.ntot = r0 + r1 + r2;
     const int per = (k / QMMA_BK + (int)gridDim.z - 1) / (int)gridDim.z;
     b.kt0 = (int)blockIdx.z * per, b.nt = min(k / QMMA_BK, b.kt0 + per);
     b.bias = bias, b.y = y, b.rows = rows, b.ldy = ldy;
@@ -66,19 +101,21 @@ __device__ __forceinline__ QmmaBlock qmma_block(const u8* w0, const u8* w1, cons
     return b;
 }
 
-template <typename QA, typename QB, int BM>
+template <typename QA, typename QB, int BM, bool WIDE>
 __device__ __forceinline__ void qmma_impl(const u8* __restrict__ w0, const u8* __restrict__ w1,
                                           const u8* __restrict__ w2, const bf16* __restrict__ x,
                                           const bf16* __restrict__ bias, bf16* __restrict__ y,
                                           float* __restrict__ ws, int k, int r0, int r1, int r2, int rows,
                                           int ldy) {
-    const QmmaBlock b = qmma_block<BM>(w0, w1, w2, bias, y, ws, k, r0, r1, r2, rows, ldy);
+    using S = QmmaShape<BM, WIDE>;
+    constexpr int BN = S::BN, THREADS = S::THREADS, WM = S::WM, XB = S::XB;
+    const QmmaBlock b = qmma_block<BM, BN>(w0, w1, w2, bias, y, ws, k, r0, r1, r2, rows, ldy);
     auto xrow = [&](int s) { return b.xrow(s); };
     // The part is the same for the whole block: every thread takes the same branch.
     if (b.last)
-        qmma_tile<QB, BM>(b.w, b.n, k, b.n0, x, k, xrow, b.kt0, b.nt, b);
+        qmma_tile<QB, BM, BN, THREADS, WM, XB>(b.w, b.n, k, b.n0, x, k, xrow, b.kt0, b.nt, b);
     else
-        qmma_tile<QA, BM>(b.w, b.n, k, b.n0, x, k, xrow, b.kt0, b.nt, b);
+        qmma_tile<QA, BM, BN, THREADS, WM, XB>(b.w, b.n, k, b.n0, x, k, xrow, b.kt0, b.nt, b);
 }
 
 // The 8-bit variant (qmma8_tile of qmma.cuh): the same grid, parts, splits and stores on x
@@ -90,7 +127,7 @@ __device__ __forceinline__ void qmma8_impl(const u8* __restrict__ w0, const u8* 
                                            const bf16* __restrict__ bias, bf16* __restrict__ y,
                                            float* __restrict__ ws, int k, int r0, int r1, int r2, int rows,
                                            int ldy) {
-    const QmmaBlock b = qmma_block<BM>(w0, w1, w2, bias, y, ws, k, r0, r1, r2, rows, ldy);
+    const QmmaBlock b = qmma_block<BM, QMMA_BN>(w0, w1, w2, bias, y, ws, k, r0, r1, r2, rows, ldy);
     const QxScale* xs = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)rows * k));
     auto xrow = [&](int s) { return b.xrow(s); };
     if (b.last)
@@ -104,29 +141,35 @@ __device__ __forceinline__ void qmma8_impl(const u8* __restrict__ w0, const u8* 
 // and a Llama-3-8B Q8_0 step at batch 64 is 5.9% faster with it on an H100 (15.64 ->
 // 14.76 ms). Q4_K_M's types lose with 3 or 4 (b64 14.36 -> 15.84 / 14.52 ms), and even an
 // explicit 1 changes their code (b64 16.81 ms), so the others keep the plain bounds.
-#define KILN_QMMA_BOUNDS_0 __launch_bounds__(QMMA_THREADS)
+// (Threads of the block shape; a block of 256 threads counts as two of 128. The template
+// arguments' comma stays inside parentheses: HIP's __launch_bounds__ is a macro.)
+#define KILN_QMMA_BOUNDS_0(BM, W) __launch_bounds__((QmmaShape<BM, W>::THREADS))
 #if defined(KILN_CUDA)
-#define KILN_QMMA_BOUNDS_4 __launch_bounds__(QMMA_THREADS, 4)
+#define KILN_QMMA_BOUNDS_4(BM, W) \
+    __launch_bounds__((QmmaShape<BM, W>::THREADS), (4 * QMMA_THREADS / QmmaShape<BM, W>::THREADS))
 #else
-#define KILN_QMMA_BOUNDS_4 __launch_bounds__(QMMA_THREADS)
+#define KILN_QMMA_BOUNDS_4(BM, W) __launch_bounds__((QmmaShape<BM, W>::THREADS))
 #endif
-#define KILN_QMMA_BOUNDS(MINB) KILN_QMMA_BOUNDS_##MINB
+#define KILN_QMMA_BOUNDS(MINB, BM, W) KILN_QMMA_BOUNDS_##MINB(BM, W)
 
-#define KILN_QMMA_M(QN, QA, BM, MINB)                                                               \
-    extern "C" __global__ void KILN_QMMA_BOUNDS(MINB)                                               \
-        qmma_##QN##_bf16_m##BM(const u8* w0, const u8* w1, const u8* w2, const bf16* x, const bf16* bias, \
+#define KILN_QMMA_M(QN, QA, BM, W, TAG, MINB)                                                      \
+    extern "C" __global__ void KILN_QMMA_BOUNDS(MINB, BM, W)                                         \
+        qmma_##QN##_bf16_##TAG(const u8* w0, const u8* w1, const u8* w2, const bf16* x, const bf16* bias, \
                                bf16* y, float* ws, int k, int r0, int r1, int r2, int rows, int ldy) { \
-        qmma_impl<QA, QA, BM>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);                \
+        qmma_impl<QA, QA, BM, W>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);             \
     }
-#define KILN_QMMAMIX_M(QN, QA, BM)                                                                  \
-    extern "C" __global__ void __launch_bounds__(QMMA_THREADS) qmmamix_##QN##_q6k_bf16_m##BM(       \
+#define KILN_QMMAMIX_M(QN, QA, BM, W, TAG)                                                          \
+    extern "C" __global__ void KILN_QMMA_BOUNDS(0, BM, W) qmmamix_##QN##_q6k_bf16_##TAG(           \
         const u8* w0, const u8* w1, const u8* w2, const bf16* x, const bf16* bias, bf16* y, float* ws, int k, \
         int r0, int r1, int r2, int rows, int ldy) {                                                \
-        qmma_impl<QA, Q6_K, BM>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);              \
+        qmma_impl<QA, Q6_K, BM, W>(w0, w1, w2, x, bias, y, ws, k, r0, r1, r2, rows, ldy);           \
     }
-#define KILN_QMMA(QN, Q, MINB) \
-    KILN_QMMA_M(QN, Q, 16, MINB) KILN_QMMA_M(QN, Q, 32, MINB) KILN_QMMA_M(QN, Q, 64, MINB)
-#define KILN_QMMAMIX(QN, Q) KILN_QMMAMIX_M(QN, Q, 16) KILN_QMMAMIX_M(QN, Q, 32) KILN_QMMAMIX_M(QN, Q, 64)
+#define KILN_QMMA(QN, Q, MINB)                                                                      \
+    KILN_QMMA_M(QN, Q, 16, false, m16, MINB) KILN_QMMA_M(QN, Q, 32, false, m32, MINB)                \
+    KILN_QMMA_M(QN, Q, 64, false, m64, MINB) KILN_QMMA_M(QN, Q, 64, true, m64w, MINB)
+#define KILN_QMMAMIX(QN, Q)                                                                         \
+    KILN_QMMAMIX_M(QN, Q, 16, false, m16) KILN_QMMAMIX_M(QN, Q, 32, false, m32)                      \
+    KILN_QMMAMIX_M(QN, Q, 64, false, m64) KILN_QMMAMIX_M(QN, Q, 64, true, m64w)
 
 #define KILN_QMMA8_M(QN, Q, BM)                                                                     \
     extern "C" __global__ void __launch_bounds__(QMMA_THREADS) qmma8_##QN##_bf16_m##BM(              \

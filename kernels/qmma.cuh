@@ -1,11 +1,12 @@
 // The core of the tiled quantized matmul (bf16 compute), shared by qmma.cu (dense batches)
-// and grouped kernels such as MoE experts: one block of QMMA_THREADS threads multiplies BM
-// gathered rows of x by QMMA_BN rows of one quantized weight (types of quant.cuh) over a
-// range of k-tiles, with no dequantized copy of the weight:
+// and grouped kernels such as MoE experts: one block of THREADS threads (default
+// QMMA_THREADS) multiplies BM gathered rows of x by BN (default QMMA_BN) rows of one
+// quantized weight (types of quant.cuh) over a range of k-tiles, with no dequantized copy of
+// the weight:
 //
-//   qmma_tile<Q, BM>(w, n, k, n0, x, ldx, xrow, kt0, nt, store)
+//   qmma_tile<Q, BM[, BN, THREADS, WM]>(w, n, k, n0, x, ldx, xrow, kt0, nt, store)
 //     acc[s][j] = sum over k-tiles [kt0, nt) of x[xrow(s)][kk] * W[j][kk]
-//     then store(s, j, acc[s][j]) for every slot s < BM and column j in [n0, n0 + QMMA_BN)
+//     then store(s, j, acc[s][j]) for every slot s < BM and column j in [n0, n0 + BN)
 //     (j may reach n or more: store() filters; so does it slots with no row).
 //
 // - w: the weight's device base (the plane layout of quant.cuh for an n x k matrix; a
@@ -14,27 +15,28 @@
 //   loads); xrow(s) is the x row of tile slot s, or -1 for a zero row.
 // - k: a multiple of QMMA_BK (the caller checks); kt0 < nt <= k / QMMA_BK (split-k ranges).
 // Every thread of the block must call it (it synchronizes); its shared memory is
-// qmma_shared<BM>() (one per BM in a kernel, whichever types it decodes).
+// qmma_shared<BN, BM>() (one per shape in a kernel, whichever types it decodes). The order
+// of a thread's store() calls depends only on the shape (MoE's gate/up relies on it).
 //
 // Per k-tile of QMMA_BK columns a block
-//   - decodes QMMA_BN weight rows (units of quant.cuh, in registers; fetched one tile ahead
+//   - decodes BN weight rows (units of quant.cuh, in registers; fetched one tile ahead
 //     so the loads of tile t + 1 fly during the products of tile t) into w_s as bf16,
 //   - copies BM gathered rows of x into x_s (slots without a row zero; on sm_80+ with
 //     cp.async, issued before the decoding so the copies fly meanwhile),
-//   - multiplies: on sm_80+ warp w owns output columns 16w..16w+16 (two n8 tiles) of every
-//     m16 tile, mma.m16n8k16 bf16 with f32 accumulation (A = x_s rows, B = w_s rows: k is
-//     contiguous in both; fragments read with ldmatrix); elsewhere (ROCm, older NVIDIA) a
-//     plain shared-memory FMA loop.
+//   - multiplies: on sm_80+ the warps form WM rows (of BM / WM x rows) by THREADS / 32 / WM
+//     columns (of WN weight rows); warp (wm, wn) owns its m16 tiles by WN / 8 n8 tiles,
+//     mma.m16n8k16 bf16 with f32 accumulation (A = x_s rows, B = w_s rows: k is contiguous
+//     in both; fragments read with ldmatrix); elsewhere (ROCm, older NVIDIA) a plain
+//     shared-memory FMA loop.
 //
 // Fragments of mma.m16n8k16 (g = lane / 4, c = lane % 4), two bf16 per register, low first:
 //   A: a0 (g, 2c..2c+1)  a1 (g+8, 2c..)  a2 (g, 2c+8..)  a3 (g+8, 2c+8..)
 //   B: b0 (k 2c..2c+1, n g)  b1 (k 2c+8..2c+9, n g)
 //   C: c0 c1 (g, 2c..2c+1)  c2 c3 (g+8, 2c..2c+1)
 
-constexpr int QMMA_BN = 64;       // weight rows (output columns) per block
+constexpr int QMMA_BN = 64;       // weight rows (output columns) per block (the default)
 constexpr int QMMA_BK = 128;      // columns per k-tile: k must be a multiple (host checks)
-constexpr int QMMA_THREADS = 128;
-constexpr int QMMA_LD = QMMA_BK + 8;  // shared row stride (bf16): conflict-free fragments
+constexpr int QMMA_THREADS = 128;  // threads per block (the default)
 
 #if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define KILN_QMMA_TC 1
@@ -61,6 +63,24 @@ __device__ __forceinline__ void qmma_bf16(float c[4], const u32 a[4], u32 b0, u3
 }
 #endif
 
+// The bf16 tiles' layout in shared memory. On tensor cores: rows of QMMA_BK values with no
+// padding, the 16-byte chunk c of row r stored at chunk c ^ qmma_swz(r, c) of the row:
+// p(r) = 4 (r % 2) + (r / 2) % 4 flipped by bit 3 of c, on the low 3 bits. The 8 rows an
+// ldmatrix phase reads (one chunk of rows 8i..8i+7), and the 8 chunks of one row a copy
+// writes, fall in distinct banks, and so do the weight stores of a decode step: 8 threads
+// write chunks {0, 2, 8, 10} + s of two rows (Q4_K, Q5_K) or {0, 2} + s of four (Q6_K).
+// Elsewhere: rows of QMMA_BK + 8 values. Element (r, col) of a tile (col % 8 kept).
+#if defined(KILN_QMMA_TC)
+constexpr int QMMA_ROW = QMMA_BK;
+__device__ __forceinline__ int qmma_swz(int r, int c) { return (((r & 1) << 2) | ((r >> 1) & 3)) ^ ((c >> 3) & 1); }
+__device__ __forceinline__ int qmma_at(int r, int col) {
+    return r * QMMA_BK + ((col >> 3) ^ qmma_swz(r, col >> 3)) * 8 + (col & 7);
+}
+#else
+constexpr int QMMA_ROW = QMMA_BK + 8;
+__device__ __forceinline__ int qmma_at(int r, int col) { return r * QMMA_ROW + col; }
+#endif
+
 // (lo, hi) rounded to bf16, packed: lo in the low half.
 __device__ __forceinline__ u32 qmma_pack(float lo, float hi) {
 #if defined(KILN_QMMA_TC)
@@ -72,34 +92,43 @@ __device__ __forceinline__ u32 qmma_pack(float lo, float hi) {
 #endif
 }
 
-// The tiles' shared memory, one per row tile BM whatever the weight type, so a kernel that
-// calls qmma_tile for two types (a mixed stack) holds one copy: w_s, then x_s.
-template <int BM>
+// The tiles' shared memory, one per block shape (BN weight rows, BM x rows) whatever the
+// weight type, so a kernel that calls qmma_tile for two types (a mixed stack) holds one
+// copy: w_s, then x_s.
+template <int BN, int BM, int XB = 1>
 __device__ __forceinline__ u16* qmma_shared() {
-    alignas(16) __shared__ u16 tiles[(QMMA_BN + BM) * QMMA_LD];
+    alignas(16) __shared__ u16 tiles[(BN + XB * BM) * QMMA_ROW];
     return tiles;
 }
 
-template <typename Q, int BM, typename XRow, typename Store>
+// BN, THREADS and WM give the block's shape: on tensor cores the THREADS / 32 warps form
+// WM rows of warps, each warp BM / WM rows by WN = BN / (THREADS / 32 / WM) output columns
+// (a multiple of 16). At BN 128 and BM 64 the shared memory is 48 KiB, the static limit.
+// XB 2 (tensor cores only): two x buffers, tile t + 1's copies flying during tile t.
+template <typename Q, int BM, int BN = QMMA_BN, int THREADS = QMMA_THREADS, int WM = 1, int XB = 1,
+          typename XRow, typename Store>
 __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k, int n0,
                                           const bf16* __restrict__ x, int ldx, XRow xrow, int kt0, int nt,
                                           Store store) {
     constexpr int UPR = QMMA_BK / Q::UNIT;                // units per weight row per tile
-    constexpr int UPT = QMMA_BN * UPR / QMMA_THREADS;     // units per thread per tile
+    constexpr int UPT = BN * UPR / THREADS;               // units per thread per tile
     constexpr int XC = QMMA_BK / 8;                       // 16-byte chunks per x row per tile
-    constexpr int XPT = BM * XC / QMMA_THREADS;           // x chunks per thread per tile
-    static_assert(UPT >= 1 && UPT * QMMA_THREADS == QMMA_BN * UPR, "qmma: units per thread");
-    static_assert(XPT >= 1 && XPT * QMMA_THREADS == BM * XC, "qmma: x chunks per thread");
+    constexpr int XPT = BM * XC / THREADS;                // x chunks per thread per tile
+    static_assert(UPT >= 1 && UPT * THREADS == BN * UPR, "qmma: units per thread");
+    static_assert(XPT >= 1 && XPT * THREADS == BM * XC, "qmma: x chunks per thread");
     static_assert(BM % 16 == 0, "qmma: m16 tiles");
-    u16* w_s = qmma_shared<BM>();
-    u16* x_s = w_s + QMMA_BN * QMMA_LD;
+#if !defined(KILN_QMMA_TC)
+    static_assert(XB == 1, "qmma: one x buffer off tensor cores");
+#endif
+    u16* w_s = qmma_shared<BN, BM, XB>();
+    u16* x_s = w_s + BN * QMMA_ROW;
 
     const int t = threadIdx.x;
     typename Q::Row wr[UPT];
     int wrow[UPT], lu[UPT];
 #pragma unroll
     for (int s = 0; s < UPT; ++s) {
-        const int i = t + s * QMMA_THREADS;
+        const int i = t + s * THREADS;
         wrow[s] = i / UPR;
         lu[s] = i % UPR;
         // Rows past n decode row n - 1 (valid memory); their columns are never stored.
@@ -109,7 +138,7 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
     u32 keep[XPT];
 #pragma unroll
     for (int s = 0; s < XPT; ++s) {
-        const int i = t + s * QMMA_THREADS, r = xrow(i / XC);
+        const int i = t + s * THREADS, r = xrow(i / XC);
         // A slot without a row reads row 0 (valid memory) and stores zeros.
         xp[s] = reinterpret_cast<const vec4u*>(x + (size_t)max(r, 0) * ldx) + i % XC;
         keep[s] = r >= 0 ? 0xffffffffu : 0u;
@@ -129,34 +158,59 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
     };
 
 #if defined(KILN_QMMA_TC)
+    constexpr int WN = BN * WM / (THREADS / WARP);  // columns per warp
+    constexpr int NJ = WN / 8;                      // n8 tiles per warp
+    constexpr int MT = BM / 16 / WM;                // m16 tiles per warp
+    static_assert(WN % 16 == 0, "qmma: columns per warp in ldmatrix x4 steps of 16");
+    static_assert(MT >= 1 && MT * 16 * WM == BM, "qmma: m16 tiles per warp");
     const int warp = t / WARP, lane = t % WARP, g = lane / 4, c = lane % 4;
-    const u32 x_base = qmma_smem(x_s + (lane % 16) * QMMA_LD + (lane / 16) * 8);
-    const u32 w_base = qmma_smem(w_s + (warp * 16 + (lane / 16) * 8 + lane % 8) * QMMA_LD + ((lane / 8) & 1) * 8);
-    float acc[BM / 16][2][4];
+    const int wm = warp % WM, wn = warp / WM;
+    // ldmatrix x4: lane l addresses row l % 16 (A), chunk l / 16 of the k16 step; B: row
+    // (l / 16) * 8 + l % 8 of 16 columns, chunk (l / 8) & 1. Both rows are l % 8 modulo 8,
+    // so the stored chunk of k16 step kk is (2 kk) ^ (h ^ qmma_swz(l, 2 kk)), h the lane's
+    // half: e (kk < 4) or e ^ 1 (kk >= 4).
+    const int xe = (lane / 16) ^ qmma_swz(lane, 0), we = ((lane / 8) & 1) ^ qmma_swz(lane, 0);
+    const u32 x_base = qmma_smem(x_s + (wm * MT * 16 + lane % 16) * QMMA_BK);
+    const u32 w_base = qmma_smem(w_s + (wn * WN + (lane / 16) * 8 + lane % 8) * QMMA_BK);
+    float acc[MT][NJ][4];
 #pragma unroll
-    for (int mt = 0; mt < BM / 16; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+        for (int j = 0; j < NJ; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
 #else
-    // Portable: thread t owns column t % QMMA_BN of slots t / QMMA_BN + i * (THREADS / BN).
-    constexpr int RSTEP = QMMA_THREADS / QMMA_BN;
-    const int pc = t % QMMA_BN, pr = t / QMMA_BN;
+    // Portable: thread t owns column t % BN of slots t / BN + i * (THREADS / BN).
+    constexpr int RSTEP = THREADS / BN;
+    static_assert(RSTEP >= 1 && BM % RSTEP == 0, "qmma: portable slots");
+    const int pc = t % BN, pr = t / BN;
     float acc[BM / RSTEP];
 #pragma unroll
     for (int i = 0; i < BM / RSTEP; ++i) acc[i] = 0.f;
 #endif
 
+#if defined(KILN_QMMA_TC)
+    // x tile kt straight into shared memory buffer b: one commit group.
+    auto xcopy = [&](int kt, int b) {
+        u16* xb = x_s + b * BM * QMMA_ROW;
+#pragma unroll
+        for (int s = 0; s < XPT; ++s) {
+            const int i = t + s * THREADS;
+            qmma_cp16(qmma_smem(xb + qmma_at(i / XC, (i % XC) * 8)), xp[s] + kt * XC, keep[s] & 16u);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    if (XB == 2 && kt0 < nt) xcopy(kt0, 0);
+#endif
     if (kt0 < nt) fetch(kt0);
     for (int kt = kt0; kt < nt; ++kt) {
         __syncthreads();  // the previous tile's products are done with w_s, x_s
 #if defined(KILN_QMMA_TC)
-        // x straight into shared memory: the copies fly while the weights decode.
-#pragma unroll
-        for (int s = 0; s < XPT; ++s) {
-            const int i = t + s * QMMA_THREADS;
-            qmma_cp16(qmma_smem(x_s + (i / XC) * QMMA_LD + (i % XC) * 8), xp[s] + kt * XC, keep[s] & 16u);
-        }
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        // x straight into shared memory: the copies fly while the weights decode (with two
+        // buffers: tile kt + 1's, during tile kt's products too).
+        const int xbuf = XB == 2 ? (kt - kt0) & 1 : 0;
+        if (XB == 1)
+            xcopy(kt, 0);
+        else if (kt + 1 < nt)
+            xcopy(kt + 1, xbuf ^ 1);
 #endif
 #pragma unroll
         for (int s = 0; s < UPT; ++s) {
@@ -168,59 +222,68 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
                 u32 pk[8];
 #pragma unroll
                 for (int e = 0; e < 8; ++e) pk[e] = qmma_pack(fmaf(sc, q[2 * e], ad), fmaf(sc, q[2 * e + 1], ad));
-                vec4u* dst = reinterpret_cast<vec4u*>(w_s + wrow[s] * QMMA_LD + Q::xoff(u, run) - kt * QMMA_BK);
-                dst[0] = vec4u{pk[0], pk[1], pk[2], pk[3]};
-                dst[1] = vec4u{pk[4], pk[5], pk[6], pk[7]};
+                const int col = Q::xoff(u, run) - kt * QMMA_BK;
+                *reinterpret_cast<vec4u*>(w_s + qmma_at(wrow[s], col)) = vec4u{pk[0], pk[1], pk[2], pk[3]};
+                *reinterpret_cast<vec4u*>(w_s + qmma_at(wrow[s], col + 8)) = vec4u{pk[4], pk[5], pk[6], pk[7]};
             }
         }
 #if !defined(KILN_QMMA_TC)
 #pragma unroll
         for (int s = 0; s < XPT; ++s) {
-            const int i = t + s * QMMA_THREADS;
+            const int i = t + s * THREADS;
             const vec4u v = xv[s];
-            *reinterpret_cast<vec4u*>(x_s + (i / XC) * QMMA_LD + (i % XC) * 8) =
+            *reinterpret_cast<vec4u*>(x_s + qmma_at(i / XC, (i % XC) * 8)) =
                 vec4u{v.x & keep[s], v.y & keep[s], v.z & keep[s], v.w & keep[s]};
         }
 #endif
         if (kt + 1 < nt) fetch(kt + 1);
 #if defined(KILN_QMMA_TC)
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        if (XB == 2 && kt + 1 < nt)
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        else
+            asm volatile("cp.async.wait_all;\n" ::: "memory");
 #endif
         __syncthreads();
 #if defined(KILN_QMMA_TC)
+        const u32 xb_base = x_base + xbuf * (2 * BM * QMMA_ROW);
+#endif
+#if defined(KILN_QMMA_TC)
 #pragma unroll
         for (int kk = 0; kk < QMMA_BK / 16; ++kk) {
-            // ldmatrix x4: lane l addresses row l % 16 (A) or n (l / 16) * 8 + l % 8, k half
-            // (l / 8) & 1 (B), giving the fragments of the layout above.
-            u32 bq[4];
-            qmma_ldm4(bq, w_base + 2 * kk * 16);
-            const u32 b[2][2] = {{bq[0], bq[1]}, {bq[2], bq[3]}};
+            u32 b[NJ][2];
 #pragma unroll
-            for (int mt = 0; mt < BM / 16; ++mt) {
+            for (int jb = 0; jb < NJ / 2; ++jb) {
+                u32 bq[4];
+                qmma_ldm4(bq, w_base + 2 * (jb * 16 * QMMA_BK + ((2 * kk) ^ we ^ (kk >> 2)) * 8));
+                b[2 * jb][0] = bq[0], b[2 * jb][1] = bq[1], b[2 * jb + 1][0] = bq[2], b[2 * jb + 1][1] = bq[3];
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
                 u32 a[4];
-                qmma_ldm4(a, x_base + 2 * (mt * 16 * QMMA_LD + kk * 16));
+                qmma_ldm4(a, xb_base + 2 * (mt * 16 * QMMA_BK + ((2 * kk) ^ xe ^ (kk >> 2)) * 8));
 #pragma unroll
-                for (int j = 0; j < 2; ++j) qmma_bf16(acc[mt][j], a, b[j][0], b[j][1]);
+                for (int j = 0; j < NJ; ++j) qmma_bf16(acc[mt][j], a, b[j][0], b[j][1]);
             }
         }
 #else
         for (int kk = 0; kk < QMMA_BK; ++kk) {
-            const float wv = __uint_as_float((u32)w_s[pc * QMMA_LD + kk] << 16);
+            const float wv = __uint_as_float((u32)w_s[qmma_at(pc, kk)] << 16);
 #pragma unroll
             for (int i = 0; i < BM / RSTEP; ++i)
-                acc[i] = fmaf(__uint_as_float((u32)x_s[(pr + i * RSTEP) * QMMA_LD + kk] << 16), wv, acc[i]);
+                acc[i] = fmaf(__uint_as_float((u32)x_s[qmma_at(pr + i * RSTEP, kk)] << 16), wv, acc[i]);
         }
 #endif
     }
 
 #if defined(KILN_QMMA_TC)
 #pragma unroll
-    for (int mt = 0; mt < BM / 16; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
+        for (int j = 0; j < NJ; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                store(mt * 16 + g + (e >= 2 ? 8 : 0), n0 + warp * 16 + j * 8 + 2 * c + (e & 1), acc[mt][j][e]);
+                store((wm * MT + mt) * 16 + g + (e >= 2 ? 8 : 0), n0 + wn * WN + j * 8 + 2 * c + (e & 1),
+                      acc[mt][j][e]);
 #else
 #pragma unroll
     for (int i = 0; i < BM / RSTEP; ++i) store(pr + i * RSTEP, n0 + pc, acc[i]);

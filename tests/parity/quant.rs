@@ -683,6 +683,8 @@ fn quant_i8_tiles<B: TestBackend>(b: &mut B) {
     cases.extend([(GgmlType::Q8_0, 40, 416), (GgmlType::Q4_0, 40, 416)]);
     if gpu(b) {
         cases.extend(TYPES.iter().map(|&t| (t, 200, 2816)));
+        // The 64-row tile's blocks of 128 columns: exactly one, and one plus 8 columns.
+        cases.extend([(GgmlType::Q4K, 128, 512), (GgmlType::Q6K, 136, 512)]);
     }
     for (ty, m, k) in cases {
         let w = raw(&mut rng, ty, m, k);
@@ -695,5 +697,19 @@ fn quant_i8_tiles<B: TestBackend>(b: &mut B) {
     ];
     let w = HostTensor::concat_rows(parts).unwrap();
     check_matmul(b, &mut rng, w, true, rows, "Q4_K+Q6_K stack tiles");
+    if gpu(b) {
+        // Enough columns for the 64-row tile's wide blocks (128 columns, one per two SMs of
+        // an H100 or smaller), ending inside a block; a Q4_K pair with a Q6_K third in wide
+        // blocks too (one mixed launch).
+        let w = raw(&mut rng, GgmlType::Q4K, 17_480, 256);
+        check_matmul(b, &mut rng, w, true, &[33, 64], "Q4_K wide tiles");
+        let parts = vec![
+            raw(&mut rng, GgmlType::Q4K, 8_192, 256),
+            raw(&mut rng, GgmlType::Q4K, 8_200, 256),
+            raw(&mut rng, GgmlType::Q6K, 1_080, 256),
+        ];
+        let w = HostTensor::concat_rows(parts).unwrap();
+        check_matmul(b, &mut rng, w, false, &[64], "Q4_K+Q6_K stack wide tiles");
+    }
 }
 crate::parity_test!(quantized_matmul_i8_tiles, quant_i8_tiles);

@@ -449,15 +449,17 @@ pub enum Kernel {
     },
     /// Tiled matmul of up to three quantized parts of type `q` in one launch, `rows` (one of
     /// [`QMMA_ROWS`]) input rows per block on tensor cores (bf16 compute only:
-    /// [`Kernel::available`]).
+    /// [`Kernel::available`]); `wide`: the 64-row tile in blocks of 128 columns (`_m64w`).
     Qmma {
         q: QType,
         rows: u32,
+        wide: bool,
     },
     /// [`Kernel::Qmma`] of two parts of type `q` ([`QDOT_MIX_TYPES`]) and a third of Q6_K.
     QmmaMix {
         q: QType,
         rows: u32,
+        wide: bool,
     },
     /// [`Kernel::Qmma`] on 8-bit activations ([`Kernel::QuantizeX`]'s rows): the weight tile
     /// unpacked to 8-bit quants, int8 tensor-core products (bf16 only).
@@ -496,6 +498,9 @@ pub enum Kernel {
 /// Row tiles of the tiled quantized matmul (`kernels/qmma.cu`): a step runs the smallest
 /// tile of at least its rows, or blocks of the largest.
 pub const QMMA_ROWS: [u32; 3] = [16, 32, 64];
+/// The `Kernel::Qmma` / `Kernel::QmmaMix` instantiations: (rows, wide) (the last row tile
+/// also in wide blocks).
+const QMMA_TILES: [(u32, bool); 4] = [(16, false), (32, false), (64, false), (64, true)];
 
 /// Row buckets of the quantized streaming matmuls (`kernels/qgemv.cu`): a step of `n` rows
 /// runs the smallest bucket of at least `n`.
@@ -568,14 +573,14 @@ impl Kernel {
             v.push(Kernel::MoeQ8DownSelf { q });
             v.push(Kernel::MoeMmaGateUp { q });
             v.push(Kernel::MoeMmaDown { q });
-            v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma { q, rows }));
+            v.extend(QMMA_TILES.map(|(rows, wide)| Kernel::Qmma { q, rows, wide }));
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma8 { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::Qdot { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotSilu { q, rows }));
         }
         for q in QDOT_MIX_TYPES {
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotMix { q, rows }));
-            v.extend(QMMA_ROWS.map(|rows| Kernel::QmmaMix { q, rows }));
+            v.extend(QMMA_TILES.map(|(rows, wide)| Kernel::QmmaMix { q, rows, wide }));
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma8Mix { q, rows }));
         }
         v.push(Kernel::QmmaReduce);
@@ -827,8 +832,17 @@ impl Kernel {
             Kernel::MoeQ8DownSelf { q } => format!("moe8_down_self_{}_{d}", q.tag()),
             Kernel::MoeMmaGateUp { q } => format!("moemma_gate_up_{}_{d}", q.tag()),
             Kernel::MoeMmaDown { q } => format!("moemma_down_{}_{d}", q.tag()),
-            Kernel::Qmma { q, rows } => format!("qmma_{}_{d}_m{rows}", q.tag()),
-            Kernel::QmmaMix { q, rows } => format!("qmmamix_{}_q6k_{d}_m{rows}", q.tag()),
+            Kernel::Qmma { q, rows, wide } => {
+                format!(
+                    "qmma_{}_{d}_m{rows}{}",
+                    q.tag(),
+                    if wide { "w" } else { "" }
+                )
+            }
+            Kernel::QmmaMix { q, rows, wide } => {
+                let w = if wide { "w" } else { "" };
+                format!("qmmamix_{}_q6k_{d}_m{rows}{w}", q.tag())
+            }
             Kernel::Qmma8 { q, rows } => format!("qmma8_{}_{d}_m{rows}", q.tag()),
             Kernel::Qmma8Mix { q, rows } => format!("qmma8mix_{}_q6k_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),

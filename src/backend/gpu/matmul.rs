@@ -16,7 +16,8 @@
 //! dequantized into shared memory, tensor-core products, no full-size copy; the parts of a
 //! stack grouped into launches as for `qdot` (a Q4_K_M qkv, a gate/up pair: one launch);
 //! k split over the grid when the blocks would not fill the SMs, the f32 partials summed
-//! in the dequant scratch by `qmma_reduce_bf16`; on NVIDIA sm_80+ the types of
+//! in the dequant scratch by `qmma_reduce_bf16`; at 64 rows on NVIDIA sm_80+ launches of
+//! many columns take blocks of 128 columns ([`QMMA_WIDE`]); on NVIDIA sm_80+ the types of
 //! [`QMMA8_TYPES`] take `qmma8_*` instead: x quantized to 8 bits per 32 by `quantize_x`,
 //! int8 tensor-core products, `KILN_QMMA8` overrides); more rows
 //! (prefill) and f32 dequantize the weight into the backend's one scratch of the compute
@@ -89,10 +90,13 @@ const GEMV_WARPS: usize = 4;
 
 /// Most rows of a step on the tiled quantized matmul; more dequantize for the BLAS GEMM.
 pub const QMMA_MAX_ROWS: usize = 256;
-/// Weight rows (output columns) per block of `qmma_*` (`QMMA_BN` in `kernels/qmma.cu`).
+/// Weight rows (output columns) and threads per block of `qmma_*` and `qmma8_*` (`QMMA_BN`,
+/// `QMMA_THREADS` in `kernels/qmma.cuh`); the wide 64-row blocks (`qmma_*_m64w`, NVIDIA
+/// sm_80+: `QmmaShape` in `kernels/qmma.cu`) take [`QMMA_WIDE`] instead.
 const QMMA_BN: usize = 64;
-/// Threads per block of `qmma_*`; `QMMA_BK`, the k-tile every k must be a multiple of.
 const QMMA_THREADS: u32 = 128;
+const QMMA_WIDE: (usize, u32) = (128, 256);
+/// `QMMA_BK`, the k-tile every k must be a multiple of.
 const QMMA_BK: usize = 128;
 /// Blocks per SM a `qmma_*` launch aims for by splitting k (memory latency hides behind them).
 const QMMA_WAVES: usize = 4;
@@ -314,7 +318,16 @@ impl<R: Runtime> GpuBackend<R> {
     /// the 8-bit rows in the dequant scratch. Returns the scratch bytes they take (the
     /// split-k partials follow them). Which launches take them: [`qmma8_takes`].
     fn qmma8_bytes(&self, n: usize, k: usize) -> Option<usize> {
-        let sm80 = R::NAME == "cuda"
+        let sm80 = self.qmma_tc();
+        let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes());
+        let bytes = qx_bytes(n, k).next_multiple_of(256);
+        (sm80 && k.is_multiple_of(32) && bytes <= room).then_some(bytes)
+    }
+
+    /// Whether the tiled kernels run on tensor cores (`KILN_QMMA_TC` in `kernels/qmma.cuh`):
+    /// NVIDIA sm_80 or newer.
+    fn qmma_tc(&self) -> bool {
+        R::NAME == "cuda"
             && self
                 .dev
                 .info
@@ -325,19 +338,37 @@ impl<R: Runtime> GpuBackend<R> {
                         .parse::<u32>()
                         .ok()
                 })
-                .is_some_and(|a| a >= 80);
-        let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes());
-        let bytes = qx_bytes(n, k).next_multiple_of(256);
-        (sm80 && k.is_multiple_of(32) && bytes <= room).then_some(bytes)
+                .is_some_and(|a| a >= 80)
     }
 
-    /// How many k-ranges (grid z) a `qmma_*` launch of `blocks` blocks splits `k` into: enough
-    /// for [`QMMA_WAVES`] blocks per SM, each split at least [`QMMA_MIN_SPLIT_TILES`] k-tiles,
+    /// Whether a bf16 `qmma_*` launch at row tile `tile` of `cols` output columns takes the
+    /// wide blocks ([`QMMA_WIDE`]): 64 rows on tensor cores, with at least one wide block per
+    /// two SMs before splitting k. On an H100 at 64 rows they are faster for the gate and up
+    /// (14336 rows alone: 59.6 -> 53.4 us; a Llama-3-8B Q4_K_M step at batch 64, where the
+    /// stacked gate/up is the only wide launch: 14.28 -> 13.40 ms) and slower for 4096
+    /// columns (down 56.7 -> 71.8 us: fewer blocks in flight). `KILN_QMMA_WIDE`: `0` never,
+    /// `all` at every 64-row launch (tests of the wide kernels on small shapes).
+    fn qmma_wide(&self, tile: u32, cols: usize) -> bool {
+        static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+        let mode = *MODE.get_or_init(|| match std::env::var("KILN_QMMA_WIDE").as_deref() {
+            Ok("0") => Some(false),
+            Ok("all") => Some(true),
+            _ => None,
+        });
+        tile == 64
+            && self.qmma_tc()
+            && mode.unwrap_or(2 * cols.div_ceil(QMMA_WIDE.0) >= self.dev.info.sm_count)
+    }
+
+    /// How many k-ranges (grid z) a `qmma_*` launch of `blocks` blocks of `threads` splits `k`
+    /// into: enough for [`QMMA_WAVES`] blocks of [`QMMA_THREADS`] per SM (fewer larger
+    /// blocks: as many threads), each split at least [`QMMA_MIN_SPLIT_TILES`] k-tiles,
     /// at most [`QMMA_MAX_SPLITS`], and the f32 partials of `outputs` values each fitting the
     /// dequant scratch past its first `used` bytes (free during these launches; 1 without it).
     fn qmma_splits(
         &self,
         blocks: usize,
+        threads: u32,
         k: usize,
         outputs: usize,
         tile: u32,
@@ -356,6 +387,7 @@ impl<R: Runtime> GpuBackend<R> {
         } else {
             QMMA_WAVES
         };
+        let waves = (waves * QMMA_THREADS as usize).div_ceil(threads as usize);
         let want = (waves * self.dev.info.sm_count).div_ceil(blocks.max(1));
         let most = (k / QMMA_BK / QMMA_MIN_SPLIT_TILES)
             .min(QMMA_MAX_SPLITS)
@@ -539,17 +571,23 @@ impl<R: Runtime> GpuBackend<R> {
                     rows: n as i32,
                     ldy: m as i32,
                 };
-                let blocks: usize = slots.iter().map(|(_, p)| p.rows.div_ceil(QMMA_BN)).sum();
                 let cols: usize = slots.iter().map(|(_, p)| p.rows).sum();
+                let wide = xq.is_none() && self.qmma_wide(rows, cols);
+                let (bn, threads) = if wide {
+                    QMMA_WIDE
+                } else {
+                    (QMMA_BN, QMMA_THREADS)
+                };
+                let blocks: usize = slots.iter().map(|(_, p)| p.rows.div_ceil(bn)).sum();
                 let tiles = (blocks, n.div_ceil(rows as usize));
-                let splits = self.qmma_splits(tiles.0 * tiles.1, k, n * cols, rows, used);
+                let splits = self.qmma_splits(tiles.0 * tiles.1, threads, k, n * cols, rows, used);
                 let grid = Grid {
                     blocks: (tiles.0 as u32, tiles.1 as u32, splits as u32),
-                    threads: QMMA_THREADS,
+                    threads,
                 };
                 let kernel = match (mix, xq.is_some()) {
-                    (true, false) => Kernel::QmmaMix { q, rows },
-                    (false, false) => Kernel::Qmma { q, rows },
+                    (true, false) => Kernel::QmmaMix { q, rows, wide },
+                    (false, false) => Kernel::Qmma { q, rows, wide },
                     (true, true) => Kernel::Qmma8Mix { q, rows },
                     (false, true) => Kernel::Qmma8 { q, rows },
                 };
