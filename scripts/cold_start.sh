@@ -94,7 +94,7 @@ kiln_start() {
         -H 'Content-Type: application/json' \
         -d "{\"prompt\":\"$(printf 'the quick brown fox jumps over the lazy dog %.0s' $(seq 20))\",\"max_tokens\":1}")
     say "$name: then a 200-token prompt: $code after $(secs "$t1") s"
-    grep -E "start-up|kernel source compiled|kernels ready|loaded on first use|weights on the device|KV pool|engine ready" \
+    grep -E "start-up|kernel source compiled|kernels ready|loaded after start-up|weights on the device|KV pool|engine ready" \
         "$logs/$name.log" | sed -E 's/\x1b\[[0-9;]*m//g; s/^.*(INFO|WARN) //' | cut -c1-400 >> "$summary"
     kill "$spid"; wait "$spid" 2> /dev/null
     (cd "$home" && find . -type f | sed 's/-[0-9a-f]\{16\}\.bin$/.bin/' | sort | uniq -c | head -20) \

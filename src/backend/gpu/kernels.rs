@@ -307,10 +307,12 @@ pub(super) enum Class {
     /// first request of any size may run, except [`Class::Later`].
     Core,
     /// Once the core units are ready, in the background (the lane is serving by then);
-    /// loaded on first use, which waits for a compile still running and logs it. What
-    /// only larger steps run: the tiled quantized matmuls of 9-256 rows (`qmma.cu`), and
-    /// the portable attention where it is a rare path. A tensor-parallel group waits for
-    /// these too before its communicator exists ([`Kernels::wait_model`]).
+    /// loaded between steps once compiled ([`Kernels::poll_later`]), or on first use, which
+    /// waits for a compile still running and logs it. What only larger steps run: the tiled
+    /// quantized matmuls of 9-256 rows (`qmma.cu`: until loaded, batches dequantize for the
+    /// BLAS instead, so a first prompt does not wait for them), and the portable attention
+    /// where it is a rare path. A tensor-parallel group waits for these too before its
+    /// communicator exists ([`Kernels::wait_model`]).
     Later,
     /// Only on first use: kernels the model does not run (other weight types and head
     /// sizes, MoE in a dense model, the 8-bit tiles of the k-quants, bf16's float-activation
@@ -905,6 +907,8 @@ pub struct Kernels<R: Runtime> {
     dt: DType,
     /// How every unit compiles (the units not started at load compile from it on first use).
     job: Arc<CompileJob>,
+    /// Every [`Class::Later`] unit is loaded ([`Kernels::poll_later`] has nothing to do).
+    later_done: std::sync::atomic::AtomicBool,
     started: Instant,
 }
 
@@ -1065,6 +1069,7 @@ impl<R: Runtime> Kernels<R> {
             slots,
             dt,
             job,
+            later_done: std::sync::atomic::AtomicBool::new(false),
             started: Instant::now(),
         })
     }
@@ -1112,6 +1117,45 @@ impl<R: Runtime> Kernels<R> {
             }
         }
         Ok(())
+    }
+
+    /// Whether `unit` is a [`Class::Later`] unit whose module is not loaded yet (its compile
+    /// may still run): a step that can do without it takes another path rather than wait
+    /// (matmul.rs: batches dequantize for the BLAS while the tiled matmuls compile).
+    pub(super) fn pending(&self, unit: Unit) -> bool {
+        self.slots
+            .get(&unit)
+            .is_some_and(|s| s.class == Class::Later && s.loaded.get().is_none())
+    }
+
+    /// Loads every [`Class::Later`] unit whose compile has ended; true if one was loaded
+    /// (its error, if it failed, is returned by its first [`Kernels::get`]). Called between
+    /// steps, so no module loads while a graph records.
+    pub(super) fn poll_later(&self, rt: &R) -> bool {
+        if self.later_done.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        let (mut loaded, mut left) = (false, false);
+        for (&unit, slot) in &self.slots {
+            if slot.class != Class::Later || slot.loaded.get().is_some() {
+                continue;
+            }
+            let done = slot
+                .pending
+                .lock()
+                .is_ok_and(|p| matches!(&*p, Pending::Running(h) if h.is_finished()));
+            if done {
+                let _ = self.slot(rt, unit);
+                loaded = true;
+            } else {
+                left = true;
+            }
+        }
+        if !left {
+            self.later_done
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        loaded
     }
 
     /// [`Kernels::wait_core`], then waits for the [`Class::Later`] units too: every kernel
@@ -1207,8 +1251,9 @@ impl<R: Runtime> Kernels<R> {
                 "kernel source loaded"
             );
         } else {
-            // A step waited for this (a compile still running, or never started).
-            tracing::info!(backend = R::NAME, source, class = ?slot.class, waited_s = waited, load_s, since_start_s, "kernel source loaded on first use");
+            // After start-up: a step waited `waited_s` for it (a compile still running, or
+            // never started), or it was loaded between steps once compiled.
+            tracing::info!(backend = R::NAME, source, class = ?slot.class, waited_s = waited, load_s, since_start_s, "kernel source loaded after start-up");
         }
         Ok(Loaded {
             funcs,
@@ -1552,6 +1597,10 @@ mod tests {
                     u.src.file()
                 );
                 assert!(u.text().starts_with("#define KILN_PARTS 1\n"));
+                assert!(
+                    PRELUDE.contains(&format!("#ifndef KILN_PART_{tag}\n")),
+                    "prelude.cuh has no default for part {tag}"
+                );
             }
         }
     }

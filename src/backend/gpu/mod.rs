@@ -423,6 +423,11 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         b: &GpuBatch,
         ops: impl FnMut(&mut Self) -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
+        // Kernels compiled since start-up load between steps; graphs recorded without them
+        // (batches through the BLAS meanwhile) are recorded again.
+        if self.kernels.poll_later(&self.dev.rt) {
+            self.generation += 1;
+        }
         self.run_graphed(b, ops)
     }
 
