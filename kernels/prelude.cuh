@@ -222,7 +222,8 @@ struct Chunk<float> {
 
 // Compile units (`Part` in src/backend/gpu/kernels.rs): the large sources are compiled once
 // per weight type (q80 ... q6k) or head size (h64 ... hany), plus `common` for the rest (and
-// i8q40 ... i8q6k: qmma.cu's 8-bit tiles of the types that do not take them by default), so
+// i8q40 ... i8q6k: qmma.cu's 8-bit tiles of the types that do not take them by default;
+// sq80 ... sq6k: qgemv.cu's streaming matmuls on float activations, bf16's fallback), so
 // a start-up waits only for the parts its model runs. The host defines KILN_PARTS and the
 // one KILN_PART_<tag> it wants as 1; without KILN_PARTS (hipcc, hipRTC, a whole-file
 // compile) every part is in. KILN_IN_PART(tag, ...) keeps its text only in that part.
@@ -278,6 +279,21 @@ struct Chunk<float> {
 #endif
 #ifndef KILN_PART_i8q6k
 #define KILN_PART_i8q6k KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_sq80
+#define KILN_PART_sq80 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_sq40
+#define KILN_PART_sq40 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_sq4k
+#define KILN_PART_sq4k KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_sq5k
+#define KILN_PART_sq5k KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_sq6k
+#define KILN_PART_sq6k KILN_PART_DEFAULT
 #endif
 #define KILN_PART_IF_0(...)
 #define KILN_PART_IF_1(...) __VA_ARGS__

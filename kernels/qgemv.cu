@@ -169,17 +169,25 @@ __device__ __forceinline__ void convert_impl(const u16* __restrict__ src, T* __r
     KILN_QGEMV_M(QN, Q, N, T, 1, 2, 2)                                                              \
     KILN_QGEMV_M(QN, Q, N, T, 2, 2, 2)                                                              \
     KILN_QGEMV_M(QN, Q, N, T, 4, 2, 1)                                                              \
-    KILN_QGEMV_M(QN, Q, N, T, 8, 2, 1)                                                              \
+    KILN_QGEMV_M(QN, Q, N, T, 8, 2, 1)
+#define KILN_DEQUANT_T(QN, Q, N, T)                                                                 \
     extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS)                                   \
         dequant_##QN##_##N(const u8* w, const u32* ids, T* out, int k, int n, int ldo, int first) { \
         dequant_impl<Q, T>(w, ids, out, k, n, ldo, first);                                          \
     }
+// The streaming matmuls on float activations are parts of their own (s<type>): bf16 decode
+// runs the 8-bit `qdot_*` kernels below, so a bf16 start-up does not wait for these.
 #define KILN_QGEMV(N, T)                                                                            \
-    KILN_IN_PART(q80, KILN_QGEMV_T(q80, Q8_0, N, T))                                               \
-    KILN_IN_PART(q40, KILN_QGEMV_T(q40, Q4_0, N, T))                                               \
-    KILN_IN_PART(q4k, KILN_QGEMV_T(q4k, Q4_K, N, T))                                               \
-    KILN_IN_PART(q5k, KILN_QGEMV_T(q5k, Q5_K, N, T))                                               \
-    KILN_IN_PART(q6k, KILN_QGEMV_T(q6k, Q6_K, N, T))                                               \
+    KILN_IN_PART(sq80, KILN_QGEMV_T(q80, Q8_0, N, T))                                              \
+    KILN_IN_PART(sq40, KILN_QGEMV_T(q40, Q4_0, N, T))                                              \
+    KILN_IN_PART(sq4k, KILN_QGEMV_T(q4k, Q4_K, N, T))                                              \
+    KILN_IN_PART(sq5k, KILN_QGEMV_T(q5k, Q5_K, N, T))                                              \
+    KILN_IN_PART(sq6k, KILN_QGEMV_T(q6k, Q6_K, N, T))                                              \
+    KILN_IN_PART(q80, KILN_DEQUANT_T(q80, Q8_0, N, T))                                             \
+    KILN_IN_PART(q40, KILN_DEQUANT_T(q40, Q4_0, N, T))                                             \
+    KILN_IN_PART(q4k, KILN_DEQUANT_T(q4k, Q4_K, N, T))                                             \
+    KILN_IN_PART(q5k, KILN_DEQUANT_T(q5k, Q5_K, N, T))                                             \
+    KILN_IN_PART(q6k, KILN_DEQUANT_T(q6k, Q6_K, N, T))                                             \
     KILN_IN_PART(common,                                                                            \
         extern "C" __global__ void convert_f16_##N(const u16* src, T* dst, u64 total) {             \
             convert_impl<0, T>(src, dst, total);                                                    \

@@ -13,7 +13,7 @@
 #   cp ../main/target/dev-moepeer/{gguf-py.tgz,tok.tgz,lcpp-bin.txz} $d/   (llama.cpp optional)
 #   run: bash target/dev-cold/cold_start.sh          (carry target/dev-cold)
 # Environment: COLD_SPLITS (e.g. "0 off 4": one cold start of the first binary per
-# KILN_NVRTC_SPLIT value), WARM_ENVS adds warm starts of the first binary with those
+# KILN_NVRTC_SPLIT value), COLD_N (rounds of cold starts, the binaries in turn), WARM_ENVS adds warm starts of the first binary with those
 # settings (F16=1 also on the F16 file), BENCH=1 then runs `kiln bench` at concurrency 64 (512 in, 128 out)
 # against llama-server (each binary) and kiln serve.
 # Everything goes to $OUT: summary.txt and logs.tgz.
@@ -86,28 +86,42 @@ kiln_start() {
         --model "$model" --device "$dev" --port 8125 > "$logs/$name.log" 2>&1 &
     spid=$!
     say "$name: first answer after $(first_answer 8125 "$t0") s"
-    grep -E "start-up|kernel source compiled|kernels ready|weights on the device|KV pool|engine ready" \
+    # Then at once a prompt of about 200 tokens (a batch step: the tiled matmuls, which a
+    # start-up need not wait for; a compile still running shows here).
+    local t1 code
+    t1=$(now)
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 60 "localhost:8125/v1/completions" \
+        -H 'Content-Type: application/json' \
+        -d "{\"prompt\":\"$(printf 'the quick brown fox jumps over the lazy dog %.0s' $(seq 20))\",\"max_tokens\":1}")
+    say "$name: then a 200-token prompt: $code after $(secs "$t1") s"
+    grep -E "start-up|kernel source compiled|kernels ready|loaded after start-up|weights on the device|KV pool|engine ready" \
         "$logs/$name.log" | sed -E 's/\x1b\[[0-9;]*m//g; s/^.*(INFO|WARN) //' | cut -c1-400 >> "$summary"
     kill "$spid"; wait "$spid" 2> /dev/null
     (cd "$home" && find . -type f | sed 's/-[0-9a-f]\{16\}\.bin$/.bin/' | sort | uniq -c | head -20) \
         > "$logs/$name.files.txt"
 }
 # Each binary: a cold start (fresh home) for each KILN_NVRTC_SPLIT value of COLD_SPLITS
-# (the first binary only; `default` leaves it unset), then a warm one on the last home.
-for bin in "${bins[@]}"; do
-    splits=default
-    [ "$bin" = "${bins[0]}" ] && splits=${COLD_SPLITS:-default}
-    n=0
-    for split in $splits; do
-        n=$((n + 1))
-        home=$work/home-$bin-$n
-        rm -rf "$home"
-        if [ "$split" = default ]; then
-            kiln_start "$bin" "$home" "$bin-cold-$n"
-        else
-            kiln_start "$bin" "$home" "$bin-cold-$n-split-$split" KILN_NVRTC_SPLIT="$split"
-        fi
+# (the first binary only; `default` leaves it unset), COLD_N rounds (default 1) over the
+# binaries in turn, then a warm one of each on its last home.
+for round in $(seq 1 "${COLD_N:-1}"); do
+    for bin in "${bins[@]}"; do
+        splits=default
+        [ "$bin" = "${bins[0]}" ] && splits=${COLD_SPLITS:-default}
+        n=0
+        for split in $splits; do
+            n=$((n + 1))
+            home=$work/home-$bin-$n
+            rm -rf "$home"
+            if [ "$split" = default ]; then
+                kiln_start "$bin" "$home" "$bin-cold-$n-r$round"
+            else
+                kiln_start "$bin" "$home" "$bin-cold-$n-r$round-split-$split" KILN_NVRTC_SPLIT="$split"
+            fi
+        done
     done
+done
+for bin in "${bins[@]}"; do
+    home=$(ls -d "$work/home-$bin-"* | tail -1)
     kiln_start "$bin" "$home" "$bin-warm"
     # WARM_ENVS (e.g. "KILN_UPLOAD_PINNED=0"): a warm start of the first binary with each
     # setting, then the plain warm start again (run-to-run spread).

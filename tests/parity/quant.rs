@@ -713,3 +713,53 @@ fn quant_i8_tiles<B: TestBackend>(b: &mut B) {
     }
 }
 crate::parity_test!(quantized_matmul_i8_tiles, quant_i8_tiles);
+
+/// The batches of a Q4_K_M model right after start-up, while its tiled matmuls still compile
+/// (they start once the units a first request runs are ready: `Class::Later` in kernels.rs):
+/// meanwhile they dequantize for the BLAS. A backend opened for a Q4_K_M file and used before
+/// `alloc_kv` has not started those compiles, so every batch here takes that path; against
+/// the f32 CPU reference at the tiles' row counts (a mixed qkv with a Q6_K v part, bias).
+#[cfg(feature = "cuda")]
+#[test]
+fn quant_batches_before_their_tiled_kernels_compiled() {
+    use kiln::backend::cuda::{CudaBackend, CudaOptions, DType, device_available};
+    if !device_available() {
+        eprintln!("notice: no CUDA device or driver here; CUDA parity skipped");
+        return;
+    }
+    let opts = CudaOptions {
+        dtype: DType::Bf16,
+        moe: false,
+        weight_types: Some(vec![GgmlType::Q4K, GgmlType::Q6K, GgmlType::F32]),
+        head_dims: Some(vec![128]),
+        kernel_cache: kiln::engine::default_kernel_cache_dir(),
+        ..CudaOptions::default()
+    };
+    let mut b = CudaBackend::new(0, opts).expect("a CUDA device is present");
+    let mut rng = rng("quant_batches_before_tiles");
+    let k = 1024;
+    let qkv = HostTensor::concat_rows(vec![
+        raw(&mut rng, GgmlType::Q4K, 512, k),
+        raw(&mut rng, GgmlType::Q4K, 128, k),
+        raw(&mut rng, GgmlType::Q6K, 128, k),
+    ])
+    .unwrap();
+    let rows = [9, 16, 33, 64, 256];
+    check_matmul(
+        &mut b,
+        &mut rng,
+        qkv,
+        true,
+        &rows,
+        "Q4_K_M qkv, tiles compiling",
+    );
+    let down = raw(&mut rng, GgmlType::Q6K, 256, k);
+    check_matmul(
+        &mut b,
+        &mut rng,
+        down,
+        false,
+        &rows,
+        "Q6_K, tiles compiling",
+    );
+}

@@ -233,6 +233,10 @@ pub enum Part {
     Head(AttnHead),
     /// The 8-bit tiles of a type that takes the bf16 tiles by default (`KILN_QMMA8=all`).
     Int8(QType),
+    /// The streaming matmuls of a type on activations of the compute type (`qgemv_*`): the
+    /// decode path in f32; in bf16 decode runs on 8-bit activations (`qdot_*`, in
+    /// `Part::Q`), so these serve only a step the 8-bit path cannot take.
+    Stream(QType),
 }
 
 impl Part {
@@ -244,6 +248,7 @@ impl Part {
             Part::Q(q) => Some(q.tag().into()),
             Part::Head(h) => Some(format!("h{}", h.tag())),
             Part::Int8(q) => Some(format!("i8{}", q.tag())),
+            Part::Stream(q) => Some(format!("s{}", q.tag())),
         }
     }
 }
@@ -277,16 +282,42 @@ impl Unit {
     }
 }
 
-/// What a model runs, so start-up waits only for those kernels' units (the others compile
-/// at the lowest CPU priority and load on first use). `None`: every type, every head size.
+/// What a model runs, so start-up waits only for the kernels a first request may run
+/// ([`Class`]). `None`: every type, every head size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KernelNeeds {
     /// The model has mixture-of-experts layers.
     pub moe: bool,
-    /// The quantized weight types of its file.
+    /// The quantized weight types of its file. `None`: a backend opened without a model
+    /// (the tests), which waits for every unit at start.
     pub qtypes: Option<Vec<QType>>,
     /// Its attention head sizes.
     pub head_dims: Option<Vec<usize>>,
+    /// Whether its attention takes the portable kernels (`attention_prefill.cu`) on an
+    /// ordinary step: false where decode steps take the decode variant and larger items the
+    /// tensor-core one (`attention_kernel` in attention.rs: NVIDIA sm_80+, bf16), which
+    /// leaves them only a rare case (more than 65,535 items in a decode step).
+    pub portable_attention: bool,
+}
+
+/// When a compile unit compiles and who waits for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Class {
+    /// From [`Kernels::load`] on, while the weights upload; start-up waits for it: what a
+    /// first request of any size may run, except [`Class::Later`].
+    Core,
+    /// Once the core units are ready, in the background (the lane is serving by then);
+    /// loaded between steps once compiled ([`Kernels::poll_later`]), or on first use, which
+    /// waits for a compile still running and logs it. What only larger steps run: the tiled
+    /// quantized matmuls of 9-256 rows (`qmma.cu`: until loaded, batches dequantize for the
+    /// BLAS instead, so a first prompt does not wait for them), and the portable attention
+    /// where it is a rare path. A tensor-parallel group waits for these too before its
+    /// communicator exists ([`Kernels::wait_model`]).
+    Later,
+    /// Only on first use: kernels the model does not run (other weight types and head
+    /// sizes, MoE in a dense model, the 8-bit tiles of the k-quants, bf16's float-activation
+    /// streaming matmuls).
+    Lazy,
 }
 
 impl KernelNeeds {
@@ -296,23 +327,39 @@ impl KernelNeeds {
             moe: true,
             qtypes: None,
             head_dims: None,
+            portable_attention: true,
         }
     }
 
-    /// Whether start-up waits for `unit`.
-    fn core(&self, unit: Unit) -> bool {
-        if !self.moe && matches!(unit.src, Source::Moe | Source::MoeQuant) {
-            return false;
-        }
-        match unit.part {
-            Part::Q(q) => self.qtypes.as_ref().is_none_or(|t| t.contains(&q)),
+    /// When `unit` of storage type `dt` compiles.
+    pub(super) fn class(&self, unit: Unit, dt: DType) -> Class {
+        // A backend opened without a model waits for every unit.
+        let everything = self.qtypes.is_none();
+        let has_q = |q: QType| self.qtypes.as_ref().is_none_or(|t| t.contains(&q));
+        let runs = match unit.part {
+            _ if !self.moe && matches!(unit.src, Source::Moe | Source::MoeQuant) => false,
+            Part::Q(q) => has_q(q),
             Part::Head(h) => self
                 .head_dims
                 .as_ref()
                 .is_none_or(|d| d.iter().any(|&d| AttnHead::for_head_dim(d) == h)),
-            // Only a backend that waits for everything waits for these.
-            Part::Int8(_) => self.qtypes.is_none(),
+            Part::Int8(_) => everything,
+            // bf16 decode streams 8-bit activations (`qdot_*`): these only where that
+            // cannot take a step (no room for the 8-bit rows in the dequant scratch).
+            Part::Stream(q) => everything || (dt != DType::Bf16 && has_q(q)),
             Part::Whole | Part::Common => true,
+        };
+        let later = match (unit.src, unit.part) {
+            (Source::Qmma, _) => true,
+            (Source::AttentionPrefill, Part::Head(h)) => {
+                !self.portable_attention && h.has_decode() && h.has_tc()
+            }
+            _ => false,
+        };
+        match (runs, everything, later) {
+            (false, ..) => Class::Lazy,
+            (true, false, true) => Class::Later,
+            _ => Class::Core,
         }
     }
 }
@@ -760,9 +807,8 @@ impl Kernel {
     pub(super) fn unit(self) -> Unit {
         let src = self.source();
         let part = match self {
-            Kernel::Qgemv { q, .. }
-            | Kernel::QgemvSilu { q, .. }
-            | Kernel::Dequant { q }
+            Kernel::Qgemv { q, .. } | Kernel::QgemvSilu { q, .. } => Part::Stream(q),
+            Kernel::Dequant { q }
             | Kernel::Qdot { q, .. }
             | Kernel::QdotMix { q, .. }
             | Kernel::QdotSilu { q, .. }
@@ -864,19 +910,19 @@ impl Kernel {
     }
 }
 
-/// The loaded kernels of one backend. Every compile unit the model runs compiles (or is read
-/// from the cache) on a thread of its own from [`Kernels::load`] on, while the model's weights
-/// upload; the others compile when one of their kernels is first asked for. A unit's module
-/// is loaded when one of its kernels is first asked for ([`Kernels::get`]) or when
-/// [`Kernels::wait_core`] asks for every unit the model runs. Modules stay loaded as long as
-/// this lives.
+/// The loaded kernels of one backend. Every compile unit a first request may run compiles
+/// (or is read from the cache) on a thread of its own from [`Kernels::load`] on, while the
+/// model's weights upload; what only larger steps run starts once those are ready, the rest
+/// when one of its kernels is first asked for ([`Class`]). A unit's module is loaded when
+/// one of its kernels is first asked for ([`Kernels::get`]) or when [`Kernels::wait_core`]
+/// asks for every core unit. Modules stay loaded as long as this lives.
 pub struct Kernels<R: Runtime> {
     slots: HashMap<Unit, Slot<R>>,
     dt: DType,
-    /// What the model runs (those units are waited for at start).
-    needs: KernelNeeds,
     /// How every unit compiles (the units not started at load compile from it on first use).
     job: Arc<CompileJob>,
+    /// Every [`Class::Later`] unit is loaded ([`Kernels::poll_later`] has nothing to do).
+    later_done: std::sync::atomic::AtomicBool,
     started: Instant,
 }
 
@@ -886,8 +932,11 @@ impl<R: Runtime> Drop for Kernels<R> {
     /// exits can crash it there (`free(): invalid pointer` after a passing test run).
     fn drop(&mut self) {
         for slot in self.slots.values() {
-            let pending = slot.pending.lock().map(|mut p| p.take());
-            if let Ok(Some(handle)) = pending {
+            let pending = slot
+                .pending
+                .lock()
+                .map(|mut p| std::mem::replace(&mut *p, Pending::Taken));
+            if let Ok(Pending::Running(handle)) = pending {
                 let _ = handle.join();
             }
         }
@@ -929,12 +978,23 @@ impl CompileJob {
     }
 }
 
-/// One unit: its compile thread until joined (none until first use for a unit the model
-/// does not run), then its module and functions (or the error, kept as text and returned for
+/// One unit: when it compiles, its compile thread until joined (none before it starts:
+/// [`Pending`]), then its module and functions (or the error, kept as text and returned for
 /// every later kernel of the unit).
 struct Slot<R: Runtime> {
-    pending: Mutex<Option<JoinHandle<Result<Compiled, BackendError>>>>,
+    class: Class,
+    pending: Mutex<Pending>,
     loaded: OnceLock<Result<Loaded<R>, String>>,
+}
+
+/// A unit's compile thread.
+enum Pending {
+    /// Not started (a [`Class::Later`] unit before the core units are ready, a
+    /// [`Class::Lazy`] one before its first use).
+    NotStarted,
+    Running(JoinHandle<Result<Compiled, BackendError>>),
+    /// Joined (or being joined) by the unit's first use.
+    Taken,
 }
 
 /// A source's code object and how it was made.
@@ -966,8 +1026,8 @@ fn lowest_priority() {
 
 impl<R: Runtime> Kernels<R> {
     /// Starts compiling (or reading from `cache_dir`) every compile unit with kernels for
-    /// `dt` that `needs` says the model runs, one thread each, for `dev` (the others compile
-    /// on first use). Nothing waits here: a compile error or a missing entry point
+    /// `dt` that `needs` says a first request may run ([`Class::Core`]), one thread each, for
+    /// `dev` (the others later or on first use). Nothing waits here: a compile error or a missing entry point
     /// is returned by the first [`Kernels::get`] of a kernel in that unit, and by
     /// [`Kernels::wait_core`], which start-up calls before the lane reports ready.
     pub fn load(
@@ -1001,16 +1061,19 @@ impl<R: Runtime> Kernels<R> {
         });
         let mut slots = HashMap::new();
         for unit in used {
-            // What the model runs compiles now, each unit on a thread of its own at the
-            // lowest CPU priority (the weight upload on the lane's thread goes first; NVRTC's
-            // own threads inherit it); the rest compiles when first asked for.
-            let pending = match needs.core(unit) {
-                true => Some(job.clone().spawn::<R>(unit)?),
-                false => None,
+            // What a first request may run compiles now, each unit on a thread of its own
+            // at the lowest CPU priority (the weight upload on the lane's thread goes first;
+            // NVRTC's own threads inherit it); the rest once those are ready, or when first
+            // asked for ([`Class`]).
+            let class = needs.class(unit, dt);
+            let pending = match class {
+                Class::Core => Pending::Running(job.clone().spawn::<R>(unit)?),
+                Class::Later | Class::Lazy => Pending::NotStarted,
             };
             slots.insert(
                 unit,
                 Slot {
+                    class,
                     pending: Mutex::new(pending),
                     loaded: OnceLock::new(),
                 },
@@ -1019,23 +1082,31 @@ impl<R: Runtime> Kernels<R> {
         Ok(Kernels {
             slots,
             dt,
-            needs,
             job,
+            later_done: std::sync::atomic::AtomicBool::new(false),
             started: Instant::now(),
         })
     }
 
-    /// Waits for every unit the model runs and loads its module: after this, start-up has
-    /// seen every compile error that serving the model could meet. Logs what the wait cost.
+    /// The units of `class`, by name.
+    fn units_of(&self, class: Class) -> Vec<Unit> {
+        let mut v: Vec<Unit> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.class == class)
+            .map(|(&u, _)| u)
+            .collect();
+        v.sort_by_key(|u| u.name());
+        v
+    }
+
+    /// Waits for every unit a first request may run ([`Class::Core`]) and loads its module,
+    /// then starts the [`Class::Later`] compiles in the background: after this, start-up
+    /// has seen every compile error that a first request could meet. Logs what the wait
+    /// cost.
     pub fn wait_core(&self, rt: &R) -> Result<(), BackendError> {
         let t0 = Instant::now();
-        let mut core: Vec<Unit> = self
-            .slots
-            .keys()
-            .copied()
-            .filter(|&u| self.needs.core(u))
-            .collect();
-        core.sort_by_key(|u| u.name());
+        let core = self.units_of(Class::Core);
         for &unit in &core {
             self.slot(rt, unit)?;
         }
@@ -1045,6 +1116,79 @@ impl<R: Runtime> Kernels<R> {
             since_start_s = self.started.elapsed().as_secs_f64(),
             waited_s = t0.elapsed().as_secs_f64(),
             "kernels ready"
+        );
+        // Largest first, as at load.
+        let mut later = self.units_of(Class::Later);
+        later.sort_by_cached_key(|&u| std::cmp::Reverse(u.src.full_text().len()));
+        for unit in later {
+            let slot = &self.slots[&unit];
+            let mut pending = slot
+                .pending
+                .lock()
+                .map_err(|_| compile_err::<R>("compile slot poisoned".into()))?;
+            if matches!(*pending, Pending::NotStarted) && slot.loaded.get().is_none() {
+                *pending = Pending::Running(self.job.clone().spawn::<R>(unit)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `unit` is a [`Class::Later`] unit whose module is not loaded yet (its compile
+    /// may still run): a step that can do without it takes another path rather than wait
+    /// (matmul.rs: batches dequantize for the BLAS while the tiled matmuls compile).
+    pub(super) fn pending(&self, unit: Unit) -> bool {
+        self.slots
+            .get(&unit)
+            .is_some_and(|s| s.class == Class::Later && s.loaded.get().is_none())
+    }
+
+    /// Loads every [`Class::Later`] unit whose compile has ended; true if one was loaded
+    /// (its error, if it failed, is returned by its first [`Kernels::get`]). Called between
+    /// steps, so no module loads while a graph records.
+    pub(super) fn poll_later(&self, rt: &R) -> bool {
+        if self.later_done.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        let (mut loaded, mut left) = (false, false);
+        for (&unit, slot) in &self.slots {
+            if slot.class != Class::Later || slot.loaded.get().is_some() {
+                continue;
+            }
+            let done = slot
+                .pending
+                .lock()
+                .is_ok_and(|p| matches!(&*p, Pending::Running(h) if h.is_finished()));
+            if done {
+                let _ = self.slot(rt, unit);
+                loaded = true;
+            } else {
+                left = true;
+            }
+        }
+        if !left {
+            self.later_done
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        loaded
+    }
+
+    /// [`Kernels::wait_core`], then waits for the [`Class::Later`] units too: every kernel
+    /// the model may run is loaded after this (a tensor-parallel rank loads no module once
+    /// its communicator exists: loading one while a peer's collective waits on the same
+    /// GPUs can deadlock).
+    pub fn wait_model(&self, rt: &R) -> Result<(), BackendError> {
+        self.wait_core(rt)?;
+        let t0 = Instant::now();
+        let later = self.units_of(Class::Later);
+        for &unit in &later {
+            self.slot(rt, unit)?;
+        }
+        tracing::info!(
+            backend = R::NAME,
+            sources = later.len(),
+            since_start_s = self.started.elapsed().as_secs_f64(),
+            waited_s = t0.elapsed().as_secs_f64(),
+            "kernels for larger steps ready"
         );
         Ok(())
     }
@@ -1072,14 +1216,18 @@ impl<R: Runtime> Kernels<R> {
         started: Instant,
     ) -> Result<Loaded<R>, String> {
         let t0 = Instant::now();
-        let pending = slot
-            .pending
-            .lock()
-            .map_err(|_| "compile slot poisoned".to_string())?
-            .take();
+        let pending = std::mem::replace(
+            &mut *slot
+                .pending
+                .lock()
+                .map_err(|_| "compile slot poisoned".to_string())?,
+            Pending::Taken,
+        );
         let handle = match pending {
-            Some(h) => h,
-            None => job.clone().spawn::<R>(unit).map_err(|e| e.to_string())?,
+            Pending::Running(h) => h,
+            Pending::NotStarted | Pending::Taken => {
+                job.clone().spawn::<R>(unit).map_err(|e| e.to_string())?
+            }
         };
         let compiled = handle
             .join()
@@ -1104,14 +1252,23 @@ impl<R: Runtime> Kernels<R> {
             })?;
             funcs.insert(k, f);
         }
-        tracing::debug!(
-            backend = R::NAME,
-            source = unit.name(),
-            waited_s = waited,
-            load_s = t0.elapsed().as_secs_f64() - waited,
-            since_start_s = started.elapsed().as_secs_f64(),
-            "kernel source loaded"
-        );
+        let load_s = t0.elapsed().as_secs_f64() - waited;
+        let since_start_s = started.elapsed().as_secs_f64();
+        let source = unit.name();
+        if slot.class == Class::Core {
+            tracing::debug!(
+                backend = R::NAME,
+                source,
+                waited_s = waited,
+                load_s,
+                since_start_s,
+                "kernel source loaded"
+            );
+        } else {
+            // After start-up: a step waited `waited_s` for it (a compile still running, or
+            // never started), or it was loaded between steps once compiled.
+            tracing::info!(backend = R::NAME, source, class = ?slot.class, waited_s = waited, load_s, since_start_s, "kernel source loaded after start-up");
+        }
         Ok(Loaded {
             funcs,
             _module: module,
@@ -1270,13 +1427,13 @@ fn store(path: &Path, key: &str, image: &[u8]) {
 mod tests {
     use super::*;
 
-    /// The units start-up waits for under `needs`, by name.
-    fn core_names(needs: &KernelNeeds, dt: DType) -> Vec<String> {
+    /// The units of `class` under `needs`, by name.
+    fn names(needs: &KernelNeeds, dt: DType, class: Class) -> Vec<String> {
         let mut v: Vec<String> = Kernel::all()
             .into_iter()
             .filter(|k| k.available(dt))
             .map(Kernel::unit)
-            .filter(|&u| needs.core(u))
+            .filter(|&u| needs.class(u, dt) == class)
             .map(Unit::name)
             .collect();
         v.sort();
@@ -1284,33 +1441,50 @@ mod tests {
         v
     }
 
-    #[test]
-    fn a_q4_k_m_llama_waits_for_its_types_and_head_size_only() {
-        let needs = KernelNeeds {
+    /// The units start-up waits for under `needs`, by name.
+    fn core_names(needs: &KernelNeeds, dt: DType) -> Vec<String> {
+        names(needs, dt, Class::Core)
+    }
+
+    /// A Q4_K_M Llama (Q4_K and Q6_K, head size 128) in bf16 on a GPU with tensor-core
+    /// attention.
+    fn q4_k_m_llama() -> KernelNeeds {
+        KernelNeeds {
             moe: false,
             qtypes: Some(vec![QType::Q4K, QType::Q6K]),
             head_dims: Some(vec![128]),
-        };
+            portable_attention: false,
+        }
+    }
+
+    #[test]
+    fn a_q4_k_m_llama_waits_for_what_a_first_request_runs_only() {
+        let needs = q4_k_m_llama();
         let core = core_names(&needs, DType::Bf16);
+        // Embedding (dequant), decode and short prompts (qdot, decode attention), prompts of
+        // more than 8 query vectors (tensor-core attention), sampling.
         for want in [
             "qgemv.q4k",
             "qgemv.q6k",
             "qgemv.common",
-            "qmma.q4k",
-            "qmma.q6k",
-            "qmma.common",
-            "attention_prefill.h128",
             "attention_tc.h128",
             "attention_decode.h128",
             "attention_decode.common",
             "norm",
             "rope",
+            "embed",
+            "sample",
         ] {
             assert!(core.contains(&want.to_string()), "{want} not in {core:?}");
         }
         for not in [
             "qgemv.q80",
+            "qgemv.sq4k",
+            "qgemv.sq6k",
+            "qmma.q4k",
+            "qmma.common",
             "qmma.q40",
+            "attention_prefill.h128",
             "attention_prefill.h64",
             "attention_prefill.hany",
             "moe",
@@ -1319,6 +1493,49 @@ mod tests {
         ] {
             assert!(!core.contains(&not.to_string()), "{not} in {core:?}");
         }
+        // The entry points a first request runs are in the core units; the float-activation
+        // streaming matmuls are not.
+        for k in [
+            Kernel::Dequant { q: QType::Q4K },
+            Kernel::Dequant { q: QType::Q6K },
+            Kernel::QuantizeX,
+            Kernel::QdotMix {
+                q: QType::Q4K,
+                rows: 1,
+            },
+            Kernel::QdotSilu {
+                q: QType::Q4K,
+                rows: 8,
+            },
+            Kernel::Qdot {
+                q: QType::Q6K,
+                rows: 2,
+            },
+        ] {
+            assert!(core.contains(&k.unit().name()), "{k:?}");
+        }
+        for k in [
+            Kernel::Qgemv {
+                q: QType::Q4K,
+                rows: 1,
+            },
+            Kernel::QgemvSilu {
+                q: QType::Q6K,
+                rows: 8,
+            },
+        ] {
+            assert!(!core.contains(&k.unit().name()), "{k:?}");
+        }
+        // Batches of 9-256 rows and the portable attention compile once those are ready.
+        assert_eq!(
+            names(&needs, DType::Bf16, Class::Later),
+            [
+                "attention_prefill.h128",
+                "qmma.common",
+                "qmma.q4k",
+                "qmma.q6k"
+            ]
+        );
         // Everything, as a backend opened without a model waits for it.
         let all = core_names(&KernelNeeds::all(), DType::Bf16);
         assert!(
@@ -1327,14 +1544,43 @@ mod tests {
             all.len(),
             core.len()
         );
-        assert!(all.contains(&"moe_quant.q80".to_string()));
-        assert!(all.contains(&"qmma.i8q4k".to_string()));
+        for want in [
+            "moe_quant.q80",
+            "qmma.i8q4k",
+            "qmma.q4k",
+            "qgemv.sq4k",
+            "attention_prefill.h128",
+        ] {
+            assert!(all.contains(&want.to_string()), "{want}");
+        }
+        assert!(names(&KernelNeeds::all(), DType::Bf16, Class::Later).is_empty());
         // A head size without its own kernels waits for the any-size part.
         let odd = KernelNeeds {
             head_dims: Some(vec![112]),
-            ..needs
+            ..needs.clone()
         };
         assert!(core_names(&odd, DType::Bf16).contains(&"attention_prefill.hany".into()));
+        // Where decode steps may take the portable attention, start-up waits for it.
+        let portable = KernelNeeds {
+            portable_attention: true,
+            ..needs.clone()
+        };
+        assert!(core_names(&portable, DType::Bf16).contains(&"attention_prefill.h128".into()));
+        // Head size 256 has no tensor-core variant: its larger items run the portable one.
+        let h256 = KernelNeeds {
+            head_dims: Some(vec![256]),
+            ..needs.clone()
+        };
+        assert!(core_names(&h256, DType::Bf16).contains(&"attention_prefill.h256".into()));
+        // f32 decode streams float activations: those parts are its decode path.
+        let f32_core = core_names(&needs, DType::F32);
+        for want in ["qgemv.sq4k", "qgemv.sq6k", "qgemv.q4k"] {
+            assert!(
+                f32_core.contains(&want.to_string()),
+                "{want} not in {f32_core:?}"
+            );
+        }
+        assert!(!f32_core.iter().any(|u| u.starts_with("qmma")));
     }
 
     #[test]
@@ -1365,6 +1611,10 @@ mod tests {
                     u.src.file()
                 );
                 assert!(u.text().starts_with("#define KILN_PARTS 1\n"));
+                assert!(
+                    PRELUDE.contains(&format!("#ifndef KILN_PART_{tag}\n")),
+                    "prelude.cuh has no default for part {tag}"
+                );
             }
         }
     }

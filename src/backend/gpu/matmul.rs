@@ -27,7 +27,9 @@ use super::args::{
     AddBiasArgs, GemvArgs, GemvSiluMulArgs, QdotArgs, QdotSiluArgs, QgemvArgs, QgemvSiluArgs,
     QmmaArgs, QmmaReduceArgs, QuantizeXArgs, SiluMulArgs, SiluMulVecArgs,
 };
-use super::kernels::{GEMV_MAX_ROWS, Kernel, QDOT_MIX_TYPES, QGEMV_ROWS, QMMA_ROWS};
+use super::kernels::{
+    GEMV_MAX_ROWS, Kernel, Part, QDOT_MIX_TYPES, QGEMV_ROWS, QMMA_ROWS, Source, Unit,
+};
 use super::qtype::QType;
 use super::qweight::WeightPart;
 use super::runtime::{self, Grid, Runtime};
@@ -295,9 +297,20 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// The row tile of `kernels/qmma.cu` for `n` rows of `x` times quantized `w`, when the
-    /// tiled kernel takes it (bf16 compute, a warp of 32, whole k-tiles).
+    /// tiled kernel takes it (bf16 compute, a warp of 32, whole k-tiles, its compile units
+    /// loaded: right after start-up they may still compile, and batches dequantize for the
+    /// BLAS meanwhile).
     fn qmma_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
-        let fits = self.switches.gemv
+        let unit = |part| Unit {
+            src: Source::Qmma,
+            part,
+        };
+        let compiling = self.kernels.pending(unit(Part::Common))
+            || w.parts
+                .iter()
+                .any(|p| p.q.is_some_and(|q| self.kernels.pending(unit(Part::Q(q)))));
+        let fits = !compiling
+            && self.switches.gemv
             && self.dt == crate::backend::DType::Bf16
             && self.dev.info.warp_size == 32
             && x.cols == w.cols

@@ -185,6 +185,8 @@ impl<R: Runtime> GpuBackend<R> {
         let t0 = std::time::Instant::now();
         let dev = Device::<R>::open(ordinal, opts.sync_check, opts.timing_period)?;
         let open_s = t0.elapsed().as_secs_f64();
+        let i = &dev.info;
+        let mma = R::NAME == "cuda" && opts.dtype == DType::Bf16 && sm_version(&i.arch) >= 80;
         // The kernels compile on threads of their own while the weights upload.
         let needs = KernelNeeds {
             moe: opts.moe,
@@ -193,6 +195,7 @@ impl<R: Runtime> GpuBackend<R> {
                 .as_ref()
                 .map(|t| t.iter().filter_map(|&t| QType::of(t)).collect()),
             head_dims: opts.head_dims.clone(),
+            portable_attention: !(mma && opts.attn_decode),
         };
         let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref(), needs)?;
         let t1 = std::time::Instant::now();
@@ -204,8 +207,6 @@ impl<R: Runtime> GpuBackend<R> {
             blas_s = t1.elapsed().as_secs_f64(),
             "start-up: device context and BLAS handle"
         );
-        let i = &dev.info;
-        let mma = R::NAME == "cuda" && opts.dtype == DType::Bf16 && sm_version(&i.arch) >= 80;
         tracing::info!(backend = R::NAME, device = %i.name, ordinal, arch = %i.arch, sms = i.sm_count, warp = i.warp_size, dtype = ?opts.dtype, "gpu backend ready");
         Ok(GpuBackend {
             kernels,
@@ -422,6 +423,11 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         b: &GpuBatch,
         ops: impl FnMut(&mut Self) -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
+        // Kernels compiled since start-up load between steps; graphs recorded without them
+        // (batches through the BLAS meanwhile) are recorded again.
+        if self.kernels.poll_later(&self.dev.rt) {
+            self.generation += 1;
+        }
         self.run_graphed(b, ops)
     }
 
@@ -623,7 +629,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         // Every kernel module is loaded before the communicator exists: loading one on a GPU
         // while a peer's collective waits there can deadlock (NCCL's rule on concurrent
         // implicitly synchronizing calls), and no step can start before all ranks joined.
-        self.kernels.wait_core(&self.dev.rt)?;
+        self.kernels.wait_model(&self.dev.rt)?;
         self.join(member)
     }
 
