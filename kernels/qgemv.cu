@@ -226,11 +226,15 @@ extern "C" __global__ void __launch_bounds__(QX_THREADS)
 // of x (those past `rows` reread row rows - 1), from the 8-bit activations at xq; it executes
 // the caller's KILN_PDL_WAIT, after its first weight loads and before reading xq. Each lane
 // takes U units of each row per step; at 1 and 2 rows the next step's units are fetched
-// before this step's products (loads stay in flight through the arithmetic).
-template <typename Q, int M, int R, int U>
+// before this step's products (loads stay in flight through the arithmetic). Every step but a
+// last partial one runs without bounds checks. A lane's units are lane + WARP * i, whose x
+// offsets are the lane's xoff(lane, run) + WARP * UNIT * i (every type's xoff is linear in
+// whole warps of units), so x is addressed from per-lane constants.
+template <typename Q, int M, int R, int U, bool PP>
 __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u8* __restrict__ xq, int k,
                                          int rows, int lane, float (&acc)[M][R]) {
     constexpr bool AHEAD = M <= 2;
+    constexpr int STEP = U * WARP;
     const QxScale* ds = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)rows * k));
     const int nu = k / Q::UNIT;
     typename Q::Raw raw[U][R], next[U][R];
@@ -245,55 +249,108 @@ __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u
     // while the kernel before drains (the callers have not waited); x only after it.
     fetch(raw, lane);
     KILN_PDL_WAIT();
-    for (int u0 = lane; u0 < nu; u0 += U * WARP) {
-        if (AHEAD)
-            fetch(next, u0 + U * WARP);
-        else if (u0 != lane)
-            fetch(raw, u0);
+    const u8* xm[M];
+    const QxScale* dm[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        const int mr = M == 1 ? 0 : min(m, rows - 1);
+        xm[m] = xq + (size_t)mr * k + (u32)Q::xoff(lane, 0);
+        dm[m] = ds + (size_t)mr * (k / 32) + (u32)Q::xoff(lane, 0) / 32u;
+    }
+    // The U units of the step at lane + s0 (s0 a multiple of STEP) from rw; with `guard`,
+    // those past nu are skipped. Run offsets from run 0's stay within run 0's block of 32 (or
+    // are whole blocks), so the scales' index is the sum of both parts' block indices.
+    auto products = [&](const typename Q::Raw (&rw)[U][R], int s0, bool guard) {
 #pragma unroll
         for (int t = 0; t < U; ++t) {
-            const int u = u0 + t * WARP;
-            if (u >= nu) continue;
+            const int ub = s0 + t * WARP;
+            if (guard && lane + ub >= nu) continue;
+            u32 wq[R][Q::RUNS][4];
+            float sc[R][Q::RUNS], mn[R][Q::RUNS];
+#pragma unroll
+            for (int r = 0; r < R; ++r) Q::unit8(rw[t][r], lane, wq[r], sc[r], mn[r]);
 #pragma unroll
             for (int run = 0; run < Q::RUNS; ++run) {
-                u32 wq[R][4];
-                float sc[R], mn[R];
-#pragma unroll
-                for (int r = 0; r < R; ++r) Q::run8(raw[t][r], lane, run, wq[r], sc[r], mn[r]);
-                const int off = Q::xoff(u, run);
+                const u32 xr = (u32)(Q::xoff(lane, run) - Q::xoff(lane, 0));
+                const u32 off = (u32)ub * Q::UNIT + xr;
+                const u32 blk = (u32)ub * Q::UNIT / 32u + xr / 32u;
 #pragma unroll
                 for (int m = 0; m < M; ++m) {
-                    const int mr = min(m, rows - 1);
-                    const vec4u xv = *reinterpret_cast<const vec4u*>(xq + (size_t)mr * k + off);
-                    const QxScale dx = ds[(size_t)mr * (k / 32) + off / 32];
+                    const vec4u xv = *reinterpret_cast<const vec4u*>(xm[m] + off);
+                    const QxScale dx = dm[m][blk];
+                    int base = 0;
+                    if (Q::CENTRED) {
+                        base = dp4a(Q::cw(run), xv.x, 0);
+                        base = dp4a(Q::cw(run), xv.y, base);
+                        base = dp4a(Q::cw(run), xv.z, base);
+                        base = dp4a(Q::cw(run), xv.w, base);
+                    }
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
-                        int si = dp4a(wq[r][0], xv.x, 0);
-                        si = dp4a(wq[r][1], xv.y, si);
-                        si = dp4a(wq[r][2], xv.z, si);
-                        si = dp4a(wq[r][3], xv.w, si);
-                        acc[m][r] = fmaf(sc[r] * dx.d, (float)si, acc[m][r]);
-                        if (Q::XSUM) acc[m][r] = fmaf(mn[r], dx.s, acc[m][r]);
+                        int si;
+                        if (Q::CENTRED) {
+                            si = dp4a_us(wq[r][run][0], xv.x, base);
+                            si = dp4a_us(wq[r][run][1], xv.y, si);
+                            si = dp4a_us(wq[r][run][2], xv.z, si);
+                            si = dp4a_us(wq[r][run][3], xv.w, si);
+                        } else {
+                            si = dp4a(wq[r][run][0], xv.x, 0);
+                            si = dp4a(wq[r][run][1], xv.y, si);
+                            si = dp4a(wq[r][run][2], xv.z, si);
+                            si = dp4a(wq[r][run][3], xv.w, si);
+                        }
+                        acc[m][r] = fmaf(sc[r][run] * dx.d, (float)si, acc[m][r]);
+                        if (Q::XSUM && Q::xsum_run(run)) acc[m][r] = fmaf(mn[r][run], dx.s, acc[m][r]);
                     }
                 }
             }
         }
-        if (AHEAD)
+    };
+    const int full = nu / STEP;  // steps whose units are all below nu, for every lane
+    if (AHEAD && PP) {
+        // Two steps a trip (raw, then next), so the fetched units never move between arrays.
+        int s = 0;
+        for (; s + 2 <= full; s += 2) {
+            fetch(next, lane + (s + 1) * STEP);
+            products(raw, s * STEP, false);
+            fetch(raw, lane + (s + 2) * STEP);
+            products(next, (s + 1) * STEP, false);
+        }
+        if (s < full) {
+            fetch(next, lane + (s + 1) * STEP);
+            products(raw, s * STEP, false);
+            if ((s + 1) * STEP < nu) products(next, (s + 1) * STEP, true);
+        } else if (s * STEP < nu) {
+            products(raw, s * STEP, true);
+        }
+    } else {
+        for (int s = 0; s < full; ++s) {
+            if (AHEAD)
+                fetch(next, lane + (s + 1) * STEP);
+            else if (s != 0)
+                fetch(raw, lane + s * STEP);
+            products(raw, s * STEP, false);
+            if (AHEAD)
 #pragma unroll
-            for (int t = 0; t < U; ++t)
+                for (int t = 0; t < U; ++t)
 #pragma unroll
-                for (int r = 0; r < R; ++r) raw[t][r] = next[t][r];
+                    for (int r = 0; r < R; ++r) raw[t][r] = next[t][r];
+        }
+        if (full * STEP < nu) {
+            if (!AHEAD && full != 0) fetch(raw, lane + full * STEP);
+            products(raw, full * STEP, true);
+        }
     }
 }
 
 // Rows j0..j0+R of a part of n rows of type Q.
-template <typename Q, int M, int R, int U>
+template <typename Q, int M, int R, int U, bool PP>
 __device__ __forceinline__ void qdot_rows(const u8* w, int n, int j0, const u8* xq, int k, int rows, int lane,
                                           float (&acc)[M][R]) {
     typename Q::Row wr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) wr[r] = Q::row(w, n, k, min(j0 + r, n - 1));
-    qdot_acc<Q, M, R, U>(wr, xq, k, rows, lane, acc);
+    qdot_acc<Q, M, R, U, PP>(wr, xq, k, rows, lane, acc);
 }
 
 template <typename A, typename B>
@@ -310,7 +367,7 @@ struct SameType<A, A> {
 // at columns r0 (+ r1) + j of y (row stride ldy) with bias at the same index. One type per
 // launch (QA = QB) keeps the registers of that type alone, so more warps stay resident; two
 // (a Q4_K_M qkv: Q4_K q and k, Q6_K v) save a launch.
-template <typename QA, typename QB, int M, int R, int UA, int UB>
+template <typename QA, typename QB, int M, int R, int UA, int UB, bool PP>
 __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* __restrict__ w0,
                                           const u8* __restrict__ w1, const u8* __restrict__ w2,
                                           const bf16* __restrict__ bias, bf16* __restrict__ y, int k, int r0,
@@ -337,9 +394,9 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
     if (!SameType<QA, QB>::value && col0 == r0 + r1)
-        qdot_rows<QB, M, R, UB>(w, n, j0, xq, k, rows, lane, acc);
+        qdot_rows<QB, M, R, UB, PP>(w, n, j0, xq, k, rows, lane, acc);
     else
-        qdot_rows<QA, M, R, UA>(w, n, j0, xq, k, rows, lane, acc);
+        qdot_rows<QA, M, R, UA, PP>(w, n, j0, xq, k, rows, lane, acc);
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -356,7 +413,7 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
 }
 
 // One warp per output column j: gate row j of wg and up row j of wu (f rows each, type Q).
-template <typename Q, int M, int U>
+template <typename Q, int M, int U, bool PP>
 __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const u8* __restrict__ wg,
                                                const u8* __restrict__ wu, bf16* __restrict__ y, int k, int f,
                                                int rows, int ldy) {
@@ -368,7 +425,7 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
     float acc[M][2];
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = 0.f;
-    qdot_acc<Q, M, 2, U>(wr, xq, k, rows, lane, acc);
+    qdot_acc<Q, M, 2, U, PP>(wr, xq, k, rows, lane, acc);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
         const float g = warp_sum(acc[m][0]), v = warp_sum(acc[m][1]);
@@ -379,8 +436,9 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
 // The fused gate/up kernel at one row of x is compiled for 5 blocks per SM on NVIDIA: ptxas
 // then keeps Q4_K's and Q6_K's to 96 registers without spilling (4 blocks of 4 warps at the
 // 120-126 they take otherwise), so more loads are in flight per SM. H100, 8B Q4_K_M decode at
-// batch 1: the gate/up kernels 1.03 -> 0.98 ms a step. Not for Q5_K (about 160 registers), nor
-// for the plain matmul (`qdot`, whose Q4_K kernel spilled at 96 and was slower).
+// batch 1: the gate/up kernels 1.03 -> 0.98 ms a step (session 11's decode); with Q4_KW, 5
+// blocks still beat the 80 registers ptxas picks unbounded (2.65 against 2.69 ms a step). Not
+// for Q5_K (about 160 registers), nor for the plain matmul.
 #if defined(KILN_CUDA)
 #define KILN_QDOT_SILU_BOUNDS_1 __launch_bounds__(QGEMV_WARPS * WARP, 5)
 #else
@@ -388,37 +446,42 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
 #endif
 #define KILN_QDOT_SILU_BOUNDS_0 __launch_bounds__(QGEMV_WARPS * WARP)
 #define KILN_QDOT_SILU_BOUNDS(FIVE) KILN_QDOT_SILU_BOUNDS_##FIVE
-// Units in flight per lane (U) by row bucket: more where a unit's registers are few. FIVE: 1
-// where the fused gate/up kernel of this type and row bucket runs at 5 blocks per SM.
-#define KILN_QDOT(QN, Q, M, U, FIVE)                                                                \
+// Per type (QN): the decode types at 1-2 rows (Q) and at 4-8 rows (Q4: Q4_K's whole-group
+// unit Q4_KW takes more registers at 4 and 8 rows and was slower there), the units in flight
+// per lane at one row for qdot (UQ) and qdot_silu (US), at two rows (U2; 4 and 8 rows take 1),
+// FIVE (1: the one-row qdot_silu runs at 5 blocks per SM on NVIDIA) and PP (the one- and
+// two-row loops take two steps a trip, qdot_acc). H100, 8B decode at batch 1: Q8_0 gains from
+// UQ 4 and PP; Q4_K lost with PP, so did Q4_K's qdot at UQ 2 (Q4_KW, 32 bytes a unit).
+#define KILN_QDOT(QN, Q, M, UQ, US, FIVE, PP)                                                       \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
         qdot_##QN##_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2, const bf16* bias, \
                               bf16* y, int k, int r0, int r1, int r2, int rows, int ldy) {          \
-        qdot_impl<Q, Q, M, 2, U, U>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);             \
+        qdot_impl<Q, Q, M, 2, UQ, UQ, PP>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);       \
     }                                                                                               \
     extern "C" __global__ void KILN_QDOT_SILU_BOUNDS(FIVE)                                          \
         qdot_silu_##QN##_bf16_m##M(const u8* xq, const u8* wg, const u8* wu, bf16* y, int k, int f, \
                                    int rows, int ldy) {                                             \
-        qdot_silu_impl<Q, M, U>(xq, wg, wu, y, k, f, rows, ldy);                                    \
+        qdot_silu_impl<Q, M, US, PP>(xq, wg, wu, y, k, f, rows, ldy);                               \
     }
-#define KILN_QDOT_T(QN, Q, U1, U2, FIVE)                                                            \
-    KILN_QDOT(QN, Q, 1, U1, FIVE) KILN_QDOT(QN, Q, 2, U2, 0) KILN_QDOT(QN, Q, 4, 1, 0) KILN_QDOT(QN, Q, 8, 1, 0)
-KILN_IN_PART(q80, KILN_QDOT_T(q80, Q8_0, 2, 1, 1))
-KILN_IN_PART(q40, KILN_QDOT_T(q40, Q4_0, 2, 1, 1))
-KILN_IN_PART(q4k, KILN_QDOT_T(q4k, Q4_K, 2, 1, 1))
-KILN_IN_PART(q5k, KILN_QDOT_T(q5k, Q5_K, 2, 1, 0))
-KILN_IN_PART(q6k, KILN_QDOT_T(q6k, Q6_K, 1, 1, 1))
-// q and k of type Q, v of Q6_K in one launch (llama.cpp's Q4_K_M and Q5_K_M give attn_v more
-// bits).
+#define KILN_QDOT_T(QN, Q, Q4, UQ, US, U2, FIVE, PP)                                                \
+    KILN_QDOT(QN, Q, 1, UQ, US, FIVE, PP) KILN_QDOT(QN, Q, 2, U2, U2, 0, PP)                        \
+    KILN_QDOT(QN, Q4, 4, 1, 1, 0, PP) KILN_QDOT(QN, Q4, 8, 1, 1, 0, PP)
+KILN_IN_PART(q80, KILN_QDOT_T(q80, Q8_0, Q8_0, 4, 2, 1, 1, true))
+KILN_IN_PART(q40, KILN_QDOT_T(q40, Q4_0, Q4_0, 2, 2, 1, 1, false))
+KILN_IN_PART(q4k, KILN_QDOT_T(q4k, Q4_KW, Q4_K, 1, 1, 1, 1, false))
+KILN_IN_PART(q5k, KILN_QDOT_T(q5k, Q5_K, Q5_K, 2, 2, 1, 0, false))
+KILN_IN_PART(q6k, KILN_QDOT_T(q6k, Q6_K, Q6_K, 1, 1, 1, 1, false))
+// q and k of type Q (Q4 at 4-8 rows), v of Q6_K in one launch (llama.cpp's Q4_K_M and Q5_K_M
+// give attn_v more bits).
 #define KILN_QDOT_MIX(QN, Q, M, U)                                                                  \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
         qdotmix_##QN##_q6k_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2,         \
                                   const bf16* bias, bf16* y, int k, int r0, int r1, int r2,         \
                                   int rows, int ldy) {                                              \
-        qdot_impl<Q, Q6_K, M, 2, U, 1>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);          \
+        qdot_impl<Q, Q6_K, M, 2, U, 1, false>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);   \
     }
-#define KILN_QDOT_MIX_T(QN, Q) \
-    KILN_QDOT_MIX(QN, Q, 1, 2) KILN_QDOT_MIX(QN, Q, 2, 1) KILN_QDOT_MIX(QN, Q, 4, 1) KILN_QDOT_MIX(QN, Q, 8, 1)
-KILN_IN_PART(q4k, KILN_QDOT_MIX_T(q4k, Q4_K))
-KILN_IN_PART(q5k, KILN_QDOT_MIX_T(q5k, Q5_K))
+#define KILN_QDOT_MIX_T(QN, Q, Q4, U1) \
+    KILN_QDOT_MIX(QN, Q, 1, U1) KILN_QDOT_MIX(QN, Q, 2, 1) KILN_QDOT_MIX(QN, Q4, 4, 1) KILN_QDOT_MIX(QN, Q4, 8, 1)
+KILN_IN_PART(q4k, KILN_QDOT_MIX_T(q4k, Q4_KW, Q4_K, 1))
+KILN_IN_PART(q5k, KILN_QDOT_MIX_T(q5k, Q5_K, Q5_K, 2))
 #endif

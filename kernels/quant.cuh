@@ -19,6 +19,12 @@
 // the run's 32-element block) when XSUM (the k-quants' min and centering). The quants are
 // centred (Q4_0 and Q4_K less 8, Q5_K less 16, Q6_K less 32) so that the activations'
 // rounding error multiplies small values.
+//
+// unit8() is the decode of qdot (qgemv.cu): a whole unit's runs at once, the quants left
+// uncentred as unsigned bytes (dp4a_us), scale and min decoded once per unit. Run ri's
+// integer dot is taken from cw(ri) . x (signed bytes: minus the centre) instead of 0, so the
+// sum is exactly run8's centred one; a run whose quant bytes are f times the quants (Q4_0 and
+// Q4_K high nibbles left in place: f = 16, cw = -128 per byte) has sc divided by f, exact.
 
 __device__ __forceinline__ size_t plane_align(size_t b) { return (b + 255) & ~(size_t)255; }
 
@@ -124,6 +130,19 @@ __device__ __forceinline__ int dp4a(u32 a, u32 b, int c) {
 #endif
 }
 
+// c + the dot product of the four unsigned bytes of a and the four signed bytes of b.
+__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {
+#if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+    int r;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+#else
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c += (int)((a >> (8 * i)) & 0xffu) * (int)(signed char)(b >> (8 * i));
+    return c;
+#endif
+}
+
 // Each byte of v (0..127) less `bias` (at most 128), as signed bytes (no borrow crosses bytes).
 __device__ __forceinline__ u32 bytes_less(u32 v, u32 bias) {
     return ((v | 0x80808080u) - bias * 0x01010101u) ^ 0x80808080u;
@@ -154,7 +173,9 @@ __device__ __forceinline__ void kq_scale_min(const vec4u& meta, int j, float& sc
 // ---- Q8_0: unit = half a block, 16 quants (1 run) ---------------------------------------
 struct Q8_0 {
     static constexpr int UNIT = 16, RUNS = 1;
-    static constexpr bool MIN = false, XSUM = false;
+    static constexpr bool MIN = false, XSUM = false, CENTRED = false;
+    static __device__ __forceinline__ constexpr u32 cw(int) { return 0u; }
+    static __device__ __forceinline__ constexpr bool xsum_run(int) { return false; }
     struct Row {
         const u8* qs;
         const u16* d;
@@ -183,12 +204,18 @@ struct Q8_0 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) q[i] = word(raw.q, i);
     }
+    static __device__ __forceinline__ void unit8(const Raw& raw, int lo, u32 (&q)[RUNS][4], float (&sc)[RUNS],
+                                                 float (&mn)[RUNS]) {
+        run8(raw, lo, 0, q[0], sc[0], mn[0]);
+    }
 };
 
 // ---- Q4_0: unit = one block of 32 (low nibbles: run 0, high: run 1) -----------------------
 struct Q4_0 {
     static constexpr int UNIT = 32, RUNS = 2;
-    static constexpr bool MIN = false, XSUM = false;
+    static constexpr bool MIN = false, XSUM = false, CENTRED = true;
+    static __device__ __forceinline__ constexpr u32 cw(int ri) { return ri == 0 ? 0xf8f8f8f8u : 0x80808080u; }
+    static __device__ __forceinline__ constexpr bool xsum_run(int) { return false; }
     struct Row {
         const u8* qs;
         const u16* d;
@@ -217,6 +244,19 @@ struct Q4_0 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) q[i] = bytes_less((word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu, 8u);
     }
+    // Run 1's quants stay in the high nibbles (16 q): its scale is d / 16.
+    static __device__ __forceinline__ void unit8(const Raw& raw, int, u32 (&q)[RUNS][4], float (&sc)[RUNS],
+                                                 float (&mn)[RUNS]) {
+        const float d = half_to_f(raw.d);
+        sc[0] = d;
+        sc[1] = d * 0.0625f;
+        mn[0] = mn[1] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            q[0][i] = word(raw.q, i) & 0x0f0f0f0fu;
+            q[1][i] = word(raw.q, i) & 0xf0f0f0f0u;
+        }
+    }
 };
 
 // ---- Q4_K / Q5_K: unit = 16 quant bytes of one 32-byte group g of a super-block: elements
@@ -224,7 +264,10 @@ struct Q4_0 {
 template <bool Q5>
 struct QK45 {
     static constexpr int UNIT = 32, RUNS = 2;
-    static constexpr bool MIN = true, XSUM = true;
+    static constexpr bool MIN = true, XSUM = true, CENTRED = true;
+    // Q5_K: -16 for both runs; Q4_K: -8, and -128 for run 1 (high nibbles in place).
+    static __device__ __forceinline__ constexpr u32 cw(int ri) { return Q5 ? 0xf0f0f0f0u : ri == 0 ? 0xf8f8f8f8u : 0x80808080u; }
+    static __device__ __forceinline__ constexpr bool xsum_run(int) { return true; }
     struct Row {
         const u8* qs;
         const u8* qh;
@@ -280,14 +323,98 @@ struct QK45 {
             q[i] = bytes_less(v, C);
         }
     }
+    // Both runs: sub-blocks 2g and 2g + 1 (g = (lo & 7) / 2, the same for every unit of a
+    // lane), their 6-bit scales and mins are bytes 2(g & 1) and 2(g & 1) + 1 of meta words
+    // y/z (g < 2) or of w's nibbles with y/z's top bits (g >= 2): shifts and masks that are
+    // lane constants.
+    static __device__ __forceinline__ void unit8(const Raw& raw, int lo, u32 (&q)[RUNS][4], float (&sc)[RUNS],
+                                                 float (&mn)[RUNS]) {
+        constexpr u32 C = Q5 ? 16u : 8u;
+        const int g = (lo & 7) >> 1;
+        const int sh = 16 * (g & 1), ysh = sh + (g >= 2 ? 2 : 0);
+        const u32 mhi = g >= 2 ? 0x3030u : 0x3f3fu, mlo = g >= 2 ? 0x0f0fu : 0u;
+        const u32 s2 = ((raw.meta.y >> ysh) & mhi) | ((raw.meta.w >> sh) & mlo);
+        const u32 m2 = ((raw.meta.z >> ysh) & mhi) | ((raw.meta.w >> (sh + 4)) & mlo);
+        const float d = half_to_f(raw.meta.x & 0xffffu), dmin = half_to_f(raw.meta.x >> 16);
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+            const float s = byte_f(s2, ri) - 8388608.0f, m = byte_f(m2, ri) - 8388608.0f;
+            const float scr = d * s;
+            sc[ri] = Q5 || ri == 0 ? scr : scr * 0.0625f;
+            mn[ri] = (lo & 1) ? 0.f : fmaf((float)C, scr, -dmin * m);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 w = word(raw.q, i);
+            if (Q5) {
+                const int sub = 2 * ((lo & 7) >> 1);
+                q[0][i] = (w & 0x0f0f0f0fu) | (((word(raw.h, i) >> sub) & 0x01010101u) << 4);
+                q[1][i] = ((w >> 4) & 0x0f0f0f0fu) | (((word(raw.h, i) >> (sub + 1)) & 0x01010101u) << 4);
+            } else {
+                q[0][i] = w & 0x0f0f0f0fu;
+                q[1][i] = w & 0xf0f0f0f0u;
+            }
+        }
+    }
 };
 typedef QK45<false> Q4_K;
 typedef QK45<true> Q5_K;
 
+// ---- Q4_K for qdot only: unit = one whole 32-byte group g of a super-block (64 weights:
+// sub-blocks 2g and 2g + 1), so a lane decodes the group's two scales and mins once and adds
+// each sub-block's min term once. Runs: low nibbles of bytes 0-15 and 16-31 (sub-block 2g),
+// then the high nibbles of the same (2g + 1, left in place: sc / 16). Same device layout
+// and Row as Q4_K.
+struct Q4_KW {
+    static constexpr int UNIT = 64, RUNS = 4;
+    static constexpr bool MIN = true, XSUM = true, CENTRED = true;
+    static __device__ __forceinline__ constexpr u32 cw(int ri) { return ri < 2 ? 0xf8f8f8f8u : 0x80808080u; }
+    // The min term (mn * the exact sum of x's block of 32) once per sub-block: runs 0 and 2.
+    static __device__ __forceinline__ constexpr bool xsum_run(int ri) { return (ri & 1) == 0; }
+    typedef Q4_K::Row Row;
+    struct Raw {
+        vec4u q0, q1, meta;
+    };
+    static __device__ __forceinline__ Row row(const u8* w, int n, int k, int j) { return Q4_K::row(w, n, k, j); }
+    static __device__ __forceinline__ Raw load(const Row& r, int u) {
+        const vec4u* q = reinterpret_cast<const vec4u*>(r.qs) + 2 * u;
+        return Raw{ld_stream(q), ld_stream(q + 1), r.meta[u >> 2]};
+    }
+    static __device__ __forceinline__ int xoff(int u, int ri) {
+        return 256 * (u >> 2) + 64 * (u & 3) + 16 * (ri & 1) + 32 * (ri >> 1);
+    }
+    static __device__ __forceinline__ void unit8(const Raw& raw, int lo, u32 (&q)[RUNS][4], float (&sc)[RUNS],
+                                                 float (&mn)[RUNS]) {
+        const int g = lo & 3;  // the same for every unit of a lane (units step by whole warps)
+        const int sh = 16 * (g & 1), ysh = sh + (g >= 2 ? 2 : 0);
+        const u32 mhi = g >= 2 ? 0x3030u : 0x3f3fu, mlo = g >= 2 ? 0x0f0fu : 0u;
+        const u32 s2 = ((raw.meta.y >> ysh) & mhi) | ((raw.meta.w >> sh) & mlo);
+        const u32 m2 = ((raw.meta.z >> ysh) & mhi) | ((raw.meta.w >> (sh + 4)) & mlo);
+        const float d = half_to_f(raw.meta.x & 0xffffu), dmin = half_to_f(raw.meta.x >> 16);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float s = byte_f(s2, h) - 8388608.0f, m = byte_f(m2, h) - 8388608.0f;
+            const float scr = d * s;
+            sc[2 * h] = sc[2 * h + 1] = h == 0 ? scr : scr * 0.0625f;
+            mn[2 * h] = fmaf(8.f, scr, -dmin * m);
+            mn[2 * h + 1] = 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            q[0][i] = word(raw.q0, i) & 0x0f0f0f0fu;
+            q[1][i] = word(raw.q1, i) & 0x0f0f0f0fu;
+            q[2][i] = word(raw.q0, i) & 0xf0f0f0f0u;
+            q[3][i] = word(raw.q1, i) & 0xf0f0f0f0u;
+        }
+    }
+};
+
 // ---- Q6_K: unit = l0..l0+16 of one half h of a super-block: 4 runs, one scale each --------
 struct Q6_K {
     static constexpr int UNIT = 64, RUNS = 4;
-    static constexpr bool MIN = false, XSUM = false;
+    static constexpr bool MIN = false, XSUM = false, CENTRED = true;
+    static __device__ __forceinline__ constexpr u32 cw(int) { return 0xe0e0e0e0u; }
+    static __device__ __forceinline__ constexpr bool xsum_run(int) { return false; }
     struct Row {
         const u8* ql;
         const u8* qh;
@@ -349,6 +476,25 @@ struct Q6_K {
             const u32 qq = (ri < 2 ? lw : lw >> 4) & 0x0f0f0f0fu;
             const u32 hb = ((word(raw.h, i) >> (2 * ri)) & 0x03030303u) << 4;
             q[i] = bytes_less(qq | hb, 32u);
+        }
+    }
+    static __device__ __forceinline__ void unit8(const Raw& raw, int lo, u32 (&q)[RUNS][4], float (&sc)[RUNS],
+                                                 float (&mn)[RUNS]) {
+        const int h = (lo >> 1) & 1, c = lo & 1;
+        const float d = half_to_f(raw.d);
+#pragma unroll
+        for (int ri = 0; ri < 4; ++ri) {
+            const u32 wsel = ri < 2 ? (h ? raw.sc.z : raw.sc.x) : (h ? raw.sc.w : raw.sc.y);
+            const int s = (int)(signed char)((wsel >> (8 * ((c + 2 * ri) & 3))) & 0xffu);
+            sc[ri] = d * (float)s;
+            mn[ri] = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u32 lw = word(ri & 1 ? raw.b : raw.a, i);
+                const u32 qq = (ri < 2 ? lw : lw >> 4) & 0x0f0f0f0fu;
+                const u32 hb = ((word(raw.h, i) >> (2 * ri)) & 0x03030303u) << 4;
+                q[ri][i] = qq | hb;
+            }
         }
     }
 };

@@ -131,6 +131,12 @@ fn quant_matmuls<B: TestBackend>(b: &mut B) {
             let w = raw(&mut rng, ty, m, k);
             check_matmul(b, &mut rng, w, m == 37, &ROWS, &ty.to_string());
         }
+        if gpu(b) {
+            // k = 6400: the decode kernels' (1-8 rows) unchecked whole steps, then a partial
+            // one (of one step or of two, after an odd count of whole steps), for every type.
+            let w = raw(&mut rng, ty, 64, 6400);
+            check_matmul(b, &mut rng, w, false, &[1, 2, 4, 8], &ty.to_string());
+        }
     }
     // F16 weights, converted to the compute type on the device.
     let bytes: Vec<u8> = random(&mut rng, 45 * 512, 1.0)
@@ -188,6 +194,9 @@ fn quant_glu<B: TestBackend>(b: &mut B) {
     cases.push((GgmlType::Q4K, GgmlType::Q6K, 96, 512));
     if gpu(b) {
         cases.push((GgmlType::Q4K, GgmlType::Q4K, 1024, 4096));
+        // Whole steps then a partial one in the one-row kernels (Q8_0: two steps a trip).
+        cases.push((GgmlType::Q8_0, GgmlType::Q8_0, 64, 6400));
+        cases.push((GgmlType::Q4K, GgmlType::Q4K, 64, 6400));
     }
     for (tg, tu, f, k) in cases {
         let w = HostTensor::concat_rows(vec![raw(&mut rng, tg, f, k), raw(&mut rng, tu, f, k)])
