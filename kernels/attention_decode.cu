@@ -14,21 +14,9 @@
 // accumulates its own dims of P . V with no shared memory. At the end the streams of a warp
 // merge through shuffles, the warps through shared memory.
 
-// Asynchronous 16-byte global -> shared copies (NVIDIA sm_80+): the decode variant stages
-// K/V in shared memory a few steps ahead without holding them in registers. `ok == false`
-// fills zeros (source size 0). Each thread copies and later reads only its own slots, so
-// waiting on its own groups is all the ordering needed.
-#if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define KILN_CP_ASYNC 1
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-    u32 s;
-    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-#endif
+// The decode variant stages K/V in shared memory a few steps ahead by cp.async (NVIDIA sm_80+,
+// prelude.cuh) without holding them in registers. Each thread copies and later reads only
+// its own slots, so waiting on its own groups is all the ordering needed.
 
 // Loads of partials other blocks of the same launch wrote (attn_dec_merge): from L2, never
 // a possibly stale L1 line (NVIDIA: ld.global.cg; AMD: volatile loads bypass the vector L1).
@@ -161,7 +149,7 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
     constexpr int NT = NW * WARP;
     constexpr int STAGE = U * 2 * CPL;                // chunks per thread and stage
     constexpr int MERGE_BYTES = NW * QV * (D + 2) * 4;
-#if defined(KILN_CP_ASYNC)
+#if defined(KILN_SM80)
     constexpr int SMEM_MAX = 48 * 1024;               // static shared memory per block
     constexpr int NST = 3 * STAGE * NT * 16 <= SMEM_MAX ? 3 : 2 * STAGE * NT * 16 <= SMEM_MAX ? 2 : 0;
 #else
@@ -285,7 +273,7 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
         };
         // Stage ahead: issue the copies of step j (group j), NST - 1 steps before its use.
         auto issue = [&](int j) {
-#if defined(KILN_CP_ASYNC)
+#if defined(KILN_SM80)
             const int c0 = kv0 + j * S * U;
             if (c0 < lim) {
                 const Raw* kp[U];
@@ -297,8 +285,8 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
                 for (int u = 0; u < U; ++u)
 #pragma unroll
                     for (int c = 0; c < CPL; ++c) {
-                        cp_async16(dst + ((u * 2) * CPL + c) * NT, kp[u] + c * TPR, ok[u]);
-                        cp_async16(dst + ((u * 2 + 1) * CPL + c) * NT, vp[u] + c * TPR, ok[u]);
+                        cp_async16(smem_u32(dst + ((u * 2) * CPL + c) * NT), kp[u] + c * TPR, ok[u] ? 16u : 0u);
+                        cp_async16(smem_u32(dst + ((u * 2 + 1) * CPL + c) * NT), vp[u] + c * TPR, ok[u] ? 16u : 0u);
                     }
             }
             cp_async_commit();
@@ -315,7 +303,7 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
             Raw kr[U][CPL], vr[U][CPL];
             if constexpr (NST > 0) {
                 issue(j + NST - 1);
-#if defined(KILN_CP_ASYNC)
+#if defined(KILN_SM80)
                 cp_async_wait<NST - 1>();
 #endif
                 const Raw* src = stage_s + (size_t)(j % (NST > 0 ? NST : 1)) * STAGE * NT + threadIdx.x;

@@ -27,56 +27,9 @@
 constexpr int TC_BN = 32;      // positions per K/V tile
 constexpr int TC_STAGES = 2;   // K/V tiles in flight (cp.async)
 
-#if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(KILN_SM80)
 #define KILN_MMA 1
 
-__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four 8x8 b16 matrices from shared memory, transposed: lanes 8i..8i+7 give the row
-// addresses of matrix i (16-byte aligned); register i holds, for this lane, column g of
-// matrix i at rows 2c and 2c + 1 - the B fragment half (k = rows) of mma.m16n8k16.
-__device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], const void* row) {
-    u32 a;
-    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-// (lo, hi) rounded to nearest even, packed: lo in the low half.
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-__device__ __forceinline__ u32 tc_smem(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-// Four (or two) 8x8 b16 matrices from shared memory, not transposed: register i holds, for
-// this lane, row g of matrix i at columns 2c, 2c + 1 - with K rows (positions) as matrix rows,
-// the B fragment half of Q . K^T (k = head dims).
-__device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x2(u32 r[2], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
-}
-// 16 bytes global -> shared without the registers (zeros when `bytes` is 0), and the waits.
-__device__ __forceinline__ void tc_cp16(u32 dst, const void* src, u32 bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void tc_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 // 2^x (scores in the log2 domain are at most 2^8 above their reference: no overflow).
 __device__ __forceinline__ float tc_exp2(float x) {
     float r;
@@ -178,22 +131,22 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
             const size_t slot = ok ? (size_t)table[pos / block_size] * block_size + pos % block_size : 0;
             const bf16* kr = kbase + slot * width;
             const bf16* vr = vbase + slot * width;
-            const u32 ks = tc_smem(kv_s + st * KV_STAGE + lp * KS), vs = ks + TC_BN * KS * 2;
+            const u32 ks = smem_u32(kv_s + st * KV_STAGE + lp * KS), vs = ks + TC_BN * KS * 2;
 #pragma unroll
             for (int i = 0; i < LCH; ++i) {
                 const int ch = lc0 + i * LSTEP;
                 if (ND % LSTEP == 0 || ch < ND) {
-                    tc_cp16(ks + ch * 16, kr + ch * 8, ok ? 16u : 0u);
-                    tc_cp16(vs + ch * 16, vr + ch * 8, ok ? 16u : 0u);
+                    cp_async16(ks + ch * 16, kr + ch * 8, ok ? 16u : 0u);
+                    cp_async16(vs + ch * 16, vr + ch * 8, ok ? 16u : 0u);
                 }
             }
-            tc_cp_commit();
+            cp_async_commit();
         };
         __syncthreads();  // the previous pass's merge is done with the shared memory
         if (kv0 < lim) load_tile(kv0, 0);
         int st = 0;
         for (int c0 = kv0; c0 < lim; c0 += TC_BN, st ^= 1) {
-            tc_cp_wait_all();
+            cp_async_wait<0>();
             __syncthreads();  // tile c0 is in stage st; every warp is done with stage st ^ 1
             if (c0 + TC_BN < lim) load_tile(c0 + TC_BN, st ^ 1);
             if (!active || c0 + col0 >= lim) continue;
@@ -207,17 +160,17 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
             for (int j = 0; j < 4; ++j) {
                 sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
                 if (j * 8 < cw) {
-                    const u32 kr = tc_smem(k_s + (col0 + j * 8 + (lane & 7)) * KS + (lane >> 3) * 8);
+                    const u32 kr = smem_u32(k_s + (col0 + j * 8 + (lane & 7)) * KS + (lane >> 3) * 8);
 #pragma unroll
                     for (int kk = 0; kk < NK; kk += 2) {
                         if (kk + 1 < NK) {
                             u32 b[4];
-                            ldmatrix_x4(b, kr + kk * 32);
+                            ldsm_x4(b, kr + kk * 32);
                             mma_bf16(sc[j], qf[kk], b[0], b[1]);
                             mma_bf16(sc[j], qf[kk + 1], b[2], b[3]);
                         } else {
                             u32 b[2];
-                            ldmatrix_x2(b, kr + kk * 32);
+                            ldsm_x2(b, kr + kk * 32);
                             mma_bf16(sc[j], qf[kk], b[0], b[1]);
                         }
                     }
@@ -287,7 +240,7 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
 #pragma unroll
                     for (int jj = 0; jj < ND / 2; ++jj) {
                         u32 b[4];
-                        ldmatrix_x4_trans(b, vr + jj * 16);
+                        ldsm_x4_trans(b, smem_u32(vr + jj * 16));
                         mma_bf16(o[2 * jj], a, b[0], b[1]);
                         mma_bf16(o[2 * jj + 1], a, b[2], b[3]);
                     }

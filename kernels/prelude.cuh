@@ -55,6 +55,62 @@ __device__ __forceinline__ void sync_warp() { __syncwarp(); }
 #define KILN_PDL_TRIGGER() ((void)0)
 #endif
 
+// Tensor cores and asynchronous copies (NVIDIA sm_80+: KILN_SM80; the kernels that use them
+// keep a portable body for every other target):
+//   smem_u32(p):               the shared-memory address of a generic pointer p
+//   cp_async16(dst, src, n):   16 bytes global -> shared (dst a smem_u32 address) without
+//                              the registers; n = 0 fills zeros (src is not read)
+//   cp_async_commit(), cp_async_wait<N>(): close a group of copies; wait until at most N of
+//                              this thread's groups are in flight
+//   ldsm_x4/x2(r, a), ldsm_x4_trans(r, a): ldmatrix of 8x8 b16 matrices (lanes 8i..8i+7 give
+//                              the row addresses of matrix i; register i holds, for lane
+//                              (g = lane / 4, c = lane % 4), row g at columns 2c, 2c + 1, or
+//                              with .trans column g at rows 2c, 2c + 1)
+//   mma_bf16(c, a, b0, b1):    c += a . b, mma.m16n8k16 bf16 with f32 accumulation
+//   pack_bf16(lo, hi):         two floats rounded to bf16 (nearest even), lo in the low half
+#if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+#define KILN_SM80 1
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(u32 r[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x2(u32 r[2], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32 r[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void mma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#endif
+
 // bfloat16 storage: the top 16 bits of an IEEE float. Same layout as __nv_bfloat16 and
 // hip_bfloat16, so buffers are shared with cuBLAS / hipBLAS as-is.
 struct bf16 {

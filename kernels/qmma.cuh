@@ -38,29 +38,8 @@ constexpr int QMMA_BN = 64;       // weight rows (output columns) per block (the
 constexpr int QMMA_BK = 128;      // columns per k-tile: k must be a multiple (host checks)
 constexpr int QMMA_THREADS = 128;  // threads per block (the default)
 
-#if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(KILN_SM80)
 #define KILN_QMMA_TC 1
-__device__ __forceinline__ u32 qmma_smem(const void* p) {
-    u32 s;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(p));
-    return s;
-}
-// 16 bytes global -> shared, asynchronously; `bytes` 0 fills zeros.
-__device__ __forceinline__ void qmma_cp16(u32 dst, const void* src, u32 bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void qmma_ldm4(u32 r[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-__device__ __forceinline__ void qmma_bf16(float c[4], const u32 a[4], u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 #endif
 
 // The bf16 tiles' layout in shared memory. On tensor cores: rows of QMMA_BK values with no
@@ -84,9 +63,7 @@ __device__ __forceinline__ int qmma_at(int r, int col) { return r * QMMA_ROW + c
 // (lo, hi) rounded to bf16, packed: lo in the low half.
 __device__ __forceinline__ u32 qmma_pack(float lo, float hi) {
 #if defined(KILN_QMMA_TC)
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
+    return pack_bf16(lo, hi);
 #else
     return Chunk<bf16>::pair(lo, hi);
 #endif
@@ -170,8 +147,8 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
     // so the stored chunk of k16 step kk is (2 kk) ^ (h ^ qmma_swz(l, 2 kk)), h the lane's
     // half: e (kk < 4) or e ^ 1 (kk >= 4).
     const int xe = (lane / 16) ^ qmma_swz(lane, 0), we = ((lane / 8) & 1) ^ qmma_swz(lane, 0);
-    const u32 x_base = qmma_smem(x_s + (wm * MT * 16 + lane % 16) * QMMA_BK);
-    const u32 w_base = qmma_smem(w_s + (wn * WN + (lane / 16) * 8 + lane % 8) * QMMA_BK);
+    const u32 x_base = smem_u32(x_s + (wm * MT * 16 + lane % 16) * QMMA_BK);
+    const u32 w_base = smem_u32(w_s + (wn * WN + (lane / 16) * 8 + lane % 8) * QMMA_BK);
     float acc[MT][NJ][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -194,9 +171,9 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
 #pragma unroll
         for (int s = 0; s < XPT; ++s) {
             const int i = t + s * THREADS;
-            qmma_cp16(qmma_smem(xb + qmma_at(i / XC, (i % XC) * 8)), xp[s] + kt * XC, keep[s] & 16u);
+            cp_async16(smem_u32(xb + qmma_at(i / XC, (i % XC) * 8)), xp[s] + kt * XC, keep[s] & 16u);
         }
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        cp_async_commit();
     };
     if (XB == 2 && kt0 < nt) xcopy(kt0, 0);
 #endif
@@ -239,9 +216,9 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
         if (kt + 1 < nt) fetch(kt + 1);
 #if defined(KILN_QMMA_TC)
         if (XB == 2 && kt + 1 < nt)
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+            cp_async_wait<1>();
         else
-            asm volatile("cp.async.wait_all;\n" ::: "memory");
+            cp_async_wait<0>();
 #endif
         __syncthreads();
 #if defined(KILN_QMMA_TC)
@@ -254,15 +231,15 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
 #pragma unroll
             for (int jb = 0; jb < NJ / 2; ++jb) {
                 u32 bq[4];
-                qmma_ldm4(bq, w_base + 2 * (jb * 16 * QMMA_BK + ((2 * kk) ^ we ^ (kk >> 2)) * 8));
+                ldsm_x4(bq, w_base + 2 * (jb * 16 * QMMA_BK + ((2 * kk) ^ we ^ (kk >> 2)) * 8));
                 b[2 * jb][0] = bq[0], b[2 * jb][1] = bq[1], b[2 * jb + 1][0] = bq[2], b[2 * jb + 1][1] = bq[3];
             }
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 u32 a[4];
-                qmma_ldm4(a, xb_base + 2 * (mt * 16 * QMMA_BK + ((2 * kk) ^ xe ^ (kk >> 2)) * 8));
+                ldsm_x4(a, xb_base + 2 * (mt * 16 * QMMA_BK + ((2 * kk) ^ xe ^ (kk >> 2)) * 8));
 #pragma unroll
-                for (int j = 0; j < NJ; ++j) qmma_bf16(acc[mt][j], a, b[j][0], b[j][1]);
+                for (int j = 0; j < NJ; ++j) mma_bf16(acc[mt][j], a, b[j][0], b[j][1]);
             }
         }
 #else
@@ -424,8 +401,8 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
 
 #if defined(KILN_QMMA_TC)
     const int warp = t / WARP, lane = t % WARP, g = lane / 4, c = lane % 4;
-    const u32 x_base = qmma_smem(x_s + (lane % 16) * QMMA8_LD + (lane / 16) * 16);
-    const u32 w_base = qmma_smem(w_s + (warp * 16 + (lane / 16) * 8 + lane % 8) * QMMA8_LD + ((lane / 8) & 1) * 16);
+    const u32 x_base = smem_u32(x_s + (lane % 16) * QMMA8_LD + (lane / 16) * 16);
+    const u32 w_base = smem_u32(w_s + (warp * 16 + (lane / 16) * 8 + lane % 8) * QMMA8_LD + ((lane / 8) & 1) * 16);
     float acc[BM / 16][2][4];
 #pragma unroll
     for (int mt = 0; mt < BM / 16; ++mt)
@@ -446,12 +423,12 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
 #pragma unroll
         for (int s = 0; s < XPT; ++s) {
             const int i = t + s * QMMA_THREADS;
-            qmma_cp16(qmma_smem(xb + (i / XC) * QMMA8_LD + (i % XC) * 16), xp[s] + kt * XC, keep[s] & 16u);
+            cp_async16(smem_u32(xb + (i / XC) * QMMA8_LD + (i % XC) * 16), xp[s] + kt * XC, keep[s] & 16u);
         }
         if (t < SC)
-            qmma_cp16(qmma_smem(reinterpret_cast<u8*>(xd_s + buf * BM * NB) + 16 * t), sp + kt * (NB * 8 / 16),
+            cp_async16(smem_u32(reinterpret_cast<u8*>(xd_s + buf * BM * NB) + 16 * t), sp + kt * (NB * 8 / 16),
                       sr >= 0 ? 16u : 0u);
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        cp_async_commit();
     };
     if (kt0 < nt) xcopy(kt0, 0);
 #endif
@@ -494,9 +471,9 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
 #if defined(KILN_QMMA_TC)
         // Tile kt's copies are done (tile kt + 1's may still fly).
         if (kt + 1 < nt)
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+            cp_async_wait<1>();
         else
-            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            cp_async_wait<0>();
 #endif
         __syncthreads();
 #if defined(KILN_QMMA_TC)
@@ -505,7 +482,7 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
 #pragma unroll
         for (int b = 0; b < NB; ++b) {
             u32 bq[4];
-            qmma_ldm4(bq, w_base + 32 * b);
+            ldsm_x4(bq, w_base + 32 * b);
             // This lane's columns: 2c, 2c + 1 of n8 tile j (warp * 16 + 8j).
             float2 sw[2][2];
 #pragma unroll
@@ -518,7 +495,7 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
 #pragma unroll
             for (int mt = 0; mt < BM / 16; ++mt) {
                 u32 a[4];
-                qmma_ldm4(a, xb_base + mt * 16 * QMMA8_LD + 32 * b);
+                ldsm_x4(a, xb_base + mt * 16 * QMMA8_LD + 32 * b);
                 const QxScale xr[2] = {xd[(mt * 16 + g) * NB + b], xd[(mt * 16 + g + 8) * NB + b]};
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
