@@ -32,26 +32,12 @@
 // The host (`QMMA_WIDE`, `qmma_wide` in src/backend/gpu/matmul.rs) agrees.
 template <int BM, bool WIDE>
 struct QmmaShape {
-    static constexpr int BN = QMMA_BN, THREADS = QMMA_THREADS, WM = 1, XB = 1;
-};
 #if defined(KILN_QMMA_TC)
-template <>
-struct QmmaShape<16, false> {
-    static constexpr int BN = 64, THREADS = 128, WM = 1, XB = 2;
-};
-template <>
-struct QmmaShape<32, false> {
-    static constexpr int BN = 64, THREADS = 128, WM = 1, XB = 2;
-};
-template <>
-struct QmmaShape<64, false> {
-    static constexpr int BN = 64, THREADS = 128, WM = 2, XB = 2;
-};
-template <>
-struct QmmaShape<64, true> {
-    static constexpr int BN = 128, THREADS = 256, WM = 2, XB = 1;
-};
+    static constexpr int BN = WIDE ? 128 : 64, THREADS = WIDE ? 256 : 128, WM = BM == 64 ? 2 : 1, XB = WIDE ? 1 : 2;
+#else
+    static constexpr int BN = QMMA_BN, THREADS = QMMA_THREADS, WM = 1, XB = 1;
 #endif
+};
 
 // This block's share of the grid above: its part (weight, rows n, first output column col0;
 // `last`: part 2, of type QB), its columns n0.., its rows m0.. and its split's k-tiles

@@ -261,6 +261,19 @@ struct Q4_0 {
 
 // ---- Q4_K / Q5_K: unit = 16 quant bytes of one 32-byte group g of a super-block: elements
 // 16h..16h+16 of sub-blocks 2g (low nibbles, run 0) and 2g+1 (high nibbles, run 1) ----------
+// The 6-bit scales and mins of sub-blocks 2g and 2g + 1 of a Q4_K/Q5_K super-block (its
+// 16-byte meta: d, dmin, scales[12]) as bytes 0 and 1 of s2 and m2: bytes 2(g & 1) and
+// 2(g & 1) + 1 of meta words y/z (g < 2) or of w's nibbles with y/z's top bits (g >= 2),
+// shifts and masks that are lane constants where g is; d and dmin as floats.
+__device__ __forceinline__ void kq_group_scales(const vec4u& meta, int g, u32& s2, u32& m2, float& d, float& dmin) {
+    const int sh = 16 * (g & 1), ysh = sh + (g >= 2 ? 2 : 0);
+    const u32 mhi = g >= 2 ? 0x3030u : 0x3f3fu, mlo = g >= 2 ? 0x0f0fu : 0u;
+    s2 = ((meta.y >> ysh) & mhi) | ((meta.w >> sh) & mlo);
+    m2 = ((meta.z >> ysh) & mhi) | ((meta.w >> (sh + 4)) & mlo);
+    d = half_to_f(meta.x & 0xffffu);
+    dmin = half_to_f(meta.x >> 16);
+}
+
 template <bool Q5>
 struct QK45 {
     static constexpr int UNIT = 32, RUNS = 2;
@@ -324,18 +337,13 @@ struct QK45 {
         }
     }
     // Both runs: sub-blocks 2g and 2g + 1 (g = (lo & 7) / 2, the same for every unit of a
-    // lane), their 6-bit scales and mins are bytes 2(g & 1) and 2(g & 1) + 1 of meta words
-    // y/z (g < 2) or of w's nibbles with y/z's top bits (g >= 2): shifts and masks that are
-    // lane constants.
+    // lane), their scales and mins decoded at once (kq_group_scales).
     static __device__ __forceinline__ void unit8(const Raw& raw, int lo, u32 (&q)[RUNS][4], float (&sc)[RUNS],
                                                  float (&mn)[RUNS]) {
         constexpr u32 C = Q5 ? 16u : 8u;
-        const int g = (lo & 7) >> 1;
-        const int sh = 16 * (g & 1), ysh = sh + (g >= 2 ? 2 : 0);
-        const u32 mhi = g >= 2 ? 0x3030u : 0x3f3fu, mlo = g >= 2 ? 0x0f0fu : 0u;
-        const u32 s2 = ((raw.meta.y >> ysh) & mhi) | ((raw.meta.w >> sh) & mlo);
-        const u32 m2 = ((raw.meta.z >> ysh) & mhi) | ((raw.meta.w >> (sh + 4)) & mlo);
-        const float d = half_to_f(raw.meta.x & 0xffffu), dmin = half_to_f(raw.meta.x >> 16);
+        u32 s2, m2;
+        float d, dmin;
+        kq_group_scales(raw.meta, (lo & 7) >> 1, s2, m2, d, dmin);
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri) {
             const float s = byte_f(s2, ri) - 8388608.0f, m = byte_f(m2, ri) - 8388608.0f;
@@ -385,12 +393,9 @@ struct Q4_KW {
     }
     static __device__ __forceinline__ void unit8(const Raw& raw, int lo, u32 (&q)[RUNS][4], float (&sc)[RUNS],
                                                  float (&mn)[RUNS]) {
-        const int g = lo & 3;  // the same for every unit of a lane (units step by whole warps)
-        const int sh = 16 * (g & 1), ysh = sh + (g >= 2 ? 2 : 0);
-        const u32 mhi = g >= 2 ? 0x3030u : 0x3f3fu, mlo = g >= 2 ? 0x0f0fu : 0u;
-        const u32 s2 = ((raw.meta.y >> ysh) & mhi) | ((raw.meta.w >> sh) & mlo);
-        const u32 m2 = ((raw.meta.z >> ysh) & mhi) | ((raw.meta.w >> (sh + 4)) & mlo);
-        const float d = half_to_f(raw.meta.x & 0xffffu), dmin = half_to_f(raw.meta.x >> 16);
+        u32 s2, m2;  // g = lo & 3: the same for every unit of a lane (units step by whole warps)
+        float d, dmin;
+        kq_group_scales(raw.meta, lo & 3, s2, m2, d, dmin);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float s = byte_f(s2, h) - 8388608.0f, m = byte_f(m2, h) - 8388608.0f;
