@@ -2,7 +2,7 @@
 //! KV blocks, and hands back a stream of events per request.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
@@ -48,6 +48,10 @@ struct Shared {
     admission: Arc<Semaphore>,
     permits: usize,
     next_id: AtomicU64,
+    /// Turns of the router: among lanes equally loaded, each request starts its preference
+    /// one lane further, so requests routed at the same moment (before either one's blocks
+    /// are counted, or while a lane republishes its pool) still spread.
+    route_turn: AtomicUsize,
     /// The token trie and compiled grammars, built at the first constrained request.
     grammars: OnceLock<Result<Grammars, String>>,
 }
@@ -363,6 +367,7 @@ impl Engine {
             admission: Arc::new(Semaphore::new(permits)),
             permits,
             next_id: AtomicU64::new(1),
+            route_turn: AtomicUsize::new(0),
             grammars: OnceLock::new(),
         };
         let engine = Engine {
@@ -497,10 +502,13 @@ impl EngineClient {
         self.submit_valid(self.validate(req)?)
     }
 
-    /// The lane with the most free blocks (healthy lanes first, hung ones last); the blocks
-    /// the request will need are counted against it at once, so a burst spreads over the lanes.
+    /// The lane with the most free blocks (healthy lanes first, hung ones last; ties go
+    /// round the lanes by turns); the blocks the request will need are counted against it at
+    /// once, so a burst spreads over the lanes.
     fn route(&self, req: &ValidRequest) -> usize {
         let lanes = &self.shared.lanes;
+        let turn = self.shared.route_turn.fetch_add(1, Ordering::Relaxed);
+        let n = lanes.len().max(1);
         let i = (0..lanes.len())
             .max_by_key(|&i| {
                 let load = &lanes[i].load;
@@ -508,7 +516,7 @@ impl EngineClient {
                     load.healthy.load(Ordering::Relaxed),
                     !load.hung.load(Ordering::Relaxed),
                     load.free_blocks.load(Ordering::Relaxed),
-                    usize::MAX - i,
+                    usize::MAX - (i + n - turn % n) % n,
                 )
             })
             .unwrap_or(0);
