@@ -613,7 +613,10 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
 #else
 #define KILN_DEC_BOUNDS(TT, D, QV) __launch_bounds__(ATTN_WARPS * WARP)
 #endif
+// Each head size and pass size is a compile unit of its own (h128q4 ...).
 #define KILN_ATTN_DEC(N, TT, D, QV)                                                                     \
+    KILN_IN_PART(h##D##q##QV, KILN_ATTN_DEC_KERNEL(N, TT, D, QV))
+#define KILN_ATTN_DEC_KERNEL(N, TT, D, QV)                                                              \
     extern "C" __global__ void KILN_DEC_BOUNDS(TT, D, QV) attn_##N##_d##D##_dec##QV(                   \
         const TT *qkv, int qkv_stride, const TT *k_cache, const TT *v_cache, TT *out, float *part_acc,   \
         float *part_ml, const u32 *positions, const u32 *seqinfo, const u32 *tables, const u32 *items,  \
@@ -628,9 +631,9 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
 // Head size 256 (Gemma): up to 4 vectors per pass (8 would not fit the registers).
 #define KILN_ATTN_DEC_256(N, T) KILN_ATTN_DEC(N, T, 256, 1) KILN_ATTN_DEC(N, T, 256, 2) KILN_ATTN_DEC(N, T, 256, 4)
 #define KILN_ATTN_DECODE(N, T)                                                                       \
-    KILN_IN_PART(h64, KILN_ATTN_DEC_D(N, T, 64))                                                     \
-    KILN_IN_PART(h128, KILN_ATTN_DEC_D(N, T, 128))                                                   \
-    KILN_IN_PART(h256, KILN_ATTN_DEC_256(N, T))                                                      \
+    KILN_ATTN_DEC_D(N, T, 64)                                                                       \
+    KILN_ATTN_DEC_D(N, T, 128)                                                                      \
+    KILN_ATTN_DEC_256(N, T)                                                                         \
     KILN_IN_PART(common,                                                                            \
         extern "C" __global__ void attn_combine_##N(const float* part_acc, const float* part_ml,     \
                                                     const u32* splits, T* out, int n_heads, int hd,  \

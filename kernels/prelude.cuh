@@ -279,7 +279,10 @@ struct Chunk<float> {
 // Compile units (`Part` in src/backend/gpu/kernels.rs): the large sources are compiled once
 // per weight type (q80 ... q6k) or head size (h64 ... hany), plus `common` for the rest (and
 // i8q40 ... i8q6k: qmma.cu's 8-bit tiles of the types that do not take them by default;
-// sq80 ... sq6k: qgemv.cu's streaming matmuls on float activations, bf16's fallback), so
+// sq80 ... sq6k: qgemv.cu's streaming matmuls on float activations, bf16's fallback;
+// q4km2 ...: qgemv.cu's 8-bit decode kernels of 2, 4 and 8 rows of a type, whose 1-row ones
+// are in the type's part; h128q4 ...: attention_decode.cu's kernel of one head size and
+// pass size), so
 // a start-up waits only for the parts its model runs. The host defines KILN_PARTS and the
 // one KILN_PART_<tag> it wants as 1; without KILN_PARTS (hipcc, hipRTC, a whole-file
 // compile) every part is in. KILN_IN_PART(tag, ...) keeps its text only in that part.
@@ -350,6 +353,84 @@ struct Chunk<float> {
 #endif
 #ifndef KILN_PART_sq6k
 #define KILN_PART_sq6k KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q80m2
+#define KILN_PART_q80m2 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q80m4
+#define KILN_PART_q80m4 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q80m8
+#define KILN_PART_q80m8 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q40m2
+#define KILN_PART_q40m2 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q40m4
+#define KILN_PART_q40m4 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q40m8
+#define KILN_PART_q40m8 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q4km2
+#define KILN_PART_q4km2 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q4km4
+#define KILN_PART_q4km4 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q4km8
+#define KILN_PART_q4km8 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q5km2
+#define KILN_PART_q5km2 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q5km4
+#define KILN_PART_q5km4 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q5km8
+#define KILN_PART_q5km8 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q6km2
+#define KILN_PART_q6km2 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q6km4
+#define KILN_PART_q6km4 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_q6km8
+#define KILN_PART_q6km8 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h64q1
+#define KILN_PART_h64q1 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h64q2
+#define KILN_PART_h64q2 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h64q4
+#define KILN_PART_h64q4 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h64q8
+#define KILN_PART_h64q8 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h128q1
+#define KILN_PART_h128q1 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h128q2
+#define KILN_PART_h128q2 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h128q4
+#define KILN_PART_h128q4 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h128q8
+#define KILN_PART_h128q8 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h256q1
+#define KILN_PART_h256q1 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h256q2
+#define KILN_PART_h256q2 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_h256q4
+#define KILN_PART_h256q4 KILN_PART_DEFAULT
 #endif
 #define KILN_PART_IF_0(...)
 #define KILN_PART_IF_1(...) __VA_ARGS__

@@ -463,14 +463,17 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
                                    int rows, int ldy) {                                             \
         qdot_silu_impl<Q, M, US, PP>(xq, wg, wu, y, k, f, rows, ldy);                               \
     }
+// Each row count is a compile unit of its own (1 row in the type's part, QN; then QNm2 ...).
 #define KILN_QDOT_T(QN, Q, Q4, UQ, US, U2, FIVE, PP)                                                \
-    KILN_QDOT(QN, Q, 1, UQ, US, FIVE, PP) KILN_QDOT(QN, Q, 2, U2, U2, 0, PP)                        \
-    KILN_QDOT(QN, Q4, 4, 1, 1, 0, PP) KILN_QDOT(QN, Q4, 8, 1, 1, 0, PP)
-KILN_IN_PART(q80, KILN_QDOT_T(q80, Q8_0, Q8_0, 4, 2, 1, 1, true))
-KILN_IN_PART(q40, KILN_QDOT_T(q40, Q4_0, Q4_0, 2, 2, 1, 1, false))
-KILN_IN_PART(q4k, KILN_QDOT_T(q4k, Q4_KW, Q4_K, 1, 1, 1, 1, false))
-KILN_IN_PART(q5k, KILN_QDOT_T(q5k, Q5_K, Q5_K, 2, 2, 1, 0, false))
-KILN_IN_PART(q6k, KILN_QDOT_T(q6k, Q6_K, Q6_K, 1, 1, 1, 1, false))
+    KILN_IN_PART(QN, KILN_QDOT(QN, Q, 1, UQ, US, FIVE, PP))                                         \
+    KILN_IN_PART(QN##m2, KILN_QDOT(QN, Q, 2, U2, U2, 0, PP))                                        \
+    KILN_IN_PART(QN##m4, KILN_QDOT(QN, Q4, 4, 1, 1, 0, PP))                                         \
+    KILN_IN_PART(QN##m8, KILN_QDOT(QN, Q4, 8, 1, 1, 0, PP))
+KILN_QDOT_T(q80, Q8_0, Q8_0, 4, 2, 1, 1, true)
+KILN_QDOT_T(q40, Q4_0, Q4_0, 2, 2, 1, 1, false)
+KILN_QDOT_T(q4k, Q4_KW, Q4_K, 1, 1, 1, 1, false)
+KILN_QDOT_T(q5k, Q5_K, Q5_K, 2, 2, 1, 0, false)
+KILN_QDOT_T(q6k, Q6_K, Q6_K, 1, 1, 1, 1, false)
 // q and k of type Q (Q4 at 4-8 rows), v of Q6_K in one launch (llama.cpp's Q4_K_M and Q5_K_M
 // give attn_v more bits).
 #define KILN_QDOT_MIX(QN, Q, M, U)                                                                  \
@@ -480,8 +483,9 @@ KILN_IN_PART(q6k, KILN_QDOT_T(q6k, Q6_K, Q6_K, 1, 1, 1, 1, false))
                                   int rows, int ldy) {                                              \
         qdot_impl<Q, Q6_K, M, 2, U, 1, false>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);   \
     }
-#define KILN_QDOT_MIX_T(QN, Q, Q4, U1) \
-    KILN_QDOT_MIX(QN, Q, 1, U1) KILN_QDOT_MIX(QN, Q, 2, 1) KILN_QDOT_MIX(QN, Q4, 4, 1) KILN_QDOT_MIX(QN, Q4, 8, 1)
-KILN_IN_PART(q4k, KILN_QDOT_MIX_T(q4k, Q4_KW, Q4_K, 1))
-KILN_IN_PART(q5k, KILN_QDOT_MIX_T(q5k, Q5_K, Q5_K, 2))
+#define KILN_QDOT_MIX_T(QN, Q, Q4, U1)                                                              \
+    KILN_IN_PART(QN, KILN_QDOT_MIX(QN, Q, 1, U1)) KILN_IN_PART(QN##m2, KILN_QDOT_MIX(QN, Q, 2, 1))  \
+    KILN_IN_PART(QN##m4, KILN_QDOT_MIX(QN, Q4, 4, 1)) KILN_IN_PART(QN##m8, KILN_QDOT_MIX(QN, Q4, 8, 1))
+KILN_QDOT_MIX_T(q4k, Q4_KW, Q4_K, 1)
+KILN_QDOT_MIX_T(q5k, Q5_K, Q5_K, 2)
 #endif

@@ -36,6 +36,9 @@ pub struct GpuOptions {
     pub weight_types: Option<Vec<GgmlType>>,
     /// The model's attention head sizes, likewise for the attention kernels. `None`: all.
     pub head_dims: Option<Vec<usize>>,
+    /// Query heads per KV head of one shard's attention: start-up waits only for the decode
+    /// attention pass sizes that group can launch. `None`: all.
+    pub gqa_group: Option<usize>,
 }
 
 impl Default for GpuOptions {
@@ -51,6 +54,7 @@ impl Default for GpuOptions {
             moe: true,
             weight_types: None,
             head_dims: None,
+            gqa_group: None,
         }
     }
 }

@@ -100,6 +100,12 @@ fn device_body(device: Device) -> LaneBody {
             ctx.cfg.max_num_batched_tokens = Some(tokens);
         }
         let c = &ctx.cfg;
+        // Every shard of the group has the same heads (`runner::shard`).
+        let tp = c.tensor_parallel_size.max(1);
+        let local = crate::runner::shard::shard_spec(
+            &ctx.files.spec,
+            crate::runner::shard::Shard { rank: 0, size: tp },
+        );
         let opts = GpuOptions {
             dtype: c.gpu_dtype,
             kernel_cache: c.kernel_cache_dir.clone(),
@@ -109,9 +115,10 @@ fn device_body(device: Device) -> LaneBody {
             moe: ctx.files.spec.variant.moe.is_some(),
             weight_types: ctx.files.source.weight_types(),
             head_dims: Some(vec![ctx.files.spec.head_dim]),
+            gqa_group: Some(local.n_heads / local.n_kv_heads.max(1)),
             ..GpuOptions::default()
         };
-        let group = vec![id; c.tensor_parallel_size.max(1)];
+        let group = vec![id; tp];
         crate::backend::open_group(&group, opts, RunLane(ctx))
     })
 }

@@ -723,11 +723,13 @@ fn quant_i8_tiles<B: TestBackend>(b: &mut B) {
 }
 crate::parity_test!(quantized_matmul_i8_tiles, quant_i8_tiles);
 
-/// The batches of a Q4_K_M model right after start-up, while its tiled matmuls still compile
-/// (they start once the units a first request runs are ready: `Class::Later` in kernels.rs):
-/// meanwhile they dequantize for the BLAS. A backend opened for a Q4_K_M file and used before
-/// `alloc_kv` has not started those compiles, so every batch here takes that path; against
-/// the f32 CPU reference at the tiles' row counts (a mixed qkv with a Q6_K v part, bias).
+/// The batches of a Q4_K_M model right after start-up, while its tiled matmuls and its 8-bit
+/// decode matmuls of 4 and 8 rows still compile (they start once the units a first request
+/// runs are ready: `Class::Later` in kernels.rs): meanwhile they dequantize for the BLAS. A
+/// backend opened for a Q4_K_M file and used before `alloc_kv` has not started those
+/// compiles, so every step of 3-256 rows here takes that path; against the f32 CPU reference
+/// at the tiles' and the decode buckets' row counts (a mixed qkv with a Q6_K v part, bias;
+/// a Q6_K down; a Q4_K gate/up SiLU).
 #[cfg(feature = "cuda")]
 #[test]
 fn quant_batches_before_their_tiled_kernels_compiled() {
@@ -753,7 +755,7 @@ fn quant_batches_before_their_tiled_kernels_compiled() {
         raw(&mut rng, GgmlType::Q6K, 128, k),
     ])
     .unwrap();
-    let rows = [9, 16, 33, 64, 256];
+    let rows = [3, 4, 8, 9, 16, 33, 64, 256];
     check_matmul(
         &mut b,
         &mut rng,
@@ -771,4 +773,27 @@ fn quant_batches_before_their_tiled_kernels_compiled() {
         &rows,
         "Q6_K, tiles compiling",
     );
+    let (f, mut reference) = (256, CpuBackend::with_f32_weights());
+    let gate_up = HostTensor::concat_rows(vec![
+        raw(&mut rng, GgmlType::Q4K, f, k),
+        raw(&mut rng, GgmlType::Q4K, f, k),
+    ])
+    .unwrap();
+    let bw = b.upload_weight(gate_up.clone()).expect("upload");
+    let rw = reference.upload_weight(gate_up).unwrap();
+    for n in [3, 8, 16] {
+        let x = b.quantize(&random(&mut rng, n * k, 1.0));
+        let (bx, rx) = (tensor(&mut b, n, k, &x), tensor(&mut reference, n, k, &x));
+        let (mut gu, mut out) = (poisoned(&mut b, n, 2 * f), poisoned(&mut b, n + 1, f));
+        let mut rgu = reference.alloc(n, 2 * f).unwrap();
+        let mut rout = reference.alloc(n, f).unwrap();
+        b.matmul_glu(Activation::Silu, &bx, &bw, n, &mut gu, &mut out)
+            .expect("matmul_glu");
+        reference
+            .matmul_glu(Activation::Silu, &rx, &rw, n, &mut rgu, &mut rout)
+            .unwrap();
+        let got = b.to_host(&out, n + 1).unwrap();
+        let what = format!("{} Q4_K gate/up SiLU, compiling {n}x{k}x{f}", b.label());
+        check_rows(&b, &what, n, &got, &reference.to_host(&rout, n).unwrap());
+    }
 }

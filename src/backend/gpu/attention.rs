@@ -192,11 +192,8 @@ impl<R: Runtime> GpuBackend<R> {
             && n_items <= 65535
             && self.switches.attn_decode
         {
-            let qv = dec
-                .iter()
-                .copied()
-                .find(|&q| q as usize >= vectors)
-                .unwrap_or(1);
+            // The pass sizes a start compiles follow the same rule (`KernelNeeds::class`).
+            let qv = head.decode_pass(vectors).unwrap_or(1);
             Kernel::AttentionDecode { head, qv }
         } else if vectors > sizes[sizes.len() - 1] as usize && self.switches.mma && head.has_tc() {
             Kernel::AttentionTc { head }

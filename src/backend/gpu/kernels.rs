@@ -201,6 +201,26 @@ impl AttnHead {
             _ => &[1, 2, 4, 8],
         }
     }
+    /// The decode variant's pass size for items of at most `vectors` query vectors (rows
+    /// times the GQA group): the smallest of [`AttnHead::decode_sizes`] that holds them, or
+    /// `None` where none does (such items take the tensor-core or the portable variant).
+    pub fn decode_pass(self, vectors: usize) -> Option<u32> {
+        self.decode_sizes()
+            .iter()
+            .copied()
+            .find(|&q| q as usize >= vectors)
+    }
+    /// The decode pass sizes a model whose KV heads each serve `group` query heads can
+    /// launch: an item of `r` rows has `r * group` query vectors, so a pass smaller than the
+    /// group never runs (Llama-3-8B, group 4, runs passes of 4 and 8 only).
+    pub fn decode_passes(self, group: usize) -> Vec<u32> {
+        let mut v: Vec<u32> = (1..)
+            .map(|rows: usize| rows.saturating_mul(group.max(1)))
+            .map_while(|vectors| self.decode_pass(vectors))
+            .collect();
+        v.dedup();
+        v
+    }
     /// Query vectors per pass the variant is instantiated for, largest last.
     pub fn group_sizes(self) -> &'static [u32] {
         &[1, 4, 8]
@@ -235,8 +255,14 @@ pub enum Part {
     Int8(QType),
     /// The streaming matmuls of a type on activations of the compute type (`qgemv_*`): the
     /// decode path in f32; in bf16 decode runs on 8-bit activations (`qdot_*`, in
-    /// `Part::Q`), so these serve only a step the 8-bit path cannot take.
+    /// `Part::Q` at one row and `Part::Rows` at more), so these serve only a step the 8-bit
+    /// path cannot take.
     Stream(QType),
+    /// The 8-bit activation decode kernels of a type (`qdot_*`, bf16) at one row bucket
+    /// above one (2, 4 or 8 rows; one row is in `Part::Q`, with the type's dequant).
+    Rows(QType, u32),
+    /// The decode attention kernel of a head size at one pass size (`attn_*_dec<qv>`).
+    Pass(AttnHead, u32),
 }
 
 impl Part {
@@ -249,6 +275,8 @@ impl Part {
             Part::Head(h) => Some(format!("h{}", h.tag())),
             Part::Int8(q) => Some(format!("i8{}", q.tag())),
             Part::Stream(q) => Some(format!("s{}", q.tag())),
+            Part::Rows(q, rows) => Some(format!("{}m{rows}", q.tag())),
+            Part::Pass(h, qv) => Some(format!("h{}q{qv}", h.tag())),
         }
     }
 }
@@ -293,6 +321,9 @@ pub struct KernelNeeds {
     pub qtypes: Option<Vec<QType>>,
     /// Its attention head sizes.
     pub head_dims: Option<Vec<usize>>,
+    /// Query heads per KV head of its attention (of one tensor-parallel shard): the decode
+    /// attention pass sizes it can launch ([`AttnHead::decode_passes`]). `None`: every size.
+    pub gqa_group: Option<usize>,
     /// Whether its attention takes the portable kernels (`attention_prefill.cu`) on an
     /// ordinary step: false where decode steps take the decode variant and larger items the
     /// tensor-core one (`attention_kernel` in attention.rs: NVIDIA sm_80+, bf16), which
@@ -309,9 +340,10 @@ pub(super) enum Class {
     /// Once the core units are ready, in the background (the lane is serving by then);
     /// loaded between steps once compiled ([`Kernels::poll_later`]), or on first use, which
     /// waits for a compile still running and logs it. What only larger steps run: the tiled
-    /// quantized matmuls of 9-256 rows (`qmma.cu`: until loaded, batches dequantize for the
-    /// BLAS instead, so a first prompt does not wait for them), and the portable attention
-    /// where it is a rare path. A tensor-parallel group waits for these too before its
+    /// quantized matmuls of 9-256 rows (`qmma.cu`) and the 8-bit decode matmuls of 3-8 rows
+    /// (`qdot_*` at 4 and 8 rows): until loaded, such steps dequantize for the BLAS instead,
+    /// so a first prompt does not wait for them; and the portable attention where it is a
+    /// rare path. A tensor-parallel group waits for these too before its
     /// communicator exists ([`Kernels::wait_model`]).
     Later,
     /// Only on first use: kernels the model does not run (other weight types and head
@@ -327,6 +359,7 @@ impl KernelNeeds {
             moe: true,
             qtypes: None,
             head_dims: None,
+            gqa_group: None,
             portable_attention: true,
         }
     }
@@ -336,13 +369,22 @@ impl KernelNeeds {
         // A backend opened without a model waits for every unit.
         let everything = self.qtypes.is_none();
         let has_q = |q: QType| self.qtypes.as_ref().is_none_or(|t| t.contains(&q));
+        let has_head = |h: AttnHead| {
+            self.head_dims
+                .as_ref()
+                .is_none_or(|d| d.iter().any(|&d| AttnHead::for_head_dim(d) == h))
+        };
         let runs = match unit.part {
             _ if !self.moe && matches!(unit.src, Source::Moe | Source::MoeQuant) => false,
-            Part::Q(q) => has_q(q),
-            Part::Head(h) => self
-                .head_dims
-                .as_ref()
-                .is_none_or(|d| d.iter().any(|&d| AttnHead::for_head_dim(d) == h)),
+            Part::Q(q) | Part::Rows(q, _) => has_q(q),
+            Part::Head(h) => has_head(h),
+            // A pass smaller than the GQA group never runs.
+            Part::Pass(h, qv) => {
+                has_head(h)
+                    && self
+                        .gqa_group
+                        .is_none_or(|g| h.decode_passes(g).contains(&qv))
+            }
             Part::Int8(_) => everything,
             // bf16 decode streams 8-bit activations (`qdot_*`): these only where that
             // cannot take a step (no room for the 8-bit rows in the dequant scratch).
@@ -351,6 +393,9 @@ impl KernelNeeds {
         };
         let later = match (unit.src, unit.part) {
             (Source::Qmma, _) => true,
+            // Decode steps of 3-8 rows (3+ sequences at once): until these load, they
+            // dequantize for the BLAS (matmul.rs, `qgemv_rows`).
+            (Source::Qgemv, Part::Rows(_, rows)) => rows > 2,
             (Source::AttentionPrefill, Part::Head(h)) => {
                 !self.portable_attention && h.has_decode() && h.has_tc()
             }
@@ -808,6 +853,13 @@ impl Kernel {
         let src = self.source();
         let part = match self {
             Kernel::Qgemv { q, .. } | Kernel::QgemvSilu { q, .. } => Part::Stream(q),
+            Kernel::Qdot { q, rows }
+            | Kernel::QdotMix { q, rows }
+            | Kernel::QdotSilu { q, rows }
+                if rows > 1 =>
+            {
+                Part::Rows(q, rows)
+            }
             Kernel::Dequant { q }
             | Kernel::Qdot { q, .. }
             | Kernel::QdotMix { q, .. }
@@ -823,9 +875,8 @@ impl Kernel {
             | Kernel::MoeMmaDown { q } => Part::Q(q),
             Kernel::Qmma8 { q: QType::Q8_0, .. } => Part::Q(QType::Q8_0),
             Kernel::Qmma8 { q, .. } | Kernel::Qmma8Mix { q, .. } => Part::Int8(q),
-            Kernel::Attention { head, .. }
-            | Kernel::AttentionTc { head }
-            | Kernel::AttentionDecode { head, .. } => Part::Head(head),
+            Kernel::AttentionDecode { head, qv } => Part::Pass(head, qv),
+            Kernel::Attention { head, .. } | Kernel::AttentionTc { head } => Part::Head(head),
             Kernel::Convert { .. }
             | Kernel::QuantizeX
             | Kernel::QmmaReduce
@@ -1446,13 +1497,14 @@ mod tests {
         names(needs, dt, Class::Core)
     }
 
-    /// A Q4_K_M Llama (Q4_K and Q6_K, head size 128) in bf16 on a GPU with tensor-core
-    /// attention.
+    /// A Q4_K_M Llama-3-8B (Q4_K and Q6_K, head size 128, 4 query heads per KV head) in
+    /// bf16 on a GPU with tensor-core attention.
     fn q4_k_m_llama() -> KernelNeeds {
         KernelNeeds {
             moe: false,
             qtypes: Some(vec![QType::Q4K, QType::Q6K]),
             head_dims: Some(vec![128]),
+            gqa_group: Some(4),
             portable_attention: false,
         }
     }
@@ -1461,14 +1513,18 @@ mod tests {
     fn a_q4_k_m_llama_waits_for_what_a_first_request_runs_only() {
         let needs = q4_k_m_llama();
         let core = core_names(&needs, DType::Bf16);
-        // Embedding (dequant), decode and short prompts (qdot, decode attention), prompts of
-        // more than 8 query vectors (tensor-core attention), sampling.
+        // Embedding (dequant), decode and short prompts (qdot of 1-2 rows, decode attention
+        // at the passes of group 4: one row, 4 query vectors; two rows, 8), prompts of more
+        // than 8 query vectors (tensor-core attention), sampling.
         for want in [
             "qgemv.q4k",
+            "qgemv.q4km2",
             "qgemv.q6k",
+            "qgemv.q6km2",
             "qgemv.common",
             "attention_tc.h128",
-            "attention_decode.h128",
+            "attention_decode.h128q4",
+            "attention_decode.h128q8",
             "attention_decode.common",
             "norm",
             "rope",
@@ -1479,6 +1535,12 @@ mod tests {
         }
         for not in [
             "qgemv.q80",
+            "qgemv.q4km4",
+            "qgemv.q4km8",
+            "qgemv.q6km8",
+            "attention_decode.h128q1",
+            "attention_decode.h128q2",
+            "attention_decode.h64q4",
             "qgemv.sq4k",
             "qgemv.sq6k",
             "qmma.q4k",
@@ -1505,11 +1567,19 @@ mod tests {
             },
             Kernel::QdotSilu {
                 q: QType::Q4K,
-                rows: 8,
+                rows: 1,
             },
             Kernel::Qdot {
                 q: QType::Q6K,
                 rows: 2,
+            },
+            Kernel::QdotMix {
+                q: QType::Q4K,
+                rows: 2,
+            },
+            Kernel::AttentionDecode {
+                head: AttnHead::D128,
+                qv: 4,
             },
         ] {
             assert!(core.contains(&k.unit().name()), "{k:?}");
@@ -1526,16 +1596,33 @@ mod tests {
         ] {
             assert!(!core.contains(&k.unit().name()), "{k:?}");
         }
-        // Batches of 9-256 rows and the portable attention compile once those are ready.
+        // Decode steps of 3-8 rows, batches of 9-256 rows and the portable attention compile
+        // once those are ready.
         assert_eq!(
             names(&needs, DType::Bf16, Class::Later),
             [
                 "attention_prefill.h128",
+                "qgemv.q4km4",
+                "qgemv.q4km8",
+                "qgemv.q6km4",
+                "qgemv.q6km8",
                 "qmma.common",
                 "qmma.q4k",
                 "qmma.q6k"
             ]
         );
+        for k in [
+            Kernel::QdotSilu {
+                q: QType::Q4K,
+                rows: 8,
+            },
+            Kernel::QdotMix {
+                q: QType::Q4K,
+                rows: 4,
+            },
+        ] {
+            assert_eq!(needs.class(k.unit(), DType::Bf16), Class::Later, "{k:?}");
+        }
         // Everything, as a backend opened without a model waits for it.
         let all = core_names(&KernelNeeds::all(), DType::Bf16);
         assert!(
@@ -1549,7 +1636,10 @@ mod tests {
             "qmma.i8q4k",
             "qmma.q4k",
             "qgemv.sq4k",
+            "qgemv.q4km8",
             "attention_prefill.h128",
+            "attention_decode.h128q1",
+            "attention_decode.h64q2",
         ] {
             assert!(all.contains(&want.to_string()), "{want}");
         }
@@ -1584,6 +1674,54 @@ mod tests {
     }
 
     #[test]
+    fn decode_attention_compiles_the_pass_sizes_of_the_gqa_group_only() {
+        let passes = |h: AttnHead, g: usize| h.decode_passes(g);
+        assert_eq!(passes(AttnHead::D128, 1), [1, 2, 4, 8]);
+        assert_eq!(passes(AttnHead::D128, 2), [2, 4, 8]);
+        assert_eq!(passes(AttnHead::D128, 3), [4, 8]);
+        assert_eq!(passes(AttnHead::D128, 4), [4, 8]);
+        assert_eq!(passes(AttnHead::D128, 5), [8]);
+        assert_eq!(passes(AttnHead::D128, 8), [8]);
+        assert!(passes(AttnHead::D128, 16).is_empty());
+        assert_eq!(passes(AttnHead::D256, 2), [2, 4]);
+        assert_eq!(passes(AttnHead::D256, 4), [4]);
+        assert!(passes(AttnHead::D256, 8).is_empty());
+        // Every pass an item of any row count takes (as `attention_kernel` picks it) is in.
+        for h in [AttnHead::D64, AttnHead::D128, AttnHead::D256] {
+            for g in 1..=20 {
+                for rows in 1..=16 {
+                    if let Some(qv) = h.decode_pass(rows * g) {
+                        assert!(passes(h, g).contains(&qv), "{h:?} group {g} rows {rows}");
+                    }
+                }
+            }
+        }
+        // A start waits for those passes only; the others compile on first use.
+        let class = |g: Option<usize>, qv: u32| {
+            let needs = KernelNeeds {
+                gqa_group: g,
+                ..q4_k_m_llama()
+            };
+            let k = Kernel::AttentionDecode {
+                head: AttnHead::D128,
+                qv,
+            };
+            needs.class(k.unit(), DType::Bf16)
+        };
+        assert_eq!(class(Some(4), 1), Class::Lazy);
+        assert_eq!(class(Some(4), 2), Class::Lazy);
+        assert_eq!(class(Some(4), 4), Class::Core);
+        assert_eq!(class(Some(4), 8), Class::Core);
+        assert_eq!(class(Some(8), 4), Class::Lazy);
+        assert_eq!(class(Some(8), 8), Class::Core);
+        assert_eq!(class(Some(1), 1), Class::Core);
+        assert_eq!(class(Some(32), 8), Class::Lazy);
+        for qv in [1, 2, 4, 8] {
+            assert_eq!(class(None, qv), Class::Core);
+        }
+    }
+
+    #[test]
     fn split_sources_compile_in_parts_and_the_rest_whole() {
         let split = [
             Source::Qgemv,
@@ -1602,11 +1740,18 @@ mod tests {
                 "{k:?} in {}",
                 u.name()
             );
-            // The part's define is the tag KILN_IN_PART uses in the source.
+            // The part's define is the tag KILN_IN_PART uses in the source (pasted from the
+            // type and row count, or the head and pass size, for the finest parts).
             if let Some(tag) = u.part.tag() {
+                let pasted = match u.part {
+                    Part::Rows(_, rows) => Some(format!("KILN_IN_PART(QN##m{rows},")),
+                    Part::Pass(..) => Some("KILN_IN_PART(h##D##q##QV,".to_string()),
+                    _ => None,
+                };
                 assert!(
                     u.src.text().contains(&format!("KILN_IN_PART({tag},"))
-                        || u.src.text().contains(&format!("#if KILN_PART_{tag}")),
+                        || u.src.text().contains(&format!("#if KILN_PART_{tag}"))
+                        || pasted.is_some_and(|p| u.src.text().contains(&p)),
                     "{} has no part {tag}",
                     u.src.file()
                 );

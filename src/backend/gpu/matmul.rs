@@ -176,17 +176,24 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// The row bucket of `kernels/qgemv.cu` for `n` rows of `x` times quantized `w`, when
-    /// the streaming kernels take it.
+    /// the streaming kernels take it: not while the bucket's 8-bit kernels (`qdot_*` of 4
+    /// and 8 rows, compiled after start-up) still compile, so such a step dequantizes for
+    /// the BLAS meanwhile rather than wait (or compile bf16's float-activation `qgemv_*`).
     fn qgemv_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
         let fits = self.switches.gemv
             && x.cols == w.cols
             && w.rows <= i32::MAX as usize
             && w.parts.iter().all(|p| p.q.is_some())
             && self.whole_chunks(w.cols, &[x.buf.ptr()]);
+        let compiling = |rows| {
+            w.parts.iter().any(|p| {
+                p.q.is_some_and(|q| self.kernels.pending(Kernel::Qdot { q, rows }.unit()))
+            })
+        };
         QGEMV_ROWS
             .into_iter()
             .find(|&r| r as usize >= n)
-            .filter(|_| fits && n > 0)
+            .filter(|&r| fits && n > 0 && !compiling(r))
     }
 
     /// The row bucket of the 8-bit activation kernels (`qdot_*`), when they take the step:

@@ -195,6 +195,7 @@ impl<R: Runtime> GpuBackend<R> {
                 .as_ref()
                 .map(|t| t.iter().filter_map(|&t| QType::of(t)).collect()),
             head_dims: opts.head_dims.clone(),
+            gqa_group: opts.gqa_group,
             portable_attention: !(mma && opts.attn_decode),
         };
         let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref(), needs)?;
