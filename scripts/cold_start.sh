@@ -12,7 +12,7 @@
 #   cp scripts/cold_start.sh scripts/make_moe_gguf.py ../shared/peers/make_gguf.py $d/
 #   cp ../main/target/dev-moepeer/{gguf-py.tgz,tok.tgz,lcpp-bin.txz} $d/   (llama.cpp optional)
 #   run: bash target/dev-cold/cold_start.sh          (carry target/dev-cold)
-# Environment: COLD_SPLITS (e.g. "0 off 4": one cold start of the first binary per
+# Environment: COLD_WARMUP=1 (an uncounted first start), COLD_SPLITS (e.g. "0 off 4": one cold start of the first binary per
 # KILN_NVRTC_SPLIT value), COLD_N (rounds of cold starts, the binaries in turn), WARM_ENVS adds warm starts of the first binary with those
 # settings (F16=1 also on the F16 file), BENCH=1 then runs `kiln bench` at concurrency 64 (512 in, 128 out)
 # against llama-server (each binary) and kiln serve.
@@ -40,10 +40,29 @@ trap finish EXIT
 source "$(dirname "$0")/cuda_env.sh" 2> /dev/null || source scripts/cuda_env.sh
 say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader) | $(nproc) cores"
 bins=()
-for gz in "$here"/kiln*.gz; do
-    name=$(basename "$gz" .gz)
-    gunzip -c "$gz" > "$work/$name" && chmod +x "$work/$name" && bins+=("$name")
+# kiln-NAME.gz or kiln-NAME.xz (smaller: more binaries fit one carry); python's lzma where
+# the machine has no xz.
+for packed in "$here"/kiln*.gz "$here"/kiln*.xz; do
+    [ -f "$packed" ] || continue
+    name=$(basename "${packed%.*}")
+    case $packed in
+        *.xz) xz -dc "$packed" 2> /dev/null || python3 -c 'import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$packed" ;;
+        *) gunzip -c "$packed" ;;
+    esac > "$work/$name" && chmod +x "$work/$name" && bins+=("$name")
 done
+# kilns.txz: several kiln-NAME binaries in one archive (nearly alike binaries compress to
+# little more than one).
+if [ -f "$here/kilns.txz" ]; then
+    rm -rf "$work/kilns" && mkdir -p "$work/kilns"
+    tar xJf "$here/kilns.txz" -C "$work/kilns" 2> /dev/null \
+        || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+            "$here/kilns.txz" "$work/kilns"
+    for f in "$work"/kilns/kiln*; do
+        name=$(basename "$f")
+        mv "$f" "$work/$name" && chmod +x "$work/$name" && bins+=("$name")
+    done
+fi
 lcpp=$work/lcpp
 mkdir -p "$lcpp/bin"
 tar xzf "$here/gguf-py.tgz" -C "$lcpp"
@@ -100,6 +119,13 @@ kiln_start() {
     (cd "$home" && find . -type f | sed 's/-[0-9a-f]\{16\}\.bin$/.bin/' | sort | uniq -c | head -20) \
         > "$logs/$name.files.txt"
 }
+# COLD_WARMUP=1: first one uncounted cold start of the first binary (the machine's first
+# start reads the CUDA libraries and NVRTC's builtins from disk; the timed ones then start
+# alike).
+if [ -n "${COLD_WARMUP:-}" ]; then
+    rm -rf "$work/home-warmup"
+    kiln_start "${bins[0]}" "$work/home-warmup" "warmup-${bins[0]}"
+fi
 # Each binary: a cold start (fresh home) for each KILN_NVRTC_SPLIT value of COLD_SPLITS
 # (the first binary only; `default` leaves it unset), COLD_N rounds (default 1) over the
 # binaries in turn, then a warm one of each on its last home.
