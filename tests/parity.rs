@@ -583,3 +583,44 @@ fn attentions<B: TestBackend>(b: &mut B) {
     }
 }
 parity_test!(attention_paged_varlen_gqa, attentions);
+
+/// Attention right after start-up of a GQA-4 model, while the decode variant's pass of 8
+/// query vectors still compiles (a start waits for the pass of one row only: `Class::Later`
+/// in kernels.rs; `alloc_kv` starts it, and only a step loads it): items of two rows take the
+/// tensor-core variant meanwhile, next to one-row items of the decode variant; long contexts
+/// split into parts. Against the CPU.
+#[cfg(feature = "cuda")]
+#[test]
+fn attention_before_its_larger_decode_passes_compiled() {
+    use kiln::backend::cuda::{CudaBackend, CudaOptions, DType, device_available};
+    if !device_available() {
+        eprintln!("notice: no CUDA device or driver here; CUDA parity skipped");
+        return;
+    }
+    let opts = CudaOptions {
+        dtype: DType::Bf16,
+        moe: false,
+        weight_types: Some(vec![kiln::backend::quant::GgmlType::F32]),
+        head_dims: Some(vec![128, 64]),
+        gqa_group: Some(4),
+        kernel_cache: kiln::engine::default_kernel_cache_dir(),
+        ..CudaOptions::default()
+    };
+    let mut b = CudaBackend::new(0, opts).expect("a CUDA device is present");
+    let mut rng = rng("attention_before_passes");
+    let case = |heads, hd, seqs: &[(u32, u32)]| AttnCase {
+        heads,
+        hd,
+        block_size: 16,
+        seqs: seqs.to_vec(),
+        scores: Scores::default(),
+    };
+    for c in [
+        case((16, 4), 128, &[(2, 300), (1, 50), (2, 2)]),
+        case((32, 8), 128, &[(2, 3000), (1, 700), (2, 9)]),
+        case((16, 4), 64, &[(2, 5000), (1, 130), (1, 1)]),
+        case((16, 4), 128, &[(1, 3000), (1, 2)]),
+    ] {
+        attention_case(&mut b, &c, &mut rng);
+    }
+}

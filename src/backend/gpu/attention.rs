@@ -187,15 +187,24 @@ impl<R: Runtime> GpuBackend<R> {
         // More query vectors than the largest CUDA-core pass: the tensor-core variant.
         let dec = head.decode_sizes();
         // The decode variant's grid is (KV head, item): items must fit the grid's y limit.
-        if head.has_decode()
+        let decode = head.has_decode()
             && vectors <= dec[dec.len() - 1] as usize
             && n_items <= 65535
-            && self.switches.attn_decode
+            && self.switches.attn_decode;
+        // The pass sizes a start compiles follow the same rule (`KernelNeeds::class`); one
+        // still compiling after start-up (items of more than one row) leaves its items to the
+        // other variants meanwhile.
+        let pass = head.decode_pass(vectors).unwrap_or(1);
+        let compiling = decode
+            && self
+                .kernels
+                .pending(Kernel::AttentionDecode { head, qv: pass }.unit());
+        if decode && !compiling {
+            Kernel::AttentionDecode { head, qv: pass }
+        } else if (vectors > sizes[sizes.len() - 1] as usize || compiling)
+            && self.switches.mma
+            && head.has_tc()
         {
-            // The pass sizes a start compiles follow the same rule (`KernelNeeds::class`).
-            let qv = head.decode_pass(vectors).unwrap_or(1);
-            Kernel::AttentionDecode { head, qv }
-        } else if vectors > sizes[sizes.len() - 1] as usize && self.switches.mma && head.has_tc() {
             Kernel::AttentionTc { head }
         } else {
             Kernel::Attention { head, qv }
