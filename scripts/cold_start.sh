@@ -12,7 +12,8 @@
 #   cp scripts/cold_start.sh scripts/make_moe_gguf.py ../shared/peers/make_gguf.py $d/
 #   cp ../main/target/dev-moepeer/{gguf-py.tgz,tok.tgz,lcpp-bin.txz} $d/   (llama.cpp optional)
 #   run: bash target/dev-cold/cold_start.sh          (carry target/dev-cold)
-# Environment: COLD_WARMUP=1 (an uncounted first start), COLD_WARM=0 (no warm starts), COLD_SPLITS (e.g. "0 off 4": one cold start of the first binary per
+# Environment: COLD_WARMUP=1 (an uncounted first start), COLD_WARM=0 (no warm starts),
+# COLD_ENVS (one cold start of the first binary per VAR=VALUE setting), COLD_SPLITS (e.g. "0 off 4": one cold start of the first binary per
 # KILN_NVRTC_SPLIT value), COLD_N (rounds of cold starts, the binaries in turn), WARM_ENVS adds warm starts of the first binary with those
 # settings (F16=1 also on the F16 file), BENCH=1 then runs `kiln bench` at concurrency 64 (512 in, 128 out)
 # against llama-server (each binary) and kiln serve.
@@ -144,11 +145,23 @@ for round in $(seq 1 "${COLD_N:-1}"); do
                 kiln_start "$bin" "$home" "$bin-cold-$n-r$round-split-$split" KILN_NVRTC_SPLIT="$split"
             fi
         done
+        # COLD_ENVS (e.g. "KILN_NVRTC_NICE=0 KILN_NVRTC_NICE=10"): one more cold start of the
+        # first binary per setting.
+        if [ "$bin" = "${bins[0]}" ]; then
+            for v in ${COLD_ENVS:-}; do
+                n=$((n + 1))
+                home=$work/home-$bin-env-$n
+                rm -rf "$home"
+                kiln_start "$bin" "$home" "$bin-cold-$n-r$round-$v" "$v"
+            done
+        fi
     done
 done
 [ "${COLD_WARM:-1}" = 0 ] && bins_warm=() || bins_warm=("${bins[@]}")
 for bin in ${bins_warm[@]+"${bins_warm[@]}"}; do
-    home=$(ls -d "$work/home-$bin-"* | tail -1)
+    # The first cold start's home (the default settings: a KILN_NVRTC_SPLIT start's cache
+    # entries have other keys).
+    home=$(ls -d "$work/home-$bin-"[0-9]* | head -1)
     kiln_start "$bin" "$home" "$bin-warm"
     # WARM_ENVS (e.g. "KILN_UPLOAD_PINNED=0"): a warm start of the first binary with each
     # setting, then the plain warm start again (run-to-run spread).

@@ -1039,7 +1039,7 @@ impl CompileJob {
         std::thread::Builder::new()
             .name(format!("kiln-nvrtc-{}", unit.name()))
             .spawn(move || {
-                lowest_priority();
+                compile_priority(core);
                 let (opts, salt) = if core {
                     (&self.core_opts, &self.core_salt)
                 } else {
@@ -1098,14 +1098,25 @@ struct Loaded<R: Runtime> {
 /// Lowers the calling thread's CPU priority to the least (Linux; elsewhere nothing), so the
 /// compiles take the cores the weight upload leaves (with NVRTC's split-compile threads, a
 /// cold start ran ~40 compile threads, and the upload on the lane's thread fell from 2.7 to
-/// 0.7 GB/s on an H100 machine's 16 cores).
-fn lowest_priority() {
+/// 0.7 GB/s on an H100 machine's 16 cores). `KILN_NVRTC_NICE=N` (0-19) gives a start's core
+/// units (`core`) nice N instead, for measurements: the upload's staging now fills every
+/// core for the first ~0.5 s of a start, and at nice 19 the core units barely progress
+/// meanwhile (H100, Q4_K_M Llama-3-8B, an empty cache: the smallest units finish only as
+/// the upload ends, and the longest, ~1 s of one core, ends the wait ~1.5 s after load).
+fn compile_priority(core: bool) {
+    let nice = std::env::var("KILN_NVRTC_NICE")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+        .filter(|_| core)
+        .map_or(19, |n| n.clamp(0, 19));
     #[cfg(target_os = "linux")]
     // SAFETY: plain syscalls on the calling thread's own id; a failure leaves the priority.
     unsafe {
         let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice);
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
 }
 
 impl<R: Runtime> Kernels<R> {
