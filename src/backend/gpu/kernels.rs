@@ -344,8 +344,8 @@ pub(super) enum Class {
     /// (`qdot_*` at 4 and 8 rows): until loaded, such steps dequantize for the BLAS instead,
     /// so a first prompt does not wait for them; the decode attention passes of items of
     /// more than one row (the tensor-core or the portable variant takes those meanwhile);
-    /// and the portable attention where it is a rare path. A tensor-parallel group waits for these too before its
-    /// communicator exists ([`Kernels::wait_model`]).
+    /// and the portable attention where it is a rare path. A tensor-parallel group waits
+    /// for these too before its communicator exists ([`Kernels::wait_model`]).
     Later,
     /// Only on first use: kernels the model does not run (other weight types and head
     /// sizes, MoE in a dense model, the 8-bit tiles of the k-quants, bf16's float-activation
