@@ -1237,9 +1237,13 @@ impl<R: Runtime> Kernels<R> {
     /// may still run): a step that can do without it takes another path rather than wait
     /// (matmul.rs: batches dequantize for the BLAS while the tiled matmuls compile).
     pub(super) fn pending(&self, unit: Unit) -> bool {
-        self.slots
-            .get(&unit)
-            .is_some_and(|s| s.class == Class::Later && s.loaded.get().is_none())
+        // Once every Later unit is loaded (soon after start-up), without a lookup: decode
+        // steps ask for each matmul and attention launch.
+        !self.later_done.load(std::sync::atomic::Ordering::Relaxed)
+            && self
+                .slots
+                .get(&unit)
+                .is_some_and(|s| s.class == Class::Later && s.loaded.get().is_none())
     }
 
     /// Loads every [`Class::Later`] unit whose compile has ended; true if one was loaded
