@@ -332,6 +332,15 @@ impl Runtime for Cuda {
         )
     }
 
+    fn allow_dynamic_smem(&self, f: &CudaFunction, bytes: u32) -> RtResult<()> {
+        self.ctx.bind_to_thread().map_err(failed)?;
+        f.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(failed)
+    }
+
     fn blas(&self) -> RtResult<CudaBlas> {
         self.ctx.bind_to_thread().map_err(failed)?;
         let (workspace, ws_ptr) = self.alloc(BLAS_WORKSPACE)?;
