@@ -562,6 +562,11 @@ fn attentions<B: TestBackend>(b: &mut B) {
         case((32, 8), 128, 16, &[(150, 1400), (1, 900), (64, 64)]),
         case((16, 2), 64, 16, &[(70, 200), (1, 3000), (5, 5)]),
         case((8, 4), 128, 16, &[(45, 45), (1, 77)]),
+        // Steps that fill a wave of the tensor-core variant's blocks on an H100 (items of 32
+        // rows, `TC_ROWS_PER_ITEM`): GQA 4 (a pass of 128 query vectors per item, after
+        // cached context, its last item 16 rows) and one query head per KV head.
+        case((64, 16), 128, 16, &[(560, 600), (1, 300)]),
+        case((32, 32), 64, 16, &[(300, 300)]),
         // Decode steps (every item at most 8 query vectors: the thread-group decode variant):
         // many single rows (no split), GQA 4 and 8, head sizes 128 and 64, long rows split
         // into parts, two-row items (8 vectors, per-vector causal limits), block size 8.

@@ -63,6 +63,8 @@ fn windows<B: TestBackend>(b: &mut B) {
             window(64),
         ),
         case((8, 4), 128, 16, &[(300, 300), (1, 77)], window(128)),
+        // Items of 32 rows (a step that fills a wave of the tensor-core variant's blocks).
+        case((64, 16), 128, 16, &[(560, 600), (1, 40)], window(100)),
         // Head size 256 (the portable kernel), prefill and decode, split.
         case(
             (8, 8),

@@ -19,6 +19,13 @@ const COMBINE_THREADS: u32 = 128;
 const MERGE_MAX_GROUP: usize = 16;
 const MERGE_MAX_PARTS: usize = 64;
 
+/// Dynamic shared memory of the tensor-core variant at head size `hd` (`tc_smem_bytes` in
+/// `kernels/attention_tc.cu`): a pass's 128 query vectors, then two stages of 64-position K
+/// and V tiles, rows of `hd + 8` bf16.
+pub(super) fn tc_smem_bytes(hd: usize) -> u32 {
+    ((128 + 4 * 64) * (hd + 8) * 2) as u32
+}
+
 /// Whether the decode kernel merges its split-K parts itself (no `attn_combine` launch):
 /// on unless `KILN_ATTN_FUSE=0`.
 fn merge_folded() -> bool {
@@ -143,6 +150,8 @@ impl<R: Runtime> GpuBackend<R> {
                 rows: l.n_tokens as i32,
             };
             self.launch_with(kernel, grid, &args)?;
+        } else if matches!(kernel, Kernel::AttentionTc { .. }) {
+            self.launch_with_smem(kernel, grid, tc_smem_bytes(hd), &args)?;
         } else {
             self.launch_with(kernel, grid, &args)?;
         }

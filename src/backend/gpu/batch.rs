@@ -38,7 +38,12 @@ impl<R: Runtime> GpuBackend<R> {
         let mut words = std::mem::take(&mut self.step.words);
         let layout = match key {
             Some(k) => meta::pack_graph(plan, k, &mut words),
-            None => meta::pack(plan, &shape, self.dev.info.sm_count, &mut words),
+            None => {
+                // The items the tensor-core attention takes (`attention_kernel`) may be longer.
+                let tc = self.switches.mma
+                    && super::kernels::AttnHead::for_head_dim(shape.head_dim).has_tc();
+                meta::pack(plan, &shape, self.dev.info.sm_count, tc, &mut words)
+            }
         };
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         self.step.words = words;

@@ -332,6 +332,20 @@ impl Runtime for Cuda {
         )
     }
 
+    fn allow_dynamic_smem(&self, f: &CudaFunction, bytes: u32) -> RtResult<()> {
+        use sys::CUfunction_attribute::*;
+        self.ctx.bind_to_thread().map_err(failed)?;
+        f.set_attribute(
+            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(failed)?;
+        // The largest shared-memory carveout (L1 gets the rest), so that blocks of this
+        // size fit as many to an SM as their registers allow.
+        f.set_attribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+            .map_err(failed)
+    }
+
     fn blas(&self) -> RtResult<CudaBlas> {
         self.ctx.bind_to_thread().map_err(failed)?;
         let (workspace, ws_ptr) = self.alloc(BLAS_WORKSPACE)?;

@@ -12,14 +12,18 @@
 //! merge counters: zeros, one per split row and KV head (the decode attention's folded merge
 //!           counts its finished parts there and leaves them zero again)
 //! ```
-//! Items cut each sequence's rows into tiles of `ROWS_PER_ITEM`. When the batch would give
-//! the GPU too few blocks, long decode rows are split along the context (flash-decoding)
-//! into parts of at least [`min_split`] positions.
+//! Items cut each sequence's rows into tiles of `ROWS_PER_ITEM` (`TC_ROWS_PER_ITEM` for the
+//! tensor-core attention's long steps). When the batch would give the GPU too few blocks,
+//! long decode rows are split along the context (flash-decoding) into parts of at least
+//! [`min_split`] positions.
 
 use crate::backend::{BatchPlan, KvShape};
 
 /// Query rows per attention item.
 pub const ROWS_PER_ITEM: u32 = 16;
+/// Query rows per item for the tensor-core attention when the step has enough of them: its
+/// pass takes 128 query vectors (32 rows of a GQA group of 4) and its blocks fit two to an SM.
+pub const TC_ROWS_PER_ITEM: u32 = 32;
 /// Marks an item that writes its output directly.
 pub const NO_PART: u32 = u32::MAX;
 /// Shortest context segment of a split-K part: 64 positions, or `KILN_ATTN_MIN_SPLIT` (a
@@ -70,7 +74,15 @@ pub struct Layout {
 }
 
 /// Packs `plan` (already validated against `kv`) into `words`. `sm_count` steers split-K.
-pub fn pack(plan: &BatchPlan, kv: &KvShape, sm_count: usize, words: &mut Vec<u32>) -> Layout {
+/// `tc`: the tensor-core attention runs the step's long items, so they take
+/// [`TC_ROWS_PER_ITEM`] rows where that still fills a wave of its blocks (two per SM).
+pub fn pack(
+    plan: &BatchPlan,
+    kv: &KvShape,
+    sm_count: usize,
+    tc: bool,
+    words: &mut Vec<u32>,
+) -> Layout {
     words.clear();
     let mut l = Layout {
         n_tokens: plan.num_tokens(),
@@ -97,12 +109,22 @@ pub fn pack(plan: &BatchPlan, kv: &KvShape, sm_count: usize, words: &mut Vec<u32
     l.n_logits = rows.len();
     words.extend_from_slice(&rows);
 
+    let tc_items: usize = plan
+        .seqs
+        .iter()
+        .map(|s| s.q_len.div_ceil(TC_ROWS_PER_ITEM) as usize)
+        .sum();
+    let per_item = if tc && tc_items * kv.n_kv_heads.max(1) >= 2 * sm_count.max(1) {
+        TC_ROWS_PER_ITEM
+    } else {
+        ROWS_PER_ITEM
+    };
     let mut items: Vec<[u32; 6]> = Vec::new();
     for (i, s) in plan.seqs.iter().enumerate() {
         let first_pos = s.ctx_len - s.q_len;
         let mut r = 0;
         while r < s.q_len {
-            let n = ROWS_PER_ITEM.min(s.q_len - r);
+            let n = per_item.min(s.q_len - r);
             items.push([i as u32, s.q_start + r, n, 0, first_pos + r + n, NO_PART]);
             r += n;
         }
@@ -348,7 +370,7 @@ mod tests {
     #[test]
     fn items_tile_rows_and_cover_causal_ranges() {
         let mut w = Vec::new();
-        let l = pack(&plan(&[(40, 50), (1, 7)]), &shape(), 1, &mut w);
+        let l = pack(&plan(&[(40, 50), (1, 7)]), &shape(), 1, false, &mut w);
         let items: Vec<&[u32]> = w[l.items..l.items + 6 * l.n_items].chunks(6).collect();
         // 40 rows in tiles of 16 (16, 16, 8), each up to its last row's position.
         assert_eq!(items.len(), 4);
@@ -357,6 +379,21 @@ mod tests {
         assert_eq!(items[3], &[1, 40, 1, 0, 7, NO_PART]);
         assert_eq!(l.n_splits, 0);
         assert_eq!(l.max_item_rows, 16);
+    }
+
+    #[test]
+    fn tensor_core_items_take_32_rows_when_the_step_fills_a_wave() {
+        let mut w = Vec::new();
+        // 2048 rows: 64 items of 32 rows x 8 KV heads fill two blocks on each of 132 SMs.
+        let l = pack(&plan(&[(2048, 2048)]), &shape(), 132, true, &mut w);
+        assert_eq!((l.n_items, l.max_item_rows), (64, TC_ROWS_PER_ITEM));
+        let items: Vec<&[u32]> = w[l.items..l.items + 6 * l.n_items].chunks(6).collect();
+        assert_eq!(items[1], &[0, 32, 32, 0, 64, NO_PART]);
+        // Fewer rows, or no tensor-core attention: items of 16.
+        let l = pack(&plan(&[(512, 512)]), &shape(), 132, true, &mut w);
+        assert_eq!(l.max_item_rows, ROWS_PER_ITEM);
+        let l = pack(&plan(&[(2048, 2048)]), &shape(), 132, false, &mut w);
+        assert_eq!(l.max_item_rows, ROWS_PER_ITEM);
     }
 
     #[test]
@@ -429,7 +466,7 @@ mod tests {
     #[test]
     fn long_decode_rows_split_into_covering_parts() {
         let mut w = Vec::new();
-        let l = pack(&plan(&[(1, 5000)]), &shape(), 132, &mut w);
+        let l = pack(&plan(&[(1, 5000)]), &shape(), 132, true, &mut w);
         assert_eq!(l.n_splits, 1);
         let items: Vec<&[u32]> = w[l.items..l.items + 6 * l.n_items].chunks(6).collect();
         assert_eq!(items.len(), l.n_parts);

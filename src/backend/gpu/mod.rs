@@ -287,12 +287,25 @@ impl<R: Runtime> GpuBackend<R> {
         self.dev.upload(&t.buf, 0, &bytes)
     }
 
-    /// Launches `k` with a positional list (only through [`GpuBackend::launch_with`]).
-    fn launch(&mut self, k: Kernel, grid: Grid, args: &[Arg]) -> Result<(), BackendError> {
+    /// Launches `k` with a positional list and `smem` bytes of dynamic shared memory (only
+    /// through [`GpuBackend::launch_with`] / [`GpuBackend::launch_with_smem`]).
+    fn launch(
+        &mut self,
+        k: Kernel,
+        grid: Grid,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<(), BackendError> {
         self.scratch.qx = None;
         let f = self.kernels.get(&self.dev.rt, k)?;
+        if smem > 0 {
+            self.dev
+                .rt
+                .allow_dynamic_smem(f, smem)
+                .map_err(runtime::dev_err(k.op()))?;
+        }
         self.dev
-            .launch(k.op(), f, grid, 0, args, k.waits_for_predecessor())
+            .launch(k.op(), f, grid, smem, args, k.waits_for_predecessor())
     }
 
     /// Launches `k` with its typed arguments; a kernel of another signature is refused.
@@ -300,6 +313,17 @@ impl<R: Runtime> GpuBackend<R> {
         &mut self,
         k: Kernel,
         grid: Grid,
+        args: &A,
+    ) -> Result<(), BackendError> {
+        self.launch_with_smem(k, grid, 0, args)
+    }
+
+    /// [`GpuBackend::launch_with`] with `smem` bytes of dynamic shared memory.
+    fn launch_with_smem<A: KernelArgs>(
+        &mut self,
+        k: Kernel,
+        grid: Grid,
+        smem: u32,
         args: &A,
     ) -> Result<(), BackendError> {
         if !A::takes(k) {
@@ -311,7 +335,7 @@ impl<R: Runtime> GpuBackend<R> {
                 ),
             });
         }
-        self.launch(k, grid, args.args().as_ref())
+        self.launch(k, grid, smem, args.args().as_ref())
     }
 
     /// Whether rows of `cols` elements at `ptrs` split into whole, aligned 16-byte chunks

@@ -184,6 +184,12 @@ pub trait Runtime: Sized + 'static {
     /// (registers per thread, spill bytes per thread, static shared bytes per block);
     /// -1 where the runtime cannot tell.
     fn resources(&self, f: &Self::Func) -> (i32, i32, i32);
+    /// Lets `f` be launched with `bytes` of dynamic shared memory (past the default 48 KB
+    /// limit where the runtime has one: CUDA). Nothing to do by default.
+    fn allow_dynamic_smem(&self, f: &Self::Func, bytes: u32) -> RtResult<()> {
+        let _ = (f, bytes);
+        Ok(())
+    }
 
     fn blas(&self) -> RtResult<Self::Blas>;
     /// Queues `out[n, m] = x[n, k] @ w[m, k]^T` (row-major, f32 accumulation).
