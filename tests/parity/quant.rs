@@ -719,6 +719,22 @@ fn quant_i8_tiles<B: TestBackend>(b: &mut B) {
         ];
         let w = HostTensor::concat_rows(parts).unwrap();
         check_matmul(b, &mut rng, w, false, &[64], "Q4_K+Q6_K stack wide tiles");
+        // A mixed launch of 80 narrow 64-row blocks over 10 k-tiles: split into ranges of 3
+        // (one wave of 3 resident blocks per SM on 100-150 SMs), so ranges start inside a
+        // super-block and the last one is short.
+        let parts = vec![
+            raw(&mut rng, GgmlType::Q4K, 4_096, 1_280),
+            raw(&mut rng, GgmlType::Q6K, 1_024, 1_280),
+        ];
+        let w = HostTensor::concat_rows(parts).unwrap();
+        check_matmul(
+            b,
+            &mut rng,
+            w,
+            true,
+            &[64],
+            "Q4_K+Q6_K stack odd split tiles",
+        );
     }
 }
 crate::parity_test!(quantized_matmul_i8_tiles, quant_i8_tiles);
