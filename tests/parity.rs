@@ -590,10 +590,11 @@ fn attentions<B: TestBackend>(b: &mut B) {
 parity_test!(attention_paged_varlen_gqa, attentions);
 
 /// Attention right after start-up of a GQA-4 model, while the decode variant's pass of 8
-/// query vectors still compiles (a start waits for the pass of one row only: `Class::Later`
-/// in kernels.rs; `alloc_kv` starts it, and only a step loads it): items of two rows take the
-/// tensor-core variant meanwhile, next to one-row items of the decode variant; long contexts
-/// split into parts. Against the CPU.
+/// query vectors and the tensor-core variant still compile (a start waits for the pass of
+/// one row only: `Class::Later` in kernels.rs; `alloc_kv` starts them, and only a step loads
+/// them): steps pack items of one row for the decode variant meanwhile (prompts of hundreds
+/// of rows included), and items of two rows take the tensor-core variant once it is loaded
+/// before the pass of 8; long contexts split into parts. Against the CPU.
 #[cfg(feature = "cuda")]
 #[test]
 fn attention_before_its_larger_decode_passes_compiled() {
@@ -625,6 +626,8 @@ fn attention_before_its_larger_decode_passes_compiled() {
         case((32, 8), 128, &[(2, 3000), (1, 700), (2, 9)]),
         case((16, 4), 64, &[(2, 5000), (1, 130), (1, 1)]),
         case((16, 4), 128, &[(1, 3000), (1, 2)]),
+        case((32, 8), 128, &[(300, 300), (45, 1000), (1, 20)]),
+        case((16, 4), 64, &[(200, 260), (3, 3)]),
     ] {
         attention_case(&mut b, &c, &mut rng);
     }

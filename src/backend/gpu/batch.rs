@@ -39,10 +39,21 @@ impl<R: Runtime> GpuBackend<R> {
         let layout = match key {
             Some(k) => meta::pack_graph(plan, k, &mut words),
             None => {
-                // The items the tensor-core attention takes (`attention_kernel`) may be longer.
-                let tc = self.switches.mma
-                    && super::kernels::AttnHead::for_head_dim(shape.head_dim).has_tc();
-                meta::pack(plan, &shape, self.dev.info.sm_count, tc, &mut words)
+                // The items the tensor-core attention takes (`attention_kernel`) may be longer;
+                // while it still compiles after start-up, items of one row take the decode
+                // variant instead.
+                let head = super::kernels::AttnHead::for_head_dim(shape.head_dim);
+                let rows = if !(self.switches.mma && head.has_tc()) {
+                    meta::ItemRows::Portable
+                } else if self
+                    .kernels
+                    .pending(super::kernels::Kernel::AttentionTc { head }.unit())
+                {
+                    meta::ItemRows::One
+                } else {
+                    meta::ItemRows::TensorCore
+                };
+                meta::pack(plan, &shape, self.dev.info.sm_count, rows, &mut words)
             }
         };
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();

@@ -406,6 +406,11 @@ impl KernelNeeds {
             (Source::AttentionPrefill, Part::Head(h)) => {
                 !self.portable_attention && h.has_decode() && h.has_tc()
             }
+            // The tensor-core attention (the longest core compile otherwise): steps pack
+            // items of one row for the decode variant's one-row pass meanwhile (batch.rs).
+            (Source::AttentionTc, Part::Head(h)) => self
+                .gqa_group
+                .is_some_and(|g| h.has_decode() && h.decode_pass(g).is_some()),
             _ => false,
         };
         match (runs, everything, later) {
@@ -1567,16 +1572,15 @@ mod tests {
     fn a_q4_k_m_llama_waits_for_what_a_first_request_runs_only() {
         let needs = q4_k_m_llama();
         let core = core_names(&needs, DType::Bf16);
-        // Embedding (dequant), decode and short prompts (qdot of 1-2 rows, decode attention
-        // at group 4's pass of one row: 4 query vectors), prompts of more query vectors
-        // (tensor-core attention), sampling.
+        // Embedding (dequant), decode and prompts (qdot of 1-2 rows, decode attention at
+        // group 4's pass of one row: 4 query vectors, items of one row until the tensor-core
+        // attention loads), sampling.
         for want in [
             "qgemv.q4k",
             "qgemv.q4km2",
             "qgemv.q6k",
             "qgemv.q6km2",
             "qgemv.common",
-            "attention_tc.h128",
             "attention_decode.h128q4",
             "attention_decode.common",
             "norm",
@@ -1599,6 +1603,7 @@ mod tests {
             "qmma.q4k",
             "qmma.common",
             "qmma.q40",
+            "attention_tc.h128",
             "attention_prefill.h128",
             "attention_prefill.h64",
             "attention_prefill.hany",
@@ -1650,12 +1655,14 @@ mod tests {
             assert!(!core.contains(&k.unit().name()), "{k:?}");
         }
         // Decode steps of 3-8 rows, batches of 9-256 rows, the decode attention of items of
-        // two rows (8 query vectors) and the portable attention compile once those are ready.
+        // two rows (8 query vectors), the tensor-core and the portable attention compile once
+        // those are ready.
         assert_eq!(
             names(&needs, DType::Bf16, Class::Later),
             [
                 "attention_decode.h128q8",
                 "attention_prefill.h128",
+                "attention_tc.h128",
                 "qgemv.q4km4",
                 "qgemv.q4km8",
                 "qgemv.q6km4",

@@ -73,14 +73,26 @@ pub struct Layout {
     pub max_token: u32,
 }
 
-/// Packs `plan` (already validated against `kv`) into `words`. `sm_count` steers split-K.
-/// `tc`: the tensor-core attention runs the step's long items, so they take
-/// [`TC_ROWS_PER_ITEM`] rows where that still fills a wave of its blocks (two per SM).
+/// The query rows an item of a step may take ([`pack`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ItemRows {
+    /// [`ROWS_PER_ITEM`]: the portable attention's items.
+    Portable,
+    /// The tensor-core attention runs the step's long items, so they take
+    /// [`TC_ROWS_PER_ITEM`] rows where that still fills a wave of its blocks (two per SM).
+    TensorCore,
+    /// One row each, so the decode variant takes every item: while the tensor-core
+    /// attention still compiles after start-up (`Class::Later` in kernels.rs).
+    One,
+}
+
+/// Packs `plan` (already validated against `kv`) into `words`. `sm_count` steers split-K;
+/// `item_rows`, the rows an item may take.
 pub fn pack(
     plan: &BatchPlan,
     kv: &KvShape,
     sm_count: usize,
-    tc: bool,
+    item_rows: ItemRows,
     words: &mut Vec<u32>,
 ) -> Layout {
     words.clear();
@@ -114,10 +126,12 @@ pub fn pack(
         .iter()
         .map(|s| s.q_len.div_ceil(TC_ROWS_PER_ITEM) as usize)
         .sum();
-    let per_item = if tc && tc_items * kv.n_kv_heads.max(1) >= 2 * sm_count.max(1) {
-        TC_ROWS_PER_ITEM
-    } else {
-        ROWS_PER_ITEM
+    let per_item = match item_rows {
+        ItemRows::One => 1,
+        ItemRows::TensorCore if tc_items * kv.n_kv_heads.max(1) >= 2 * sm_count.max(1) => {
+            TC_ROWS_PER_ITEM
+        }
+        _ => ROWS_PER_ITEM,
     };
     let mut items: Vec<[u32; 6]> = Vec::new();
     for (i, s) in plan.seqs.iter().enumerate() {
@@ -370,7 +384,13 @@ mod tests {
     #[test]
     fn items_tile_rows_and_cover_causal_ranges() {
         let mut w = Vec::new();
-        let l = pack(&plan(&[(40, 50), (1, 7)]), &shape(), 1, false, &mut w);
+        let l = pack(
+            &plan(&[(40, 50), (1, 7)]),
+            &shape(),
+            1,
+            ItemRows::Portable,
+            &mut w,
+        );
         let items: Vec<&[u32]> = w[l.items..l.items + 6 * l.n_items].chunks(6).collect();
         // 40 rows in tiles of 16 (16, 16, 8), each up to its last row's position.
         assert_eq!(items.len(), 4);
@@ -382,17 +402,53 @@ mod tests {
     }
 
     #[test]
+    fn items_of_one_row_while_the_tensor_core_attention_compiles() {
+        let mut w = Vec::new();
+        let l = pack(
+            &plan(&[(40, 50), (1, 7)]),
+            &shape(),
+            132,
+            ItemRows::One,
+            &mut w,
+        );
+        let items: Vec<&[u32]> = w[l.items..l.items + 6 * l.n_items].chunks(6).collect();
+        // A row an item, each up to its own position (the prompt's first row sees 11).
+        assert_eq!((l.n_items, l.max_item_rows), (41, 1));
+        assert_eq!(items[0], &[0, 0, 1, 0, 11, NO_PART]);
+        assert_eq!(items[39], &[0, 39, 1, 0, 50, NO_PART]);
+        assert_eq!(items[40], &[1, 40, 1, 0, 7, NO_PART]);
+    }
+
+    #[test]
     fn tensor_core_items_take_32_rows_when_the_step_fills_a_wave() {
         let mut w = Vec::new();
         // 2048 rows: 64 items of 32 rows x 8 KV heads fill two blocks on each of 132 SMs.
-        let l = pack(&plan(&[(2048, 2048)]), &shape(), 132, true, &mut w);
+        let l = pack(
+            &plan(&[(2048, 2048)]),
+            &shape(),
+            132,
+            ItemRows::TensorCore,
+            &mut w,
+        );
         assert_eq!((l.n_items, l.max_item_rows), (64, TC_ROWS_PER_ITEM));
         let items: Vec<&[u32]> = w[l.items..l.items + 6 * l.n_items].chunks(6).collect();
         assert_eq!(items[1], &[0, 32, 32, 0, 64, NO_PART]);
         // Fewer rows, or no tensor-core attention: items of 16.
-        let l = pack(&plan(&[(512, 512)]), &shape(), 132, true, &mut w);
+        let l = pack(
+            &plan(&[(512, 512)]),
+            &shape(),
+            132,
+            ItemRows::TensorCore,
+            &mut w,
+        );
         assert_eq!(l.max_item_rows, ROWS_PER_ITEM);
-        let l = pack(&plan(&[(2048, 2048)]), &shape(), 132, false, &mut w);
+        let l = pack(
+            &plan(&[(2048, 2048)]),
+            &shape(),
+            132,
+            ItemRows::Portable,
+            &mut w,
+        );
         assert_eq!(l.max_item_rows, ROWS_PER_ITEM);
     }
 
@@ -466,7 +522,13 @@ mod tests {
     #[test]
     fn long_decode_rows_split_into_covering_parts() {
         let mut w = Vec::new();
-        let l = pack(&plan(&[(1, 5000)]), &shape(), 132, true, &mut w);
+        let l = pack(
+            &plan(&[(1, 5000)]),
+            &shape(),
+            132,
+            ItemRows::TensorCore,
+            &mut w,
+        );
         assert_eq!(l.n_splits, 1);
         let items: Vec<&[u32]> = w[l.items..l.items + 6 * l.n_items].chunks(6).collect();
         assert_eq!(items.len(), l.n_parts);
