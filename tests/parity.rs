@@ -598,21 +598,17 @@ parity_test!(attention_paged_varlen_gqa, attentions);
 #[cfg(feature = "cuda")]
 #[test]
 fn attention_before_its_larger_decode_passes_compiled() {
-    use kiln::backend::cuda::{CudaBackend, CudaOptions, DType, device_available};
-    if !device_available() {
-        eprintln!("notice: no CUDA device or driver here; CUDA parity skipped");
-        return;
-    }
-    let opts = CudaOptions {
+    use kiln::backend::cuda::{CudaOptions, DType};
+    let Some(mut b) = cuda_opened(CudaOptions {
         dtype: DType::Bf16,
         moe: false,
         weight_types: Some(vec![kiln::backend::quant::GgmlType::F32]),
         head_dims: Some(vec![128, 64]),
         gqa_group: Some(4),
-        kernel_cache: kiln::engine::default_kernel_cache_dir(),
         ..CudaOptions::default()
+    }) else {
+        return;
     };
-    let mut b = CudaBackend::new(0, opts).expect("a CUDA device is present");
     let mut rng = rng("attention_before_passes");
     let case = |heads, hd, seqs: &[(u32, u32)]| AttnCase {
         heads,

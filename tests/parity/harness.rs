@@ -71,17 +71,28 @@ pub fn cuda_with(
     dtype: kiln::backend::cuda::DType,
     graphs: bool,
 ) -> Option<kiln::backend::cuda::CudaBackend> {
+    cuda_opened(kiln::backend::cuda::CudaOptions {
+        dtype,
+        sync_check: true,
+        graphs,
+        ..kiln::backend::cuda::CudaOptions::default()
+    })
+}
+
+/// A CUDA backend on device 0 opened with `opts` (and the default kernel cache), or `None`
+/// (with a notice) where no GPU is usable.
+#[cfg(feature = "cuda")]
+pub fn cuda_opened(
+    opts: kiln::backend::cuda::CudaOptions,
+) -> Option<kiln::backend::cuda::CudaBackend> {
     use kiln::backend::cuda::{CudaBackend, CudaOptions, device_available};
     if !device_available() {
         eprintln!("notice: no CUDA device or driver here; CUDA parity skipped");
         return None;
     }
     let opts = CudaOptions {
-        dtype,
-        sync_check: true,
-        graphs,
         kernel_cache: kiln::engine::default_kernel_cache_dir(),
-        ..CudaOptions::default()
+        ..opts
     };
     Some(CudaBackend::new(0, opts).expect("a CUDA device is present, so the backend must start"))
 }

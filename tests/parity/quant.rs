@@ -204,25 +204,37 @@ fn quant_glu<B: TestBackend>(b: &mut B) {
         let bw = b.upload_weight(w.clone()).expect("upload");
         let rw = reference.upload_weight(w).unwrap();
         for n in [1, 2, 4, 7, 8, 9, 16, 33, 64] {
-            let x = b.quantize(&random(&mut rng, n * k, 1.0));
-            let bx = tensor(b, n, k, &x);
-            let rx = tensor(&mut reference, n, k, &x);
-            let mut gu = poisoned(b, n, 2 * f);
-            let mut out = poisoned(b, n + 1, f);
-            let mut rgu = reference.alloc(n, 2 * f).unwrap();
-            let mut rout = reference.alloc(n, f).unwrap();
-            b.matmul_glu(Activation::Silu, &bx, &bw, n, &mut gu, &mut out)
-                .expect("matmul_glu");
-            reference
-                .matmul_glu(Activation::Silu, &rx, &rw, n, &mut rgu, &mut rout)
-                .unwrap();
-            let got = b.to_host(&out, n + 1).unwrap();
             let what = format!("{} matmul_silu_mul {tg}+{tu} {n}x{k}x{f}", b.label());
-            check_rows(b, &what, n, &got, &reference.to_host(&rout, n).unwrap());
+            check_glu(b, &mut reference, &mut rng, (&bw, &rw), (n, k, f), &what);
         }
     }
 }
 crate::parity_test!(quantized_matmul_silu_mul, quant_glu);
+
+/// The gate/up SiLU product of `n` random rows through the stacked weight `w` (on `b`, and
+/// on the CPU `reference`) of `f` columns each and `k` inputs, the output row past `n`
+/// poisoned.
+fn check_glu<B: TestBackend>(
+    b: &mut B,
+    reference: &mut CpuBackend,
+    rng: &mut rand_chacha::ChaCha8Rng,
+    w: (&B::Weight, &<CpuBackend as Backend>::Weight),
+    (n, k, f): (usize, usize, usize),
+    what: &str,
+) {
+    let x = b.quantize(&random(rng, n * k, 1.0));
+    let (bx, rx) = (tensor(b, n, k, &x), tensor(reference, n, k, &x));
+    let (mut gu, mut out) = (poisoned(b, n, 2 * f), poisoned(b, n + 1, f));
+    let mut rgu = reference.alloc(n, 2 * f).unwrap();
+    let mut rout = reference.alloc(n, f).unwrap();
+    b.matmul_glu(Activation::Silu, &bx, w.0, n, &mut gu, &mut out)
+        .expect("matmul_glu");
+    reference
+        .matmul_glu(Activation::Silu, &rx, w.1, n, &mut rgu, &mut rout)
+        .unwrap();
+    let got = b.to_host(&out, n + 1).unwrap();
+    check_rows(b, what, n, &got, &reference.to_host(&rout, n).unwrap());
+}
 
 /// A decode layer's chain of quantized matmuls after the kernels that make their inputs (in
 /// bf16 on a GPU the RMSNorms also leave their output as 8-bit rows, which the matmul after
@@ -749,20 +761,16 @@ crate::parity_test!(quantized_matmul_i8_tiles, quant_i8_tiles);
 #[cfg(feature = "cuda")]
 #[test]
 fn quant_batches_before_their_tiled_kernels_compiled() {
-    use kiln::backend::cuda::{CudaBackend, CudaOptions, DType, device_available};
-    if !device_available() {
-        eprintln!("notice: no CUDA device or driver here; CUDA parity skipped");
-        return;
-    }
-    let opts = CudaOptions {
+    use kiln::backend::cuda::{CudaOptions, DType};
+    let Some(mut b) = cuda_opened(CudaOptions {
         dtype: DType::Bf16,
         moe: false,
         weight_types: Some(vec![GgmlType::Q4K, GgmlType::Q6K, GgmlType::F32]),
         head_dims: Some(vec![128]),
-        kernel_cache: kiln::engine::default_kernel_cache_dir(),
         ..CudaOptions::default()
+    }) else {
+        return;
     };
-    let mut b = CudaBackend::new(0, opts).expect("a CUDA device is present");
     let mut rng = rng("quant_batches_before_tiles");
     let k = 1024;
     let qkv = HostTensor::concat_rows(vec![
@@ -798,18 +806,14 @@ fn quant_batches_before_their_tiled_kernels_compiled() {
     let bw = b.upload_weight(gate_up.clone()).expect("upload");
     let rw = reference.upload_weight(gate_up).unwrap();
     for n in [3, 8, 16] {
-        let x = b.quantize(&random(&mut rng, n * k, 1.0));
-        let (bx, rx) = (tensor(&mut b, n, k, &x), tensor(&mut reference, n, k, &x));
-        let (mut gu, mut out) = (poisoned(&mut b, n, 2 * f), poisoned(&mut b, n + 1, f));
-        let mut rgu = reference.alloc(n, 2 * f).unwrap();
-        let mut rout = reference.alloc(n, f).unwrap();
-        b.matmul_glu(Activation::Silu, &bx, &bw, n, &mut gu, &mut out)
-            .expect("matmul_glu");
-        reference
-            .matmul_glu(Activation::Silu, &rx, &rw, n, &mut rgu, &mut rout)
-            .unwrap();
-        let got = b.to_host(&out, n + 1).unwrap();
         let what = format!("{} Q4_K gate/up SiLU, compiling {n}x{k}x{f}", b.label());
-        check_rows(&b, &what, n, &got, &reference.to_host(&rout, n).unwrap());
+        check_glu(
+            &mut b,
+            &mut reference,
+            &mut rng,
+            (&bw, &rw),
+            (n, k, f),
+            &what,
+        );
     }
 }
