@@ -439,11 +439,20 @@ impl<R: Runtime> GpuBackend<R> {
 
     /// Blocks of `threads` threads of kernel `k` one SM holds by its registers, at most
     /// [`QMMA_RESIDENT_MAX`] (NVIDIA tensor cores only; None elsewhere or when the driver
-    /// does not say).
-    fn qmma_resident(&self, k: Kernel, threads: u32) -> Result<Option<usize>, BackendError> {
+    /// does not say). Asked of the driver once per kernel and block size.
+    fn qmma_resident(&mut self, k: Kernel, threads: u32) -> Result<Option<usize>, BackendError> {
         if !self.qmma_tc() {
             return Ok(None);
         }
+        if let Some(&fit) = self.qmma_resident.get(&(k, threads)) {
+            return Ok(fit);
+        }
+        let fit = self.qmma_resident_of(k, threads)?;
+        self.qmma_resident.insert((k, threads), fit);
+        Ok(fit)
+    }
+
+    fn qmma_resident_of(&self, k: Kernel, threads: u32) -> Result<Option<usize>, BackendError> {
         let f = self.kernels.get(&self.dev.rt, k)?;
         let (regs, _, _) = self.dev.rt.resources(f);
         let Ok(regs) = usize::try_from(regs) else {

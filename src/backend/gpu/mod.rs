@@ -40,6 +40,8 @@ mod sample;
 mod timing;
 mod types;
 
+use std::collections::HashMap;
+
 use args::KernelArgs;
 pub use device::TransferStats;
 use device::{Arg, DevBuf, Device};
@@ -79,6 +81,10 @@ pub struct GpuBackend<R: Runtime> {
     sample_pack: sample::SamplePack,
     /// The tensor-parallel group this backend is a shard of (`group.rs`; none: whole model).
     group: Option<group::GpuGroup<R>>,
+    /// Per kernel, the dynamic shared memory its launches are already allowed (`launch`).
+    smem_allowed: HashMap<Kernel, u32>,
+    /// Per 64-row tile kernel and block size, its blocks per SM (`qmma_resident`).
+    qmma_resident: HashMap<(Kernel, u32), Option<usize>>,
     dev: Device<R>,
 }
 
@@ -227,6 +233,8 @@ impl<R: Runtime> GpuBackend<R> {
             sample_out: None,
             sample_pack: sample::SamplePack::default(),
             group: None,
+            smem_allowed: HashMap::new(),
+            qmma_resident: HashMap::new(),
             dev,
         })
     }
@@ -298,11 +306,13 @@ impl<R: Runtime> GpuBackend<R> {
     ) -> Result<(), BackendError> {
         self.scratch.qx = None;
         let f = self.kernels.get(&self.dev.rt, k)?;
-        if smem > 0 {
+        // Once per kernel (the attribute stays with the function).
+        if smem > self.smem_allowed.get(&k).copied().unwrap_or(0) {
             self.dev
                 .rt
                 .allow_dynamic_smem(f, smem)
                 .map_err(runtime::dev_err(k.op()))?;
+            self.smem_allowed.insert(k, smem);
         }
         self.dev
             .launch(k.op(), f, grid, smem, args, k.waits_for_predecessor())
