@@ -49,8 +49,8 @@ __device__ __forceinline__ float combine_weight(const float* __restrict__ ml, si
 // weighs heads w, w + NW, ... (each part's exp(m - max), lanes over the parts); then each
 // thread sums VW dims of one head over every part, its loads independent. With xq, the
 // rounded outputs also go out as 8-bit rows (attn_combine's combine_quant, VW lanes wide).
-// Shared memory: the G x np weights and G reciprocal sums (np <= 64, G <= 16: the host's
-// limits, within every decode variant's buffer).
+// Shared memory: the G x np weights, G reciprocal sums and G counts of parts read (np <= 64,
+// G <= 16: the host's limits, within every decode variant's buffer).
 template <typename T, int D, int SMEM_BYTES>
 __device__ __forceinline__ void attn_dec_merge(unsigned char* smem, const float* part_acc,
                                                const float* part_ml, const u32* __restrict__ sp,
@@ -62,22 +62,35 @@ __device__ __forceinline__ void attn_dec_merge(unsigned char* smem, const float*
     const int p0 = sp[1], np = sp[2], h0 = kvh * G;
     float* w_s = reinterpret_cast<float*>(smem);  // [G][np]
     float* inv_s = w_s + G * np;                  // [G]
+    int* used_s = reinterpret_cast<int*>(inv_s + G);  // [G]
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     const size_t ml_stride = 2 * (size_t)n_heads;
     for (int j = warp; j < G; j += nw) {
         const float* ml = part_ml + ((size_t)p0 * n_heads + h0 + j) * 2;
         float mx = -KILN_INF;
-        for (int k = lane; k < np; k += WARP) mx = fmaxf(mx, ld_shared_l2(ml + (size_t)k * ml_stride));
-        mx = warp_max(mx);
-        float sum = 0.f;
+        // The parts past the last that saw a position (a graph's fixed part count over a
+        // shorter context: the trailing parts are empty) are not read below.
+        int used = 0;
         for (int k = lane; k < np; k += WARP) {
+            const float m = ld_shared_l2(ml + (size_t)k * ml_stride);
+            mx = fmaxf(mx, m);
+            if (m != -KILN_INF) used = k + 1;
+        }
+        mx = warp_max(mx);
+#pragma unroll
+        for (int o = WARP / 2; o > 0; o >>= 1) used = max(used, shfl_xor(used, o));
+        float sum = 0.f;
+        for (int k = lane; k < used; k += WARP) {
             const float m = ld_shared_l2(ml + (size_t)k * ml_stride);
             const float w = m == -KILN_INF ? 0.f : expf(m - mx);
             w_s[j * np + k] = w;
             sum += w * ld_shared_l2(ml + (size_t)k * ml_stride + 1);
         }
         sum = warp_sum(sum);
-        if (lane == 0) inv_s[j] = sum > 0.f ? 1.f / sum : 0.f;
+        if (lane == 0) {
+            inv_s[j] = sum > 0.f ? 1.f / sum : 0.f;
+            used_s[j] = used;
+        }
     }
     __syncthreads();
     const size_t acc_stride = (size_t)n_heads * D;
@@ -95,8 +108,9 @@ __device__ __forceinline__ void attn_dec_merge(unsigned char* smem, const float*
         if (ok) {
             const float* acc = part_acc + ((size_t)p0 * n_heads + h0 + j) * D + v * VW;
             const float* w = w_s + j * np;
+            const int used = used_s[j];
 #pragma unroll 8
-            for (int k = 0; k < np; ++k) {
+            for (int k = 0; k < used; ++k) {
                 float x[VW];
                 ld_shared_l2_4(acc + (size_t)k * acc_stride, x);
 #pragma unroll

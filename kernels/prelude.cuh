@@ -187,6 +187,17 @@ __device__ __forceinline__ void qx_lanes(const float* v, bool valid, bool first,
     }
 }
 
+// Rotary embedding: the rotation factors (cos, sin) * mscale of pair i at position pos, the
+// angle pos * inv_freq[i] in f64 as the CPU reference computes it (rope.cu; qgemv.cu's qdot
+// when it ropes its own output).
+__device__ __forceinline__ void rope_angle(double pos, const float* __restrict__ inv_freq, int i, float mscale,
+                                           float& cf, float& sf) {
+    double s, c;
+    sincos(pos * (double)inv_freq[i], &s, &c);
+    cf = (float)c * mscale;
+    sf = (float)s * mscale;
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds MAX_WARPS values.
 template <typename V>
 __device__ V block_sum(V v, V* scratch) {

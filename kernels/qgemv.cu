@@ -368,11 +368,52 @@ struct SameType<A, A> {
 // at columns r0 (+ r1) + j of y (row stride ldy) with bias at the same index. One type per
 // launch (QA = QB) keeps the registers of that type alone, so more warps stay resident; two
 // (a Q4_K_M qkv: Q4_K q and k, Q6_K v) save a launch.
+// A qkv launch's rope and cache write (rope_kv in rope.cu, interleaved pairs), done by the
+// launch itself when inv_freq is non-null: the rotation of each q and k pair (2i, 2i + 1),
+// which are the two weight rows of one warp, and the k and v pairs copied to each row's cache
+// slot (0xffffffff: a padding row, nothing written). cbase: the qkv column of the launch's
+// first output column (y, bias); q_dim, kv_dim: the q and the k (= v) columns.
+struct QkvRope {
+    const u32* positions;
+    const float* inv_freq;
+    const u32* slots;
+    bf16* k_cache;
+    bf16* v_cache;
+    int cbase, q_dim, kv_dim, head_dim, rot_dim;
+    float mscale;
+};
+
+// Row m's output pair at columns j, j + 1 of y (values a0, a1 before the bias), roped and
+// written to the cache as QkvRope says; the same values (each rounded to bf16 first) as the
+// matmul's store and then rope_kv.
+__device__ __forceinline__ void qkv_rope_store(const QkvRope& ro, float a0, float a1, const bf16* __restrict__ bias,
+                                               bf16* __restrict__ y, int j, int m) {
+    float v0 = to_f(from_f<bf16>(a0 + (bias ? to_f(bias[j]) : 0.f)));
+    float v1 = to_f(from_f<bf16>(a1 + (bias ? to_f(bias[j + 1]) : 0.f)));
+    const int c = ro.cbase + j, qk = ro.q_dim + ro.kv_dim, d = c % ro.head_dim;
+    if (c < qk && d < ro.rot_dim) {
+        float cf, sf;
+        rope_angle((double)ro.positions[m], ro.inv_freq, d / 2, ro.mscale, cf, sf);
+        const float x0 = v0, x1 = v1;
+        v0 = to_f(from_f<bf16>(x0 * cf - x1 * sf));
+        v1 = to_f(from_f<bf16>(x0 * sf + x1 * cf));
+    }
+    y[j] = from_f<bf16>(v0);
+    y[j + 1] = from_f<bf16>(v1);
+    if (c < ro.q_dim) return;
+    const u32 slot = ro.slots[m];
+    if (slot == 0xffffffffu) return;
+    bf16* dst = c < qk ? ro.k_cache + (size_t)slot * ro.kv_dim + (c - ro.q_dim)
+                       : ro.v_cache + (size_t)slot * ro.kv_dim + (c - qk);
+    dst[0] = from_f<bf16>(v0);
+    dst[1] = from_f<bf16>(v1);
+}
+
 template <typename QA, typename QB, int M, int R, int UA, int UB, bool PP>
 __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* __restrict__ w0,
                                           const u8* __restrict__ w1, const u8* __restrict__ w2,
                                           const bf16* __restrict__ bias, bf16* __restrict__ y, int k, int r0,
-                                          int r1, int r2, int rows, int ldy) {
+                                          int r1, int r2, int rows, int ldy, const QkvRope& ro) {
     KILN_PDL_TRIGGER();  // KILN_PDL_WAIT: in qdot_acc, after the first weight loads
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int wid = blockIdx.x * (blockDim.x / WARP) + warp;
@@ -406,6 +447,15 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
     for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] = warp_sum(acc[m][r]);
+    if (ro.inv_freq != nullptr) {
+        // Every lane holds the sums: lane m ropes and stores row m (the host passes R = 2 and
+        // parts of even rows, so j0 + 1 < n).
+        static_assert(R == 2, "qkv rope: one pair per warp");
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+            if (lane == m && m < rows) qkv_rope_store(ro, acc[m][0], acc[m][1], bias, y + (size_t)m * ldy, col0 + j0, m);
+        return;
+    }
     if (lane != 0) return;
 #pragma unroll
     for (int m = 0; m < M; ++m)
@@ -451,6 +501,10 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
 #endif
 #define KILN_QDOT_SILU_BOUNDS_0 __launch_bounds__(QGEMV_WARPS * WARP)
 #define KILN_QDOT_SILU_BOUNDS(FIVE) KILN_QDOT_SILU_BOUNDS_##FIVE
+// The rope epilogue's parameters (the last 11 of qdot_* and qdotmix_*) as a QkvRope
+// (inv_freq null: a plain matmul).
+#define KILN_QKV_ROPE                                                                               \
+    QkvRope { positions, inv_freq, slots, k_cache, v_cache, cbase, q_dim, kv_dim, head_dim, rot_dim, mscale }
 // Per type (QN): the decode types at 1-2 rows (Q) and at 4-8 rows (Q4: Q4_K's whole-group
 // unit Q4_KW takes more registers at 4 and 8 rows and was slower there), the units in flight
 // per lane at one row for qdot (UQ) and qdot_silu (US), at two rows (U2; 4 and 8 rows take 1),
@@ -460,8 +514,12 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
 #define KILN_QDOT(QN, Q, M, UQ, US, FIVE, PP)                                                       \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
         qdot_##QN##_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2, const bf16* bias, \
-                              bf16* y, int k, int r0, int r1, int r2, int rows, int ldy) {          \
-        qdot_impl<Q, Q, M, 2, UQ, UQ, PP>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);       \
+                              bf16* y, int k, int r0, int r1, int r2, int rows, int ldy,            \
+                              const u32* positions, const float* inv_freq, const u32* slots,        \
+                              bf16* k_cache, bf16* v_cache, int cbase, int q_dim, int kv_dim,       \
+                              int head_dim, int rot_dim, float mscale) {                            \
+        qdot_impl<Q, Q, M, 2, UQ, UQ, PP>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy,        \
+                                          KILN_QKV_ROPE);                                           \
     }                                                                                               \
     extern "C" __global__ void KILN_QDOT_SILU_BOUNDS(FIVE)                                          \
         qdot_silu_##QN##_bf16_m##M(const u8* xq, const u8* wg, const u8* wu, bf16* y, int k, int f, \
@@ -485,8 +543,11 @@ KILN_QDOT_T(q6k, Q6_K, Q6_K, 1, 1, 1, 1, false)
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
         qdotmix_##QN##_q6k_bf16_m##M(const u8* xq, const u8* w0, const u8* w1, const u8* w2,         \
                                   const bf16* bias, bf16* y, int k, int r0, int r1, int r2,         \
-                                  int rows, int ldy) {                                              \
-        qdot_impl<Q, Q6_K, M, 2, U, 1, false>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy);   \
+                                  int rows, int ldy, const u32* positions, const float* inv_freq,   \
+                                  const u32* slots, bf16* k_cache, bf16* v_cache, int cbase,        \
+                                  int q_dim, int kv_dim, int head_dim, int rot_dim, float mscale) { \
+        qdot_impl<Q, Q6_K, M, 2, U, 1, false>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy,    \
+                                              KILN_QKV_ROPE);                                       \
     }
 #define KILN_QDOT_MIX_T(QN, Q, Q4, U1)                                                              \
     KILN_IN_PART(QN, KILN_QDOT_MIX(QN, Q, 1, U1)) KILN_IN_PART(QN##m2, KILN_QDOT_MIX(QN, Q, 2, 1))  \

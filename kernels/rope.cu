@@ -9,14 +9,7 @@
 
 constexpr int ROPE_HEADS = 8;  // heads per block (ROPE_HEADS in src/backend/gpu/mod.rs)
 
-// The rotation factors (cos, sin) * mscale of pair i at position pos.
-__device__ __forceinline__ void rope_angle(double pos, const float* __restrict__ inv_freq, int i, float mscale,
-                                           float& cf, float& sf) {
-    double s, c;
-    sincos(pos * (double)inv_freq[i], &s, &c);
-    cf = (float)c * mscale;
-    sf = (float)s * mscale;
-}
+// (rope_angle, the rotation factors of one pair: prelude.cuh, shared with qgemv.cu's qdot.)
 
 // (cf0, sf0): pair threadIdx.x's factors, computed by the caller (before KILN_PDL_WAIT in
 // rope_kv: the position and the frequencies are no predecessor's output).

@@ -206,6 +206,25 @@ pub trait Backend {
         self.rope(qkv, b, shape, rope)?;
         self.write_kv(kv, layer, qkv, b, shape)
     }
+    /// [`Backend::matmul`] of the fused qkv weight into `qkv`, then
+    /// [`Backend::rope_write_kv`]; a backend may do both in the matmul's launches.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_rope_write_kv(
+        &mut self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        n: usize,
+        qkv: &mut Self::Tensor,
+        kv: &mut Self::Kv,
+        layer: usize,
+        b: &Self::Batch,
+        shape: &AttnShape,
+        rope: &RopeSpec,
+    ) -> Result<(), BackendError> {
+        self.matmul(x, w, bias, n, qkv)?;
+        self.rope_write_kv(qkv, kv, layer, b, shape, rope)
+    }
     /// [`Backend::head_rms_norm`] with `norm`, then [`Backend::rope_write_kv`]; a backend may
     /// do all three in one pass (its values then equal the two ops' within rounding).
     #[allow(clippy::too_many_arguments)]

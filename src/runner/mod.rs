@@ -207,12 +207,15 @@ impl<B: Backend> Llama<B> {
                     let d = if post { &s.post } else { &s.delta };
                     backend.add_rms_norm(d, &mut s.x, &lw.attn_norm, eps, n, &mut s.h)?;
                 }
-                backend.matmul(&s.h, &lw.wqkv, lw.bqkv.as_ref(), n, &mut s.qkv)?;
                 if let (Some(q), Some(k)) = (&lw.q_norm, &lw.k_norm) {
+                    backend.matmul(&s.h, &lw.wqkv, lw.bqkv.as_ref(), n, &mut s.qkv)?;
                     let norm = QkNorm { q, k, eps, n };
                     backend.norm_rope_write_kv(&mut s.qkv, kv, l, &b, shape, rope, norm)?;
                 } else {
-                    backend.rope_write_kv(&mut s.qkv, kv, l, &b, shape, rope)?;
+                    let (wqkv, bqkv) = (&lw.wqkv, lw.bqkv.as_ref());
+                    backend.matmul_rope_write_kv(
+                        &s.h, wqkv, bqkv, n, &mut s.qkv, kv, l, &b, shape, rope,
+                    )?;
                 }
                 backend.attention(&s.qkv, kv, l, &b, shape, &mut s.attn)?;
                 backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;

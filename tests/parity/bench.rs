@@ -142,9 +142,14 @@ impl Rig {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(32);
+        let mut spec = llama3_8b(layers);
+        if mix != Mix::Plain {
+            // Quantized weights come in GGUF files, whose Llama q/k rows rope adjacent pairs.
+            spec.rope.layout = RopeLayout::Interleaved;
+        }
         let files = ModelFiles {
             name: format!("llama-3-8b-dummy ({mix:?})"),
-            spec: llama3_8b(layers),
+            spec,
             tokenizer: None,
             source: Box::new(FastDummy(mix)),
         };

@@ -604,6 +604,218 @@ fn stories260k_quantized_greedy_matches_cpu() {
     }
 }
 
+/// The qkv matmul with its rope and cache write (`matmul_rope_write_kv`: on a GPU in bf16, a
+/// quantized qkv's decode launches rope adjacent pairs and fill the cache themselves, no
+/// `rope_kv` launch) against the backend's own matmul then `rope_write_kv`, and against the
+/// CPU's f32 matmul, rope and cache write: the qkv rows, then attention over each cache
+/// after a prefill of the sequences' earlier positions. Q4_K q and k with a Q6_K v (one
+/// launch), Q8_0 throughout, and Q4_K q and k with a Q8_0 v (two launches, the second
+/// starting at the v columns); Llama-3 rope and a partial rope with an attention factor;
+/// 1, 2, 4, 7 and 8 decode rows at positions 0 to 299.
+fn quant_qkv_rope<B: TestBackend>(b: &mut B) {
+    use kiln::backend::{AttnShape, KvShape};
+    use kiln::model::{RopeLayout, RopeSpec};
+    let mut rng = rng("quant_qkv_rope");
+    let mut cpu = CpuBackend::with_f32_weights();
+    let llama3 = RopeSpec {
+        layout: RopeLayout::Interleaved,
+        ..crate::llama3_rope()
+    };
+    let partial = |hd: usize| RopeSpec {
+        theta: 10000.0,
+        dim: hd / 2,
+        layout: RopeLayout::Interleaved,
+        llama3: None,
+        freq_factors: None,
+        attn_factor: 1.3,
+    };
+    let mut shapes = vec![(4, 2, 128, 256)];
+    if gpu(b) {
+        shapes.push((32, 8, 128, 4096));
+    }
+    let ctx_of = [37u32, 5, 300, 1, 17, 64, 2, 129];
+    for (nh, nkv, hd, k) in shapes {
+        let shape = AttnShape::new(nh, nkv, hd);
+        let (q_dim, kv_dim, cols) = (shape.q_dim(), shape.kv_dim(), shape.qkv_dim());
+        let types = [
+            [GgmlType::Q4K, GgmlType::Q4K, GgmlType::Q6K],
+            [GgmlType::Q8_0; 3],
+            [GgmlType::Q4K, GgmlType::Q4K, GgmlType::Q8_0],
+        ];
+        for (ti, ty) in types.into_iter().enumerate() {
+            let rope = if ti == 1 { partial(hd) } else { llama3.clone() };
+            let w = HostTensor::concat_rows(
+                [(ty[0], q_dim), (ty[1], kv_dim), (ty[2], kv_dim)]
+                    .map(|(t, r)| raw(&mut rng, t, r, k))
+                    .to_vec(),
+            )
+            .unwrap();
+            let (bw, cw) = (
+                b.upload_weight(w.clone()).unwrap(),
+                cpu.upload_weight(w).unwrap(),
+            );
+            for n in [1usize, 2, 4, 7, 8] {
+                let ctx = &ctx_of[..n];
+                let kvs = KvShape {
+                    num_layers: 2,
+                    num_blocks: 48,
+                    block_size: 16,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                };
+                let tables = block_tables(&mut rng, ctx, 16, 48);
+                // Caches for the op under test, the backend's separate ops, the reference.
+                let mut kvs3 = [b.alloc_kv(&kvs).unwrap(), b.alloc_kv(&kvs).unwrap()];
+                let mut ckv = cpu.alloc_kv(&kvs).unwrap();
+                // The earlier positions of each sequence (a prefill), the same in all three.
+                let pre: Vec<_> = ctx
+                    .iter()
+                    .zip(&tables)
+                    .filter(|(c, _)| **c > 1)
+                    .map(|(&c, t)| (c - 1, c - 1, t.clone()))
+                    .collect();
+                if !pre.is_empty() {
+                    let p = plan(&pre, 16, |_| 0);
+                    let t = p.num_tokens();
+                    let x = b.quantize(&random(&mut rng, t * cols, 1.0));
+                    let pb = b.prepare(&p).unwrap();
+                    for kv in &mut kvs3 {
+                        let mut bx = tensor(b, t, cols, &x);
+                        b.rope_write_kv(&mut bx, kv, 1, &pb, &shape, &rope).unwrap();
+                    }
+                    let cb = cpu.prepare(&p).unwrap();
+                    let mut cx = tensor(&mut cpu, t, cols, &x);
+                    cpu.rope_write_kv(&mut cx, &mut ckv, 1, &cb, &shape, &rope)
+                        .unwrap();
+                }
+                let seqs: Vec<_> = ctx
+                    .iter()
+                    .zip(&tables)
+                    .map(|(&c, t)| (1, c, t.clone()))
+                    .collect();
+                let p = plan(&seqs, 16, |_| 0);
+                let (bb, cb) = (b.prepare(&p).unwrap(), cpu.prepare(&p).unwrap());
+                let x = b.quantize(&random(&mut rng, n * k, 1.0));
+                let (bx, cx) = (tensor(b, n, k, &x), tensor(&mut cpu, n, k, &x));
+                let [fused_kv, sep_kv] = &mut kvs3;
+                let mut fused = poisoned(b, n + 1, cols);
+                b.matmul_rope_write_kv(
+                    &bx, &bw, None, n, &mut fused, fused_kv, 1, &bb, &shape, &rope,
+                )
+                .unwrap();
+                let mut sep = poisoned(b, n + 1, cols);
+                b.matmul(&bx, &bw, None, n, &mut sep).unwrap();
+                b.rope_write_kv(&mut sep, sep_kv, 1, &bb, &shape, &rope)
+                    .unwrap();
+                let mut cq = cpu.alloc(n, cols).unwrap();
+                cpu.matmul(&cx, &cw, None, n, &mut cq).unwrap();
+                cpu.rope_write_kv(&mut cq, &mut ckv, 1, &cb, &shape, &rope)
+                    .unwrap();
+                let what = format!(
+                    "{} qkv rope {ty:?} {nh}+{nkv}x{hd} k {k}, {n} rows",
+                    b.label()
+                );
+                let got = b.to_host(&fused, n + 1).unwrap();
+                let sep_got = b.to_host(&sep, n + 1).unwrap();
+                assert_rows_only(
+                    &format!("{what}: against the separate ops"),
+                    &got,
+                    &sep_got[..n * cols],
+                    b.tol(),
+                );
+                check_rows(b, &what, n, &got, &cpu.to_host(&cq, n).unwrap());
+                let mut outs = [0, 0].map(|_| poisoned(b, n, q_dim));
+                let [out, sep_out] = &mut outs;
+                b.attention(&fused, fused_kv, 1, &bb, &shape, out).unwrap();
+                b.attention(&sep, sep_kv, 1, &bb, &shape, sep_out).unwrap();
+                let mut cout = cpu.alloc(n, q_dim).unwrap();
+                cpu.attention(&cq, &ckv, 1, &cb, &shape, &mut cout).unwrap();
+                let got = b.to_host(out, n).unwrap();
+                assert_close(
+                    &format!("{what}: attention against the separate ops' cache"),
+                    &got,
+                    &b.to_host(sep_out, n).unwrap(),
+                    b.tol(),
+                );
+                check_rows(
+                    b,
+                    &format!("{what}: attention over the written cache"),
+                    n,
+                    &got,
+                    &cpu.to_host(&cout, n).unwrap(),
+                );
+            }
+        }
+    }
+}
+crate::parity_test!(quantized_qkv_rope_write_kv, quant_qkv_rope);
+
+/// In bf16 on a GPU the quantized qkv decode launches rope and cache their output
+/// themselves: `matmul_rope_write_kv` launches the matmul kernels alone, no `rope_kv`, for a
+/// Q4_K_M-like stack at 1 and 2 rows (start-up's kernels; 4 and 8 rows may still compile and
+/// take the BLAS meanwhile; the values: `quantized_qkv_rope_write_kv`).
+#[cfg(feature = "cuda")]
+#[test]
+fn qkv_decode_matmul_ropes_its_own_output() {
+    use kiln::backend::{AttnShape, KvShape};
+    use kiln::model::{RopeLayout, RopeSpec};
+    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
+        return;
+    };
+    let mut rng = rng("qkv_decode_matmul_ropes");
+    let shape = AttnShape::new(32, 8, 128);
+    let (q_dim, kv_dim, cols, k) = (shape.q_dim(), shape.kv_dim(), shape.qkv_dim(), 4096);
+    let w = HostTensor::concat_rows(vec![
+        raw(&mut rng, GgmlType::Q4K, q_dim, k),
+        raw(&mut rng, GgmlType::Q4K, kv_dim, k),
+        raw(&mut rng, GgmlType::Q6K, kv_dim, k),
+    ])
+    .unwrap();
+    let w = b.upload_weight(w).unwrap();
+    let rope = RopeSpec {
+        layout: RopeLayout::Interleaved,
+        ..crate::llama3_rope()
+    };
+    let kvs = KvShape {
+        num_layers: 1,
+        num_blocks: 16,
+        block_size: 16,
+        n_kv_heads: 8,
+        head_dim: 128,
+    };
+    let mut kv = b.alloc_kv(&kvs).unwrap();
+    for n in [1u32, 2] {
+        let seqs: Vec<_> = (0..n).map(|i| (1, 2 + i, vec![i])).collect();
+        let bb = b.prepare(&plan(&seqs, 16, |_| 0)).unwrap();
+        let x = tensor(
+            &mut b,
+            n as usize,
+            k,
+            &random(&mut rng, n as usize * k, 1.0),
+        );
+        let mut y = poisoned(&mut b, n as usize, cols);
+        b.set_timing_period(Some(1));
+        b.matmul_rope_write_kv(
+            &x, &w, None, n as usize, &mut y, &mut kv, 0, &bb, &shape, &rope,
+        )
+        .unwrap();
+        let ops: Vec<_> = b
+            .take_kernel_timings()
+            .unwrap()
+            .iter()
+            .map(|t| t.kernel)
+            .collect();
+        b.set_timing_period(None);
+        let fused = std::env::var("KILN_QKV_ROPE").as_deref() != Ok("0");
+        assert_eq!(ops.contains(&"rope_kv"), !fused, "{n} rows: {ops:?}");
+        assert!(
+            ops.iter()
+                .all(|o| ["matmul", "rope_kv", "quantize_x"].contains(o)),
+            "{n} rows: {ops:?}"
+        );
+    }
+}
+
 /// The split-K merge of decode attention also leaves its output as 8-bit rows for the output
 /// matmul (bf16, quantized weights loaded, every row split), so that matmul launches no
 /// `quantize_x`; it gives what the same matmul gives on that output quantized by

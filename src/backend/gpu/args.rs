@@ -222,10 +222,14 @@ kernel_args! {
     QuantizeXArgs (Kernel::QuantizeX) { x: ptr, xq: ptr, k: i32, rows: i32 }
     /// `qdot_<q>_bf16_m<rows>`: `y[:, ..r0 + r1 + r2] = x @ [w0; w1; w2]^T (+ bias)` from the
     /// 8-bit activations at `xq` (parts of `r0`, `r1`, `r2` rows; absent parts have 0).
-    /// `qdotmix_<q>_q6k_*` (QdotMix): part 2 is Q6_K.
+    /// `qdotmix_<q>_q6k_*` (QdotMix): part 2 is Q6_K. With `inv_freq` non-null, a qkv
+    /// launch that ropes its q and k pairs and writes k and v to the cache (`QkvRope`;
+    /// `cbase`: the qkv column of `y`'s first).
     QdotArgs (Kernel::Qdot { .. } | Kernel::QdotMix { .. }) {
         xq: ptr, w0: ptr, w1: ptr, w2: ptr, bias: ptr, y: ptr, k: i32, r0: i32, r1: i32, r2: i32,
-        rows: i32, ldy: i32,
+        rows: i32, ldy: i32, positions: ptr, inv_freq: ptr, slots: ptr, k_cache: ptr,
+        v_cache: ptr, cbase: i32, q_dim: i32, kv_dim: i32, head_dim: i32, rot_dim: i32,
+        mscale: f32,
     }
     /// `qdot_silu_<q>_bf16_m<rows>`: [`QgemvSiluArgs`] from the 8-bit activations at `xq`.
     QdotSiluArgs (Kernel::QdotSilu { .. }) {

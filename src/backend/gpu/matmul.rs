@@ -59,6 +59,22 @@ impl PartRun<'_> {
     }
 }
 
+/// The rope and cache write a qkv `qdot_*` launch does itself (`QkvRope` in
+/// `kernels/qgemv.cu`; `rope.rs` decides when): device addresses and the qkv layout.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct QkvRope {
+    pub positions: u64,
+    pub inv_freq: u64,
+    pub slots: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub q_dim: i32,
+    pub kv_dim: i32,
+    pub head_dim: i32,
+    pub rot_dim: i32,
+    pub mscale: f32,
+}
+
 /// The launches of `w`'s quantized parts, in order (unquantized parts are skipped).
 fn part_runs(w: &GpuWeight) -> Vec<PartRun<'_>> {
     let mut runs = Vec::new();
@@ -205,7 +221,7 @@ impl<R: Runtime> GpuBackend<R> {
 
     /// The row bucket of the 8-bit activation kernels (`qdot_*`), when they take the step:
     /// the streaming bucket, bf16, and a scratch that holds the quantized rows.
-    fn qdot_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
+    pub(super) fn qdot_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
         let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes());
         self.qgemv_rows(n, x, w).filter(|_| {
             self.dt == crate::backend::DType::Bf16
@@ -267,7 +283,9 @@ impl<R: Runtime> GpuBackend<R> {
     /// `out = x @ w^T (+ bias)` for `n` decode rows on `qdot_*` (`rows` bucket): one launch
     /// per run of up to [`QDOT_PARTS`] adjacent parts of one type, or of one or two parts
     /// of a [`QDOT_MIX_TYPES`] type and a Q6_K part after them (a Q4_K_M qkv: one launch).
-    fn launch_qdot(
+    /// With `rope`, each launch also ropes and caches its qkv columns ([`QkvRope`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_qdot(
         &mut self,
         x: &GpuTensor,
         w: &GpuWeight,
@@ -275,13 +293,26 @@ impl<R: Runtime> GpuBackend<R> {
         n: usize,
         rows: u32,
         out: &GpuTensor,
+        rope: Option<&QkvRope>,
     ) -> Result<(), BackendError> {
         let xq = self.qx_of(x, n)?;
+        let r = rope.copied().unwrap_or_default();
         for run in part_runs(w) {
             let PartRun { q, mix, ref slots } = run;
             let (bias, y) = self.part_out(slots[0].1, bias, out);
             let ([w0, w1, w2], [r0, r1, r2]) = run.slot_args();
             let args = QdotArgs {
+                positions: r.positions,
+                inv_freq: r.inv_freq,
+                slots: r.slots,
+                k_cache: r.k_cache,
+                v_cache: r.v_cache,
+                cbase: slots[0].1.row0 as i32,
+                q_dim: r.q_dim,
+                kv_dim: r.kv_dim,
+                head_dim: r.head_dim,
+                rot_dim: r.rot_dim,
+                mscale: r.mscale,
                 w0,
                 w1,
                 w2,
@@ -577,7 +608,7 @@ impl<R: Runtime> GpuBackend<R> {
         if m > 0
             && let Some(rows) = self.qdot_rows(n, x, w)
         {
-            return self.launch_qdot(x, w, bias, n, rows, out);
+            return self.launch_qdot(x, w, bias, n, rows, out, None);
         }
         if let Some(rows) = self.qgemv_rows(n, x, w) {
             // Two weight rows per warp at every row bucket (`KILN_QGEMV_T` in kernels/qgemv.cu).

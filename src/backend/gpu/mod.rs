@@ -546,6 +546,22 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.launch_rope_write_kv(qkv, kv, layer, b, shape, rope, None)
     }
 
+    fn matmul_rope_write_kv(
+        &mut self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        bias: Option<&GpuWeight>,
+        n: usize,
+        qkv: &mut GpuTensor,
+        kv: &mut GpuKv,
+        layer: usize,
+        b: &GpuBatch,
+        shape: &AttnShape,
+        rope: &RopeSpec,
+    ) -> Result<(), BackendError> {
+        self.launch_matmul_rope_write_kv(x, w, bias, n, qkv, kv, layer, b, shape, rope)
+    }
+
     fn norm_rope_write_kv(
         &mut self,
         qkv: &mut GpuTensor,

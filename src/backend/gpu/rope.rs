@@ -4,6 +4,7 @@
 
 use super::args::{RopeArgs, RopeKvArgs, RopeKvNormArgs, WriteKvArgs};
 use super::kernels::Kernel;
+use super::matmul::QkvRope;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuBatch, GpuKv, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
 use crate::backend::{AttnShape, BackendError, QkNorm, RopeLayout, RopeSpec};
@@ -215,5 +216,92 @@ impl<R: Runtime> GpuBackend<R> {
             eps: norm.eps,
         };
         self.launch_with(Kernel::RopeKvNorm, grid, &args)
+    }
+
+    /// The qkv matmul, rope and cache write of `layer`: in the matmul's own launches where
+    /// [`Self::qkv_rope`] allows (quantized decode rows), else the matmul and then `rope_kv`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_matmul_rope_write_kv(
+        &mut self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        bias: Option<&GpuWeight>,
+        n: usize,
+        qkv: &mut GpuTensor,
+        kv: &mut GpuKv,
+        layer: usize,
+        b: &GpuBatch,
+        shape: &AttnShape,
+        rope: &RopeSpec,
+    ) -> Result<(), BackendError> {
+        if let Some((rows, epi)) = self.qkv_rope(x, w, bias, n, qkv, kv, layer, b, shape, rope)? {
+            let bias = match bias {
+                Some(bw) => Some(bw.dense_for("matmul bias")?.ptr()),
+                None => None,
+            };
+            return self.launch_qdot(x, w, bias, n, rows, qkv, Some(&epi));
+        }
+        self.launch_matmul(x, w, bias, n, qkv)?;
+        self.launch_rope_write_kv(qkv, kv, layer, b, shape, rope, None)
+    }
+
+    /// Whether the qkv matmul's `qdot_*` launches may rope and cache their own output
+    /// (`QkvRope` in kernels/qgemv.cu), and with what: the matmul takes the 8-bit decode
+    /// kernels, the rope rotates adjacent pairs (a warp's two weight rows), every part
+    /// starts at an even column, and the step is the batch's (its positions and slots).
+    /// `KILN_QKV_ROPE=0` turns it off (A/B measurements).
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_rope(
+        &mut self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        bias: Option<&GpuWeight>,
+        n: usize,
+        qkv: &GpuTensor,
+        kv: &GpuKv,
+        layer: usize,
+        b: &GpuBatch,
+        shape: &AttnShape,
+        rope: &RopeSpec,
+    ) -> Result<Option<(u32, QkvRope)>, BackendError> {
+        static OFF: std::sync::LazyLock<bool> =
+            std::sync::LazyLock::new(|| std::env::var("KILN_QKV_ROPE").is_ok_and(|v| v == "0"));
+        let hd = shape.head_dim;
+        let fits = !*OFF
+            && w.dense().is_none()
+            && w.rows > 0
+            && w.rows == shape.qkv_dim()
+            && x.cols == w.cols
+            && qkv.cols == w.rows
+            && n <= x.rows.min(qkv.rows)
+            && bias.is_none_or(|bw| bw.rows * bw.cols == w.rows)
+            && rope.layout == RopeLayout::Interleaved
+            && hd.is_multiple_of(2)
+            && rope.dim.is_multiple_of(2)
+            && rope.dim <= hd
+            && w.parts
+                .iter()
+                .all(|p| p.row0.is_multiple_of(2) && p.rows.is_multiple_of(2));
+        let Some(rows) = fits.then(|| self.qdot_rows(n, x, w)).flatten() else {
+            return Ok(None);
+        };
+        let l = self.layout(b)?;
+        if l.n_tokens != n {
+            return Ok(None);
+        }
+        let (k_cache, v_cache) = self.kv_layer(kv, layer, shape)?;
+        let epi = QkvRope {
+            positions: self.meta_ptr(l.positions),
+            inv_freq: self.inv_freqs(rope)?,
+            slots: self.meta_ptr(l.slots),
+            k_cache,
+            v_cache,
+            q_dim: shape.q_dim() as i32,
+            kv_dim: shape.kv_dim() as i32,
+            head_dim: hd as i32,
+            rot_dim: rope.dim as i32,
+            mscale: rope.attn_factor,
+        };
+        Ok(Some((rows, epi)))
     }
 }
