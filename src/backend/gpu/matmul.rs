@@ -75,6 +75,24 @@ pub(super) struct QkvRope {
     pub mscale: f32,
 }
 
+/// Checks the shapes of `out = x @ w^T (+ bias)` over `n` rows; the bias's device address.
+pub(super) fn matmul_operands(
+    x: &GpuTensor,
+    w: &GpuWeight,
+    bias: Option<&GpuWeight>,
+    n: usize,
+    out: &GpuTensor,
+) -> Result<Option<u64>, BackendError> {
+    check_cols("matmul input", x.cols, w.cols)?;
+    check_cols("matmul output", out.cols, w.rows)?;
+    check_rows("matmul", n, x.rows.min(out.rows))?;
+    bias.map(|b| {
+        check_cols("matmul bias", b.rows * b.cols, w.rows)?;
+        Ok(b.dense_for("matmul bias")?.ptr())
+    })
+    .transpose()
+}
+
 /// The launches of `w`'s quantized parts, in order (unquantized parts are skipped).
 fn part_runs(w: &GpuWeight) -> Vec<PartRun<'_>> {
     let mut runs = Vec::new();
@@ -511,16 +529,7 @@ impl<R: Runtime> GpuBackend<R> {
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         let (m, k) = (w.rows, w.cols);
-        check_cols("matmul input", x.cols, k)?;
-        check_cols("matmul output", out.cols, m)?;
-        check_rows("matmul", n, x.rows.min(out.rows))?;
-        let bias = match bias {
-            Some(b) => {
-                check_cols("matmul bias", b.rows * b.cols, m)?;
-                Some(b.dense_for("matmul bias")?.ptr())
-            }
-            None => None,
-        };
+        let bias = matmul_operands(x, w, bias, n, out)?;
         let Some(wbuf) = w.dense() else {
             return self.launch_qmatmul(x, w, bias, n, out);
         };

@@ -4,7 +4,7 @@
 
 use super::args::{RopeArgs, RopeKvArgs, RopeKvNormArgs, WriteKvArgs};
 use super::kernels::Kernel;
-use super::matmul::QkvRope;
+use super::matmul::{QkvRope, matmul_operands};
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuBatch, GpuKv, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
 use crate::backend::{AttnShape, BackendError, QkNorm, RopeLayout, RopeSpec};
@@ -234,12 +234,9 @@ impl<R: Runtime> GpuBackend<R> {
         shape: &AttnShape,
         rope: &RopeSpec,
     ) -> Result<(), BackendError> {
-        if let Some((rows, epi)) = self.qkv_rope(x, w, bias, n, qkv, kv, layer, b, shape, rope)? {
-            let bias = match bias {
-                Some(bw) => Some(bw.dense_for("matmul bias")?.ptr()),
-                None => None,
-            };
-            return self.launch_qdot(x, w, bias, n, rows, qkv, Some(&epi));
+        let bias_ptr = matmul_operands(x, w, bias, n, qkv)?;
+        if let Some((rows, epi)) = self.qkv_rope(x, w, n, kv, layer, b, shape, rope)? {
+            return self.launch_qdot(x, w, bias_ptr, n, rows, qkv, Some(&epi));
         }
         self.launch_matmul(x, w, bias, n, qkv)?;
         self.launch_rope_write_kv(qkv, kv, layer, b, shape, rope, None)
@@ -249,15 +246,14 @@ impl<R: Runtime> GpuBackend<R> {
     /// (`QkvRope` in kernels/qgemv.cu), and with what: the matmul takes the 8-bit decode
     /// kernels, the rope rotates adjacent pairs (a warp's two weight rows), every part
     /// starts at an even column, and the step is the batch's (its positions and slots).
-    /// `KILN_QKV_ROPE=0` turns it off (A/B measurements).
+    /// The matmul's shapes are checked by the caller. `KILN_QKV_ROPE=0` turns it off (A/B
+    /// measurements).
     #[allow(clippy::too_many_arguments)]
     fn qkv_rope(
         &mut self,
         x: &GpuTensor,
         w: &GpuWeight,
-        bias: Option<&GpuWeight>,
         n: usize,
-        qkv: &GpuTensor,
         kv: &GpuKv,
         layer: usize,
         b: &GpuBatch,
@@ -271,10 +267,6 @@ impl<R: Runtime> GpuBackend<R> {
             && w.dense().is_none()
             && w.rows > 0
             && w.rows == shape.qkv_dim()
-            && x.cols == w.cols
-            && qkv.cols == w.rows
-            && n <= x.rows.min(qkv.rows)
-            && bias.is_none_or(|bw| bw.rows * bw.cols == w.rows)
             && rope.layout == RopeLayout::Interleaved
             && hd.is_multiple_of(2)
             && rope.dim.is_multiple_of(2)
