@@ -18,25 +18,6 @@
 // prelude.cuh) without holding them in registers. Each thread copies and later reads only
 // its own slots, so waiting on its own groups is all the ordering needed.
 
-// Loads of partials other blocks of the same launch wrote (attn_dec_merge): from L2, never
-// a possibly stale L1 line (NVIDIA: ld.global.cg; AMD: volatile loads bypass the vector L1).
-__device__ __forceinline__ float ld_shared_l2(const float* p) {
-#if defined(KILN_CUDA)
-    return __ldcg(p);
-#else
-    return *reinterpret_cast<const volatile float*>(p);
-#endif
-}
-__device__ __forceinline__ void ld_shared_l2_4(const float* p, float x[4]) {
-#if defined(KILN_CUDA)
-    const float4 v = __ldcg(reinterpret_cast<const float4*>(p));
-    x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
-#else
-#pragma unroll
-    for (int e = 0; e < 4; ++e) x[e] = reinterpret_cast<const volatile float*>(p)[e];
-#endif
-}
-
 // Part k's weight: exp(m_k - mx), 0 for a part that saw no position.
 __device__ __forceinline__ float combine_weight(const float* __restrict__ ml, size_t ml_stride, int k, float mx) {
     const float m = ml[(size_t)k * ml_stride];
@@ -72,7 +53,7 @@ __device__ __forceinline__ void attn_dec_merge(unsigned char* smem, const float*
         // shorter context: the trailing parts are empty) are not read below.
         int used = 0;
         for (int k = lane; k < np; k += WARP) {
-            const float m = ld_shared_l2(ml + (size_t)k * ml_stride);
+            const float m = ld_l2(ml + (size_t)k * ml_stride);
             mx = fmaxf(mx, m);
             if (m != -KILN_INF) used = k + 1;
         }
@@ -81,10 +62,10 @@ __device__ __forceinline__ void attn_dec_merge(unsigned char* smem, const float*
         for (int o = WARP / 2; o > 0; o >>= 1) used = max(used, shfl_xor(used, o));
         float sum = 0.f;
         for (int k = lane; k < used; k += WARP) {
-            const float m = ld_shared_l2(ml + (size_t)k * ml_stride);
+            const float m = ld_l2(ml + (size_t)k * ml_stride);
             const float w = m == -KILN_INF ? 0.f : expf(m - mx);
             w_s[j * np + k] = w;
-            sum += w * ld_shared_l2(ml + (size_t)k * ml_stride + 1);
+            sum += w * ld_l2(ml + (size_t)k * ml_stride + 1);
         }
         sum = warp_sum(sum);
         if (lane == 0) {
@@ -112,7 +93,7 @@ __device__ __forceinline__ void attn_dec_merge(unsigned char* smem, const float*
 #pragma unroll 8
             for (int k = 0; k < used; ++k) {
                 float x[VW];
-                ld_shared_l2_4(acc + (size_t)k * acc_stride, x);
+                ld_l2_4(acc + (size_t)k * acc_stride, x);
 #pragma unroll
                 for (int e = 0; e < VW; ++e) a[e] += w[k] * x[e];
             }

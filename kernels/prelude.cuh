@@ -231,6 +231,26 @@ __device__ float block_max(float v, float* scratch) {
     return scratch[0];
 }
 
+// Loads of what other blocks of the same launch wrote (a last block merging their partials:
+// attention_decode.cu, sample.cu): from L2, never a possibly stale L1 line (NVIDIA:
+// ld.global.cg; AMD: volatile loads bypass the vector L1).
+__device__ __forceinline__ float ld_l2(const float* p) {
+#if defined(KILN_CUDA)
+    return __ldcg(p);
+#else
+    return *reinterpret_cast<const volatile float*>(p);
+#endif
+}
+__device__ __forceinline__ void ld_l2_4(const float* p, float x[4]) {
+#if defined(KILN_CUDA)
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(p));
+    x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+#else
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = reinterpret_cast<const volatile float*>(p)[e];
+#endif
+}
+
 // 16-byte vectors: the widest single load of a thread.
 struct alignas(16) vec4u {
     u32 x, y, z, w;

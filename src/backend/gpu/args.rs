@@ -252,7 +252,7 @@ kernel_args! {
         logits: ptr, work: ptr, lse: ptr, params: ptr, v: i32, out: ptr,
     }
     /// `sample_greedy_<dt>`: argmax and log-sum-exp in one pass over the raw logits.
-    SampleGreedyArgs (Kernel::SampleGreedy) { logits: ptr, v: i32, out: ptr }
+    SampleGreedyArgs (Kernel::SampleGreedy) { logits: ptr, v: i32, out: ptr, part: ptr, counts: ptr }
     /// `head_rms_norm_<dt>`: q heads (weight `qw`) and k heads (`kw`) normalized in place.
     HeadRmsNormArgs (Kernel::HeadRmsNorm) {
         qkv: ptr, stride: i32, qw: ptr, kw: ptr, n_heads: i32, head_dim: i32, eps: f32,

@@ -78,6 +78,10 @@ pub struct GpuBackend<R: Runtime> {
     sample_in: Option<DevBuf>,
     sample_work: Option<DevBuf>,
     sample_out: Option<DevBuf>,
+    /// The greedy pass's per-slice results, and its per-row counters (zeroed when allocated;
+    /// the kernel leaves them zero).
+    sample_parts: Option<DevBuf>,
+    sample_counts: Option<DevBuf>,
     sample_pack: sample::SamplePack,
     /// The tensor-parallel group this backend is a shard of (`group.rs`; none: whole model).
     group: Option<group::GpuGroup<R>>,
@@ -231,6 +235,8 @@ impl<R: Runtime> GpuBackend<R> {
             sample_in: None,
             sample_work: None,
             sample_out: None,
+            sample_parts: None,
+            sample_counts: None,
             sample_pack: sample::SamplePack::default(),
             group: None,
             smem_allowed: HashMap::new(),

@@ -184,6 +184,18 @@ pub fn unpack(pack: &SamplePack, words: &[u32]) -> Vec<Sampled> {
 
 /// Threads of the per-row sampling kernels (`SAMPLE_THREADS` in `kernels/sample.cu`).
 const SAMPLE_THREADS: u32 = 1024;
+/// Most slices, and fewest logits a slice, of one row's greedy pass (`sample_greedy`).
+const GREEDY_MAX_PARTS: usize = 64;
+const GREEDY_MIN_SLICE: usize = 2048;
+
+/// Slices of each row's greedy pass: enough blocks for about two per SM over the `rows`
+/// rows, none shorter than [`GREEDY_MIN_SLICE`] logits (one for short vocabularies or many
+/// rows), and none empty (the kernel's slices are `ceil(v / parts)` long).
+fn greedy_parts(rows: usize, v: usize, sms: usize) -> usize {
+    let want = (2 * sms / rows.max(1)).clamp(1, GREEDY_MAX_PARTS);
+    let parts = want.min(v / GREEDY_MIN_SLICE).max(1);
+    v.div_ceil(v.div_ceil(parts))
+}
 
 impl<R: Runtime> GpuBackend<R> {
     pub(super) fn sample_on_device(
@@ -224,12 +236,43 @@ impl<R: Runtime> GpuBackend<R> {
             &mut self.generation,
         )?;
         if pk.plain_greedy {
+            let parts = greedy_parts(s, v, self.dev.info.sm_count);
+            let (part, counts) = if parts > 1 {
+                let part = ensure(
+                    &self.dev,
+                    &mut self.sample_parts,
+                    s * parts * 16,
+                    "greedy sampling slices",
+                    &mut self.generation,
+                )?;
+                let g = self.generation;
+                let counts = ensure(
+                    &self.dev,
+                    &mut self.sample_counts,
+                    s * 4,
+                    "greedy sampling counters",
+                    &mut self.generation,
+                )?;
+                if let Some(buf) = self.sample_counts.as_ref().filter(|_| self.generation != g) {
+                    // A new buffer: the counters start at zero (the kernel leaves them so).
+                    self.dev.upload(buf, 0, &vec![0u8; buf.bytes()])?;
+                }
+                (part, counts)
+            } else {
+                (0, 0)
+            };
             let args = SampleGreedyArgs {
                 logits: logits.buf.ptr(),
                 v: v as i32,
                 out,
+                part,
+                counts,
             };
-            self.launch_with(Kernel::SampleGreedy, rows, &args)?;
+            let grid = Grid {
+                blocks: (s as u32, parts as u32, 1),
+                threads: SAMPLE_THREADS,
+            };
+            self.launch_with(Kernel::SampleGreedy, grid, &args)?;
             return self.download_sampled(pk);
         }
         let bytes: Vec<u8> = pk.words.iter().flat_map(|w| w.to_le_bytes()).collect();
