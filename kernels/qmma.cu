@@ -5,6 +5,7 @@
 //   qmmamix_<q>_q6k_bf16_m<BM>:  the same with part 2 of type Q6_K (a Q4_K_M / Q5_K_M qkv)
 //   qmma_<q>_bf16_m64w, qmmamix_<q>_q6k_bf16_m64w: the 64-row tile in wide blocks (below)
 //   qmma_reduce_bf16:            y[m, j] = sum_z ws[z][m][j] (+ bias[j])   (split-k partials)
+//   qmma_reduce_rope_bf16:       the same for a qkv launch, with rope_kv's rope and cache write
 //   qmma8_<q>_bf16_m<BM>, qmma8mix_<q>_q6k_bf16_m<BM>: the same two on x rows quantized to
 //                                8 bits (quantize_x), int8 tensor cores (qmma8_tile)
 // for m < rows, j < r0 + r1 + r2 (part p has rp rows, 0 when absent; its columns follow the
@@ -207,6 +208,52 @@ extern "C" __global__ void __launch_bounds__(256)
     float s = 0.f;
     for (int z = 0; z < splits; ++z) s += p[z * plane];
     y[(size_t)r * ldy + j] = from_f<bf16>(s + (bias ? to_f(bias[j]) : 0.f));
+}
+
+// qmma_reduce_bf16 of a whole qkv launch (n = q_dim + 2 kv_dim columns, heads of head_dim)
+// that also does rope_kv's work (rope.cu) as it stores: q and k roped over their first
+// rot_dim dims, k and v written to the cache at the row's slot (0xffffffff: a padding row,
+// nothing written). The values are the reduce's store and then rope_kv's: each sum (+ bias)
+// rounded to bf16, then rotated, and the rotation rounded. Grid (ceil(n / 512), rows), 256
+// threads; thread P takes pair P of the row, e = P % (head_dim / 2) of its head: for
+// e < rot_dim / 2 of a q or k head the rotated pair (e, e + rot_dim / 2) of the head-halves
+// layout or (2e, 2e + 1) of the adjacent one (`interleaved`), else the plain (2e, 2e + 1).
+extern "C" __global__ void __launch_bounds__(256)
+    qmma_reduce_rope_bf16(const float* __restrict__ ws, const bf16* __restrict__ bias, bf16* __restrict__ y, int n,
+                          int rows, int ldy, int splits, const u32* __restrict__ positions,
+                          const float* __restrict__ inv_freq, const u32* __restrict__ slots, bf16* __restrict__ k_cache,
+                          bf16* __restrict__ v_cache, int q_dim, int kv_dim, int head_dim, int rot_dim,
+                          int interleaved, float mscale) {
+    const int pair = blockIdx.x * 256 + threadIdx.x, r = blockIdx.y;
+    if (pair >= n / 2 || r >= rows) return;
+    const int hp = head_dim / 2, half = rot_dim / 2, qk = q_dim + kv_dim;
+    const int e = pair % hp, base = pair / hp * head_dim;
+    const bool rot = e < half && base < qk;
+    const int c0 = base + (rot && !interleaved ? e : 2 * e), c1 = rot && !interleaved ? c0 + half : c0 + 1;
+    const size_t plane = (size_t)rows * n;
+    const float* p = ws + (size_t)r * n;
+    float s0 = 0.f, s1 = 0.f;
+    for (int z = 0; z < splits; ++z) {
+        s0 += p[z * plane + c0];
+        s1 += p[z * plane + c1];
+    }
+    float v0 = to_f(from_f<bf16>(s0 + (bias ? to_f(bias[c0]) : 0.f)));
+    float v1 = to_f(from_f<bf16>(s1 + (bias ? to_f(bias[c1]) : 0.f)));
+    if (rot) {
+        float cf, sf;
+        rope_angle((double)positions[r], inv_freq, e, mscale, cf, sf);
+        const float x0 = v0, x1 = v1;
+        v0 = to_f(from_f<bf16>(x0 * cf - x1 * sf));
+        v1 = to_f(from_f<bf16>(x0 * sf + x1 * cf));
+    }
+    bf16* yr = y + (size_t)r * ldy;
+    yr[c0] = from_f<bf16>(v0);
+    yr[c1] = from_f<bf16>(v1);
+    const u32 slot = slots[r];
+    if (c0 < q_dim || slot == 0xffffffffu) return;
+    bf16* dst = c0 < qk ? k_cache + (size_t)slot * kv_dim + (c0 - q_dim) : v_cache + (size_t)slot * kv_dim + (c0 - qk);
+    dst[0] = from_f<bf16>(v0);
+    dst[c1 - c0] = from_f<bf16>(v1);
 }
 #endif  // KILN_PART_common
 #endif

@@ -17,6 +17,8 @@ pub trait TestBackend: Backend {
     fn write(&mut self, t: &mut Self::Tensor, data: &[f32]);
     /// `data` as this backend stores it (bf16 rounding), so references can see the same inputs.
     fn quantize(&self, data: &[f32]) -> Vec<f32>;
+    /// Waits until every kernel is loaded (a GPU's tiled matmuls compile after start-up's).
+    fn wait_kernels(&mut self) {}
 }
 
 impl TestBackend for CpuBackend {
@@ -47,6 +49,9 @@ impl<R: kiln::backend::gpu::runtime::Runtime> TestBackend for kiln::backend::gpu
     }
     fn write(&mut self, t: &mut Self::Tensor, data: &[f32]) {
         self.write_tensor(t, data).expect("write tensor");
+    }
+    fn wait_kernels(&mut self) {
+        kiln::backend::gpu::GpuBackend::wait_kernels(self).expect("every kernel loads");
     }
     fn quantize(&self, data: &[f32]) -> Vec<f32> {
         match self.dtype() {

@@ -605,13 +605,15 @@ fn stories260k_quantized_greedy_matches_cpu() {
 }
 
 /// The qkv matmul with its rope and cache write (`matmul_rope_write_kv`: on a GPU in bf16, a
-/// quantized qkv's decode launches rope adjacent pairs and fill the cache themselves, no
+/// quantized qkv's decode launches rope adjacent pairs and fill the cache themselves, and
+/// the tiled kernels' split-k reduce does it for 9-256 rows, either rope layout; no
 /// `rope_kv` launch) against the backend's own matmul then `rope_write_kv`, and against the
 /// CPU's f32 matmul, rope and cache write: the qkv rows, then attention over each cache
 /// after a prefill of the sequences' earlier positions. Q4_K q and k with a Q6_K v (one
 /// launch), Q8_0 throughout, and Q4_K q and k with a Q8_0 v (two launches, the second
-/// starting at the v columns); Llama-3 rope and a partial rope with an attention factor;
-/// 1, 2, 4, 7 and 8 decode rows at positions 0 to 299.
+/// starting at the v columns: the tiles' rope stays separate); Llama-3 rope and a partial
+/// rope with an attention factor, adjacent pairs and head halves; 1, 2, 4, 7 and 8 decode
+/// rows and 16, 33 and 64 rows (the tiles, loaded first) at positions 0 to 299.
 fn quant_qkv_rope<B: TestBackend>(b: &mut B) {
     use kiln::backend::{AttnShape, KvShape};
     use kiln::model::{RopeLayout, RopeSpec};
@@ -621,29 +623,43 @@ fn quant_qkv_rope<B: TestBackend>(b: &mut B) {
         layout: RopeLayout::Interleaved,
         ..crate::llama3_rope()
     };
-    let partial = |hd: usize| RopeSpec {
+    let partial = |hd: usize, layout| RopeSpec {
         theta: 10000.0,
         dim: hd / 2,
-        layout: RopeLayout::Interleaved,
+        layout,
         llama3: None,
         freq_factors: None,
         attn_factor: 1.3,
     };
+    b.wait_kernels();
     let mut shapes = vec![(4, 2, 128, 256)];
     if gpu(b) {
         shapes.push((32, 8, 128, 4096));
     }
-    let ctx_of = [37u32, 5, 300, 1, 17, 64, 2, 129];
+    // The first 8 rows' contexts, then shorter ones (the cache holds 400 blocks of 16).
+    let ctx_of = |i: usize| match [37u32, 5, 300, 1, 17, 64, 2, 129].get(i) {
+        Some(&c) => c,
+        None => 1 + (i as u32 * 37) % 61,
+    };
     for (nh, nkv, hd, k) in shapes {
         let shape = AttnShape::new(nh, nkv, hd);
         let (q_dim, kv_dim, cols) = (shape.q_dim(), shape.kv_dim(), shape.qkv_dim());
-        let types = [
-            [GgmlType::Q4K, GgmlType::Q4K, GgmlType::Q6K],
-            [GgmlType::Q8_0; 3],
-            [GgmlType::Q4K, GgmlType::Q4K, GgmlType::Q8_0],
+        let cases = [
+            (
+                [GgmlType::Q4K, GgmlType::Q4K, GgmlType::Q6K],
+                llama3.clone(),
+            ),
+            ([GgmlType::Q8_0; 3], partial(hd, RopeLayout::Interleaved)),
+            (
+                [GgmlType::Q4K, GgmlType::Q4K, GgmlType::Q8_0],
+                llama3.clone(),
+            ),
+            (
+                [GgmlType::Q4K, GgmlType::Q4K, GgmlType::Q6K],
+                partial(hd, RopeLayout::Half),
+            ),
         ];
-        for (ti, ty) in types.into_iter().enumerate() {
-            let rope = if ti == 1 { partial(hd) } else { llama3.clone() };
+        for (ty, rope) in cases {
             let w = HostTensor::concat_rows(
                 [(ty[0], q_dim), (ty[1], kv_dim), (ty[2], kv_dim)]
                     .map(|(t, r)| raw(&mut rng, t, r, k))
@@ -654,16 +670,17 @@ fn quant_qkv_rope<B: TestBackend>(b: &mut B) {
                 b.upload_weight(w.clone()).unwrap(),
                 cpu.upload_weight(w).unwrap(),
             );
-            for n in [1usize, 2, 4, 7, 8] {
-                let ctx = &ctx_of[..n];
+            for n in [1usize, 2, 4, 7, 8, 16, 33, 64] {
+                let ctx: Vec<u32> = (0..n).map(ctx_of).collect();
+                let ctx = &ctx[..];
                 let kvs = KvShape {
                     num_layers: 2,
-                    num_blocks: 48,
+                    num_blocks: 400,
                     block_size: 16,
                     n_kv_heads: nkv,
                     head_dim: hd,
                 };
-                let tables = block_tables(&mut rng, ctx, 16, 48);
+                let tables = block_tables(&mut rng, ctx, 16, 400);
                 // Caches for the op under test, the backend's separate ops, the reference.
                 let mut kvs3 = [b.alloc_kv(&kvs).unwrap(), b.alloc_kv(&kvs).unwrap()];
                 let mut ckv = cpu.alloc_kv(&kvs).unwrap();
@@ -695,7 +712,9 @@ fn quant_qkv_rope<B: TestBackend>(b: &mut B) {
                     .collect();
                 let p = plan(&seqs, 16, |_| 0);
                 let (bb, cb) = (b.prepare(&p).unwrap(), cpu.prepare(&p).unwrap());
-                let x = b.quantize(&random(&mut rng, n * k, 1.0));
+                // Inputs of half scale: q and k of moderate size, so the softmax is not peaked
+                // enough to blow the 8-bit activations' error up (below).
+                let x = b.quantize(&random(&mut rng, n * k, 0.5));
                 let (bx, cx) = (tensor(b, n, k, &x), tensor(&mut cpu, n, k, &x));
                 let [fused_kv, sep_kv] = &mut kvs3;
                 let mut fused = poisoned(b, n + 1, cols);
@@ -712,8 +731,10 @@ fn quant_qkv_rope<B: TestBackend>(b: &mut B) {
                 cpu.rope_write_kv(&mut cq, &mut ckv, 1, &cb, &shape, &rope)
                     .unwrap();
                 let what = format!(
-                    "{} qkv rope {ty:?} {nh}+{nkv}x{hd} k {k}, {n} rows",
-                    b.label()
+                    "{} qkv rope {ty:?} {:?} rot {} {nh}+{nkv}x{hd} k {k}, {n} rows",
+                    b.label(),
+                    rope.layout,
+                    rope.dim
                 );
                 let got = b.to_host(&fused, n + 1).unwrap();
                 let sep_got = b.to_host(&sep, n + 1).unwrap();
@@ -737,12 +758,17 @@ fn quant_qkv_rope<B: TestBackend>(b: &mut B) {
                     &b.to_host(sep_out, n).unwrap(),
                     b.tol(),
                 );
-                check_rows(
-                    b,
+                // Against the f32 reference the softmax amplifies the q and k rows' error of
+                // 8-bit activations (CPU, GPU decode rows): up to 0.11 relative over 300
+                // seeds on the CPU, where the rows themselves stay within ACT8_TOL. This
+                // check catches a cache both paths got wrong; the one above, the values.
+                let tol = 4.0 * row_tol(b, n);
+                let want = cpu.to_host(&cout, n).unwrap();
+                assert_rows_only(
                     &format!("{what}: attention over the written cache"),
-                    n,
                     &got,
-                    &cpu.to_host(&cout, n).unwrap(),
+                    &want,
+                    tol,
                 );
             }
         }
@@ -752,8 +778,9 @@ crate::parity_test!(quantized_qkv_rope_write_kv, quant_qkv_rope);
 
 /// In bf16 on a GPU the quantized qkv decode launches rope and cache their output
 /// themselves: `matmul_rope_write_kv` launches the matmul kernels alone, no `rope_kv`, for a
-/// Q4_K_M-like stack at 1 and 2 rows (start-up's kernels; 4 and 8 rows may still compile and
-/// take the BLAS meanwhile; the values: `quantized_qkv_rope_write_kv`).
+/// Q4_K_M-like stack at 1 and 2 rows (start-up's kernels), and, once every kernel is loaded,
+/// at 16 and 64 rows on the tiles (their split-k reduce ropes; the values:
+/// `quantized_qkv_rope_write_kv`).
 #[cfg(feature = "cuda")]
 #[test]
 fn qkv_decode_matmul_ropes_its_own_output() {
@@ -778,14 +805,17 @@ fn qkv_decode_matmul_ropes_its_own_output() {
     };
     let kvs = KvShape {
         num_layers: 1,
-        num_blocks: 16,
+        num_blocks: 64,
         block_size: 16,
         n_kv_heads: 8,
         head_dim: 128,
     };
     let mut kv = b.alloc_kv(&kvs).unwrap();
-    for n in [1u32, 2] {
-        let seqs: Vec<_> = (0..n).map(|i| (1, 2 + i, vec![i])).collect();
+    for n in [1u32, 2, 16, 64] {
+        if n > 8 {
+            b.wait_kernels().unwrap();
+        }
+        let seqs: Vec<_> = (0..n).map(|i| (1, 2 + i % 8, vec![i])).collect();
         let bb = b.prepare(&plan(&seqs, 16, |_| 0)).unwrap();
         let x = tensor(
             &mut b,

@@ -217,6 +217,13 @@ kernel_args! {
     QmmaReduceArgs (Kernel::QmmaReduce) {
         ws: ptr, bias: ptr, y: ptr, n: i32, rows: i32, ldy: i32, splits: i32,
     }
+    /// `qmma_reduce_rope_bf16`: the reduce of a whole qkv launch, then rope_kv's rope and
+    /// cache write (`rope.rs`).
+    QmmaReduceRopeArgs (Kernel::QmmaReduceRope) {
+        ws: ptr, bias: ptr, y: ptr, n: i32, rows: i32, ldy: i32, splits: i32,
+        positions: ptr, inv_freq: ptr, slots: ptr, k_cache: ptr, v_cache: ptr,
+        q_dim: i32, kv_dim: i32, head_dim: i32, rot_dim: i32, interleaved: i32, mscale: f32,
+    }
     /// `quantize_x_bf16`: `rows` rows of `x` (`k` columns) to 8-bit blocks of 32 at `xq`
     /// (i8 values, then the (scale, sum) pairs; `kernels/qgemv.cu`).
     QuantizeXArgs (Kernel::QuantizeX) { x: ptr, xq: ptr, k: i32, rows: i32 }

@@ -578,6 +578,9 @@ pub enum Kernel {
     },
     /// Sums the split-k partials of [`Kernel::Qmma`] (+ bias) into the output (bf16 only).
     QmmaReduce,
+    /// [`Kernel::QmmaReduce`] of a whole qkv launch that also ropes q and k and writes k and
+    /// v to the cache (what `rope_kv` does after it otherwise; bf16 only).
+    QmmaReduceRope,
     /// Activation rows to 8-bit blocks of 32 for [`Kernel::Qdot`] (bf16 only).
     QuantizeX,
     /// Decode matmul of up to three quantized parts of type `q` in one launch, dp4a on the
@@ -688,6 +691,7 @@ impl Kernel {
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma8Mix { q, rows }));
         }
         v.push(Kernel::QmmaReduce);
+        v.push(Kernel::QmmaReduceRope);
         v.push(Kernel::QuantizeX);
         v.push(Kernel::Convert { bf16: false });
         v.push(Kernel::Convert { bf16: true });
@@ -767,6 +771,7 @@ impl Kernel {
             | Kernel::Qmma8 { .. }
             | Kernel::Qmma8Mix { .. }
             | Kernel::QmmaReduce
+            | Kernel::QmmaReduceRope
             | Kernel::Qdot { .. }
             | Kernel::QdotMix { .. } => "matmul",
             Kernel::GemvSiluMul { .. } | Kernel::QgemvSilu { .. } | Kernel::QdotSilu { .. } => {
@@ -856,7 +861,8 @@ impl Kernel {
             | Kernel::QmmaMix { .. }
             | Kernel::Qmma8 { .. }
             | Kernel::Qmma8Mix { .. }
-            | Kernel::QmmaReduce => Source::Qmma,
+            | Kernel::QmmaReduce
+            | Kernel::QmmaReduceRope => Source::Qmma,
         }
     }
 
@@ -892,6 +898,7 @@ impl Kernel {
             Kernel::Convert { .. }
             | Kernel::QuantizeX
             | Kernel::QmmaReduce
+            | Kernel::QmmaReduceRope
             | Kernel::AttnCombine => Part::Common,
             _ => Part::Whole,
         };
@@ -909,6 +916,7 @@ impl Kernel {
                 | Kernel::Qmma8 { .. }
                 | Kernel::Qmma8Mix { .. }
                 | Kernel::QmmaReduce
+                | Kernel::QmmaReduceRope
                 | Kernel::QuantizeX
                 | Kernel::Qdot { .. }
                 | Kernel::QdotMix { .. }
@@ -955,6 +963,7 @@ impl Kernel {
             Kernel::Qmma8 { q, rows } => format!("qmma8_{}_{d}_m{rows}", q.tag()),
             Kernel::Qmma8Mix { q, rows } => format!("qmma8mix_{}_q6k_{d}_m{rows}", q.tag()),
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
+            Kernel::QmmaReduceRope => format!("qmma_reduce_rope_{d}"),
             Kernel::QuantizeX => format!("quantize_x_{d}"),
             Kernel::Qdot { q, rows } => format!("qdot_{}_{d}_m{rows}", q.tag()),
             Kernel::QdotMix { q, rows } => format!("qdotmix_{}_q6k_{d}_m{rows}", q.tag()),

@@ -26,7 +26,7 @@
 
 use super::args::{
     AddBiasArgs, GemvArgs, GemvSiluMulArgs, QdotArgs, QdotSiluArgs, QgemvArgs, QgemvSiluArgs,
-    QmmaArgs, QmmaReduceArgs, QuantizeXArgs, SiluMulArgs, SiluMulVecArgs,
+    QmmaArgs, QmmaReduceArgs, QmmaReduceRopeArgs, QuantizeXArgs, SiluMulArgs, SiluMulVecArgs,
 };
 use super::kernels::{
     GEMV_MAX_ROWS, Kernel, Part, QDOT_MIX_TYPES, QGEMV_ROWS, QMMA_ROWS, Source, Unit,
@@ -73,6 +73,9 @@ pub(super) struct QkvRope {
     pub head_dim: i32,
     pub rot_dim: i32,
     pub mscale: f32,
+    /// The rope turns adjacent pairs (else each head's halves: the tiles' reduce only; the
+    /// decode kernels take adjacent pairs alone).
+    pub interleaved: bool,
 }
 
 /// Checks the shapes of `out = x @ w^T (+ bias)` over `n` rows; the bias's device address.
@@ -220,7 +223,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// the streaming kernels take it: not while the bucket's 8-bit kernels (`qdot_*` of 4
     /// and 8 rows, compiled after start-up) still compile, so such a step dequantizes for
     /// the BLAS meanwhile rather than wait (or compile bf16's float-activation `qgemv_*`).
-    fn qgemv_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
+    pub(super) fn qgemv_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
         let fits = self.switches.gemv
             && x.cols == w.cols
             && w.rows <= i32::MAX as usize
@@ -363,7 +366,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// tiled kernel takes it (bf16 compute, a warp of 32, whole k-tiles, its compile units
     /// loaded: right after start-up they may still compile, and batches dequantize for the
     /// BLAS meanwhile).
-    fn qmma_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
+    pub(super) fn qmma_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
         let unit = |part| Unit {
             src: Source::Qmma,
             part,
@@ -644,96 +647,148 @@ impl<R: Runtime> GpuBackend<R> {
             return Ok(());
         }
         if let Some(rows) = self.qmma_rows(n, x, w) {
-            // The 8-bit path quantizes x once for every run, at the scratch's start.
-            let runs = part_runs(w);
-            let qx8 = if runs.iter().any(|r| qmma8_takes(r.q, r.mix)) {
-                self.qmma8_bytes(n, k)
-            } else {
-                None
-            };
-            let xq = match qx8 {
-                Some(_) => Some(self.quantize_x(x, n)?),
-                None => None,
-            };
-            let used = qx8.unwrap_or(0);
-            let scratch = self.scratch.dequant.as_ref().map_or(0, |b| b.ptr());
-            for run in runs {
-                let PartRun { q, mix, ref slots } = run;
-                let (bias, y) = self.part_out(slots[0].1, bias, out);
-                let ([w0, w1, w2], [r0, r1, r2]) = run.slot_args();
-                let xq = xq.filter(|_| qmma8_takes(q, mix));
-                let args = QmmaArgs {
-                    w0,
-                    w1,
-                    w2,
-                    r0,
-                    r1,
-                    r2,
-                    x: xq.unwrap_or(x.buf.ptr()),
-                    bias,
-                    y,
-                    ws: scratch + used as u64,
-                    k: k as i32,
-                    rows: n as i32,
-                    ldy: m as i32,
-                };
-                let cols: usize = slots.iter().map(|(_, p)| p.rows).sum();
-                let wide = xq.is_none() && self.qmma_wide(rows, cols);
-                let (bn, threads) = if wide {
-                    QMMA_WIDE
-                } else {
-                    (QMMA_BN, QMMA_THREADS)
-                };
-                let blocks: usize = slots.iter().map(|(_, p)| p.rows.div_ceil(bn)).sum();
-                let tiles = (blocks, n.div_ceil(rows as usize));
-                let kernel = match (mix, xq.is_some()) {
-                    (true, false) => Kernel::QmmaMix { q, rows, wide },
-                    (false, false) => Kernel::Qmma { q, rows, wide },
-                    (true, true) => Kernel::Qmma8Mix { q, rows },
-                    (false, true) => Kernel::Qmma8 { q, rows },
-                };
-                let resident = if rows == 64 {
-                    self.qmma_resident(kernel, threads)?
-                } else {
-                    None
-                };
-                let splits = self.qmma_splits(
-                    tiles.0 * tiles.1,
-                    threads,
-                    k,
-                    n * cols,
-                    rows,
-                    used,
-                    resident,
-                );
-                let grid = Grid {
-                    blocks: (tiles.0 as u32, tiles.1 as u32, splits as u32),
-                    threads,
-                };
-                self.launch_with(kernel, grid, &args)?;
-                if splits > 1 {
-                    // The stream orders this before the next launch's partials reuse `ws`.
-                    let reduce = QmmaReduceArgs {
-                        ws: args.ws,
-                        bias: args.bias,
-                        y: args.y,
-                        n: cols as i32,
-                        rows: args.rows,
-                        ldy: args.ldy,
-                        splits: splits as i32,
-                    };
-                    let grid = Grid {
-                        blocks: (cols.div_ceil(256) as u32, n as u32, 1),
-                        threads: 256,
-                    };
-                    self.launch_with(Kernel::QmmaReduce, grid, &reduce)?;
-                }
-            }
+            self.launch_qmma(x, w, bias, n, rows, out, None)?;
             return Ok(());
         }
         let scratch = self.dequantize_into_scratch(w)?;
         self.gemm(x.buf.ptr(), scratch, out.buf.ptr(), n, k, m)?;
         self.add_bias(out, bias, n, m)
+    }
+
+    /// `out = x @ w^T (+ bias)` for `n` rows on the tiled kernels (`qmma_*`, row tile `rows`;
+    /// shapes checked by the caller): one launch per run of parts, each with its split-k
+    /// reduce. With `rope`, a run that is the whole qkv and splits k ropes and caches its
+    /// output in its reduce (`qmma_reduce_rope`); returns whether one did, else the caller
+    /// still has the rope to do.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_qmma(
+        &mut self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        bias: Option<u64>,
+        n: usize,
+        rows: u32,
+        out: &GpuTensor,
+        rope: Option<&QkvRope>,
+    ) -> Result<bool, BackendError> {
+        let (m, k) = (w.rows, w.cols);
+        let mut roped = false;
+        // The 8-bit path quantizes x once for every run, at the scratch's start.
+        let runs = part_runs(w);
+        let qx8 = if runs.iter().any(|r| qmma8_takes(r.q, r.mix)) {
+            self.qmma8_bytes(n, k)
+        } else {
+            None
+        };
+        let xq = match qx8 {
+            Some(_) => Some(self.quantize_x(x, n)?),
+            None => None,
+        };
+        let used = qx8.unwrap_or(0);
+        let scratch = self.scratch.dequant.as_ref().map_or(0, |b| b.ptr());
+        for run in runs {
+            let PartRun { q, mix, ref slots } = run;
+            let (bias, y) = self.part_out(slots[0].1, bias, out);
+            let ([w0, w1, w2], [r0, r1, r2]) = run.slot_args();
+            let xq = xq.filter(|_| qmma8_takes(q, mix));
+            let args = QmmaArgs {
+                w0,
+                w1,
+                w2,
+                r0,
+                r1,
+                r2,
+                x: xq.unwrap_or(x.buf.ptr()),
+                bias,
+                y,
+                ws: scratch + used as u64,
+                k: k as i32,
+                rows: n as i32,
+                ldy: m as i32,
+            };
+            let cols: usize = slots.iter().map(|(_, p)| p.rows).sum();
+            let wide = xq.is_none() && self.qmma_wide(rows, cols);
+            let (bn, threads) = if wide {
+                QMMA_WIDE
+            } else {
+                (QMMA_BN, QMMA_THREADS)
+            };
+            let blocks: usize = slots.iter().map(|(_, p)| p.rows.div_ceil(bn)).sum();
+            let tiles = (blocks, n.div_ceil(rows as usize));
+            let kernel = match (mix, xq.is_some()) {
+                (true, false) => Kernel::QmmaMix { q, rows, wide },
+                (false, false) => Kernel::Qmma { q, rows, wide },
+                (true, true) => Kernel::Qmma8Mix { q, rows },
+                (false, true) => Kernel::Qmma8 { q, rows },
+            };
+            let resident = if rows == 64 {
+                self.qmma_resident(kernel, threads)?
+            } else {
+                None
+            };
+            let splits = self.qmma_splits(
+                tiles.0 * tiles.1,
+                threads,
+                k,
+                n * cols,
+                rows,
+                used,
+                resident,
+            );
+            let grid = Grid {
+                blocks: (tiles.0 as u32, tiles.1 as u32, splits as u32),
+                threads,
+            };
+            self.launch_with(kernel, grid, &args)?;
+            if splits > 1
+                && let Some(ro) = rope.filter(|_| cols == m && slots[0].1.row0 == 0)
+            {
+                // The whole qkv in one launch: its reduce ropes and caches too.
+                let reduce = QmmaReduceRopeArgs {
+                    ws: args.ws,
+                    bias: args.bias,
+                    y: args.y,
+                    n: cols as i32,
+                    rows: args.rows,
+                    ldy: args.ldy,
+                    splits: splits as i32,
+                    positions: ro.positions,
+                    inv_freq: ro.inv_freq,
+                    slots: ro.slots,
+                    k_cache: ro.k_cache,
+                    v_cache: ro.v_cache,
+                    q_dim: ro.q_dim,
+                    kv_dim: ro.kv_dim,
+                    head_dim: ro.head_dim,
+                    rot_dim: ro.rot_dim,
+                    interleaved: ro.interleaved as i32,
+                    mscale: ro.mscale,
+                };
+                let grid = Grid {
+                    blocks: (cols.div_ceil(512) as u32, n as u32, 1),
+                    threads: 256,
+                };
+                self.launch_with(Kernel::QmmaReduceRope, grid, &reduce)?;
+                roped = true;
+            } else if splits > 1 {
+                // The stream orders this before the next launch's partials reuse `ws`.
+                let reduce = QmmaReduceArgs {
+                    ws: args.ws,
+                    bias: args.bias,
+                    y: args.y,
+                    n: cols as i32,
+                    rows: args.rows,
+                    ldy: args.ldy,
+                    splits: splits as i32,
+                };
+                let grid = Grid {
+                    blocks: (cols.div_ceil(256) as u32, n as u32, 1),
+                    threads: 256,
+                };
+                self.launch_with(Kernel::QmmaReduce, grid, &reduce)?;
+            }
+        }
+        Ok(roped)
     }
 
     /// Dequantizes every part of `w` into the scratch (`[rows, cols]` of the compute type);

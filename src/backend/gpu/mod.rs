@@ -281,6 +281,15 @@ impl<R: Runtime> GpuBackend<R> {
         self.kernels.resources(&self.dev.rt)
     }
 
+    /// Waits until every kernel the model may run is loaded, the tiled matmuls that larger
+    /// steps take included (tests and benchmarks that must reach those kernels; a serving
+    /// lane takes other paths while they compile).
+    pub fn wait_kernels(&mut self) -> Result<(), BackendError> {
+        self.kernels.wait_model(&self.dev.rt)?;
+        self.kernels.poll_later(&self.dev.rt);
+        Ok(())
+    }
+
     /// Changes how often steps are timed (`None`: never).
     pub fn set_timing_period(&mut self, period: Option<u64>) {
         self.dev.timer.set_period(period);

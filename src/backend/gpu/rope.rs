@@ -219,7 +219,8 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// The qkv matmul, rope and cache write of `layer`: in the matmul's own launches where
-    /// [`Self::qkv_rope`] allows (quantized decode rows), else the matmul and then `rope_kv`.
+    /// [`Self::qkv_rope`] allows (quantized decode rows, and the tiled batches whose k is
+    /// split: their reduce), else the matmul and then `rope_kv`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_matmul_rope_write_kv(
         &mut self,
@@ -235,19 +236,26 @@ impl<R: Runtime> GpuBackend<R> {
         rope: &RopeSpec,
     ) -> Result<(), BackendError> {
         let bias_ptr = matmul_operands(x, w, bias, n, qkv)?;
-        if let Some((rows, epi)) = self.qkv_rope(x, w, n, kv, layer, b, shape, rope)? {
-            return self.launch_qdot(x, w, bias_ptr, n, rows, qkv, Some(&epi));
+        match self.qkv_rope(x, w, n, kv, layer, b, shape, rope)? {
+            Some((QkvPath::Decode(rows), epi)) => {
+                return self.launch_qdot(x, w, bias_ptr, n, rows, qkv, Some(&epi));
+            }
+            Some((QkvPath::Tiles(rows), epi)) => {
+                if self.launch_qmma(x, w, bias_ptr, n, rows, qkv, Some(&epi))? {
+                    return Ok(());
+                }
+            }
+            None => self.launch_matmul(x, w, bias, n, qkv)?,
         }
-        self.launch_matmul(x, w, bias, n, qkv)?;
         self.launch_rope_write_kv(qkv, kv, layer, b, shape, rope, None)
     }
 
-    /// Whether the qkv matmul's `qdot_*` launches may rope and cache their own output
-    /// (`QkvRope` in kernels/qgemv.cu), and with what: the matmul takes the 8-bit decode
-    /// kernels, the rope rotates adjacent pairs (a warp's two weight rows), every part
-    /// starts at an even column, and the step is the batch's (its positions and slots).
-    /// The matmul's shapes are checked by the caller. `KILN_QKV_ROPE=0` turns it off (A/B
-    /// measurements).
+    /// Whether the qkv matmul may rope and cache its own output, on which kernels, and with
+    /// what: the 8-bit decode kernels (`QkvRope` in kernels/qgemv.cu) where the rope rotates
+    /// adjacent pairs (a warp's two weight rows) and every part starts at an even column, or
+    /// the tiled kernels' split-k reduce (`qmma_reduce_rope` in kernels/qmma.cu, either rope
+    /// layout); and the step is the batch's (its positions and slots). The matmul's shapes are
+    /// checked by the caller. `KILN_QKV_ROPE=0` turns it off (A/B measurements).
     #[allow(clippy::too_many_arguments)]
     fn qkv_rope(
         &mut self,
@@ -259,7 +267,7 @@ impl<R: Runtime> GpuBackend<R> {
         b: &GpuBatch,
         shape: &AttnShape,
         rope: &RopeSpec,
-    ) -> Result<Option<(u32, QkvRope)>, BackendError> {
+    ) -> Result<Option<(QkvPath, QkvRope)>, BackendError> {
         static OFF: std::sync::LazyLock<bool> =
             std::sync::LazyLock::new(|| std::env::var("KILN_QKV_ROPE").is_ok_and(|v| v == "0"));
         let hd = shape.head_dim;
@@ -267,15 +275,22 @@ impl<R: Runtime> GpuBackend<R> {
             && w.dense().is_none()
             && w.rows > 0
             && w.rows == shape.qkv_dim()
-            && rope.layout == RopeLayout::Interleaved
             && hd.is_multiple_of(2)
             && rope.dim.is_multiple_of(2)
-            && rope.dim <= hd
+            && rope.dim <= hd;
+        let interleaved = rope.layout == RopeLayout::Interleaved;
+        let decode = interleaved
             && w.parts
                 .iter()
                 .all(|p| p.row0.is_multiple_of(2) && p.rows.is_multiple_of(2));
-        let Some(rows) = fits.then(|| self.qdot_rows(n, x, w)).flatten() else {
-            return Ok(None);
+        let path = match fits.then(|| self.qdot_rows(n, x, w)) {
+            None => return Ok(None),
+            Some(Some(rows)) if decode => QkvPath::Decode(rows),
+            Some(Some(_)) => return Ok(None),
+            Some(None) => match (self.qgemv_rows(n, x, w), self.qmma_rows(n, x, w)) {
+                (None, Some(rows)) => QkvPath::Tiles(rows),
+                _ => return Ok(None),
+            },
         };
         let l = self.layout(b)?;
         if l.n_tokens != n {
@@ -293,7 +308,16 @@ impl<R: Runtime> GpuBackend<R> {
             head_dim: hd as i32,
             rot_dim: rope.dim as i32,
             mscale: rope.attn_factor,
+            interleaved,
         };
-        Ok(Some((rows, epi)))
+        Ok(Some((path, epi)))
     }
+}
+
+/// Which kernels rope the qkv matmul's output ([`GpuBackend::qkv_rope`]), at what row bucket.
+enum QkvPath {
+    /// The 8-bit decode kernels (`qdot_*`, 1-8 rows).
+    Decode(u32),
+    /// The tiled kernels (`qmma_*`), in the reduce of a split k.
+    Tiles(u32),
 }
