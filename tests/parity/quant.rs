@@ -816,6 +816,9 @@ fn qkv_decode_matmul_ropes_its_own_output() {
             b.wait_kernels().unwrap();
         }
         let seqs: Vec<_> = (0..n).map(|i| (1, 2 + i % 8, vec![i])).collect();
+        // Timing is switched on before the step is prepared: `prepare` decides whether a
+        // step's launches are timed.
+        b.set_timing_period(Some(1));
         let bb = b.prepare(&plan(&seqs, 16, |_| 0)).unwrap();
         let x = tensor(
             &mut b,
@@ -824,7 +827,6 @@ fn qkv_decode_matmul_ropes_its_own_output() {
             &random(&mut rng, n as usize * k, 1.0),
         );
         let mut y = poisoned(&mut b, n as usize, cols);
-        b.set_timing_period(Some(1));
         b.matmul_rope_write_kv(
             &x, &w, None, n as usize, &mut y, &mut kv, 0, &bb, &shape, &rope,
         )
@@ -837,6 +839,10 @@ fn qkv_decode_matmul_ropes_its_own_output() {
             .collect();
         b.set_timing_period(None);
         let fused = std::env::var("KILN_QKV_ROPE").as_deref() != Ok("0");
+        assert!(
+            ops.contains(&"matmul"),
+            "{n} rows: the step was timed: {ops:?}"
+        );
         assert_eq!(ops.contains(&"rope_kv"), !fused, "{n} rows: {ops:?}");
         assert!(
             ops.iter()
