@@ -372,6 +372,31 @@ mod tests {
     use super::*;
     use crate::sampling::{Penalties, SamplingParams};
 
+    /// A greedy pass's slices (`ceil(v / parts)` logits each in the kernel) cover the row with
+    /// none empty, stay within the cap and the shortest slice, and spread one row of a large
+    /// vocabulary wide while a large batch or a short vocabulary keeps one block a row.
+    #[test]
+    fn greedy_slices_cover_the_row_and_none_is_empty() {
+        for v in [1, 7, 2_047, 2_048, 4_097, 32_000, 128_256, 151_936] {
+            for rows in [1, 2, 5, 64, 300] {
+                for sms in [1, 108, 132] {
+                    let p = greedy_parts(rows, v, sms);
+                    let chunk = v.div_ceil(p);
+                    assert!((1..=GREEDY_MAX_PARTS).contains(&p), "{v} {rows} {sms}: {p}");
+                    assert!((p - 1) * chunk < v, "{v} {rows} {sms}: an empty last slice");
+                    assert!(
+                        p == 1 || chunk >= GREEDY_MIN_SLICE,
+                        "{v} {rows} {sms}: {chunk}"
+                    );
+                }
+            }
+        }
+        assert_eq!(greedy_parts(1, 128_256, 132), 62);
+        assert_eq!(greedy_parts(64, 128_256, 132), 4);
+        assert_eq!(greedy_parts(300, 128_256, 132), 1);
+        assert_eq!(greedy_parts(1, 4_000, 132), 1);
+    }
+
     /// A forced row packs as a greedy pick with one entry, `FORCE_BIAS` on its token, whatever
     /// its parameters' temperature, bias and penalties; its top count stays.
     #[test]
