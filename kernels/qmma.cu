@@ -6,6 +6,8 @@
 //   qmma_<q>_bf16_m64w, qmmamix_<q>_q6k_bf16_m64w: the 64-row tile in wide blocks (below)
 //   qmma_reduce_bf16:            y[m, j] = sum_z ws[z][m][j] (+ bias[j])   (split-k partials)
 //   qmma_reduce_rope_bf16:       the same for a qkv launch, with rope_kv's rope and cache write
+//   qmmaglu_<q>_bf16_m<BM>[w], qmma_reduce_glu_bf16: a gate/up pair with SiLU-mul (below)
+//   qmma_reduce_add_norm_bf16:   the reduce of a residual delta, with the add and RMSNorm after it
 //   qmma8_<q>_bf16_m<BM>, qmma8mix_<q>_q6k_bf16_m<BM>: the same two on x rows quantized to
 //                                8 bits (quantize_x), int8 tensor cores (qmma8_tile)
 // for m < rows, j < r0 + r1 + r2 (part p has rp rows, 0 when absent; its columns follow the
@@ -105,6 +107,47 @@ __device__ __forceinline__ void qmma_impl(const u8* __restrict__ w0, const u8* _
         qmma_tile<QA, BM, BN, THREADS, WM, XB>(b.w, b.n, k, b.n0, x, k, xrow, b.kt0, b.nt, b);
 }
 
+// The FFN's gate/up product and SiLU-mul in one launch (qmma_tile's GLU pairs):
+//   qmmaglu_<q>_bf16_m<BM>[w]:  act[m, j] = silu(x[m] . G[j]) * (x[m] . U[j])   (j < f)
+// gate G and up U of one type, f rows each; grid (ceil(f / (BN / 2)), ceil(rows / BM), splits)
+// of QmmaShape's blocks, each BN / 2 outputs from as many gate and up rows. With k split,
+// the splits' f32 sums go to ws as qmma's partials of the stacked [G; U] ([z][rows][2f]: the
+// gate's at j, the up's at f + j), and qmma_reduce_glu_bf16 finishes them. The SiLU takes the
+// f32 sums (qdot_silu's rounding: once, at the product).
+struct QmmaGluBlock {
+    int f, n0, m0, kt0, nt, rows, ldy;
+    bf16* y;
+    float* ws;
+
+    __device__ __forceinline__ int xrow(int s) const { return m0 + s < rows ? m0 + s : -1; }
+    __device__ __forceinline__ void operator()(int s, int j, float g, float u) const {
+        const int r = m0 + s;
+        if (r >= rows || j >= f) return;
+        if (gridDim.z > 1) {
+            float* p = ws + (size_t)r * 2 * f;
+            p[j] = g;
+            p[f + j] = u;
+        } else {
+            y[(size_t)r * ldy + j] = from_f<bf16>(g / (1.0f + expf(-g)) * u);
+        }
+    }
+};
+
+template <typename Q, int BM, bool WIDE>
+__device__ __forceinline__ void qmmaglu_impl(const u8* __restrict__ wg, const u8* __restrict__ wu,
+                                             const bf16* __restrict__ x, bf16* __restrict__ y,
+                                             float* __restrict__ ws, int k, int f, int rows, int ldy) {
+    using S = QmmaShape<BM, WIDE>;
+    QmmaGluBlock b;
+    b.f = f, b.n0 = blockIdx.x * (S::BN / 2), b.m0 = blockIdx.y * BM;
+    const int per = (k / QMMA_BK + (int)gridDim.z - 1) / (int)gridDim.z;
+    b.kt0 = (int)blockIdx.z * per, b.nt = min(k / QMMA_BK, b.kt0 + per);
+    b.rows = rows, b.ldy = ldy, b.y = y;
+    b.ws = gridDim.z > 1 ? ws + (size_t)blockIdx.z * rows * 2 * f : ws;
+    auto xrow = [&](int s) { return b.xrow(s); };
+    qmma_tile<Q, BM, S::BN, S::THREADS, S::WM, S::XB, true>(wg, f, k, b.n0, x, k, xrow, b.kt0, b.nt, b, wu);
+}
+
 // The 8-bit variant (qmma8_tile of qmma.cuh): the same grid, parts, splits and stores on x
 // rows quantized by quantize_x at xq (rows * k i8 values, then the QxScale blocks).
 //   qmma8_<q>_bf16_m<BM>, qmma8mix_<q>_q6k_bf16_m<BM>
@@ -158,6 +201,15 @@ __device__ __forceinline__ void qmma8_impl(const u8* __restrict__ w0, const u8* 
     KILN_QMMAMIX_M(QN, Q, 16, false, m16) KILN_QMMAMIX_M(QN, Q, 32, false, m32)                      \
     KILN_QMMAMIX_M(QN, Q, 64, false, m64) KILN_QMMAMIX_M(QN, Q, 64, true, m64w)
 
+#define KILN_QMMAGLU_M(QN, Q, BM, W, TAG)                                                          \
+    extern "C" __global__ void KILN_QMMA_BOUNDS(0, BM, W) qmmaglu_##QN##_bf16_##TAG(                 \
+        const u8* wg, const u8* wu, const bf16* x, bf16* y, float* ws, int k, int f, int rows, int ldy) { \
+        qmmaglu_impl<Q, BM, W>(wg, wu, x, y, ws, k, f, rows, ldy);                                   \
+    }
+#define KILN_QMMAGLU(QN, Q)                                                                         \
+    KILN_QMMAGLU_M(QN, Q, 16, false, m16) KILN_QMMAGLU_M(QN, Q, 32, false, m32)                      \
+    KILN_QMMAGLU_M(QN, Q, 64, false, m64) KILN_QMMAGLU_M(QN, Q, 64, true, m64w)
+
 #define KILN_QMMA8_M(QN, Q, BM)                                                                     \
     extern "C" __global__ void __launch_bounds__(QMMA_THREADS) qmma8_##QN##_bf16_m##BM(              \
         const u8* w0, const u8* w1, const u8* w2, const u8* x, const bf16* bias, bf16* y, float* ws, int k, \
@@ -181,6 +233,11 @@ KILN_IN_PART(q5k, KILN_QMMA(q5k, Q5_K, 0))
 KILN_IN_PART(q6k, KILN_QMMA(q6k, Q6_K, 0))
 KILN_IN_PART(q4k, KILN_QMMAMIX(q4k, Q4_K))
 KILN_IN_PART(q5k, KILN_QMMAMIX(q5k, Q5_K))
+// Gate/up with SiLU-mul for the types whose batches take the bf16 tiles (not Q8_0: qmma8).
+KILN_IN_PART(q40, KILN_QMMAGLU(q40, Q4_0))
+KILN_IN_PART(q4k, KILN_QMMAGLU(q4k, Q4_K))
+KILN_IN_PART(q5k, KILN_QMMAGLU(q5k, Q5_K))
+KILN_IN_PART(q6k, KILN_QMMAGLU(q6k, Q6_K))
 // The 8-bit tiles: Q8_0's default path; the other types' only with KILN_QMMA8=all (slower for
 // the k-quants), so they are parts of their own that compile on first use.
 KILN_IN_PART(q80, KILN_QMMA8(q80, Q8_0))
@@ -208,6 +265,122 @@ extern "C" __global__ void __launch_bounds__(256)
     float s = 0.f;
     for (int z = 0; z < splits; ++z) s += p[z * plane];
     y[(size_t)r * ldy + j] = from_f<bf16>(s + (bias ? to_f(bias[j]) : 0.f));
+}
+
+// The split-k reduce of a qmmaglu launch: act[r, j] = silu(sum_z ws[z][r][j]) *
+// sum_z ws[z][r][f + j], in split order. Grid (ceil(f / 256), rows), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    qmma_reduce_glu_bf16(const float* __restrict__ ws, bf16* __restrict__ y, int f, int rows, int ldy, int splits) {
+    const int j = blockIdx.x * 256 + threadIdx.x, r = blockIdx.y;
+    if (j >= f || r >= rows) return;
+    const size_t plane = (size_t)rows * 2 * f;
+    const float* p = ws + (size_t)r * 2 * f + j;
+    float g = 0.f, u = 0.f;
+    for (int z = 0; z < splits; ++z) {
+        g += p[z * plane];
+        u += p[z * plane + f];
+    }
+    y[(size_t)r * ldy + j] = from_f<bf16>(g / (1.0f + expf(-g)) * u);
+}
+
+// The split-k reduce of a launch with no bias whose output is a residual delta, fused with
+// the residual add and the RMSNorm after it (add_rms_norm_vec's values: the sum rounded to
+// bf16 as the reduce stores it, the residual rounded once, the norm reading it):
+//   residual[r] += bf16(sum_z ws[z][r]);  out[r] = rmsnorm(residual[r]) * w
+// The delta itself is not stored. One block per row (h columns, a multiple of 4; grid
+// (rows)); thread t takes the 4-column chunks t, t + blockDim.x, ..., the first QRN_CACHE of
+// them in registers between the two passes (more are read back from the residual). The
+// splits' loads of all its cached chunks are issued together (the block is latency-bound).
+constexpr int QRN_CACHE = 4;
+extern "C" __global__ void __launch_bounds__(1024)
+    qmma_reduce_add_norm_bf16(const float* __restrict__ ws, bf16* __restrict__ residual,
+                              const bf16* __restrict__ w, bf16* __restrict__ out, int h, int rows, int splits,
+                              float eps) {
+    __shared__ float scratch[MAX_WARPS];
+    const int r = blockIdx.x, hc = h / 4, step = blockDim.x;
+    const size_t plane = (size_t)rows * h;
+    const float4* p = reinterpret_cast<const float4*>(ws + (size_t)r * h);
+    uint2* res = reinterpret_cast<uint2*>(residual + (size_t)r * h);  // 4 bf16 a chunk
+    float v[QRN_CACHE][4];
+    uint2 rc[QRN_CACHE];
+#pragma unroll
+    for (int k = 0; k < QRN_CACHE; ++k) {
+        const int c = threadIdx.x + k * step;
+        rc[k] = c < hc ? res[c] : uint2{0u, 0u};
+        v[k][0] = v[k][1] = v[k][2] = v[k][3] = 0.f;
+    }
+#pragma unroll 4
+    for (int z = 0; z < splits; ++z) {
+#pragma unroll
+        for (int k = 0; k < QRN_CACHE; ++k) {
+            const int c = threadIdx.x + k * step;
+            if (c < hc) {
+                const float4 t = p[z * plane / 4 + c];
+                v[k][0] += t.x, v[k][1] += t.y, v[k][2] += t.z, v[k][3] += t.w;
+            }
+        }
+    }
+    // Sums (as the plain reduce rounds them) onto the residual chunk `q`: rounded, returned.
+    auto add = [](const float s[4], uint2& q, float o[4]) {
+        const u32 in[2] = {q.x, q.y};
+        u32 pk[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float lo = __uint_as_float(in[e] << 16), hi = __uint_as_float(in[e] & 0xffff0000u);
+            pk[e] = Chunk<bf16>::pair(lo + to_f(from_f<bf16>(s[2 * e])), hi + to_f(from_f<bf16>(s[2 * e + 1])));
+            o[2 * e] = __uint_as_float(pk[e] << 16);
+            o[2 * e + 1] = __uint_as_float(pk[e] & 0xffff0000u);
+        }
+        q = uint2{pk[0], pk[1]};
+    };
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < QRN_CACHE; ++k) {
+        const int c = threadIdx.x + k * step;
+        if (c < hc) {
+            add(v[k], rc[k], v[k]);
+            res[c] = rc[k];
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ss += v[k][e] * v[k][e];
+    }
+    for (int c = threadIdx.x + QRN_CACHE * step; c < hc; c += step) {
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, o[4];
+        for (int z = 0; z < splits; ++z) {
+            const float4 t = p[z * plane / 4 + c];
+            s[0] += t.x, s[1] += t.y, s[2] += t.z, s[3] += t.w;
+        }
+        uint2 q = res[c];
+        add(s, q, o);
+        res[c] = q;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ss += o[e] * o[e];
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)h + eps);
+    const uint2* wv = reinterpret_cast<const uint2*>(w);
+    uint2* o = reinterpret_cast<uint2*>(out + (size_t)r * h);
+    auto norm = [&](int c, const float x[4]) {
+        const uint2 wq = wv[c];
+        const u32 in[2] = {wq.x, wq.y};
+        u32 pk[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            pk[e] = Chunk<bf16>::pair(__uint_as_float(in[e] << 16) * (x[2 * e] * inv),
+                              __uint_as_float(in[e] & 0xffff0000u) * (x[2 * e + 1] * inv));
+        o[c] = uint2{pk[0], pk[1]};
+    };
+#pragma unroll
+    for (int k = 0; k < QRN_CACHE; ++k) {
+        const int c = threadIdx.x + k * step;
+        if (c < hc) norm(c, v[k]);
+    }
+    for (int c = threadIdx.x + QRN_CACHE * step; c < hc; c += step) {
+        const uint2 q = res[c];
+        const float x[4] = {__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u),
+                            __uint_as_float(q.y << 16), __uint_as_float(q.y & 0xffff0000u)};
+        norm(c, x);
+    }
 }
 
 // qmma_reduce_bf16 of a whole qkv launch (n = q_dim + 2 kv_dim columns, heads of head_dim)

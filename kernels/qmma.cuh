@@ -82,11 +82,19 @@ __device__ __forceinline__ u16* qmma_shared() {
 // WM rows of warps, each warp BM / WM rows by WN = BN / (THREADS / 32 / WM) output columns
 // (a multiple of 16). At BN 128 and BM 64 the shared memory is 48 KiB, the static limit.
 // XB 2 (tensor cores only): two x buffers, tile t + 1's copies flying during tile t.
+//
+// GLU (gate/up pairs): w holds the gate rows and wu the up rows (n of each); the block's
+// outputs are the n0.. of act = silu(gate) * up, BN / 2 of them, from BN / 2 gate rows and the
+// same up rows, and store(s, j, g, u) gets both sums of output j. A group of GW weight rows
+// of the tile (a warp's WN on tensor cores, the whole BN elsewhere) holds GW / 2 gate rows,
+// then their up rows: on tensor cores a thread's n8 tile j and tile j + NJ / 2 hold the same
+// outputs' gate and up sums (pairs in registers); elsewhere the up half goes through shared
+// memory after the loop.
 template <typename Q, int BM, int BN = QMMA_BN, int THREADS = QMMA_THREADS, int WM = 1, int XB = 1,
-          typename XRow, typename Store>
+          bool GLU = false, typename XRow, typename Store>
 __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k, int n0,
                                           const bf16* __restrict__ x, int ldx, XRow xrow, int kt0, int nt,
-                                          Store store) {
+                                          Store store, const u8* __restrict__ wu = nullptr) {
     constexpr int UPR = QMMA_BK / Q::UNIT;                // units per weight row per tile
     constexpr int UPT = BN * UPR / THREADS;               // units per thread per tile
     constexpr int XC = QMMA_BK / 8;                       // 16-byte chunks per x row per tile
@@ -100,6 +108,12 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
     u16* w_s = qmma_shared<BN, BM, XB>();
     u16* x_s = w_s + BN * QMMA_ROW;
 
+#if defined(KILN_QMMA_TC)
+    constexpr int GW = BN * WM / (THREADS / WARP);  // a warp's weight rows (WN below)
+#else
+    constexpr int GW = BN;
+#endif
+    static_assert(!GLU || GW % 16 == 0, "qmma: gate/up halves of whole n8 tiles");
     const int t = threadIdx.x;
     typename Q::Row wr[UPT];
     int wrow[UPT], lu[UPT];
@@ -108,8 +122,15 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
         const int i = t + s * THREADS;
         wrow[s] = i / UPR;
         lu[s] = i % UPR;
+        int row = n0 + wrow[s];
+        const u8* base = w;
+        if (GLU) {
+            const int r = wrow[s];
+            row = n0 + r / GW * (GW / 2) + r % (GW / 2);
+            if (r % GW >= GW / 2) base = wu;
+        }
         // Rows past n decode row n - 1 (valid memory); their columns are never stored.
-        wr[s] = Q::row(w, n, k, min(n0 + wrow[s], n - 1));
+        wr[s] = Q::row(base, n, k, min(row, n - 1));
     }
     const vec4u* xp[XPT];
     u32 keep[XPT];
@@ -253,17 +274,45 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
     }
 
 #if defined(KILN_QMMA_TC)
+    if constexpr (GLU) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int j = 0; j < NJ; ++j)
+            for (int j = 0; j < NJ / 2; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                store((wm * MT + mt) * 16 + g + (e >= 2 ? 8 : 0), n0 + wn * WN + j * 8 + 2 * c + (e & 1),
-                      acc[mt][j][e]);
+                for (int e = 0; e < 4; ++e)
+                    store((wm * MT + mt) * 16 + g + (e >= 2 ? 8 : 0), n0 + wn * (WN / 2) + j * 8 + 2 * c + (e & 1),
+                          acc[mt][j][e], acc[mt][j + NJ / 2][e]);
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    store((wm * MT + mt) * 16 + g + (e >= 2 ? 8 : 0), n0 + wn * WN + j * 8 + 2 * c + (e & 1),
+                          acc[mt][j][e]);
+    }
 #else
+    if constexpr (GLU) {
+        // The up half's sums through shared memory (BM x BN / 2 floats fit in w_s).
+        static_assert(BM * (BN / 2) * 4 <= BN * QMMA_ROW * 2, "qmma: up sums in w_s");
+        float* up_s = reinterpret_cast<float*>(w_s);
+        __syncthreads();
+        if (pc >= BN / 2) {
 #pragma unroll
-    for (int i = 0; i < BM / RSTEP; ++i) store(pr + i * RSTEP, n0 + pc, acc[i]);
+            for (int i = 0; i < BM / RSTEP; ++i) up_s[(pr + i * RSTEP) * (BN / 2) + pc - BN / 2] = acc[i];
+        }
+        __syncthreads();
+        if (pc < BN / 2) {
+#pragma unroll
+            for (int i = 0; i < BM / RSTEP; ++i)
+                store(pr + i * RSTEP, n0 + pc, acc[i], up_s[(pr + i * RSTEP) * (BN / 2) + pc]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < BM / RSTEP; ++i) store(pr + i * RSTEP, n0 + pc, acc[i]);
+    }
 #endif
 }
 

@@ -167,6 +167,24 @@ pub trait Backend {
         n: usize,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
+    /// The output projection or the FFN's down matmul, then the next norm: `delta = x @
+    /// w^T`, then [`Backend::add_rms_norm`] of `delta` into `residual` and `out`. `delta`
+    /// is scratch: a backend may fuse the steps and leave it unwritten.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_add_rms_norm(
+        &mut self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        n: usize,
+        delta: &mut Self::Tensor,
+        residual: &mut Self::Tensor,
+        norm_w: &Self::Weight,
+        eps: f32,
+        out: &mut Self::Tensor,
+    ) -> Result<(), BackendError> {
+        self.matmul(x, w, None, n, delta)?;
+        self.add_rms_norm(delta, residual, norm_w, eps, n, out)
+    }
     /// `out[n, out] = x[n, in] @ w[out, in]^T (+ bias)`.
     fn matmul(
         &mut self,

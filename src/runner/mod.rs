@@ -218,11 +218,17 @@ impl<B: Backend> Llama<B> {
                     )?;
                 }
                 backend.attention(&s.qkv, kv, l, &b, shape, &mut s.attn)?;
-                backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
-                reduce(backend, tp, &mut s.delta, n)?;
-                post = post_norm(backend, lw.post_attn_norm.as_ref(), eps, n, s)?;
-                let d = if post { &s.post } else { &s.delta };
-                backend.add_rms_norm(d, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
+                if tp || lw.post_attn_norm.is_some() {
+                    backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
+                    reduce(backend, tp, &mut s.delta, n)?;
+                    post = post_norm(backend, lw.post_attn_norm.as_ref(), eps, n, s)?;
+                    let d = if post { &s.post } else { &s.delta };
+                    backend.add_rms_norm(d, &mut s.x, &lw.ffn_norm, eps, n, &mut s.h)?;
+                } else {
+                    // Nothing between the output projection and the norm: one op.
+                    let (x, d, h) = (&mut s.x, &mut s.delta, &mut s.h);
+                    backend.matmul_add_rms_norm(&s.attn, &lw.wo, n, d, x, &lw.ffn_norm, eps, h)?;
+                }
                 // The norm after the FFN, where the FFN may run it (nothing between them).
                 let next = match w.layers.get(l + 1) {
                     Some(nl) => Some(&nl.attn_norm),
@@ -298,8 +304,9 @@ fn post_norm<B: Backend>(
 
 /// The FFN of one layer from `s.h` into `s.delta`: dense (SwiGLU or GeGLU) or a mixture of
 /// experts (router matmul, then the grouped expert op with any shared expert). With `next`
-/// (the following norm's weight and eps), a mixture of experts instead adds its output to
-/// `s.x` and runs that norm into `s.h` in the same op; returns whether it did.
+/// (the following norm's weight and eps), it instead adds its output to `s.x` and runs that
+/// norm into `s.h` in the same op (the down matmul's, or the grouped expert op's); returns
+/// whether it did.
 fn ffn<B: Backend>(
     backend: &mut B,
     w: &Ffn<B::Weight>,
@@ -311,8 +318,17 @@ fn ffn<B: Backend>(
     match (w, &v.moe) {
         (Ffn::Dense { w_gate_up, w_down }, _) => {
             backend.matmul_glu(v.act, &s.h, w_gate_up, n, &mut s.gate_up, &mut s.act)?;
-            backend.matmul(&s.act, w_down, None, n, &mut s.delta)?;
-            Ok(false)
+            match next {
+                Some((nw, eps)) => {
+                    let (x, d, h) = (&mut s.x, &mut s.delta, &mut s.h);
+                    backend.matmul_add_rms_norm(&s.act, w_down, n, d, x, nw, eps, h)?;
+                    Ok(true)
+                }
+                None => {
+                    backend.matmul(&s.act, w_down, None, n, &mut s.delta)?;
+                    Ok(false)
+                }
+            }
         }
         (
             Ffn::Moe {

@@ -185,7 +185,9 @@ fn quant_stacked<B: TestBackend>(b: &mut B) {
 crate::parity_test!(quantized_matmul_stacked_mixed_types, quant_stacked);
 
 /// The fused gate/up SiLU over quantized parts (same type: one kernel; mixed: matmul then
-/// SiLU-mul).
+/// SiLU-mul), at the decode rows and, once every kernel is loaded, at the tiles' (16, 32 and
+/// 64-row tiles, two row tiles at 100; k split into partials that the reduce finishes, and
+/// whole at k 256; 14336 columns take the wide blocks at 64 rows).
 fn quant_glu<B: TestBackend>(b: &mut B) {
     let mut rng = rng("quant_glu");
     let mut reference = CpuBackend::with_f32_weights();
@@ -193,7 +195,10 @@ fn quant_glu<B: TestBackend>(b: &mut B) {
         TYPES.iter().map(|&t| (t, t, 96, 512)).collect();
     cases.push((GgmlType::Q4K, GgmlType::Q6K, 96, 512));
     if gpu(b) {
+        b.wait_kernels();
         cases.push((GgmlType::Q4K, GgmlType::Q4K, 1024, 4096));
+        cases.push((GgmlType::Q4K, GgmlType::Q4K, 14336, 256));
+        cases.push((GgmlType::Q6K, GgmlType::Q6K, 14336, 512));
         // Whole steps then a partial one in the one-row kernels (Q8_0: two steps a trip).
         cases.push((GgmlType::Q8_0, GgmlType::Q8_0, 64, 6400));
         cases.push((GgmlType::Q4K, GgmlType::Q4K, 64, 6400));
@@ -203,7 +208,7 @@ fn quant_glu<B: TestBackend>(b: &mut B) {
             .unwrap();
         let bw = b.upload_weight(w.clone()).expect("upload");
         let rw = reference.upload_weight(w).unwrap();
-        for n in [1, 2, 4, 7, 8, 9, 16, 33, 64] {
+        for n in [1, 2, 4, 7, 8, 9, 16, 32, 33, 64, 100] {
             let what = format!("{} matmul_silu_mul {tg}+{tu} {n}x{k}x{f}", b.label());
             check_glu(b, &mut reference, &mut rng, (&bw, &rw), (n, k, f), &what);
         }
@@ -235,6 +240,90 @@ fn check_glu<B: TestBackend>(
     let got = b.to_host(&out, n + 1).unwrap();
     check_rows(b, what, n, &got, &reference.to_host(&rout, n).unwrap());
 }
+
+/// The output projection's (or the down matmul's) product with the residual add and the
+/// RMSNorm after it (`matmul_add_rms_norm`), at decode rows and, once every kernel is
+/// loaded, at the tiles' (k split: their reduce adds and norms, 16 to 300 rows): the residual
+/// and the output against the CPU's matmul then `add_rms_norm`, and the residual exactly
+/// what the backend's own two ops leave (the same sums and roundings), the output within a
+/// rounding of theirs (the norm's sum of squares adds in another order).
+fn quant_matmul_add_norm<B: TestBackend>(b: &mut B) {
+    let mut rng = rng("quant_matmul_add_norm");
+    let mut reference = CpuBackend::with_f32_weights();
+    let mut cases = vec![(GgmlType::Q4K, 512, 1024)];
+    if gpu(b) {
+        b.wait_kernels();
+        cases.push((GgmlType::Q6K, 4096, 4096));
+        cases.push((GgmlType::Q4_0, 256, 512));
+        cases.push((GgmlType::Q5K, 512, 512));
+    }
+    let eps = 1e-5;
+    for (t, h, k) in cases {
+        let w = raw(&mut rng, t, h, k);
+        let (bw, rw) = (
+            b.upload_weight(w.clone()).unwrap(),
+            reference.upload_weight(w).unwrap(),
+        );
+        let norm = b.quantize(&random(&mut rng, h, 1.0));
+        let (bn, rn) = (
+            weight(b, vec![h], &norm),
+            weight(&mut reference, vec![h], &norm),
+        );
+        for n in [1, 8, 9, 16, 33, 64, 100, 300] {
+            let what = format!("{} matmul_add_rms_norm {t} {n}x{k}x{h}", b.label());
+            let x = b.quantize(&random(&mut rng, n * k, 1.0));
+            let r0 = b.quantize(&random(&mut rng, n * h, 1.0));
+            let bx = tensor(b, n, k, &x);
+            let [mut bres, mut bres2] = [0, 1].map(|_| tensor(b, n, h, &r0));
+            let [mut bd, mut bd2] = [0, 1].map(|_| poisoned(b, n, h));
+            let [mut bout, mut bout2] = [0, 1].map(|_| poisoned(b, n + 1, h));
+            b.matmul_add_rms_norm(&bx, &bw, n, &mut bd, &mut bres, &bn, eps, &mut bout)
+                .expect("matmul_add_rms_norm");
+            b.matmul(&bx, &bw, None, n, &mut bd2).unwrap();
+            b.add_rms_norm(&bd2, &mut bres2, &bn, eps, n, &mut bout2)
+                .unwrap();
+            let rx = tensor(&mut reference, n, k, &x);
+            let mut rres = tensor(&mut reference, n, h, &r0);
+            let mut rd = reference.alloc(n, h).unwrap();
+            let mut rout = reference.alloc(n, h).unwrap();
+            reference
+                .matmul_add_rms_norm(&rx, &rw, n, &mut rd, &mut rres, &rn, eps, &mut rout)
+                .unwrap();
+            let (res, res2) = (b.to_host(&bres, n).unwrap(), b.to_host(&bres2, n).unwrap());
+            let (out, out2) = (
+                b.to_host(&bout, n + 1).unwrap(),
+                b.to_host(&bout2, n + 1).unwrap(),
+            );
+            check_rows(
+                b,
+                &format!("{what}: residual"),
+                n,
+                &[&res[..], &[f32::NAN]].concat(),
+                &reference.to_host(&rres, n).unwrap(),
+            );
+            check_rows(
+                b,
+                &format!("{what}: out"),
+                n,
+                &out,
+                &reference.to_host(&rout, n).unwrap(),
+            );
+            assert!(
+                res.iter()
+                    .zip(&res2)
+                    .all(|(a, c)| a.to_bits() == c.to_bits()),
+                "{what}: the residual differs from matmul + add_rms_norm's"
+            );
+            assert_rows_only(
+                &format!("{what}: out against the two ops"),
+                &out,
+                &out2[..n * h],
+                4e-3,
+            );
+        }
+    }
+}
+crate::parity_test!(quantized_matmul_add_rms_norm, quant_matmul_add_norm);
 
 /// A decode layer's chain of quantized matmuls after the kernels that make their inputs (in
 /// bf16 on a GPU the RMSNorms also leave their output as 8-bit rows, which the matmul after
@@ -850,6 +939,117 @@ fn qkv_decode_matmul_ropes_its_own_output() {
             "{n} rows: {ops:?}"
         );
     }
+}
+
+/// A quantized gate/up of one type on the tiles (9-256 rows, every kernel loaded) takes its
+/// SiLU-mul in the matmul (`qmmaglu_*`, and with k split, its reduce): no `silu_mul` launch
+/// and no plain `matmul` (the values: `quantized_matmul_silu_mul`). `KILN_QMMA_GLU=0`: the
+/// stacked matmul, then `silu_mul`.
+#[cfg(feature = "cuda")]
+#[test]
+fn gate_up_tiles_take_the_silu() {
+    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
+        return;
+    };
+    let mut rng = rng("gate_up_tiles_take_the_silu");
+    b.wait_kernels().unwrap();
+    let _kv = b.alloc_kv(&tiny_kv()).unwrap();
+    let fused = std::env::var("KILN_QMMA_GLU").as_deref() != Ok("0");
+    // k 256: one k range; k 4096: split.
+    for (f, k) in [(14336, 256), (1024, 4096)] {
+        let w = HostTensor::concat_rows(vec![
+            raw(&mut rng, GgmlType::Q4K, f, k),
+            raw(&mut rng, GgmlType::Q4K, f, k),
+        ])
+        .unwrap();
+        let w = b.upload_weight(w).unwrap();
+        for n in [16usize, 32, 64] {
+            let x = tensor(&mut b, n, k, &random(&mut rng, n * k, 1.0));
+            let (mut gu, mut act) = (poisoned(&mut b, n, 2 * f), poisoned(&mut b, n, f));
+            let ops = timed_ops(&mut b, |b| {
+                b.matmul_glu(Activation::Silu, &x, &w, n, &mut gu, &mut act)
+                    .unwrap()
+            });
+            let want: &[&str] = if fused {
+                &["matmul_silu_mul"]
+            } else {
+                &["matmul", "silu_mul"]
+            };
+            for op in want {
+                assert!(ops.contains(op), "{n}x{k}x{f}: {op} in {ops:?}");
+            }
+            assert!(ops.iter().all(|o| want.contains(o)), "{n}x{k}x{f}: {ops:?}");
+        }
+    }
+}
+
+/// On the tiles (9-256 rows, every kernel loaded) a quantized output projection whose k is
+/// split does the residual add and RMSNorm in its reduce: `matmul` and `matmul_add_rms_norm`
+/// launches, no `add_rms_norm` (the values: `quantized_matmul_add_rms_norm`);
+/// `KILN_QMMA_NORM=0`: the matmul, then `add_rms_norm`.
+#[cfg(feature = "cuda")]
+#[test]
+fn split_tiles_add_and_norm_in_their_reduce() {
+    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
+        return;
+    };
+    let mut rng = rng("split_tiles_add_and_norm");
+    b.wait_kernels().unwrap();
+    let _kv = b.alloc_kv(&tiny_kv()).unwrap();
+    let fused = std::env::var("KILN_QMMA_NORM").as_deref() != Ok("0");
+    let (h, k) = (4096, 4096);
+    let w = b.upload_weight(raw(&mut rng, GgmlType::Q4K, h, k)).unwrap();
+    let nw = weight(&mut b, vec![h], &random(&mut rng, h, 1.0));
+    for n in [16usize, 32, 64] {
+        let x = tensor(&mut b, n, k, &random(&mut rng, n * k, 1.0));
+        let mut res = tensor(&mut b, n, h, &random(&mut rng, n * h, 1.0));
+        let (mut d, mut out) = (poisoned(&mut b, n, h), poisoned(&mut b, n, h));
+        let ops = timed_ops(&mut b, |b| {
+            b.matmul_add_rms_norm(&x, &w, n, &mut d, &mut res, &nw, 1e-5, &mut out)
+                .unwrap()
+        });
+        let want: &[&str] = if fused {
+            &["matmul", "matmul_add_rms_norm"]
+        } else {
+            &["matmul", "add_rms_norm"]
+        };
+        for op in want {
+            assert!(ops.contains(op), "{n} rows: {op} in {ops:?}");
+        }
+        assert!(ops.iter().all(|o| want.contains(o)), "{n} rows: {ops:?}");
+    }
+}
+
+/// A one-layer cache, for tests that prepare steps only to time their launches.
+#[cfg(feature = "cuda")]
+fn tiny_kv() -> kiln::backend::KvShape {
+    kiln::backend::KvShape {
+        num_layers: 1,
+        num_blocks: 4,
+        block_size: 16,
+        n_kv_heads: 1,
+        head_dim: 64,
+    }
+}
+
+/// The ops of the launches `f` makes, timed (a step is prepared first: `prepare` decides
+/// whether a step's launches are timed; the backend holds a cache).
+#[cfg(feature = "cuda")]
+fn timed_ops(
+    b: &mut kiln::backend::cuda::CudaBackend,
+    f: impl FnOnce(&mut kiln::backend::cuda::CudaBackend),
+) -> Vec<&'static str> {
+    b.set_timing_period(Some(1));
+    let _ = b.prepare(&plan(&[(1, 2, vec![0])], 16, |_| 0)).unwrap();
+    f(b);
+    let ops = b
+        .take_kernel_timings()
+        .unwrap()
+        .iter()
+        .map(|t| t.kernel)
+        .collect();
+    b.set_timing_period(None);
+    ops
 }
 
 /// The split-K merge of decode attention also leaves its output as 8-bit rows for the output

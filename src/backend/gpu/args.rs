@@ -217,6 +217,22 @@ kernel_args! {
     QmmaReduceArgs (Kernel::QmmaReduce) {
         ws: ptr, bias: ptr, y: ptr, n: i32, rows: i32, ldy: i32, splits: i32,
     }
+    /// `qmmaglu_<q>_bf16_m<rows>[w]`: `y[:, ..f] = silu(x @ wg^T) * (x @ wu^T)` (gate part
+    /// `wg`, up part `wu`, `f` rows each; `y`'s row stride `ldy`); with k split over grid z,
+    /// f32 partials `[z][rows][2f]` (gate, then up) to `ws`, finished by
+    /// `qmma_reduce_glu_bf16`.
+    QmmaGluArgs (Kernel::QmmaGlu { .. }) {
+        wg: ptr, wu: ptr, x: ptr, y: ptr, ws: ptr, k: i32, f: i32, rows: i32, ldy: i32,
+    }
+    /// `qmma_reduce_glu_bf16`: `y[r, j] = silu(sum_z ws[z][r][j]) * sum_z ws[z][r][f + j]`.
+    QmmaReduceGluArgs (Kernel::QmmaReduceGlu) {
+        ws: ptr, y: ptr, f: i32, rows: i32, ldy: i32, splits: i32,
+    }
+    /// `qmma_reduce_add_norm_bf16`: `residual[r] += bf16(sum_z ws[z][r])`, then
+    /// `out[r] = rmsnorm(residual[r]) * w` over `h` columns, one block per row.
+    QmmaReduceAddNormArgs (Kernel::QmmaReduceAddNorm) {
+        ws: ptr, residual: ptr, w: ptr, out: ptr, h: i32, rows: i32, splits: i32, eps: f32,
+    }
     /// `qmma_reduce_rope_bf16`: the reduce of a whole qkv launch, then rope_kv's rope and
     /// cache write (`rope.rs`).
     QmmaReduceRopeArgs (Kernel::QmmaReduceRope) {

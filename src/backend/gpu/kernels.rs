@@ -576,8 +576,21 @@ pub enum Kernel {
         q: QType,
         rows: u32,
     },
+    /// [`Kernel::Qmma`] of a gate and an up part of type `q` ([`QMMA_GLU_TYPES`]) fused with
+    /// SiLU-mul: each block pairs its gate and up rows (bf16 only).
+    QmmaGlu {
+        q: QType,
+        rows: u32,
+        wide: bool,
+    },
     /// Sums the split-k partials of [`Kernel::Qmma`] (+ bias) into the output (bf16 only).
     QmmaReduce,
+    /// [`Kernel::QmmaReduce`] of a [`Kernel::QmmaGlu`] launch: SiLU-mul of the gate and up
+    /// sums (bf16 only).
+    QmmaReduceGlu,
+    /// [`Kernel::QmmaReduce`] of a residual delta (no bias) with the residual add and RMSNorm
+    /// after it, one block per row (`AddRmsNorm`'s values; bf16 only).
+    QmmaReduceAddNorm,
     /// [`Kernel::QmmaReduce`] of a whole qkv launch that also ropes q and k and writes k and
     /// v to the cache (what `rope_kv` does after it otherwise; bf16 only).
     QmmaReduceRope,
@@ -620,6 +633,10 @@ pub const MOE8_SLOTS: [u32; 3] = [1, 4, 8];
 
 /// The types of [`Kernel::QdotMix`]'s first parts (its last part is Q6_K).
 pub const QDOT_MIX_TYPES: [QType; 2] = [QType::Q4K, QType::Q5K];
+
+/// Types with a [`Kernel::QmmaGlu`]: those whose batches run on the bf16 tiles (Q8_0's take
+/// the 8-bit ones).
+pub const QMMA_GLU_TYPES: [QType; 4] = [QType::Q4_0, QType::Q4K, QType::Q5K, QType::Q6K];
 
 /// Most input rows of the streaming matmul kernels (`kernels/gemv.cu`).
 pub const GEMV_MAX_ROWS: usize = 2;
@@ -690,8 +707,13 @@ impl Kernel {
             v.extend(QMMA_TILES.map(|(rows, wide)| Kernel::QmmaMix { q, rows, wide }));
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma8Mix { q, rows }));
         }
+        for q in QMMA_GLU_TYPES {
+            v.extend(QMMA_TILES.map(|(rows, wide)| Kernel::QmmaGlu { q, rows, wide }));
+        }
         v.push(Kernel::QmmaReduce);
         v.push(Kernel::QmmaReduceRope);
+        v.push(Kernel::QmmaReduceGlu);
+        v.push(Kernel::QmmaReduceAddNorm);
         v.push(Kernel::QuantizeX);
         v.push(Kernel::Convert { bf16: false });
         v.push(Kernel::Convert { bf16: true });
@@ -774,9 +796,12 @@ impl Kernel {
             | Kernel::QmmaReduceRope
             | Kernel::Qdot { .. }
             | Kernel::QdotMix { .. } => "matmul",
-            Kernel::GemvSiluMul { .. } | Kernel::QgemvSilu { .. } | Kernel::QdotSilu { .. } => {
-                "matmul_silu_mul"
-            }
+            Kernel::GemvSiluMul { .. }
+            | Kernel::QgemvSilu { .. }
+            | Kernel::QdotSilu { .. }
+            | Kernel::QmmaGlu { .. }
+            | Kernel::QmmaReduceGlu => "matmul_silu_mul",
+            Kernel::QmmaReduceAddNorm => "matmul_add_rms_norm",
             Kernel::QuantizeX => "quantize_x",
             Kernel::Dequant { .. } => "dequant",
             Kernel::Convert { .. } => "convert",
@@ -861,8 +886,11 @@ impl Kernel {
             | Kernel::QmmaMix { .. }
             | Kernel::Qmma8 { .. }
             | Kernel::Qmma8Mix { .. }
+            | Kernel::QmmaGlu { .. }
             | Kernel::QmmaReduce
-            | Kernel::QmmaReduceRope => Source::Qmma,
+            | Kernel::QmmaReduceRope
+            | Kernel::QmmaReduceGlu
+            | Kernel::QmmaReduceAddNorm => Source::Qmma,
         }
     }
 
@@ -884,6 +912,7 @@ impl Kernel {
             | Kernel::QdotSilu { q, .. }
             | Kernel::Qmma { q, .. }
             | Kernel::QmmaMix { q, .. }
+            | Kernel::QmmaGlu { q, .. }
             | Kernel::MoeQGateUp { q }
             | Kernel::MoeQDown { q }
             | Kernel::MoeQ8GateUp { q, .. }
@@ -899,6 +928,8 @@ impl Kernel {
             | Kernel::QuantizeX
             | Kernel::QmmaReduce
             | Kernel::QmmaReduceRope
+            | Kernel::QmmaReduceGlu
+            | Kernel::QmmaReduceAddNorm
             | Kernel::AttnCombine => Part::Common,
             _ => Part::Whole,
         };
@@ -915,8 +946,11 @@ impl Kernel {
                 | Kernel::QmmaMix { .. }
                 | Kernel::Qmma8 { .. }
                 | Kernel::Qmma8Mix { .. }
+                | Kernel::QmmaGlu { .. }
                 | Kernel::QmmaReduce
                 | Kernel::QmmaReduceRope
+                | Kernel::QmmaReduceGlu
+                | Kernel::QmmaReduceAddNorm
                 | Kernel::QuantizeX
                 | Kernel::Qdot { .. }
                 | Kernel::QdotMix { .. }
@@ -962,7 +996,13 @@ impl Kernel {
             }
             Kernel::Qmma8 { q, rows } => format!("qmma8_{}_{d}_m{rows}", q.tag()),
             Kernel::Qmma8Mix { q, rows } => format!("qmma8mix_{}_q6k_{d}_m{rows}", q.tag()),
+            Kernel::QmmaGlu { q, rows, wide } => {
+                let w = if wide { "w" } else { "" };
+                format!("qmmaglu_{}_{d}_m{rows}{w}", q.tag())
+            }
             Kernel::QmmaReduce => format!("qmma_reduce_{d}"),
+            Kernel::QmmaReduceGlu => format!("qmma_reduce_glu_{d}"),
+            Kernel::QmmaReduceAddNorm => format!("qmma_reduce_add_norm_{d}"),
             Kernel::QmmaReduceRope => format!("qmma_reduce_rope_{d}"),
             Kernel::QuantizeX => format!("quantize_x_{d}"),
             Kernel::Qdot { q, rows } => format!("qdot_{}_{d}_m{rows}", q.tag()),

@@ -26,10 +26,12 @@
 
 use super::args::{
     AddBiasArgs, GemvArgs, GemvSiluMulArgs, QdotArgs, QdotSiluArgs, QgemvArgs, QgemvSiluArgs,
-    QmmaArgs, QmmaReduceArgs, QmmaReduceRopeArgs, QuantizeXArgs, SiluMulArgs, SiluMulVecArgs,
+    QmmaArgs, QmmaGluArgs, QmmaReduceAddNormArgs, QmmaReduceArgs, QmmaReduceGluArgs,
+    QmmaReduceRopeArgs, QuantizeXArgs, SiluMulArgs, SiluMulVecArgs,
 };
 use super::kernels::{
-    GEMV_MAX_ROWS, Kernel, Part, QDOT_MIX_TYPES, QGEMV_ROWS, QMMA_ROWS, Source, Unit,
+    GEMV_MAX_ROWS, Kernel, Part, QDOT_MIX_TYPES, QGEMV_ROWS, QMMA_GLU_TYPES, QMMA_ROWS, Source,
+    Unit,
 };
 use super::qtype::QType;
 use super::qweight::WeightPart;
@@ -143,6 +145,10 @@ const QMMA_WAVES: usize = 4;
 /// Fewest k-tiles per split, and most splits, of a `qmma_*` launch.
 const QMMA_MIN_SPLIT_TILES: usize = 2;
 const QMMA_MAX_SPLITS: usize = 16;
+/// Fewest rows whose add + RMSNorm after a split tiled matmul runs in its reduce (one block
+/// per row there): H100, 8B Q4_K_M decode, against the reduce then `add_rms_norm`: batch 32
+/// 9.07-9.09 -> 8.99-9.01 ms, 64 12.82-12.85 -> 12.74-12.79, but 16 6.35 -> 6.40 (16 blocks).
+const QMMA_NORM_MIN_ROWS: usize = 32;
 /// Most blocks per SM a 64-row `qmma_*` launch on tensor cores counts on when it splits k
 /// (fewer where the kernel's registers allow fewer; `qmma_splits`).
 const QMMA_RESIDENT_MAX: usize = 3;
@@ -191,6 +197,35 @@ const QMMA8_TYPES: [QType; 1] = [QType::Q8_0];
 /// Whether a `qmma_*` launch of type `q` (`mix`: with a Q6_K part) takes the 8-bit tiles:
 /// [`QMMA8_TYPES`], or as `KILN_QMMA8` says: `0` none (the bf16 tiles for every type),
 /// `all` every type and mix.
+/// What a tiled launch's split-k reduce does besides the sum ([`GpuBackend::launch_qmma`]).
+#[derive(Clone, Copy)]
+pub(super) enum QmmaTail<'a> {
+    None,
+    /// The qkv's rope and cache write.
+    Rope(&'a QkvRope),
+    /// The residual add and RMSNorm after the matmul.
+    AddNorm(AddNorm),
+}
+
+/// `residual += delta; out = rmsnorm(residual) * w` (device addresses; `h` columns each).
+#[derive(Clone, Copy)]
+pub(super) struct AddNorm {
+    pub residual: u64,
+    pub w: u64,
+    pub out: u64,
+    pub eps: f32,
+}
+
+/// Whether a gate/up pair of type `q` on the tiles takes `qmmaglu_*` (the SiLU-mul in the
+/// matmul) rather than the stacked launch and `silu_mul`: the types of [`QMMA_GLU_TYPES`]
+/// that run on the bf16 tiles; `KILN_QMMA_GLU=0` never (measurements).
+fn qmma_glu_takes(q: QType) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_QMMA_GLU").as_deref() != Ok("0"))
+        && QMMA_GLU_TYPES.contains(&q)
+        && !qmma8_takes(q, false)
+}
+
 fn qmma8_takes(q: QType, mix: bool) -> bool {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let mode = *MODE.get_or_init(|| match std::env::var("KILN_QMMA8").as_deref() {
@@ -647,7 +682,7 @@ impl<R: Runtime> GpuBackend<R> {
             return Ok(());
         }
         if let Some(rows) = self.qmma_rows(n, x, w) {
-            self.launch_qmma(x, w, bias, n, rows, out, None)?;
+            self.launch_qmma(x, w, bias, n, rows, out, QmmaTail::None)?;
             return Ok(());
         }
         let scratch = self.dequantize_into_scratch(w)?;
@@ -657,9 +692,10 @@ impl<R: Runtime> GpuBackend<R> {
 
     /// `out = x @ w^T (+ bias)` for `n` rows on the tiled kernels (`qmma_*`, row tile `rows`;
     /// shapes checked by the caller): one launch per run of parts, each with its split-k
-    /// reduce. With `rope`, a run that is the whole qkv and splits k ropes and caches its
-    /// output in its reduce (`qmma_reduce_rope`); returns whether one did, else the caller
-    /// still has the rope to do.
+    /// reduce. A run that is the whole matrix and splits k also does `tail`'s work in its
+    /// reduce: the qkv's rope and cache write (`qmma_reduce_rope`), or the residual add and
+    /// RMSNorm after the matmul (`qmma_reduce_add_norm`, `out` then unwritten). Returns
+    /// whether it did, else the caller still has that to do.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_qmma(
         &mut self,
@@ -669,10 +705,10 @@ impl<R: Runtime> GpuBackend<R> {
         n: usize,
         rows: u32,
         out: &GpuTensor,
-        rope: Option<&QkvRope>,
+        tail: QmmaTail<'_>,
     ) -> Result<bool, BackendError> {
         let (m, k) = (w.rows, w.cols);
-        let mut roped = false;
+        let mut done = false;
         // The 8-bit path quantizes x once for every run, at the scratch's start.
         let runs = part_runs(w);
         let qx8 = if runs.iter().any(|r| qmma8_takes(r.q, r.mix)) {
@@ -740,8 +776,34 @@ impl<R: Runtime> GpuBackend<R> {
                 threads,
             };
             self.launch_with(kernel, grid, &args)?;
-            if splits > 1
-                && let Some(ro) = rope.filter(|_| cols == m && slots[0].1.row0 == 0)
+            let whole = cols == m && slots[0].1.row0 == 0;
+            if let (true, true, QmmaTail::AddNorm(an)) = (splits > 1, whole, &tail)
+                && args.bias == 0
+            {
+                let reduce = QmmaReduceAddNormArgs {
+                    ws: args.ws,
+                    residual: an.residual,
+                    w: an.w,
+                    out: an.out,
+                    h: cols as i32,
+                    rows: args.rows,
+                    splits: splits as i32,
+                    eps: an.eps,
+                };
+                // A 4-column chunk a thread (up to four, past 1024 threads).
+                let threads = (cols / 4)
+                    .next_multiple_of(self.dev.info.warp_size)
+                    .clamp(64, 1024);
+                let grid = Grid {
+                    blocks: (n as u32, 1, 1),
+                    threads: threads as u32,
+                };
+                self.launch_with(Kernel::QmmaReduceAddNorm, grid, &reduce)?;
+                self.scratch.qx = None;
+                done = true;
+            } else if splits > 1
+                && whole
+                && let QmmaTail::Rope(ro) = tail
             {
                 // The whole qkv in one launch: its reduce ropes and caches too.
                 let reduce = QmmaReduceRopeArgs {
@@ -769,7 +831,7 @@ impl<R: Runtime> GpuBackend<R> {
                     threads: 256,
                 };
                 self.launch_with(Kernel::QmmaReduceRope, grid, &reduce)?;
-                roped = true;
+                done = true;
             } else if splits > 1 {
                 // The stream orders this before the next launch's partials reuse `ws`.
                 let reduce = QmmaReduceArgs {
@@ -788,7 +850,7 @@ impl<R: Runtime> GpuBackend<R> {
                 self.launch_with(Kernel::QmmaReduce, grid, &reduce)?;
             }
         }
-        Ok(roped)
+        Ok(done)
     }
 
     /// Dequantizes every part of `w` into the scratch (`[rows, cols]` of the compute type);
@@ -892,12 +954,18 @@ impl<R: Runtime> GpuBackend<R> {
         check_cols("matmul_silu_mul input", x.cols, w.cols)?;
         check_cols("matmul_silu_mul weight", w.rows, 2 * f)?;
         check_rows("matmul_silu_mul", n, x.rows.min(act.rows))?;
-        let rows = self.qgemv_rows(n, x, w);
-        let (Some(rows), [g, u]) = (rows, w.parts.as_slice()) else {
+        let pair = match w.parts.as_slice() {
+            [g, u] if g.q == u.q && g.rows == f && u.rows == f => g.q.map(|q| (g, u, q)),
+            _ => None,
+        };
+        let Some((g, u, q)) = pair else {
             self.launch_matmul(x, w, None, n, gate_up)?;
             return self.launch_silu_mul(gate_up, n, act);
         };
-        let (Some(q), true) = (g.q, g.q == u.q && g.rows == f && u.rows == f) else {
+        let Some(rows) = self.qgemv_rows(n, x, w) else {
+            if let Some(rows) = self.qmma_rows(n, x, w).filter(|_| qmma_glu_takes(q)) {
+                return self.launch_qmma_glu(x, [g, u], q, n, rows, act);
+            }
             self.launch_matmul(x, w, None, n, gate_up)?;
             return self.launch_silu_mul(gate_up, n, act);
         };
@@ -928,5 +996,116 @@ impl<R: Runtime> GpuBackend<R> {
             ldy: f as i32,
         };
         self.launch_with(Kernel::QgemvSilu { q, rows }, grid, &args)
+    }
+
+    /// The gate/up product and SiLU-mul of `n` rows on the tiled kernels (`qmmaglu_*`, row
+    /// tile `rows`; parts checked by the caller): the blocks, wide blocks and k splits of the
+    /// stacked gate/up launch (`launch_qmma`), each block pairing its gate and up rows, and
+    /// with k split, the reduce that takes the SiLU.
+    fn launch_qmma_glu(
+        &mut self,
+        x: &GpuTensor,
+        [g, u]: [&WeightPart; 2],
+        q: QType,
+        n: usize,
+        rows: u32,
+        act: &GpuTensor,
+    ) -> Result<(), BackendError> {
+        let (k, f) = (x.cols, g.rows);
+        let wide = self.qmma_wide(rows, 2 * f);
+        let (bn, threads) = if wide {
+            QMMA_WIDE
+        } else {
+            (QMMA_BN, QMMA_THREADS)
+        };
+        let tiles = (f.div_ceil(bn / 2), n.div_ceil(rows as usize));
+        let kernel = Kernel::QmmaGlu { q, rows, wide };
+        let resident = if rows == 64 {
+            self.qmma_resident(kernel, threads)?
+        } else {
+            None
+        };
+        let splits = self.qmma_splits(tiles.0 * tiles.1, threads, k, n * 2 * f, rows, 0, resident);
+        let args = QmmaGluArgs {
+            wg: g.buf.ptr(),
+            wu: u.buf.ptr(),
+            x: x.buf.ptr(),
+            y: act.buf.ptr(),
+            ws: self.scratch.dequant.as_ref().map_or(0, |b| b.ptr()),
+            k: k as i32,
+            f: f as i32,
+            rows: n as i32,
+            ldy: act.cols as i32,
+        };
+        let grid = Grid {
+            blocks: (tiles.0 as u32, tiles.1 as u32, splits as u32),
+            threads,
+        };
+        self.launch_with(kernel, grid, &args)?;
+        if splits > 1 {
+            let reduce = QmmaReduceGluArgs {
+                ws: args.ws,
+                y: args.y,
+                f: args.f,
+                rows: args.rows,
+                ldy: args.ldy,
+                splits: splits as i32,
+            };
+            let grid = Grid {
+                blocks: (f.div_ceil(256) as u32, n as u32, 1),
+                threads: 256,
+            };
+            self.launch_with(Kernel::QmmaReduceGlu, grid, &reduce)?;
+        }
+        Ok(())
+    }
+
+    /// `delta = x @ w^T; residual += delta; out = rmsnorm(residual) * norm_w` over `n` rows.
+    /// A quantized weight on the tiles whose launch splits k, at [`QMMA_NORM_MIN_ROWS`] rows
+    /// or more, does the add and the norm in its reduce (`qmma_reduce_add_norm`; `delta` is
+    /// then not written); anything else runs the matmul, then the fused add + norm.
+    /// `KILN_QMMA_NORM=0`: never in the reduce.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_matmul_add_rms_norm(
+        &mut self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        n: usize,
+        delta: &mut GpuTensor,
+        residual: &mut GpuTensor,
+        norm_w: &GpuWeight,
+        eps: f32,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("KILN_QMMA_NORM").as_deref() != Ok("0"));
+        matmul_operands(x, w, None, n, delta)?;
+        let h = w.rows;
+        check_cols("add_rms_norm residual", residual.cols, h)?;
+        check_rows("add_rms_norm residual", n, residual.rows)?;
+        check_cols("rms_norm weight", norm_w.rows * norm_w.cols, h)?;
+        check_cols("rms_norm output", out.cols, h)?;
+        check_rows("rms_norm", n, out.rows)?;
+        let eligible = on
+            && w.dense().is_none()
+            && n >= QMMA_NORM_MIN_ROWS
+            && h.is_multiple_of(4)
+            && self.qdot_rows(n, x, w).is_none()
+            && self.qgemv_rows(n, x, w).is_none();
+        let tiles = self.qmma_rows(n, x, w).filter(|_| eligible);
+        if let (Some(rows), Some(nw)) = (tiles, norm_w.dense()) {
+            let an = AddNorm {
+                residual: residual.buf.ptr(),
+                w: nw.ptr(),
+                out: out.buf.ptr(),
+                eps,
+            };
+            if self.launch_qmma(x, w, None, n, rows, delta, QmmaTail::AddNorm(an))? {
+                return Ok(());
+            }
+        } else {
+            self.launch_matmul(x, w, None, n, delta)?;
+        }
+        self.launch_norm(delta, Some(residual.buf.ptr()), norm_w, eps, n, out)
     }
 }

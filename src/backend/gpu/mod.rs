@@ -503,6 +503,20 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.launch_norm(x, None, w, eps, n, out)
     }
 
+    fn matmul_add_rms_norm(
+        &mut self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        n: usize,
+        delta: &mut GpuTensor,
+        residual: &mut GpuTensor,
+        norm_w: &GpuWeight,
+        eps: f32,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        self.launch_matmul_add_rms_norm(x, w, n, delta, residual, norm_w, eps, out)
+    }
+
     fn add_rms_norm(
         &mut self,
         x: &GpuTensor,

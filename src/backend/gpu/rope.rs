@@ -4,7 +4,7 @@
 
 use super::args::{RopeArgs, RopeKvArgs, RopeKvNormArgs, WriteKvArgs};
 use super::kernels::Kernel;
-use super::matmul::{QkvRope, matmul_operands};
+use super::matmul::{QkvRope, QmmaTail, matmul_operands};
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuBatch, GpuKv, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
 use crate::backend::{AttnShape, BackendError, QkNorm, RopeLayout, RopeSpec};
@@ -241,7 +241,7 @@ impl<R: Runtime> GpuBackend<R> {
                 return self.launch_qdot(x, w, bias_ptr, n, rows, qkv, Some(&epi));
             }
             Some((QkvPath::Tiles(rows), epi)) => {
-                if self.launch_qmma(x, w, bias_ptr, n, rows, qkv, Some(&epi))? {
+                if self.launch_qmma(x, w, bias_ptr, n, rows, qkv, QmmaTail::Rope(&epi))? {
                     return Ok(());
                 }
             }
