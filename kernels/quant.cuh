@@ -232,11 +232,21 @@ struct Q4_0 {
         return Raw{ld_stream(reinterpret_cast<const vec4u*>(r.qs) + u), r.d[u]};
     }
     static __device__ __forceinline__ int xoff(int u, int ri) { return 32 * u + 16 * ri; }
-    static __device__ __forceinline__ void run(const Raw& raw, int, int ri, float* q, float& sc, float& add) {
+    // Run ri as 4 words of quant bytes: weight = sc * (byte - bias) + add.
+    static __device__ __forceinline__ void bytes(const Raw& raw, int, int ri, u32* v, float& bias, float& sc,
+                                                 float& add) {
         sc = half_to_f(raw.d);
         add = 0.f;
+        bias = 8.f;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) q4((word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu, 8.f, q + 4 * i);
+        for (int i = 0; i < 4; ++i) v[i] = (word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu;
+    }
+    static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
+        u32 v[4];
+        float bias;
+        bytes(raw, lo, ri, v, bias, sc, add);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q4(v[i], bias, q + 4 * i);
     }
     static __device__ __forceinline__ void run8(const Raw& raw, int, int ri, u32* q, float& sc, float& mn) {
         sc = half_to_f(raw.d);
@@ -306,18 +316,27 @@ struct QK45 {
     static __device__ __forceinline__ int xoff(int u, int ri) {
         return 256 * (u >> 3) + 64 * ((u & 7) >> 1) + 16 * (u & 1) + 32 * ri;
     }
-    static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
+    // Run ri as 4 words of quant bytes: weight = sc * (byte - bias) + add.
+    static __device__ __forceinline__ void bytes(const Raw& raw, int lo, int ri, u32* v, float& bias, float& sc,
+                                                 float& add) {
         const int sub = 2 * ((lo & 7) >> 1) + ri;
         float s, m;
         kq_scale_min(raw.meta, sub, s, m);
         sc = half_to_f(raw.meta.x & 0xffffu) * s;
         add = -half_to_f(raw.meta.x >> 16) * m;
+        bias = 0.f;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            u32 v = (word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu;
-            if (Q5) v |= ((word(raw.h, i) >> sub) & 0x01010101u) << 4;
-            q4(v, 0.f, q + 4 * i);
+            v[i] = (word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu;
+            if (Q5) v[i] |= ((word(raw.h, i) >> sub) & 0x01010101u) << 4;
         }
+    }
+    static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
+        u32 v[4];
+        float bias;
+        bytes(raw, lo, ri, v, bias, sc, add);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q4(v[i], bias, q + 4 * i);
     }
     // weight = sc * (q - C) + (C * sc - dmin * m), C = 8 (16 for Q5_K): the constant
     // multiplies the sum of x over the whole 32-element sub-block, added by the unit of the
@@ -454,20 +473,29 @@ struct Q6_K {
     static __device__ __forceinline__ int xoff(int u, int ri) {
         return 256 * (u >> 2) + 128 * ((u >> 1) & 1) + 16 * (u & 1) + 32 * ri;
     }
-    static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
+    // Run ri as 4 words of quant bytes: weight = sc * (byte - bias) + add.
+    static __device__ __forceinline__ void bytes(const Raw& raw, int lo, int ri, u32* v, float& bias, float& sc,
+                                                 float& add) {
         const int h = (lo >> 1) & 1, c = lo & 1;
         // scales[8h + c + 2ri]: word 2h (ri < 2) or 2h + 1, byte (c + 2ri) & 3.
         const u32 wsel = ri < 2 ? (h ? raw.sc.z : raw.sc.x) : (h ? raw.sc.w : raw.sc.y);
         const int s = (int)(signed char)((wsel >> (8 * ((c + 2 * ri) & 3))) & 0xffu);
         sc = half_to_f(raw.d) * (float)s;
         add = 0.f;
+        bias = 32.f;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const u32 lw = word(ri & 1 ? raw.b : raw.a, i);
             const u32 qq = (ri < 2 ? lw : lw >> 4) & 0x0f0f0f0fu;
-            const u32 hb = ((word(raw.h, i) >> (2 * ri)) & 0x03030303u) << 4;
-            q4(qq | hb, 32.f, q + 4 * i);
+            v[i] = qq | (((word(raw.h, i) >> (2 * ri)) & 0x03030303u) << 4);
         }
+    }
+    static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
+        u32 v[4];
+        float bias;
+        bytes(raw, lo, ri, v, bias, sc, add);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q4(v[i], bias, q + 4 * i);
     }
     static __device__ __forceinline__ void run8(const Raw& raw, int lo, int ri, u32* q, float& sc, float& mn) {
         const int h = (lo >> 1) & 1, c = lo & 1;
