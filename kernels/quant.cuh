@@ -117,6 +117,18 @@ __device__ __forceinline__ u32 word(const vec4u& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// Run ri of unit lo as exact floats q = byte - bias from a type's bytes() (the 4 words of
+// the run's quant bytes: weight = sc * q + add).
+template <typename Q>
+__device__ __forceinline__ void run_of_bytes(const typename Q::Raw& raw, int lo, int ri, float* q, float& sc,
+                                             float& add) {
+    u32 v[4];
+    float bias;
+    Q::bytes(raw, lo, ri, v, bias, sc, add);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q4(v[i], bias, q + 4 * i);
+}
+
 // c + the dot product of the four signed bytes of a and of b.
 __device__ __forceinline__ int dp4a(u32 a, u32 b, int c) {
 #if defined(KILN_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
@@ -242,11 +254,7 @@ struct Q4_0 {
         for (int i = 0; i < 4; ++i) v[i] = (word(raw.q, i) >> (4 * ri)) & 0x0f0f0f0fu;
     }
     static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
-        u32 v[4];
-        float bias;
-        bytes(raw, lo, ri, v, bias, sc, add);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q4(v[i], bias, q + 4 * i);
+        run_of_bytes<Q4_0>(raw, lo, ri, q, sc, add);
     }
     static __device__ __forceinline__ void run8(const Raw& raw, int, int ri, u32* q, float& sc, float& mn) {
         sc = half_to_f(raw.d);
@@ -332,11 +340,7 @@ struct QK45 {
         }
     }
     static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
-        u32 v[4];
-        float bias;
-        bytes(raw, lo, ri, v, bias, sc, add);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q4(v[i], bias, q + 4 * i);
+        run_of_bytes<QK45>(raw, lo, ri, q, sc, add);
     }
     // weight = sc * (q - C) + (C * sc - dmin * m), C = 8 (16 for Q5_K): the constant
     // multiplies the sum of x over the whole 32-element sub-block, added by the unit of the
@@ -491,11 +495,7 @@ struct Q6_K {
         }
     }
     static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
-        u32 v[4];
-        float bias;
-        bytes(raw, lo, ri, v, bias, sc, add);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q4(v[i], bias, q + 4 * i);
+        run_of_bytes<Q6_K>(raw, lo, ri, q, sc, add);
     }
     static __device__ __forceinline__ void run8(const Raw& raw, int lo, int ri, u32* q, float& sc, float& mn) {
         const int h = (lo >> 1) & 1, c = lo & 1;
