@@ -287,10 +287,10 @@ extern "C" __global__ void __launch_bounds__(256)
 // the residual add and the RMSNorm after it (add_rms_norm_vec's values: the sum rounded to
 // bf16 as the reduce stores it, the residual rounded once, the norm reading it):
 //   residual[r] += bf16(sum_z ws[z][r]);  out[r] = rmsnorm(residual[r]) * w
-// The delta itself is not stored. One block per row (h columns, a multiple of 4; grid
-// (rows)); thread t takes the 4-column chunks t, t + blockDim.x, ..., the first QRN_CACHE of
-// them in registers between the two passes (more are read back from the residual). The
-// splits' loads of all its cached chunks are issued together (the block is latency-bound).
+// The delta itself is not stored. One block per row (h columns, a multiple of 4 and at most
+// 4 * QRN_CACHE * blockDim.x: the host checks; grid (rows)); thread t takes the 4-column
+// chunks t, t + blockDim.x, ..., kept in registers between the two passes. The splits' loads
+// of all its chunks are issued together (the block is latency-bound).
 constexpr int QRN_CACHE = 4;
 extern "C" __global__ void __launch_bounds__(1024)
     qmma_reduce_add_norm_bf16(const float* __restrict__ ws, bf16* __restrict__ residual,
@@ -320,66 +320,43 @@ extern "C" __global__ void __launch_bounds__(1024)
             }
         }
     }
-    // Sums (as the plain reduce rounds them) onto the residual chunk `q`: rounded, returned.
-    auto add = [](const float s[4], uint2& q, float o[4]) {
-        const u32 in[2] = {q.x, q.y};
-        u32 pk[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const float lo = __uint_as_float(in[e] << 16), hi = __uint_as_float(in[e] & 0xffff0000u);
-            pk[e] = Chunk<bf16>::pair(lo + to_f(from_f<bf16>(s[2 * e])), hi + to_f(from_f<bf16>(s[2 * e + 1])));
-            o[2 * e] = __uint_as_float(pk[e] << 16);
-            o[2 * e + 1] = __uint_as_float(pk[e] & 0xffff0000u);
-        }
-        q = uint2{pk[0], pk[1]};
-    };
+    // Each sum rounded as the plain reduce stores it, added to the residual, rounded, stored;
+    // the rounded residual stays in v for the norm.
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < QRN_CACHE; ++k) {
         const int c = threadIdx.x + k * step;
         if (c < hc) {
-            add(v[k], rc[k], v[k]);
-            res[c] = rc[k];
+            const u32 in[2] = {rc[k].x, rc[k].y};
+            u32 pk[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float lo = __uint_as_float(in[e] << 16), hi = __uint_as_float(in[e] & 0xffff0000u);
+                pk[e] = Chunk<bf16>::pair(lo + to_f(from_f<bf16>(v[k][2 * e])),
+                                          hi + to_f(from_f<bf16>(v[k][2 * e + 1])));
+                v[k][2 * e] = __uint_as_float(pk[e] << 16);
+                v[k][2 * e + 1] = __uint_as_float(pk[e] & 0xffff0000u);
+            }
+            res[c] = uint2{pk[0], pk[1]};
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) ss += v[k][e] * v[k][e];
-    }
-    for (int c = threadIdx.x + QRN_CACHE * step; c < hc; c += step) {
-        float s[4] = {0.f, 0.f, 0.f, 0.f}, o[4];
-        for (int z = 0; z < splits; ++z) {
-            const float4 t = p[z * plane / 4 + c];
-            s[0] += t.x, s[1] += t.y, s[2] += t.z, s[3] += t.w;
-        }
-        uint2 q = res[c];
-        add(s, q, o);
-        res[c] = q;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ss += o[e] * o[e];
     }
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)h + eps);
     const uint2* wv = reinterpret_cast<const uint2*>(w);
     uint2* o = reinterpret_cast<uint2*>(out + (size_t)r * h);
-    auto norm = [&](int c, const float x[4]) {
-        const uint2 wq = wv[c];
-        const u32 in[2] = {wq.x, wq.y};
-        u32 pk[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-            pk[e] = Chunk<bf16>::pair(__uint_as_float(in[e] << 16) * (x[2 * e] * inv),
-                              __uint_as_float(in[e] & 0xffff0000u) * (x[2 * e + 1] * inv));
-        o[c] = uint2{pk[0], pk[1]};
-    };
 #pragma unroll
     for (int k = 0; k < QRN_CACHE; ++k) {
         const int c = threadIdx.x + k * step;
-        if (c < hc) norm(c, v[k]);
-    }
-    for (int c = threadIdx.x + QRN_CACHE * step; c < hc; c += step) {
-        const uint2 q = res[c];
-        const float x[4] = {__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u),
-                            __uint_as_float(q.y << 16), __uint_as_float(q.y & 0xffff0000u)};
-        norm(c, x);
+        if (c >= hc) continue;
+        const u32 in[2] = {wv[c].x, wv[c].y};
+        u32 pk[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            pk[e] = Chunk<bf16>::pair(__uint_as_float(in[e] << 16) * (v[k][2 * e] * inv),
+                                      __uint_as_float(in[e] & 0xffff0000u) * (v[k][2 * e + 1] * inv));
+        o[c] = uint2{pk[0], pk[1]};
     }
 }
 

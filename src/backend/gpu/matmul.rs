@@ -149,6 +149,9 @@ const QMMA_MAX_SPLITS: usize = 16;
 /// per row there): H100, 8B Q4_K_M decode, against the reduce then `add_rms_norm`: batch 32
 /// 9.07-9.09 -> 8.99-9.01 ms, 64 12.82-12.85 -> 12.74-12.79, but 16 6.35 -> 6.40 (16 blocks).
 const QMMA_NORM_MIN_ROWS: usize = 32;
+/// Most columns of that reduce: four chunks of 4 columns for each of 1024 threads, all in
+/// registers between its two passes.
+const QMMA_NORM_MAX_COLS: usize = 4 * 4 * 1024;
 /// Most blocks per SM a 64-row `qmma_*` launch on tensor cores counts on when it splits k
 /// (fewer where the kernel's registers allow fewer; `qmma_splits`).
 const QMMA_RESIDENT_MAX: usize = 3;
@@ -194,9 +197,6 @@ pub(super) fn qx_bytes(n: usize, k: usize) -> usize {
 /// `Kernel::unit` in kernels.rs, so its models compile those kernels at start.)
 const QMMA8_TYPES: [QType; 1] = [QType::Q8_0];
 
-/// Whether a `qmma_*` launch of type `q` (`mix`: with a Q6_K part) takes the 8-bit tiles:
-/// [`QMMA8_TYPES`], or as `KILN_QMMA8` says: `0` none (the bf16 tiles for every type),
-/// `all` every type and mix.
 /// What a tiled launch's split-k reduce does besides the sum ([`GpuBackend::launch_qmma`]).
 #[derive(Clone, Copy)]
 pub(super) enum QmmaTail<'a> {
@@ -226,6 +226,9 @@ fn qmma_glu_takes(q: QType) -> bool {
         && !qmma8_takes(q, false)
 }
 
+/// Whether a `qmma_*` launch of type `q` (`mix`: with a Q6_K part) takes the 8-bit tiles:
+/// [`QMMA8_TYPES`], or as `KILN_QMMA8` says: `0` none (the bf16 tiles for every type),
+/// `all` every type and mix.
 fn qmma8_takes(q: QType, mix: bool) -> bool {
     static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let mode = *MODE.get_or_init(|| match std::env::var("KILN_QMMA8").as_deref() {
@@ -790,7 +793,7 @@ impl<R: Runtime> GpuBackend<R> {
                     splits: splits as i32,
                     eps: an.eps,
                 };
-                // A 4-column chunk a thread (up to four, past 1024 threads).
+                // A 4-column chunk a thread (up to four past 1024 threads: QMMA_NORM_MAX_COLS).
                 let threads = (cols / 4)
                     .next_multiple_of(self.dev.info.warp_size)
                     .clamp(64, 1024);
@@ -1086,13 +1089,19 @@ impl<R: Runtime> GpuBackend<R> {
         check_cols("rms_norm weight", norm_w.rows * norm_w.cols, h)?;
         check_cols("rms_norm output", out.cols, h)?;
         check_rows("rms_norm", n, out.rows)?;
+        // Rows the decode kernels take (`qdot_rows` is a subset) stay with them, as in
+        // `launch_qmatmul`; the reduce holds a row in registers (`QRN_CACHE` in qmma.cu).
         let eligible = on
             && w.dense().is_none()
             && n >= QMMA_NORM_MIN_ROWS
             && h.is_multiple_of(4)
-            && self.qdot_rows(n, x, w).is_none()
+            && h <= QMMA_NORM_MAX_COLS
             && self.qgemv_rows(n, x, w).is_none();
-        let tiles = self.qmma_rows(n, x, w).filter(|_| eligible);
+        let tiles = if eligible {
+            self.qmma_rows(n, x, w)
+        } else {
+            None
+        };
         if let (Some(rows), Some(nw)) = (tiles, norm_w.dense()) {
             let an = AddNorm {
                 residual: residual.buf.ptr(),
