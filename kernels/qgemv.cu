@@ -229,10 +229,14 @@ extern "C" __global__ void __launch_bounds__(QX_THREADS)
 // before this step's products (loads stay in flight through the arithmetic). Every step but a
 // last partial one runs without bounds checks. A lane's units are lane + WARP * i, whose x
 // offsets are the lane's xoff(lane, run) + WARP * UNIT * i (every type's xoff is linear in
-// whole warps of units), so x is addressed from per-lane constants.
-template <typename Q, int M, int R, int U, bool PP>
+// whole warps of units), so x is addressed from per-lane constants. `post` runs right after
+// the wait (work on earlier kernels' outputs whose loads then overlap the first weights').
+struct NoPost {
+    __device__ __forceinline__ void operator()() const {}
+};
+template <typename Q, int M, int R, int U, bool PP, typename Post = NoPost>
 __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u8* __restrict__ xq, int k,
-                                         int rows, int lane, float (&acc)[M][R]) {
+                                         int rows, int lane, float (&acc)[M][R], Post post = Post()) {
     constexpr bool AHEAD = M <= 2;
     constexpr int STEP = U * WARP;
     const QxScale* ds = reinterpret_cast<const QxScale*>(xq + plane_align((size_t)rows * k));
@@ -249,6 +253,7 @@ __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u
     // while the kernel before drains (the callers have not waited); x only after it.
     fetch(raw, lane);
     KILN_PDL_WAIT();
+    post();
     const u8* xm[M];
     const QxScale* dm[M];
 #pragma unroll
@@ -344,13 +349,13 @@ __device__ __forceinline__ void qdot_acc(const typename Q::Row (&wr)[R], const u
 }
 
 // Rows j0..j0+R of a part of n rows of type Q.
-template <typename Q, int M, int R, int U, bool PP>
+template <typename Q, int M, int R, int U, bool PP, typename Post = NoPost>
 __device__ __forceinline__ void qdot_rows(const u8* w, int n, int j0, const u8* xq, int k, int rows, int lane,
-                                          float (&acc)[M][R]) {
+                                          float (&acc)[M][R], Post post = Post()) {
     typename Q::Row wr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) wr[r] = Q::row(w, n, k, min(j0 + r, n - 1));
-    qdot_acc<Q, M, R, U, PP>(wr, xq, k, rows, lane, acc);
+    qdot_acc<Q, M, R, U, PP>(wr, xq, k, rows, lane, acc, post);
 }
 
 template <typename A, typename B>
@@ -409,15 +414,102 @@ __device__ __forceinline__ void qkv_rope_store(const QkvRope& ro, float a0, floa
     dst[1] = from_f<bf16>(v1);
 }
 
-template <typename QA, typename QB, int M, int R, int UA, int UB, bool PP>
+// The residual add and RMSNorm after a one-row decode matmul, split between it and the
+// quantized matmul that reads the norm's output (a Llama layer's output projection or down
+// matmul, then its gate/up or the next layer's qkv), with no launch of its own:
+// - qdot_norm_* (the producer): a block of 16 warps takes 32 output columns (two a warp),
+//   adds them into the residual, and quantizes rmsnorm's input times the norm weight, r * w,
+//   for those columns as 8-bit rows at oxq (qx_lanes: the factor 1 / rms is left out), with
+//   the group's sum of r^2 in oss[row][group].
+// - NormIn (the consumer, qdot_* and qdot_silu_*): each warp sums the row's group partials
+//   (a fixed order), scales its dot products by inv = 1 / sqrt(sum / k + eps), and the
+//   launch's warps write the norm's output out = w * (r * inv) (rms_norm's rounding) for
+//   later readers.
+struct NormIn {
+    const float* ss;
+    const bf16* res;
+    const bf16* w;
+    bf16* out;
+    float eps;
+};
+
+// Output columns of a qdot_norm_* block: one group of 8-bit activations.
+constexpr int QDOT_NORM_WARPS = 32 / 2;
+
+template <typename Q, int M, int U, bool PP>
+__device__ __forceinline__ void qdot_norm_impl(const u8* __restrict__ xq, const u8* __restrict__ w, int k, int h,
+                                               int rows, bf16* __restrict__ res, const bf16* __restrict__ nw,
+                                               u8* __restrict__ oxq, float* __restrict__ oss) {
+    KILN_PDL_TRIGGER();  // KILN_PDL_WAIT: in qdot_acc, after the first weight loads
+    __shared__ float sr[M][32];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int g = blockIdx.x, j0 = 32 * g + 2 * warp;
+    float acc[M][2];
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = 0.f;
+    qdot_rows<Q, M, 2, U, PP>(w, h, j0, xq, k, rows, lane, acc);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        acc[m][0] = warp_sum(acc[m][0]);
+        acc[m][1] = warp_sum(acc[m][1]);
+        if (lane == m && m < rows) {
+            bf16* rp = res + (size_t)m * h + j0;
+            const bf16 r0 = from_f<bf16>(to_f(rp[0]) + to_f(from_f<bf16>(acc[m][0])));
+            const bf16 r1 = from_f<bf16>(to_f(rp[1]) + to_f(from_f<bf16>(acc[m][1])));
+            rp[0] = r0;
+            rp[1] = r1;
+            sr[m][2 * warp] = to_f(r0);
+            sr[m][2 * warp + 1] = to_f(r1);
+        }
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    const int gs = h / 32;
+    float* ds = reinterpret_cast<float*>(oxq + plane_align((size_t)rows * h));
+    const bool valid = lane < 32;
+    const int c = 32 * g + (lane & 31);
+    const float wc = to_f(nw[c]);
+    for (int m = 0; m < rows; ++m) {
+        const float r = valid ? sr[m][lane & 31] : 0.f;
+        float v = r * wc;
+        qx_lanes<1>(&v, valid, lane == 0, oxq + (size_t)m * h + c, ds + 2 * ((size_t)m * gs + g));
+        const float sq = warp_sum(r * r);
+        if (lane == 0) oss[(size_t)m * gs + g] = sq;
+    }
+}
+
+// Consumer side (after the wait): each row's 1 / rms over k columns into inv (the caller
+// scales its dot products by it); warp `wid` of the launch's `warps` also writes the norm's
+// output for the groups of 32 columns wid, wid + warps, ...
+template <int M>
+__device__ __forceinline__ void norm_in_start(const NormIn& ni, int k, int rows, int wid, int warps, int lane,
+                                              float (&inv)[M]) {
+    const int gs = k / 32;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        const int mr = min(m, rows - 1);
+        float s = 0.f;
+        for (int g = lane; g < gs; g += WARP) s += ni.ss[(size_t)mr * gs + g];
+        s = warp_sum(s);
+        inv[m] = 1.0f / sqrtf(s / (float)k + ni.eps);
+        if (m < rows && lane < 32)
+            for (int g = wid; g < gs; g += warps) {
+                const size_t c = (size_t)m * k + 32 * g + lane;
+                ni.out[c] = from_f<bf16>(to_f(ni.w[32 * g + lane]) * (to_f(ni.res[c]) * inv[m]));
+            }
+    }
+}
+
+template <typename QA, typename QB, int M, int R, int UA, int UB, bool PP, bool NI>
 __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* __restrict__ w0,
                                           const u8* __restrict__ w1, const u8* __restrict__ w2,
                                           const bf16* __restrict__ bias, bf16* __restrict__ y, int k, int r0,
-                                          int r1, int r2, int rows, int ldy, const QkvRope& ro) {
+                                          int r1, int r2, int rows, int ldy, const QkvRope& ro, const NormIn& ni) {
     KILN_PDL_TRIGGER();  // KILN_PDL_WAIT: in qdot_acc, after the first weight loads
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int wid = blockIdx.x * (blockDim.x / WARP) + warp;
     const int c0 = (r0 + R - 1) / R, c1 = (r1 + R - 1) / R, c2 = (r2 + R - 1) / R;
+    const int gw = wid;  // the warp's index before the part order below
     int n, col0;
     const u8* w;
     // Two types: part 2's warps (Q6_K, the slower rows) go first in the grid, so that they
@@ -439,14 +531,23 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
     for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+    float inv[M];
+    const auto post = [&]() {
+        if constexpr (NI) norm_in_start<M>(ni, k, rows, gw, c0 + c1 + c2, lane, inv);
+    };
     if (!SameType<QA, QB>::value && col0 == r0 + r1)
-        qdot_rows<QB, M, R, UB, PP>(w, n, j0, xq, k, rows, lane, acc);
+        qdot_rows<QB, M, R, UB, PP>(w, n, j0, xq, k, rows, lane, acc, post);
     else
-        qdot_rows<QA, M, R, UA, PP>(w, n, j0, xq, k, rows, lane, acc);
+        qdot_rows<QA, M, R, UA, PP>(w, n, j0, xq, k, rows, lane, acc, post);
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] = warp_sum(acc[m][r]);
+    if constexpr (NI)
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[m][r] *= inv[m];
     if (ro.inv_freq != nullptr) {
         // Every lane holds the sums: lane m ropes and stores row m (the host passes R = 2 and
         // parts of even rows, so j0 + 1 < n).
@@ -468,10 +569,10 @@ __device__ __forceinline__ void qdot_impl(const u8* __restrict__ xq, const u8* _
 }
 
 // One warp per output column j: gate row j of wg and up row j of wu (f rows each, type Q).
-template <typename Q, int M, int U, bool PP>
+template <typename Q, int M, int U, bool PP, bool NI>
 __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const u8* __restrict__ wg,
                                                const u8* __restrict__ wu, bf16* __restrict__ y, int k, int f,
-                                               int rows, int ldy) {
+                                               int rows, int ldy, const NormIn& ni) {
     KILN_PDL_TRIGGER();  // KILN_PDL_WAIT: in qdot_acc, after the first weight loads
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int j = blockIdx.x * (blockDim.x / WARP) + warp;
@@ -480,10 +581,15 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
     float acc[M][2];
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = 0.f;
-    qdot_acc<Q, M, 2, U, PP>(wr, xq, k, rows, lane, acc);
+    float inv[M];
+    const auto post = [&]() {
+        if constexpr (NI) norm_in_start<M>(ni, k, rows, j, f, lane, inv);
+    };
+    qdot_acc<Q, M, 2, U, PP>(wr, xq, k, rows, lane, acc, post);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-        const float g = warp_sum(acc[m][0]), v = warp_sum(acc[m][1]);
+        float g = warp_sum(acc[m][0]), v = warp_sum(acc[m][1]);
+        if constexpr (NI) g *= inv[m], v *= inv[m];
         if (lane == 0 && m < rows) y[(size_t)m * ldy + j] = from_f<bf16>(g / (1.0f + expf(-g)) * v);
     }
 }
@@ -505,6 +611,9 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
 // (inv_freq null: a plain matmul).
 #define KILN_QKV_ROPE                                                                               \
     QkvRope { positions, inv_freq, slots, k_cache, v_cache, cbase, q_dim, kv_dim, head_dim, rot_dim, mscale }
+// The consumer's parameters of qdot_in_*, qdotmix_in_* and qdot_silu_in_* (nss .. neps) as a
+// NormIn.
+#define KILN_NORM_IN NormIn{nss, nres, nw, nout, neps}
 // Per type (QN): the decode types at 1-2 rows (Q) and at 4-8 rows (Q4: Q4_K's whole-group
 // unit Q4_KW takes more registers at 4 and 8 rows and was slower there), the units in flight
 // per lane at one row for qdot (UQ) and qdot_silu (US), at two rows (U2; 4 and 8 rows take 1),
@@ -518,17 +627,45 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
                               const u32* positions, const float* inv_freq, const u32* slots,        \
                               bf16* k_cache, bf16* v_cache, int cbase, int q_dim, int kv_dim,       \
                               int head_dim, int rot_dim, float mscale) {                            \
-        qdot_impl<Q, Q, M, 2, UQ, UQ, PP>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy,        \
-                                          KILN_QKV_ROPE);                                           \
+        qdot_impl<Q, Q, M, 2, UQ, UQ, PP, false>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy, \
+                                                 KILN_QKV_ROPE, NormIn{});                          \
     }                                                                                               \
     extern "C" __global__ void KILN_QDOT_SILU_BOUNDS(FIVE)                                          \
         qdot_silu_##QN##_bf16_m##M(const u8* xq, const u8* wg, const u8* wu, bf16* y, int k, int f, \
                                    int rows, int ldy) {                                             \
-        qdot_silu_impl<Q, M, US, PP>(xq, wg, wu, y, k, f, rows, ldy);                               \
+        qdot_silu_impl<Q, M, US, PP, false>(xq, wg, wu, y, k, f, rows, ldy, NormIn{});              \
+    }
+// The one-row consumers of the residual norm (NormIn): entries of their own, so that the
+// plain kernels keep their code (H100, 8B Q4_K_M b1: the norm's parameters and branch in the
+// plain kernels cost 2.53 -> 2.58 ms a step).
+#define KILN_QDOT_IN(QN, Q, UQ, US, FIVE, PP)                                                       \
+    extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
+        qdot_in_##QN##_bf16_m1(const u8* xq, const u8* w0, const u8* w1, const u8* w2, const bf16* bias, \
+                               bf16* y, int k, int r0, int r1, int r2, int rows, int ldy,           \
+                               const u32* positions, const float* inv_freq, const u32* slots,       \
+                               bf16* k_cache, bf16* v_cache, int cbase, int q_dim, int kv_dim,      \
+                               int head_dim, int rot_dim, float mscale, const float* nss,           \
+                               const bf16* nres, const bf16* nw, bf16* nout, float neps) {          \
+        qdot_impl<Q, Q, 1, 2, UQ, UQ, PP, true>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy,  \
+                                                KILN_QKV_ROPE, KILN_NORM_IN);                       \
+    }                                                                                               \
+    extern "C" __global__ void KILN_QDOT_SILU_BOUNDS(FIVE)                                          \
+        qdot_silu_in_##QN##_bf16_m1(const u8* xq, const u8* wg, const u8* wu, bf16* y, int k, int f, \
+                                    int rows, int ldy, const float* nss, const bf16* nres,          \
+                                    const bf16* nw, bf16* nout, float neps) {                       \
+        qdot_silu_impl<Q, 1, US, PP, true>(xq, wg, wu, y, k, f, rows, ldy, KILN_NORM_IN);           \
     }
 // Each row count is a compile unit of its own (1 row in the type's part, QN; then QNm2 ...).
+// The one-row producer of the residual norm (qdot_norm_impl): QDOT_NORM_WARPS warps a block.
+#define KILN_QDOT_NORM(QN, Q, UQ, PP)                                                               \
+    extern "C" __global__ void __launch_bounds__(QDOT_NORM_WARPS * WARP)                            \
+        qdot_norm_##QN##_bf16_m1(const u8* xq, const u8* w, int k, int h, int rows, bf16* res,      \
+                                 const bf16* nw, u8* oxq, float* oss) {                             \
+        qdot_norm_impl<Q, 1, UQ, PP>(xq, w, k, h, rows, res, nw, oxq, oss);                         \
+    }
 #define KILN_QDOT_T(QN, Q, Q4, UQ, US, U2, FIVE, PP)                                                \
-    KILN_IN_PART(QN, KILN_QDOT(QN, Q, 1, UQ, US, FIVE, PP))                                         \
+    KILN_IN_PART(QN, KILN_QDOT(QN, Q, 1, UQ, US, FIVE, PP) KILN_QDOT_IN(QN, Q, UQ, US, FIVE, PP)    \
+                         KILN_QDOT_NORM(QN, Q, UQ, PP))                                             \
     KILN_IN_PART(QN##m2, KILN_QDOT(QN, Q, 2, U2, U2, 0, PP))                                        \
     KILN_IN_PART(QN##m4, KILN_QDOT(QN, Q4, 4, 1, 1, 0, PP))                                         \
     KILN_IN_PART(QN##m8, KILN_QDOT(QN, Q4, 8, 1, 1, 0, PP))
@@ -546,11 +683,24 @@ KILN_QDOT_T(q6k, Q6_K, Q6_K, 1, 1, 1, 1, false)
                                   int rows, int ldy, const u32* positions, const float* inv_freq,   \
                                   const u32* slots, bf16* k_cache, bf16* v_cache, int cbase,        \
                                   int q_dim, int kv_dim, int head_dim, int rot_dim, float mscale) { \
-        qdot_impl<Q, Q6_K, M, 2, U, 1, false>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows, ldy,    \
-                                              KILN_QKV_ROPE);                                       \
+        qdot_impl<Q, Q6_K, M, 2, U, 1, false, false>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows,  \
+                                                     ldy, KILN_QKV_ROPE, NormIn{});                 \
+    }
+#define KILN_QDOT_MIX_IN(QN, Q, U)                                                                  \
+    extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
+        qdotmix_in_##QN##_q6k_bf16_m1(const u8* xq, const u8* w0, const u8* w1, const u8* w2,      \
+                                      const bf16* bias, bf16* y, int k, int r0, int r1, int r2,     \
+                                      int rows, int ldy, const u32* positions, const float* inv_freq, \
+                                      const u32* slots, bf16* k_cache, bf16* v_cache, int cbase,    \
+                                      int q_dim, int kv_dim, int head_dim, int rot_dim, float mscale, \
+                                      const float* nss, const bf16* nres, const bf16* nw, bf16* nout, \
+                                      float neps) {                                                 \
+        qdot_impl<Q, Q6_K, 1, 2, U, 1, false, true>(xq, w0, w1, w2, bias, y, k, r0, r1, r2, rows,   \
+                                                    ldy, KILN_QKV_ROPE, KILN_NORM_IN);              \
     }
 #define KILN_QDOT_MIX_T(QN, Q, Q4, U1)                                                              \
-    KILN_IN_PART(QN, KILN_QDOT_MIX(QN, Q, 1, U1)) KILN_IN_PART(QN##m2, KILN_QDOT_MIX(QN, Q, 2, 1))  \
+    KILN_IN_PART(QN, KILN_QDOT_MIX(QN, Q, 1, U1) KILN_QDOT_MIX_IN(QN, Q, U1))                        \
+    KILN_IN_PART(QN##m2, KILN_QDOT_MIX(QN, Q, 2, 1))                                                \
     KILN_IN_PART(QN##m4, KILN_QDOT_MIX(QN, Q4, 4, 1)) KILN_IN_PART(QN##m8, KILN_QDOT_MIX(QN, Q4, 8, 1))
 KILN_QDOT_MIX_T(q4k, Q4_KW, Q4_K, 1)
 KILN_QDOT_MIX_T(q5k, Q5_K, Q5_K, 2)

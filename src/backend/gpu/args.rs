@@ -254,9 +254,29 @@ kernel_args! {
         v_cache: ptr, cbase: i32, q_dim: i32, kv_dim: i32, head_dim: i32, rot_dim: i32,
         mscale: f32,
     }
+    /// `qdot_in_<q>_bf16_m1`, `qdotmix_in_<q>_q6k_bf16_m1`: [`QdotArgs`] where `xq` holds a
+    /// residual norm's input left by `qdot_norm_*` ([`NormIn`](super::matmul::NormIn):
+    /// partial sums `nss`, residual `nres`, weight `nw`, output `nout`, `neps`).
+    QdotInArgs (Kernel::QdotIn { .. } | Kernel::QdotMixIn { .. }) {
+        xq: ptr, w0: ptr, w1: ptr, w2: ptr, bias: ptr, y: ptr, k: i32, r0: i32, r1: i32, r2: i32,
+        rows: i32, ldy: i32, positions: ptr, inv_freq: ptr, slots: ptr, k_cache: ptr,
+        v_cache: ptr, cbase: i32, q_dim: i32, kv_dim: i32, head_dim: i32, rot_dim: i32,
+        mscale: f32, nss: ptr, nres: ptr, nw: ptr, nout: ptr, neps: f32,
+    }
+    /// `qdot_norm_<q>_bf16_m1`: one row of `x` (8-bit at `xq`, `k` columns) times `w` (`h`
+    /// rows) added into `res`; then per 32 columns, `res * nw` as 8-bit rows at `oxq` and
+    /// the sum of `res^2` at `oss` (the norm the next matmul finishes: `NormIn`).
+    QdotNormArgs (Kernel::QdotNorm { .. }) {
+        xq: ptr, w: ptr, k: i32, h: i32, rows: i32, res: ptr, nw: ptr, oxq: ptr, oss: ptr,
+    }
     /// `qdot_silu_<q>_bf16_m<rows>`: [`QgemvSiluArgs`] from the 8-bit activations at `xq`.
     QdotSiluArgs (Kernel::QdotSilu { .. }) {
         xq: ptr, wg: ptr, wu: ptr, y: ptr, k: i32, f: i32, rows: i32, ldy: i32,
+    }
+    /// `qdot_silu_in_<q>_bf16_m1`: [`QdotSiluArgs`] with a norm to finish, as [`QdotInArgs`].
+    QdotSiluInArgs (Kernel::QdotSiluIn { .. }) {
+        xq: ptr, wg: ptr, wu: ptr, y: ptr, k: i32, f: i32, rows: i32, ldy: i32, nss: ptr,
+        nres: ptr, nw: ptr, nout: ptr, neps: f32,
     }
     /// `convert_f16_<dt>`, `convert_bf16_<dt>`: `total` elements to the compute type.
     ConvertArgs (Kernel::Convert { .. }) { src: ptr, dst: ptr, total: u64 }

@@ -178,6 +178,7 @@ impl<R: Runtime> GpuBackend<R> {
                 rows: l.n_tokens,
                 cols: q_dim,
                 at,
+                norm: None,
             });
         }
         Ok(())

@@ -613,6 +613,23 @@ pub enum Kernel {
         q: QType,
         rows: u32,
     },
+    /// [`Kernel::Qdot`] of one row and one part of type `q` that adds its output into the
+    /// residual and leaves the RMSNorm after it to the quantized matmul that reads the
+    /// norm's output (`qdot_norm_impl` in `kernels/qgemv.cu`; bf16 only).
+    QdotNorm {
+        q: QType,
+    },
+    /// [`Kernel::Qdot`], [`Kernel::QdotMix`] and [`Kernel::QdotSilu`] at one row on the rows
+    /// a [`Kernel::QdotNorm`] left: they finish its norm (`NormIn` in `kernels/qgemv.cu`).
+    QdotIn {
+        q: QType,
+    },
+    QdotMixIn {
+        q: QType,
+    },
+    QdotSiluIn {
+        q: QType,
+    },
 }
 
 /// Row tiles of the tiled quantized matmul (`kernels/qmma.cu`): a step runs the smallest
@@ -701,8 +718,12 @@ impl Kernel {
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma8 { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::Qdot { q, rows }));
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotSilu { q, rows }));
+            v.push(Kernel::QdotNorm { q });
+            v.push(Kernel::QdotIn { q });
+            v.push(Kernel::QdotSiluIn { q });
         }
         for q in QDOT_MIX_TYPES {
+            v.push(Kernel::QdotMixIn { q });
             v.extend(QGEMV_ROWS.map(|rows| Kernel::QdotMix { q, rows }));
             v.extend(QMMA_TILES.map(|(rows, wide)| Kernel::QmmaMix { q, rows, wide }));
             v.extend(QMMA_ROWS.map(|rows| Kernel::Qmma8Mix { q, rows }));
@@ -795,13 +816,16 @@ impl Kernel {
             | Kernel::QmmaReduce
             | Kernel::QmmaReduceRope
             | Kernel::Qdot { .. }
-            | Kernel::QdotMix { .. } => "matmul",
+            | Kernel::QdotMix { .. }
+            | Kernel::QdotIn { .. }
+            | Kernel::QdotMixIn { .. } => "matmul",
             Kernel::GemvSiluMul { .. }
             | Kernel::QgemvSilu { .. }
             | Kernel::QdotSilu { .. }
+            | Kernel::QdotSiluIn { .. }
             | Kernel::QmmaGlu { .. }
             | Kernel::QmmaReduceGlu => "matmul_silu_mul",
-            Kernel::QmmaReduceAddNorm => "matmul_add_rms_norm",
+            Kernel::QmmaReduceAddNorm | Kernel::QdotNorm { .. } => "matmul_add_rms_norm",
             Kernel::QuantizeX => "quantize_x",
             Kernel::Dequant { .. } => "dequant",
             Kernel::Convert { .. } => "convert",
@@ -832,6 +856,10 @@ impl Kernel {
                 | Kernel::Qdot { .. }
                 | Kernel::QdotMix { .. }
                 | Kernel::QdotSilu { .. }
+                | Kernel::QdotNorm { .. }
+                | Kernel::QdotIn { .. }
+                | Kernel::QdotMixIn { .. }
+                | Kernel::QdotSiluIn { .. }
                 | Kernel::Gemv { .. }
                 | Kernel::GemvSiluMul { .. }
         )
@@ -881,7 +909,11 @@ impl Kernel {
             | Kernel::QuantizeX
             | Kernel::Qdot { .. }
             | Kernel::QdotMix { .. }
-            | Kernel::QdotSilu { .. } => Source::Qgemv,
+            | Kernel::QdotSilu { .. }
+            | Kernel::QdotNorm { .. }
+            | Kernel::QdotIn { .. }
+            | Kernel::QdotMixIn { .. }
+            | Kernel::QdotSiluIn { .. } => Source::Qgemv,
             Kernel::Qmma { .. }
             | Kernel::QmmaMix { .. }
             | Kernel::Qmma8 { .. }
@@ -910,6 +942,10 @@ impl Kernel {
             | Kernel::Qdot { q, .. }
             | Kernel::QdotMix { q, .. }
             | Kernel::QdotSilu { q, .. }
+            | Kernel::QdotNorm { q }
+            | Kernel::QdotIn { q }
+            | Kernel::QdotMixIn { q }
+            | Kernel::QdotSiluIn { q }
             | Kernel::Qmma { q, .. }
             | Kernel::QmmaMix { q, .. }
             | Kernel::QmmaGlu { q, .. }
@@ -955,6 +991,10 @@ impl Kernel {
                 | Kernel::Qdot { .. }
                 | Kernel::QdotMix { .. }
                 | Kernel::QdotSilu { .. }
+                | Kernel::QdotNorm { .. }
+                | Kernel::QdotIn { .. }
+                | Kernel::QdotMixIn { .. }
+                | Kernel::QdotSiluIn { .. }
                 | Kernel::MoeQ8GateUp { .. }
                 | Kernel::MoeQ8Down { .. }
                 | Kernel::MoeQ8DownSelf { .. }
@@ -1008,6 +1048,10 @@ impl Kernel {
             Kernel::Qdot { q, rows } => format!("qdot_{}_{d}_m{rows}", q.tag()),
             Kernel::QdotMix { q, rows } => format!("qdotmix_{}_q6k_{d}_m{rows}", q.tag()),
             Kernel::QdotSilu { q, rows } => format!("qdot_silu_{}_{d}_m{rows}", q.tag()),
+            Kernel::QdotNorm { q } => format!("qdot_norm_{}_{d}_m1", q.tag()),
+            Kernel::QdotIn { q } => format!("qdot_in_{}_{d}_m1", q.tag()),
+            Kernel::QdotMixIn { q } => format!("qdotmix_in_{}_q6k_{d}_m1", q.tag()),
+            Kernel::QdotSiluIn { q } => format!("qdot_silu_in_{}_{d}_m1", q.tag()),
             Kernel::Convert { bf16 } => {
                 format!("convert_{}_{d}", if bf16 { "bf16" } else { "f16" })
             }

@@ -25,9 +25,10 @@
 //! type, then the BLAS GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 
 use super::args::{
-    AddBiasArgs, GemvArgs, GemvSiluMulArgs, QdotArgs, QdotSiluArgs, QgemvArgs, QgemvSiluArgs,
-    QmmaArgs, QmmaGluArgs, QmmaReduceAddNormArgs, QmmaReduceArgs, QmmaReduceGluArgs,
-    QmmaReduceRopeArgs, QuantizeXArgs, SiluMulArgs, SiluMulVecArgs,
+    AddBiasArgs, GemvArgs, GemvSiluMulArgs, QdotArgs, QdotInArgs, QdotNormArgs, QdotSiluArgs,
+    QdotSiluInArgs, QgemvArgs, QgemvSiluArgs, QmmaArgs, QmmaGluArgs, QmmaReduceAddNormArgs,
+    QmmaReduceArgs, QmmaReduceGluArgs, QmmaReduceRopeArgs, QuantizeXArgs, SiluMulArgs,
+    SiluMulVecArgs,
 };
 use super::kernels::{
     GEMV_MAX_ROWS, Kernel, Part, QDOT_MIX_TYPES, QGEMV_ROWS, QMMA_GLU_TYPES, QMMA_ROWS, Source,
@@ -161,6 +162,9 @@ const WARP_REG_UNIT: usize = 256;
 
 /// Most parts of a stacked weight in one `qdot_*` launch (`qdot_impl` in `kernels/qgemv.cu`).
 const QDOT_PARTS: usize = 3;
+/// Warps of a `qdot_norm_*` block (`QDOT_NORM_WARPS` in `kernels/qgemv.cu`): two output
+/// columns each, one group of 32 8-bit activations a block.
+const QDOT_NORM_WARPS: u32 = 16;
 /// Weight rows per warp of `qgemv_*` and `qdot_*` at every row bucket.
 const QGEMV_ROWS_PER_WARP: usize = 2;
 /// Threads per block of `quantize_x_bf16`; each quantizes a block of 32 activations.
@@ -170,12 +174,28 @@ pub(super) const QX_THREADS: usize = 256;
 /// them: `rows` rows of `cols` values of the tensor at device address `x`, at `at`. The
 /// next quantized decode matmul on exactly those rows reads them instead of launching
 /// `quantize_x`; every other launch, write or allocation clears the record (`mod.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// With `norm`, the rows are a residual norm's input that a decode matmul left instead of
+/// its output `x` ([`GpuBackend::settle_qx`] writes `x` when anything else comes next).
+#[derive(Debug, Clone, Copy)]
 pub(super) struct QxRows {
     pub x: u64,
     pub rows: usize,
     pub cols: usize,
     pub at: u64,
+    pub norm: Option<NormIn>,
+}
+
+/// The RMSNorm a decode matmul (`qdot_*` with [`NormOut`]) left to the quantized matmul
+/// that reads its output (`NormIn` in `kernels/qgemv.cu`): the rows at [`QxRows::at`] are
+/// the residual times the norm weight `w`, quantized; `ss` holds each row's sums of squares
+/// of the residual per 32 columns. The reader scales by 1 / rms and writes the norm's
+/// output `out` (= [`QxRows::x`]) for later readers.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NormIn {
+    pub ss: u64,
+    pub residual: u64,
+    pub w: u64,
+    pub eps: f32,
 }
 
 /// Scratch bytes of `n` activation rows of `k` columns quantized to 8 bits: the values,
@@ -237,6 +257,41 @@ fn qmma8_takes(q: QType, mix: bool) -> bool {
         _ => None,
     });
     mode.unwrap_or(!mix && QMMA8_TYPES.contains(&q))
+}
+
+/// `a` for a `qdot_in_*` / `qdotmix_in_*` launch that finishes the norm `n` (its output at
+/// `out`, the tensor whose rows `a.xq` holds).
+fn qdot_in_args(a: QdotArgs, n: NormIn, out: u64) -> QdotInArgs {
+    QdotInArgs {
+        xq: a.xq,
+        w0: a.w0,
+        w1: a.w1,
+        w2: a.w2,
+        bias: a.bias,
+        y: a.y,
+        k: a.k,
+        r0: a.r0,
+        r1: a.r1,
+        r2: a.r2,
+        rows: a.rows,
+        ldy: a.ldy,
+        positions: a.positions,
+        inv_freq: a.inv_freq,
+        slots: a.slots,
+        k_cache: a.k_cache,
+        v_cache: a.v_cache,
+        cbase: a.cbase,
+        q_dim: a.q_dim,
+        kv_dim: a.kv_dim,
+        head_dim: a.head_dim,
+        rot_dim: a.rot_dim,
+        mscale: a.mscale,
+        nss: n.ss,
+        nres: n.residual,
+        nw: n.w,
+        nout: out,
+        neps: n.eps,
+    }
 }
 
 /// Weight rows per warp of `gemv_*_m{n}` (the instantiations in `kernels/gemv.cu`).
@@ -304,13 +359,36 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// The 8-bit rows of `n` rows of `x` for a `qdot_*` launch: those the launch before left
-    /// ([`QxRows`]), else quantized now by `quantize_x`.
-    fn qx_of(&mut self, x: &GpuTensor, n: usize) -> Result<u64, BackendError> {
+    /// ([`QxRows`], with the norm the launch then finishes where it `takes_norm`: a one-row
+    /// launch), else quantized now by `quantize_x` (after any pending norm is settled).
+    fn qx_of(
+        &mut self,
+        x: &GpuTensor,
+        n: usize,
+        takes_norm: bool,
+    ) -> Result<(u64, Option<NormIn>), BackendError> {
         let want = (x.buf.ptr(), n, x.cols);
-        match self.scratch.qx.take() {
-            Some(q) if (q.x, q.rows, q.cols) == want => Ok(q.at),
-            _ => self.quantize_x(x, n),
+        match self.scratch.qx {
+            Some(q) if (q.x, q.rows, q.cols) == want && (takes_norm || q.norm.is_none()) => {
+                self.scratch.qx = None;
+                Ok((q.at, q.norm))
+            }
+            _ => Ok((self.quantize_x(x, n)?, None)),
         }
+    }
+
+    /// Finishes what the last launch left for the next reader ([`QxRows::norm`]): the
+    /// norm's output, by `rms_norm` of the residual (whose 8-bit rows are then the record);
+    /// clears the record otherwise. Every launch, write, download and allocation calls it
+    /// before touching the device.
+    pub(super) fn settle_qx(&mut self) -> Result<(), BackendError> {
+        let Some(q) = self.scratch.qx.take() else {
+            return Ok(());
+        };
+        let Some(ni) = q.norm else {
+            return Ok(());
+        };
+        self.launch_norm_raw(ni.residual, None, ni.w, ni.eps, q.rows, q.cols, q.x)
     }
 
     /// Quantizes `n` rows of `x` to 8-bit blocks of 32 in the dequant scratch (free during
@@ -342,7 +420,8 @@ impl<R: Runtime> GpuBackend<R> {
     /// `out = x @ w^T (+ bias)` for `n` decode rows on `qdot_*` (`rows` bucket): one launch
     /// per run of up to [`QDOT_PARTS`] adjacent parts of one type, or of one or two parts
     /// of a [`QDOT_MIX_TYPES`] type and a Q6_K part after them (a Q4_K_M qkv: one launch).
-    /// With `rope`, each launch also ropes and caches its qkv columns ([`QkvRope`]).
+    /// With `rope`, each launch also ropes and caches its qkv columns ([`QkvRope`]). Rows
+    /// a `qdot_norm_*` launch left take its norm along ([`NormIn`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_qdot(
         &mut self,
@@ -354,7 +433,7 @@ impl<R: Runtime> GpuBackend<R> {
         out: &GpuTensor,
         rope: Option<&QkvRope>,
     ) -> Result<(), BackendError> {
-        let xq = self.qx_of(x, n)?;
+        let (xq, ni) = self.qx_of(x, n, rows == 1)?;
         let r = rope.copied().unwrap_or_default();
         for run in part_runs(w) {
             let PartRun { q, mix, ref slots } = run;
@@ -395,9 +474,93 @@ impl<R: Runtime> GpuBackend<R> {
                 Kernel::Qdot { q, rows }
             };
             let grid = self.gemv_grid(warps.div_ceil(GEMV_WARPS));
-            self.launch_with(kernel, grid, &args)?;
+            match ni {
+                Some(ni) => {
+                    let kernel = if mix {
+                        Kernel::QdotMixIn { q }
+                    } else {
+                        Kernel::QdotIn { q }
+                    };
+                    let args = qdot_in_args(args, ni, x.buf.ptr());
+                    self.launch_with(kernel, grid, &args)?;
+                }
+                None => self.launch_with(kernel, grid, &args)?,
+            }
         }
         Ok(())
+    }
+
+    /// `residual += x @ w^T` for one decode row on `qdot_norm_*` (a one-part weight of `h`
+    /// rows, 32 output columns a block), which also leaves the RMSNorm (weight `norm`) to the
+    /// next quantized matmul: per 32 columns `residual * norm` as 8-bit rows in the dequant
+    /// scratch after the launch's own input (which it reads meanwhile), and the sum of
+    /// `residual^2` after those ([`NormIn`]; `out` is written by that matmul or by
+    /// [`GpuBackend::settle_qx`]). Not taken (`Ok(false)`): outside a step
+    /// ([`GpuBackend::fuse_across_ops`]: the runner's tensors outlive the pending norm), for
+    /// other rows, weights or widths, without room, or with `KILN_QDOT_NORM=0`.
+    pub(super) fn launch_qdot_norm(
+        &mut self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        n: usize,
+        an: AddNorm,
+        h: usize,
+    ) -> Result<bool, BackendError> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("KILN_QDOT_NORM").as_deref() != Ok("0"));
+        // Q5_K's decode registers (about 160) do not fit a block of 512 threads unspilled.
+        let q = match w.parts.as_slice() {
+            [p] if p.rows == h => p.q.filter(|&q| q != QType::Q5K),
+            _ => None,
+        };
+        let (Some(q), Some(scratch)) = (q, self.scratch.dequant.as_ref()) else {
+            return Ok(false);
+        };
+        let off = qx_bytes(n, x.cols).next_multiple_of(256);
+        let ss_off = off + qx_bytes(n, h).next_multiple_of(256);
+        let fits = on
+            && self.scratch.fuse_across_ops
+            && n == 1
+            && h.is_multiple_of(32)
+            && ss_off + 4 * n * (h / 32) <= scratch.bytes()
+            && self.qdot_rows(n, x, w) == Some(1)
+            && !self.kernels.pending(Kernel::QdotNorm { q }.unit());
+        if !fits {
+            return Ok(false);
+        }
+        let (oxq, oss) = (scratch.ptr() + off as u64, scratch.ptr() + ss_off as u64);
+        // This launch finishes no norm: one left pending is settled first.
+        let (xq, _) = self.qx_of(x, n, false)?;
+        let args = QdotNormArgs {
+            xq,
+            w: w.parts[0].buf.ptr(),
+            k: x.cols as i32,
+            h: h as i32,
+            rows: n as i32,
+            res: an.residual,
+            nw: an.w,
+            oxq,
+            oss,
+        };
+        let warp = self.dev.info.warp_size as u32;
+        let grid = Grid {
+            blocks: ((h / 32) as u32, 1, 1),
+            threads: QDOT_NORM_WARPS * warp,
+        };
+        self.launch_with(Kernel::QdotNorm { q }, grid, &args)?;
+        self.scratch.qx = Some(QxRows {
+            x: an.out,
+            rows: n,
+            cols: h,
+            at: oxq,
+            norm: Some(NormIn {
+                ss: oss,
+                residual: an.residual,
+                w: an.w,
+                eps: an.eps,
+            }),
+        });
+        Ok(true)
     }
 
     /// The row tile of `kernels/qmma.cu` for `n` rows of `x` times quantized `w`, when the
@@ -610,7 +773,7 @@ impl<R: Runtime> GpuBackend<R> {
         if [n, k, m].iter().any(|&v| v > i32::MAX as usize) {
             return Err(invalid(format!("GEMM {n}x{k}x{m} too large")));
         }
-        self.scratch.qx = None;
+        self.settle_qx()?;
         let (blas, dt) = (&self.blas, self.dt);
         // SAFETY: the callers pass x of n*k, w of m*k and out of n*m elements of `dt` (shapes
         // checked by them); all three buffers are live.
@@ -975,7 +1138,25 @@ impl<R: Runtime> GpuBackend<R> {
         // One warp per output column (a gate row and its up row).
         let grid = self.gemv_grid(f.div_ceil(GEMV_WARPS));
         if let Some(rows) = self.qdot_rows(n, x, w) {
-            let xq = self.qx_of(x, n)?;
+            let (xq, ni) = self.qx_of(x, n, rows == 1)?;
+            if let Some(ni) = ni {
+                let args = QdotSiluInArgs {
+                    xq,
+                    wg: g.buf.ptr(),
+                    wu: u.buf.ptr(),
+                    y: act.buf.ptr(),
+                    k: w.cols as i32,
+                    f: f as i32,
+                    rows: n as i32,
+                    ldy: f as i32,
+                    nss: ni.ss,
+                    nres: ni.residual,
+                    nw: ni.w,
+                    nout: x.buf.ptr(),
+                    neps: ni.eps,
+                };
+                return self.launch_with(Kernel::QdotSiluIn { q }, grid, &args);
+            }
             let args = QdotSiluArgs {
                 xq,
                 wg: g.buf.ptr(),
@@ -1089,6 +1270,17 @@ impl<R: Runtime> GpuBackend<R> {
         check_cols("rms_norm weight", norm_w.rows * norm_w.cols, h)?;
         check_cols("rms_norm output", out.cols, h)?;
         check_rows("rms_norm", n, out.rows)?;
+        if let Some(nw) = norm_w.dense() {
+            let an = AddNorm {
+                residual: residual.buf.ptr(),
+                w: nw.ptr(),
+                out: out.buf.ptr(),
+                eps,
+            };
+            if self.launch_qdot_norm(x, w, n, an, h)? {
+                return Ok(());
+            }
+        }
         // Rows the decode kernels take (`qdot_rows` is a subset) stay with them, as in
         // `launch_qmatmul`; the reduce holds a row in registers (`QRN_CACHE` in qmma.cu).
         let eligible = on

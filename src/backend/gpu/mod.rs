@@ -121,8 +121,12 @@ struct Scratch {
     /// the largest quantized matrix, so graphs can address it.
     dequant: Option<DevBuf>,
     /// The 8-bit activation rows the last launch left in the dequant scratch for the next
-    /// quantized decode matmul (`matmul.rs`); any other launch, write or allocation clears it.
+    /// quantized decode matmul (`matmul.rs`); any other launch, write, download or
+    /// allocation settles it first ([`GpuBackend::settle_qx`]).
     qx: Option<matmul::QxRows>,
+    /// Whether an op may leave work to the next (a decode matmul's residual norm, finished
+    /// by the quantized matmul after it): within steps, whose tensors outlive it.
+    fuse_across_ops: bool,
     /// Weight bytes on the device and in the file (the load log).
     weight_bytes: (usize, usize),
     /// Seconds spent in `upload_weight` (host repacking, copies and conversion launches).
@@ -290,6 +294,16 @@ impl<R: Runtime> GpuBackend<R> {
         Ok(())
     }
 
+    /// Lets ops leave work to the next outside steps too (within [`Backend::run_step`] they
+    /// always may): a decode matmul's residual norm, finished by the quantized matmul that
+    /// reads its output, or by the next other op, write or download. The caller keeps the
+    /// norm's tensors alive until then (tests of the fused ops).
+    pub fn fuse_across_ops(&mut self, on: bool) -> Result<(), BackendError> {
+        self.settle_qx()?;
+        self.scratch.fuse_across_ops = on;
+        Ok(())
+    }
+
     /// Changes how often steps are timed (`None`: never).
     pub fn set_timing_period(&mut self, period: Option<u64>) {
         self.dev.timer.set_period(period);
@@ -306,7 +320,7 @@ impl<R: Runtime> GpuBackend<R> {
             )));
         }
         let bytes = self.dt.encode(data);
-        self.scratch.qx = None;
+        self.settle_qx()?;
         self.dev.upload(&t.buf, 0, &bytes)
     }
 
@@ -319,7 +333,7 @@ impl<R: Runtime> GpuBackend<R> {
         smem: u32,
         args: &[Arg],
     ) -> Result<(), BackendError> {
-        self.scratch.qx = None;
+        self.settle_qx()?;
         let f = self.kernels.get(&self.dev.rt, k)?;
         // Once per kernel (the attribute stays with the function).
         if smem > self.smem_allowed.get(&k).copied().unwrap_or(0) {
@@ -410,7 +424,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
 
     fn alloc(&mut self, rows: usize, cols: usize) -> Result<GpuTensor, BackendError> {
         self.scratch.largest_alloc = self.scratch.largest_alloc.max(rows * cols);
-        self.scratch.qx = None;
+        self.settle_qx()?;
         self.generation += 1;
         Ok(GpuTensor {
             buf: self.dev.alloc(rows * cols * self.dt.size(), "activation")?,
@@ -478,7 +492,20 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         if self.kernels.poll_later(&self.dev.rt) {
             self.generation += 1;
         }
-        self.run_graphed(b, ops)
+        let mut ops = ops;
+        self.run_graphed(b, |s| {
+            let outside = std::mem::replace(&mut s.scratch.fuse_across_ops, true);
+            let r = ops(s);
+            s.scratch.fuse_across_ops = outside;
+            match r {
+                Ok(()) => s.settle_qx(),
+                Err(e) => {
+                    // Nothing of a failed step is read: drop what it left pending.
+                    s.scratch.qx = None;
+                    Err(e)
+                }
+            }
+        })
     }
 
     fn embed(
@@ -714,7 +741,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     }
 
     fn all_reduce_sum(&mut self, x: &mut GpuTensor, n: usize) -> Result<(), BackendError> {
-        self.scratch.qx = None;
+        self.settle_qx()?;
         self.launch_all_reduce(x, n)
     }
 
@@ -724,7 +751,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         n: usize,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
-        self.scratch.qx = None;
+        self.settle_qx()?;
         self.launch_all_gather(part, n, out)
     }
 
@@ -738,6 +765,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
 
     fn to_host(&mut self, x: &GpuTensor, n: usize) -> Result<Vec<f32>, BackendError> {
         check_rows("to_host", n, x.rows)?;
+        self.settle_qx()?;
         let mut bytes = vec![0u8; n * x.cols * self.dt.size()];
         self.dev.download(&x.buf, 0, &mut bytes)?;
         Ok(self.dt.decode(&bytes))

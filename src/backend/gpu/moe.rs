@@ -566,6 +566,7 @@ impl<R: Runtime> GpuBackend<R> {
                     rows: n,
                     cols: h,
                     at,
+                    norm: None,
                 });
                 return Ok(());
             }

@@ -26,10 +26,26 @@ impl<R: Runtime> GpuBackend<R> {
         check_cols("rms_norm weight", w.rows * w.cols, h)?;
         check_cols("rms_norm output", out.cols, h)?;
         check_rows("rms_norm", n, x.rows.min(out.rows))?;
+        let wb = w.dense_for("rms_norm")?.ptr();
+        self.launch_norm_raw(x.buf.ptr(), resid, wb, eps, n, h, out.buf.ptr())
+    }
+
+    /// [`GpuBackend::launch_norm`] on device addresses (`n` rows of `h` columns each,
+    /// checked by the caller).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_norm_raw(
+        &mut self,
+        x: u64,
+        resid: Option<u64>,
+        wb: u64,
+        eps: f32,
+        n: usize,
+        h: usize,
+        out: u64,
+    ) -> Result<(), BackendError> {
         // Whole warps: block_sum reduces warp by warp (64 lanes on CDNA).
         let warp = self.dev.info.warp_size;
-        let wb = w.dense_for("rms_norm")?.ptr();
-        let ptrs = [x.buf.ptr(), wb, out.buf.ptr(), resid.unwrap_or(0)];
+        let ptrs = [x, wb, out, resid.unwrap_or(0)];
         let (vec, threads) = if self.whole_chunks(h, &ptrs) {
             let chunk = 16 / self.dt.size();
             // Two 16-byte chunks per thread stay in registers between the two passes.
@@ -48,7 +64,7 @@ impl<R: Runtime> GpuBackend<R> {
             threads: threads as u32,
         };
         let xq = if vec { self.qx_slot(n, h) } else { None };
-        let (x, w, out, h) = (x.buf.ptr(), wb, out.buf.ptr(), h as i32);
+        let (w, h) = (wb, h as i32);
         match (resid, vec) {
             (None, false) => {
                 let args = RmsNormArgs { x, w, out, h, eps };
@@ -95,6 +111,7 @@ impl<R: Runtime> GpuBackend<R> {
             rows: n,
             cols: h as usize,
             at,
+            norm: None,
         });
         Ok(())
     }
