@@ -439,7 +439,10 @@ crate::parity_test!(quantized_decode_chain, quant_chain);
 /// start while the kernel before them drains (programmatic dependent launch, `KILN_PDL`).
 /// The results must be bit for bit those of the same chain with every launch waited for
 /// (`sync_check`): a kernel touching a buffer before its predecessor is done (the 8-bit rows
-/// the next norm overwrites, the residual) changes them.
+/// the next norm overwrites, the residual) changes them. The same again with the output
+/// and down matmuls adding into the residual and leaving their norms to the matmul after
+/// them (`matmul_add_rms_norm` with ops allowed to leave work pending, as in a step:
+/// `qdot_norm_*`, then `qdot_in_*` / `qdot_silu_in_*`).
 #[cfg(feature = "cuda")]
 #[test]
 fn quantized_decode_chain_overlapped_equals_serialized() {
@@ -470,7 +473,7 @@ fn quantized_decode_chain_overlapped_equals_serialized() {
     let norms: Vec<Vec<f32>> = (0..2 * layers).map(|_| random(&mut rng, h, 1.0)).collect();
     let x0 = random(&mut rng, h, 1.0);
     let m = h + 2 * kv;
-    let run = |sync_check: bool| -> Vec<Vec<f32>> {
+    let run = |sync_check: bool, fused: bool| -> Vec<Vec<f32>> {
         let opts = CudaOptions {
             dtype: DType::Bf16,
             sync_check,
@@ -479,51 +482,81 @@ fn quantized_decode_chain_overlapped_equals_serialized() {
             ..CudaOptions::default()
         };
         let mut b = CudaBackend::new(0, opts).expect("a CUDA device is present");
+        b.fuse_across_ops(fused).unwrap();
         let bw: Vec<_> = weights
             .iter()
             .map(|ws| ws.clone().map(|w| b.upload_weight(w).unwrap()))
             .collect();
         let bn: Vec<_> = norms.iter().map(|n| weight(&mut b, vec![h], n)).collect();
         let mut x = tensor(&mut b, 1, h, &x0);
-        let [mut xn, mut qkv, mut attn, mut gu, mut act, mut out] =
-            [h, m, h, 2 * f, f, h].map(|c| poisoned(&mut b, 1, c));
+        let [mut xn, mut xn2, mut qkv, mut attn, mut gu, mut act, mut out] =
+            [h, h, m, h, 2 * f, f, h].map(|c| poisoned(&mut b, 1, c));
         b.write(&mut out, &vec![0.0; h]);
         let eps = 1e-5;
         for step in 0..steps {
             let l = step % layers;
             // The previous down output joins the residual, then the layer's chain (the
             // "attention output" is a matmul of the normed row: its input is quantized by
-            // `quantize_x`, as is the SiLU output).
-            b.add_rms_norm(&out, &mut x, &bn[2 * l], eps, 1, &mut xn)
-                .unwrap();
+            // `quantize_x`, as is the SiLU output). Fused, the down matmul before ran the
+            // norm.
+            if !fused || step == 0 {
+                b.add_rms_norm(&out, &mut x, &bn[2 * l], eps, 1, &mut xn)
+                    .unwrap();
+            }
             b.matmul(&xn, &bw[l][0], None, 1, &mut qkv).unwrap();
-            b.matmul(&xn, &bw[l][1], None, 1, &mut attn).unwrap();
-            b.add_rms_norm(&attn, &mut x, &bn[2 * l + 1], eps, 1, &mut xn)
+            if fused {
+                b.matmul_add_rms_norm(
+                    &xn,
+                    &bw[l][1],
+                    1,
+                    &mut attn,
+                    &mut x,
+                    &bn[2 * l + 1],
+                    eps,
+                    &mut xn2,
+                )
                 .unwrap();
-            b.matmul_glu(Activation::Silu, &xn, &bw[l][2], 1, &mut gu, &mut act)
+            } else {
+                b.matmul(&xn, &bw[l][1], None, 1, &mut attn).unwrap();
+                b.add_rms_norm(&attn, &mut x, &bn[2 * l + 1], eps, 1, &mut xn2)
+                    .unwrap();
+            }
+            b.matmul_glu(Activation::Silu, &xn2, &bw[l][2], 1, &mut gu, &mut act)
                 .unwrap();
-            b.matmul(&act, &bw[l][3], None, 1, &mut out).unwrap();
+            if fused {
+                let next = 2 * ((step + 1) % layers);
+                b.matmul_add_rms_norm(
+                    &act, &bw[l][3], 1, &mut out, &mut x, &bn[next], eps, &mut xn,
+                )
+                .unwrap();
+            } else {
+                b.matmul(&act, &bw[l][3], None, 1, &mut out).unwrap();
+            }
         }
-        [&x, &qkv, &act, &out]
+        // Fused, `out` is not written: the normed row stands for it.
+        let last = if fused { &xn } else { &out };
+        [&x, &qkv, &act, last]
             .map(|t| b.to_host(t, 1).unwrap())
             .into_iter()
             .collect()
     };
-    let (serial, overlapped) = (run(true), run(false));
-    for (what, (s, o)) in ["residual", "qkv", "silu", "down"]
-        .iter()
-        .zip(serial.iter().zip(&overlapped))
-    {
-        assert!(s.iter().all(|v| v.is_finite()), "{what}: serialized output");
-        let differ = s
+    for fused in [false, true] {
+        let (serial, overlapped) = (run(true, fused), run(false, fused));
+        for (what, (s, o)) in ["residual", "qkv", "silu", "down"]
             .iter()
-            .zip(o)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert_eq!(
-            differ, 0,
-            "{what}: {differ} values differ from the serialized chain's"
-        );
+            .zip(serial.iter().zip(&overlapped))
+        {
+            assert!(s.iter().all(|v| v.is_finite()), "{what}: serialized output");
+            let differ = s
+                .iter()
+                .zip(o)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "{what} (fused {fused}): {differ} values differ from the serialized chain's"
+            );
+        }
     }
     eprintln!("quantized decode chain: overlapped launches give the serialized bits");
 }
@@ -1011,6 +1044,133 @@ fn split_tiles_add_and_norm_in_their_reduce() {
             &["matmul", "add_rms_norm"]
         };
         assert_launches(&ops, want, &format!("{n} rows"));
+    }
+}
+
+/// One decode row whose output projection (or down matmul) adds into the residual and
+/// leaves its RMSNorm to the quantized matmul after it (`qdot_norm_*`, then `qdot_in_*`,
+/// `qdotmix_in_*` or `qdot_silu_in_*`; ops may leave work pending only where the caller
+/// says, as `run_step` does): for Q4_K, Q6_K, Q8_0 and Q4_0 producers, each consumer's
+/// output against the CPU's matmul, `add_rms_norm` and consumer; the residual exactly what
+/// the backend's own two ops leave; the norm's output (written by the consumer, or by the
+/// `rms_norm` another op or a download settles it with) within a rounding of theirs.
+#[cfg(feature = "cuda")]
+#[test]
+fn one_row_norm_is_left_to_the_next_matmul() {
+    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
+        return;
+    };
+    let mut rng = rng("one_row_norm_left");
+    let mut reference = CpuBackend::with_f32_weights();
+    b.wait_kernels().unwrap();
+    let eps = 1e-5;
+    for (t, h, k) in [
+        (GgmlType::Q4K, 4096, 4096),
+        (GgmlType::Q6K, 4096, 14336),
+        (GgmlType::Q8_0, 512, 1024),
+        (GgmlType::Q4_0, 1024, 512),
+    ] {
+        let (f, kv) = (3 * h / 2, h / 4);
+        let wo = raw(&mut rng, t, h, k);
+        let gate_up =
+            HostTensor::concat_rows(vec![raw(&mut rng, t, f, h), raw(&mut rng, t, f, h)]).unwrap();
+        // A Q4_K_M qkv (one mixed launch) and a qkv of the producer's type (plain).
+        let qkv_mix = HostTensor::concat_rows(vec![
+            raw(&mut rng, GgmlType::Q4K, h, h),
+            raw(&mut rng, GgmlType::Q4K, kv, h),
+            raw(&mut rng, GgmlType::Q6K, kv, h),
+        ])
+        .unwrap();
+        let qkv = raw(&mut rng, t, h + 2 * kv, h);
+        let ws = [wo, gate_up, qkv_mix, qkv];
+        let bw = ws.clone().map(|w| b.upload_weight(w).unwrap());
+        let rw = ws.map(|w| reference.upload_weight(w).unwrap());
+        let norm = b.quantize(&random(&mut rng, h, 1.0));
+        let (bn, rn) = (
+            weight(&mut b, vec![h], &norm),
+            weight(&mut reference, vec![h], &norm),
+        );
+        // Consumers: the gate/up SiLU, the mixed qkv, the plain qkv; then none (a download
+        // settles the norm) and another op (a bf16 RMSNorm of the residual).
+        for consumer in 0..5 {
+            let what = format!("{t} {h}x{k} consumer {consumer}");
+            let x = b.quantize(&random(&mut rng, k, 1.0));
+            let r0 = b.quantize(&random(&mut rng, h, 1.0));
+            let bx = tensor(&mut b, 1, k, &x);
+            let [mut bres, mut bres2] = [0, 1].map(|_| tensor(&mut b, 1, h, &r0));
+            let [mut bd, mut bd2] = [0, 1].map(|_| poisoned(&mut b, 1, h));
+            let [mut bout, mut bout2] = [0, 1].map(|_| poisoned(&mut b, 2, h));
+            let cols = [f, f, h + 2 * kv, h + 2 * kv, h][consumer];
+            let mut by = poisoned(&mut b, 2, cols);
+            let mut bgu = poisoned(&mut b, 1, 2 * f);
+            b.fuse_across_ops(true).unwrap();
+            let fused = timed_ops(&mut b, |b| {
+                b.matmul_add_rms_norm(&bx, &bw[0], 1, &mut bd, &mut bres, &bn, eps, &mut bout)
+                    .unwrap();
+            });
+            let next = timed_ops(&mut b, |b| match consumer {
+                0 => b
+                    .matmul_glu(Activation::Silu, &bout, &bw[1], 1, &mut bgu, &mut by)
+                    .unwrap(),
+                1 | 2 => b.matmul(&bout, &bw[consumer], None, 1, &mut by).unwrap(),
+                3 => {}
+                _ => b.rms_norm(&bres, &bn, eps, 1, &mut by).unwrap(),
+            });
+            b.fuse_across_ops(false).unwrap();
+            assert_launches(
+                &fused,
+                &["matmul_add_rms_norm"],
+                &format!("{what}: producer"),
+            );
+            let want_next: &[&str] = match consumer {
+                0 => &["matmul_silu_mul"],
+                1 | 2 => &["matmul"],
+                3 => &[],
+                // The settling rms_norm, then the op's own.
+                _ => &["rms_norm"],
+            };
+            assert_launches(&next, want_next, &format!("{what}: consumer"));
+            let (res, out) = (b.to_host(&bres, 1).unwrap(), b.to_host(&bout, 2).unwrap());
+            // The backend's own two ops (nothing left pending outside a step).
+            b.matmul(&bx, &bw[0], None, 1, &mut bd2).unwrap();
+            b.add_rms_norm(&bd2, &mut bres2, &bn, eps, 1, &mut bout2)
+                .unwrap();
+            let (res2, out2) = (b.to_host(&bres2, 1).unwrap(), b.to_host(&bout2, 2).unwrap());
+            assert!(
+                res.iter()
+                    .zip(&res2)
+                    .all(|(a, c)| a.to_bits() == c.to_bits()),
+                "{what}: the residual differs from matmul + add_rms_norm's"
+            );
+            assert_rows_only(&format!("{what}: out"), &out, &out2[..h], 4e-3);
+            // The reference: the CPU's matmul, add_rms_norm and consumer.
+            let rx = tensor(&mut reference, 1, k, &x);
+            let mut rres = tensor(&mut reference, 1, h, &r0);
+            let mut rd = reference.alloc(1, h).unwrap();
+            let mut rout = reference.alloc(1, h).unwrap();
+            reference
+                .matmul_add_rms_norm(&rx, &rw[0], 1, &mut rd, &mut rres, &rn, eps, &mut rout)
+                .unwrap();
+            let want_out = reference.to_host(&rout, 1).unwrap();
+            check_rows(&b, &format!("{what}: out (cpu)"), 1, &out, &want_out);
+            if consumer == 3 {
+                continue;
+            }
+            let mut ry = reference.alloc(1, cols).unwrap();
+            let mut rgu = reference.alloc(1, 2 * f).unwrap();
+            match consumer {
+                0 => reference
+                    .matmul_glu(Activation::Silu, &rout, &rw[1], 1, &mut rgu, &mut ry)
+                    .unwrap(),
+                1 | 2 => reference
+                    .matmul(&rout, &rw[consumer], None, 1, &mut ry)
+                    .unwrap(),
+                _ => reference.rms_norm(&rres, &rn, eps, 1, &mut ry).unwrap(),
+            }
+            let got = b.to_host(&by, 2).unwrap();
+            let want = reference.to_host(&ry, 1).unwrap();
+            check_rows(&b, &format!("{what}: consumer output"), 1, &got, &want);
+        }
     }
 }
 
