@@ -619,14 +619,17 @@ pub enum Kernel {
     QdotNorm {
         q: QType,
     },
-    /// [`Kernel::Qdot`], [`Kernel::QdotMix`] and [`Kernel::QdotSilu`] at one row on the rows
-    /// a [`Kernel::QdotNorm`] left: they finish its norm (`NormIn` in `kernels/qgemv.cu`).
+    /// [`Kernel::Qdot`] at one row on the rows a [`Kernel::QdotNorm`] left: it finishes that
+    /// norm (`NormIn` in `kernels/qgemv.cu`; entries of their own keep the plain kernels'
+    /// code as it was).
     QdotIn {
         q: QType,
     },
+    /// [`Kernel::QdotMix`] at one row finishing a [`Kernel::QdotNorm`]'s norm.
     QdotMixIn {
         q: QType,
     },
+    /// [`Kernel::QdotSilu`] at one row finishing a [`Kernel::QdotNorm`]'s norm.
     QdotSiluIn {
         q: QType,
     },

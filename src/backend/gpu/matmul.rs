@@ -173,9 +173,9 @@ pub(super) const QX_THREADS: usize = 256;
 /// Activation rows left quantized to 8 bits in the dequant scratch by the launch that made
 /// them: `rows` rows of `cols` values of the tensor at device address `x`, at `at`. The
 /// next quantized decode matmul on exactly those rows reads them instead of launching
-/// `quantize_x`; every other launch, write or allocation clears the record (`mod.rs`).
-/// With `norm`, the rows are a residual norm's input that a decode matmul left instead of
-/// its output `x` ([`GpuBackend::settle_qx`] writes `x` when anything else comes next).
+/// `quantize_x`; every other launch, write, download or allocation settles the record first
+/// ([`GpuBackend::settle_qx`]). With `norm`, the rows are a residual norm's input that a
+/// decode matmul left instead of its output `x`, which the settling then writes.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct QxRows {
     pub x: u64,
@@ -185,8 +185,8 @@ pub(super) struct QxRows {
     pub norm: Option<NormIn>,
 }
 
-/// The RMSNorm a decode matmul (`qdot_*` with [`NormOut`]) left to the quantized matmul
-/// that reads its output (`NormIn` in `kernels/qgemv.cu`): the rows at [`QxRows::at`] are
+/// The RMSNorm a decode matmul ([`GpuBackend::launch_qdot_norm`]) left to the quantized
+/// matmul that reads its output (`NormIn` in `kernels/qgemv.cu`): the rows at [`QxRows::at`] are
 /// the residual times the norm weight `w`, quantized; `ss` holds each row's sums of squares
 /// of the residual per 32 columns. The reader scales by 1 / rms and writes the norm's
 /// output `out` (= [`QxRows::x`]) for later readers.
