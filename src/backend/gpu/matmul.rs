@@ -1139,24 +1139,6 @@ impl<R: Runtime> GpuBackend<R> {
         let grid = self.gemv_grid(f.div_ceil(GEMV_WARPS));
         if let Some(rows) = self.qdot_rows(n, x, w) {
             let (xq, ni) = self.qx_of(x, n, rows == 1)?;
-            if let Some(ni) = ni {
-                let args = QdotSiluInArgs {
-                    xq,
-                    wg: g.buf.ptr(),
-                    wu: u.buf.ptr(),
-                    y: act.buf.ptr(),
-                    k: w.cols as i32,
-                    f: f as i32,
-                    rows: n as i32,
-                    ldy: f as i32,
-                    nss: ni.ss,
-                    nres: ni.residual,
-                    nw: ni.w,
-                    nout: x.buf.ptr(),
-                    neps: ni.eps,
-                };
-                return self.launch_with(Kernel::QdotSiluIn { q }, grid, &args);
-            }
             let args = QdotSiluArgs {
                 xq,
                 wg: g.buf.ptr(),
@@ -1167,6 +1149,25 @@ impl<R: Runtime> GpuBackend<R> {
                 rows: n as i32,
                 ldy: f as i32,
             };
+            if let Some(ni) = ni {
+                let a = args;
+                let args = QdotSiluInArgs {
+                    xq: a.xq,
+                    wg: a.wg,
+                    wu: a.wu,
+                    y: a.y,
+                    k: a.k,
+                    f: a.f,
+                    rows: a.rows,
+                    ldy: a.ldy,
+                    nss: ni.ss,
+                    nres: ni.residual,
+                    nw: ni.w,
+                    nout: x.buf.ptr(),
+                    neps: ni.eps,
+                };
+                return self.launch_with(Kernel::QdotSiluIn { q }, grid, &args);
+            }
             return self.launch_with(Kernel::QdotSilu { q, rows }, grid, &args);
         }
         let args = QgemvSiluArgs {
