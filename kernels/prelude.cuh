@@ -385,6 +385,21 @@ struct Chunk<float> {
 #ifndef KILN_PART_sq6k
 #define KILN_PART_sq6k KILN_PART_DEFAULT
 #endif
+#ifndef KILN_PART_nq80
+#define KILN_PART_nq80 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_nq40
+#define KILN_PART_nq40 KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_nq4k
+#define KILN_PART_nq4k KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_nq5k
+#define KILN_PART_nq5k KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_nq6k
+#define KILN_PART_nq6k KILN_PART_DEFAULT
+#endif
 #ifndef KILN_PART_q80m2
 #define KILN_PART_q80m2 KILN_PART_DEFAULT
 #endif

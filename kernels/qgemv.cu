@@ -637,7 +637,8 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
     }
 // The one-row consumers of the residual norm (NormIn): entries of their own, so that the
 // plain kernels keep their code (H100, 8B Q4_K_M b1: the norm's parameters and branch in the
-// plain kernels cost 2.53 -> 2.58 ms a step).
+// plain kernels cost 2.53 -> 2.58 ms a step). They and the producer are a part of their own
+// per type (n<type>), compiled after start-up: the one-row part's compile stays as it was.
 #define KILN_QDOT_IN(QN, Q, UQ, US, FIVE, PP)                                                       \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * WARP)                                \
         qdot_in_##QN##_bf16_m1(const u8* xq, const u8* w0, const u8* w1, const u8* w2, const bf16* bias, \
@@ -664,8 +665,8 @@ __device__ __forceinline__ void qdot_silu_impl(const u8* __restrict__ xq, const 
         qdot_norm_impl<Q, 1, UQ, PP>(xq, w, k, h, rows, res, nw, oxq, oss);                         \
     }
 #define KILN_QDOT_T(QN, Q, Q4, UQ, US, U2, FIVE, PP)                                                \
-    KILN_IN_PART(QN, KILN_QDOT(QN, Q, 1, UQ, US, FIVE, PP) KILN_QDOT_IN(QN, Q, UQ, US, FIVE, PP)    \
-                         KILN_QDOT_NORM(QN, Q, UQ, PP))                                             \
+    KILN_IN_PART(QN, KILN_QDOT(QN, Q, 1, UQ, US, FIVE, PP))                                         \
+    KILN_IN_PART(n##QN, KILN_QDOT_IN(QN, Q, UQ, US, FIVE, PP) KILN_QDOT_NORM(QN, Q, UQ, PP))        \
     KILN_IN_PART(QN##m2, KILN_QDOT(QN, Q, 2, U2, U2, 0, PP))                                        \
     KILN_IN_PART(QN##m4, KILN_QDOT(QN, Q4, 4, 1, 1, 0, PP))                                         \
     KILN_IN_PART(QN##m8, KILN_QDOT(QN, Q4, 8, 1, 1, 0, PP))
@@ -699,7 +700,7 @@ KILN_QDOT_T(q6k, Q6_K, Q6_K, 1, 1, 1, 1, false)
                                                     ldy, KILN_QKV_ROPE, KILN_NORM_IN);              \
     }
 #define KILN_QDOT_MIX_T(QN, Q, Q4, U1)                                                              \
-    KILN_IN_PART(QN, KILN_QDOT_MIX(QN, Q, 1, U1) KILN_QDOT_MIX_IN(QN, Q, U1))                        \
+    KILN_IN_PART(QN, KILN_QDOT_MIX(QN, Q, 1, U1)) KILN_IN_PART(n##QN, KILN_QDOT_MIX_IN(QN, Q, U1))  \
     KILN_IN_PART(QN##m2, KILN_QDOT_MIX(QN, Q, 2, 1))                                                \
     KILN_IN_PART(QN##m4, KILN_QDOT_MIX(QN, Q4, 4, 1)) KILN_IN_PART(QN##m8, KILN_QDOT_MIX(QN, Q4, 8, 1))
 KILN_QDOT_MIX_T(q4k, Q4_KW, Q4_K, 1)

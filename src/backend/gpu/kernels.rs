@@ -263,6 +263,9 @@ pub enum Part {
     Rows(QType, u32),
     /// The decode attention kernel of a head size at one pass size (`attn_*_dec<qv>`).
     Pass(AttnHead, u32),
+    /// The one-row decode matmuls of a type that leave a residual norm to the next and
+    /// finish it (`qdot_norm_*`, `qdot_in_*`, `qdotmix_in_*`, `qdot_silu_in_*`; bf16).
+    Norm(QType),
 }
 
 impl Part {
@@ -277,6 +280,7 @@ impl Part {
             Part::Stream(q) => Some(format!("s{}", q.tag())),
             Part::Rows(q, rows) => Some(format!("{}m{rows}", q.tag())),
             Part::Pass(h, qv) => Some(format!("h{}q{qv}", h.tag())),
+            Part::Norm(q) => Some(format!("n{}", q.tag())),
         }
     }
 }
@@ -377,7 +381,7 @@ impl KernelNeeds {
         };
         let runs = match unit.part {
             _ if !self.moe && matches!(unit.src, Source::Moe | Source::MoeQuant) => false,
-            Part::Q(q) | Part::Rows(q, _) => has_q(q),
+            Part::Q(q) | Part::Rows(q, _) | Part::Norm(q) => has_q(q),
             Part::Head(h) => has_head(h),
             // A pass smaller than the GQA group never runs.
             Part::Pass(h, qv) => {
@@ -397,6 +401,9 @@ impl KernelNeeds {
             // Decode steps of 3-8 rows (3+ sequences at once): until these load, they
             // dequantize for the BLAS (matmul.rs, `qgemv_rows`).
             (Source::Qgemv, Part::Rows(_, rows)) => rows > 2,
+            // The one-row decode's fused norms: the plain launches run until they load
+            // (matmul.rs, `launch_qdot_norm`).
+            (Source::Qgemv, Part::Norm(_)) => true,
             // Decode attention passes above a single row's (items of 2-8 rows: prompts of a
             // few tokens): the tensor-core or the portable variant takes them meanwhile
             // (attention.rs, `attention_kernel`).
@@ -934,6 +941,10 @@ impl Kernel {
         let src = self.source();
         let part = match self {
             Kernel::Qgemv { q, .. } | Kernel::QgemvSilu { q, .. } => Part::Stream(q),
+            Kernel::QdotNorm { q }
+            | Kernel::QdotIn { q }
+            | Kernel::QdotMixIn { q }
+            | Kernel::QdotSiluIn { q } => Part::Norm(q),
             Kernel::Qdot { q, rows }
             | Kernel::QdotMix { q, rows }
             | Kernel::QdotSilu { q, rows }
@@ -945,10 +956,6 @@ impl Kernel {
             | Kernel::Qdot { q, .. }
             | Kernel::QdotMix { q, .. }
             | Kernel::QdotSilu { q, .. }
-            | Kernel::QdotNorm { q }
-            | Kernel::QdotIn { q }
-            | Kernel::QdotMixIn { q }
-            | Kernel::QdotSiluIn { q }
             | Kernel::Qmma { q, .. }
             | Kernel::QmmaMix { q, .. }
             | Kernel::QmmaGlu { q, .. }
@@ -1751,14 +1758,16 @@ mod tests {
             assert!(!core.contains(&k.unit().name()), "{k:?}");
         }
         // Decode steps of 3-8 rows, batches of 9-256 rows, the decode attention of items of
-        // two rows (8 query vectors), the tensor-core and the portable attention compile once
-        // those are ready.
+        // two rows (8 query vectors), the tensor-core and the portable attention, and the
+        // one-row decode's fused norms compile once those are ready.
         assert_eq!(
             names(&needs, DType::Bf16, Class::Later),
             [
                 "attention_decode.h128q8",
                 "attention_prefill.h128",
                 "attention_tc.h128",
+                "qgemv.nq4k",
+                "qgemv.nq6k",
                 "qgemv.q4km4",
                 "qgemv.q4km8",
                 "qgemv.q6km4",
@@ -1923,6 +1932,7 @@ mod tests {
             if let Some(tag) = u.part.tag() {
                 let pasted = match u.part {
                     Part::Rows(_, rows) => Some(format!("KILN_IN_PART(QN##m{rows},")),
+                    Part::Norm(_) => Some("KILN_IN_PART(n##QN,".to_string()),
                     Part::Pass(..) => Some("KILN_IN_PART(h##D##q##QV,".to_string()),
                     _ => None,
                 };

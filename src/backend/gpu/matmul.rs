@@ -360,7 +360,8 @@ impl<R: Runtime> GpuBackend<R> {
 
     /// The 8-bit rows of `n` rows of `x` for a `qdot_*` launch: those the launch before left
     /// ([`QxRows`], with the norm the launch then finishes where it `takes_norm`: a one-row
-    /// launch), else quantized now by `quantize_x` (after any pending norm is settled).
+    /// launch whose `*_in_*` entries are loaded), else quantized now by `quantize_x` (after
+    /// any pending norm is settled).
     fn qx_of(
         &mut self,
         x: &GpuTensor,
@@ -433,7 +434,12 @@ impl<R: Runtime> GpuBackend<R> {
         out: &GpuTensor,
         rope: Option<&QkvRope>,
     ) -> Result<(), BackendError> {
-        let (xq, ni) = self.qx_of(x, n, rows == 1)?;
+        // A one-row launch finishes a pending norm where its types' `*_in_*` entries loaded.
+        let takes = rows == 1
+            && part_runs(w)
+                .iter()
+                .all(|r| !self.kernels.pending(Kernel::QdotIn { q: r.q }.unit()));
+        let (xq, ni) = self.qx_of(x, n, takes)?;
         let r = rope.copied().unwrap_or_default();
         for run in part_runs(w) {
             let PartRun { q, mix, ref slots } = run;
@@ -1138,7 +1144,8 @@ impl<R: Runtime> GpuBackend<R> {
         // One warp per output column (a gate row and its up row).
         let grid = self.gemv_grid(f.div_ceil(GEMV_WARPS));
         if let Some(rows) = self.qdot_rows(n, x, w) {
-            let (xq, ni) = self.qx_of(x, n, rows == 1)?;
+            let takes = rows == 1 && !self.kernels.pending(Kernel::QdotSiluIn { q }.unit());
+            let (xq, ni) = self.qx_of(x, n, takes)?;
             let args = QdotSiluArgs {
                 xq,
                 wg: g.buf.ptr(),
