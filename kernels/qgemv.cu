@@ -421,10 +421,10 @@ __device__ __forceinline__ void qkv_rope_store(const QkvRope& ro, float a0, floa
 //   adds them into the residual, and quantizes rmsnorm's input times the norm weight, r * w,
 //   for those columns as 8-bit rows at oxq (qx_lanes: the factor 1 / rms is left out), with
 //   the group's sum of r^2 in oss[row][group].
-// - NormIn (the consumer, qdot_* and qdot_silu_*): each warp sums the row's group partials
-//   (a fixed order), scales its dot products by inv = 1 / sqrt(sum / k + eps), and the
-//   launch's warps write the norm's output out = w * (r * inv) (rms_norm's rounding) for
-//   later readers.
+// - NormIn (the consumers qdot_in_*, qdotmix_in_*, qdot_silu_in_*): each warp sums the row's
+//   group partials (a fixed order), scales its dot products by inv = 1 / sqrt(sum / k + eps),
+//   and the launch's warps write the norm's output out = w * (r * inv) (rms_norm's rounding)
+//   for later readers.
 struct NormIn {
     const float* ss;
     const bf16* res;

@@ -189,13 +189,11 @@ pub(super) struct QxRows {
 /// matmul that reads its output (`NormIn` in `kernels/qgemv.cu`): the rows at [`QxRows::at`] are
 /// the residual times the norm weight `w`, quantized; `ss` holds each row's sums of squares
 /// of the residual per 32 columns. The reader scales by 1 / rms and writes the norm's
-/// output `out` (= [`QxRows::x`]) for later readers.
+/// output (`add.out` = [`QxRows::x`]) for later readers.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct NormIn {
     pub ss: u64,
-    pub residual: u64,
-    pub w: u64,
-    pub eps: f32,
+    pub add: AddNorm,
 }
 
 /// Scratch bytes of `n` activation rows of `k` columns quantized to 8 bits: the values,
@@ -228,7 +226,7 @@ pub(super) enum QmmaTail<'a> {
 }
 
 /// `residual += delta; out = rmsnorm(residual) * w` (device addresses; `h` columns each).
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub(super) struct AddNorm {
     pub residual: u64,
     pub w: u64,
@@ -259,9 +257,8 @@ fn qmma8_takes(q: QType, mix: bool) -> bool {
     mode.unwrap_or(!mix && QMMA8_TYPES.contains(&q))
 }
 
-/// `a` for a `qdot_in_*` / `qdotmix_in_*` launch that finishes the norm `n` (its output at
-/// `out`, the tensor whose rows `a.xq` holds).
-fn qdot_in_args(a: QdotArgs, n: NormIn, out: u64) -> QdotInArgs {
+/// `a` for a `qdot_in_*` / `qdotmix_in_*` launch that finishes the norm `n`.
+fn qdot_in_args(a: QdotArgs, n: NormIn) -> QdotInArgs {
     QdotInArgs {
         xq: a.xq,
         w0: a.w0,
@@ -287,10 +284,10 @@ fn qdot_in_args(a: QdotArgs, n: NormIn, out: u64) -> QdotInArgs {
         rot_dim: a.rot_dim,
         mscale: a.mscale,
         nss: n.ss,
-        nres: n.residual,
-        nw: n.w,
-        nout: out,
-        neps: n.eps,
+        nres: n.add.residual,
+        nw: n.add.w,
+        nout: n.add.out,
+        neps: n.add.eps,
     }
 }
 
@@ -389,7 +386,8 @@ impl<R: Runtime> GpuBackend<R> {
         let Some(ni) = q.norm else {
             return Ok(());
         };
-        self.launch_norm_raw(ni.residual, None, ni.w, ni.eps, q.rows, q.cols, q.x)
+        let an = ni.add;
+        self.launch_norm_raw(an.residual, None, an.w, an.eps, q.rows, q.cols, an.out)
     }
 
     /// Quantizes `n` rows of `x` to 8-bit blocks of 32 in the dequant scratch (free during
@@ -435,13 +433,14 @@ impl<R: Runtime> GpuBackend<R> {
         rope: Option<&QkvRope>,
     ) -> Result<(), BackendError> {
         // A one-row launch finishes a pending norm where its types' `*_in_*` entries loaded.
+        let runs = part_runs(w);
         let takes = rows == 1
-            && part_runs(w)
+            && runs
                 .iter()
                 .all(|r| !self.kernels.pending(Kernel::QdotIn { q: r.q }.unit()));
         let (xq, ni) = self.qx_of(x, n, takes)?;
         let r = rope.copied().unwrap_or_default();
-        for run in part_runs(w) {
+        for run in runs {
             let PartRun { q, mix, ref slots } = run;
             let (bias, y) = self.part_out(slots[0].1, bias, out);
             let ([w0, w1, w2], [r0, r1, r2]) = run.slot_args();
@@ -487,7 +486,7 @@ impl<R: Runtime> GpuBackend<R> {
                     } else {
                         Kernel::QdotIn { q }
                     };
-                    let args = qdot_in_args(args, ni, x.buf.ptr());
+                    let args = qdot_in_args(args, ni);
                     self.launch_with(kernel, grid, &args)?;
                 }
                 None => self.launch_with(kernel, grid, &args)?,
@@ -559,12 +558,7 @@ impl<R: Runtime> GpuBackend<R> {
             rows: n,
             cols: h,
             at: oxq,
-            norm: Some(NormIn {
-                ss: oss,
-                residual: an.residual,
-                w: an.w,
-                eps: an.eps,
-            }),
+            norm: Some(NormIn { ss: oss, add: an }),
         });
         Ok(true)
     }
@@ -1168,10 +1162,10 @@ impl<R: Runtime> GpuBackend<R> {
                     rows: a.rows,
                     ldy: a.ldy,
                     nss: ni.ss,
-                    nres: ni.residual,
-                    nw: ni.w,
-                    nout: x.buf.ptr(),
-                    neps: ni.eps,
+                    nres: ni.add.residual,
+                    nw: ni.add.w,
+                    nout: ni.add.out,
+                    neps: ni.add.eps,
                 };
                 return self.launch_with(Kernel::QdotSiluIn { q }, grid, &args);
             }
