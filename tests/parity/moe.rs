@@ -310,10 +310,11 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
         shapes.push((64, 8, 256, 256, vec![70]));
     }
     // The CPU's 8-bit activations (one scale per 256, as llama.cpp's Q8_K) are quantized twice
-    // here, before gate/up and before down: over 300 seeds one row of Q5_K/Q4_K experts
-    // reached 7.9e-2 (5 seeds over 6e-2). A wrong expert or dequantization is off by order 1.
+    // here, before gate/up and before down: over 1,000 seeds the worst case (one row of Q6_K/Q5_K
+    // experts) reached 3.8e-2, median 1.6e-2 (with weights of zero mean: `random_blocks`). A
+    // wrong expert or dequantization is off by order 1.
     let tol = if b.label() == "cpu" {
-        1.2e-1
+        7e-2
     } else {
         b.tol().max(1e-4)
     };
