@@ -261,7 +261,7 @@ pub fn block_tables(
 
 /// Random valid blocks of quantized type `ty` for a `[rows, cols]` matrix: random quants and
 /// scale bytes, with the f16 super-scales (`d`, `dmin`) set to sane values, so dequantized
-/// weights are of order 0.1 (the speed and parity of the kernels do not depend on values).
+/// weights are of order 0.1 to 1 (the speed and parity of the kernels do not depend on values).
 /// Each Q4_K/Q5_K block's `dmin` cancels its mean (`d * mid * sum(sc) = dmin * sum(m)`, `mid`
 /// the quants' middle): weights with a common sign made every gate of a row negative, so a
 /// SiLU output was a few near-zero gates whose relative error the 8-bit activations blew up
