@@ -313,7 +313,8 @@ struct Chunk<float> {
 // sq80 ... sq6k: qgemv.cu's streaming matmuls on float activations, bf16's fallback;
 // q4km2 ...: qgemv.cu's 8-bit decode kernels of 2, 4 and 8 rows of a type, whose 1-row ones
 // are in the type's part; h128q4 ...: attention_decode.cu's kernel of one head size and
-// pass size), so
+// pass size; qkn: rope.cu's rope with the q/k head norms, for the models that have them),
+// so
 // a start-up waits only for the parts its model runs. The host defines KILN_PARTS and the
 // one KILN_PART_<tag> it wants as 1; without KILN_PARTS (hipcc, hipRTC, a whole-file
 // compile) every part is in. KILN_IN_PART(tag, ...) keeps its text only in that part.
@@ -324,6 +325,9 @@ struct Chunk<float> {
 #endif
 #ifndef KILN_PART_common
 #define KILN_PART_common KILN_PART_DEFAULT
+#endif
+#ifndef KILN_PART_qkn
+#define KILN_PART_qkn KILN_PART_DEFAULT
 #endif
 #ifndef KILN_PART_q80
 #define KILN_PART_q80 KILN_PART_DEFAULT

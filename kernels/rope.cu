@@ -216,6 +216,7 @@ __device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __
 }
 
 #define KILN_ROPE(N, T)                                                                            \
+    KILN_IN_PART(common,                                                                       \
     extern "C" __global__ void rope_##N(T* qkv, int stride, const u32* positions, const float* inv_freq, \
                                         int head_dim, int rot_dim, int interleaved, float mscale,  \
                                         int heads) {                                               \
@@ -230,13 +231,12 @@ __device__ void rope_kv_norm_impl(T* __restrict__ qkv, int stride, const u32* __
                                            T* v_cache) {                                              \
         rope_kv_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, mscale, n_heads, n_kv, \
                         slots, k_cache, v_cache);                                                  \
-    }                                                                                              \
-    extern "C" __global__ void rope_kv_norm_##N(T* qkv, int stride, const u32* positions,         \
-                                                const float* inv_freq, int head_dim, int rot_dim,  \
-                                                int interleaved, float mscale, int n_heads, int n_kv, \
-                                                const u32* slots, T* k_cache, T* v_cache, const T* qw, \
-                                                const T* kw, float eps) {                          \
+    })                                                                                              \
+    KILN_IN_PART(qkn, extern "C" __global__ void rope_kv_norm_##N(                                 \
+        T* qkv, int stride, const u32* positions, const float* inv_freq, int head_dim, int rot_dim, \
+        int interleaved, float mscale, int n_heads, int n_kv, const u32* slots, T* k_cache,          \
+        T* v_cache, const T* qw, const T* kw, float eps) {                                          \
         rope_kv_norm_impl<T>(qkv, stride, positions, inv_freq, head_dim, rot_dim, interleaved, mscale, n_heads, \
                              n_kv, slots, k_cache, v_cache, qw, kw, eps);                          \
-    }
+    })
 KILN_FOR_DTYPES(KILN_ROPE)

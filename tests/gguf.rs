@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use kiln::model::gguf::{GgmlType, GgufError, GgufFile, MetaValue, TensorInfo};
 use kiln::model::quant::{self, QuantError};
-use kiln::model::{ModelError, ModelSpec};
+use kiln::model::{ModelError, ModelSpec, TensorSource};
 
 // ---------------------------------------------------------------------------------------
 // helpers
@@ -261,6 +261,19 @@ fn derived_fixtures_have_expected_types() {
                 t.name
             );
         }
+        // The types its matrices come in (what the GPU waits for at start): the F32 norm
+        // vectors are not among them; the quantized files keep their five ffn_down matrices
+        // (rows of 172, not whole blocks) in F32.
+        let mut types = f.weight_types().expect("a GGUF file knows its types");
+        types.sort_by_key(|t| format!("{t:?}"));
+        let want = if ty == GgmlType::F16 {
+            vec![GgmlType::F16]
+        } else {
+            let mut v = vec![ty, GgmlType::F32];
+            v.sort_by_key(|t| format!("{t:?}"));
+            v
+        };
+        assert_eq!(types, want, "{file}");
     }
 }
 

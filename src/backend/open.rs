@@ -30,10 +30,14 @@ pub struct GpuOptions {
     /// The model has mixture-of-experts layers: start-up waits for their kernels too (else
     /// they compile at the lowest CPU priority and load on first use).
     pub moe: bool,
-    /// The weight types of the model's file: start-up waits only for these types' quantized
-    /// kernels (the others compile at the lowest priority and load on first use). `None`:
-    /// every type.
+    /// The types of the model's matrices: start-up waits only for these types' quantized
+    /// kernels, and for the float-weight streaming matmuls only where one is a float type
+    /// (the others compile at the lowest priority and load on first use). `None`: every
+    /// type.
     pub weight_types: Option<Vec<GgmlType>>,
+    /// The model's attention has q/k head norms: start-up waits for the rope that applies
+    /// them (else it compiles on first use).
+    pub qk_norm: bool,
     /// The model's attention head sizes, likewise for the attention kernels. `None`: all.
     pub head_dims: Option<Vec<usize>>,
     /// Query heads per KV head of one shard's attention: start-up waits only for the decode
@@ -53,6 +57,7 @@ impl Default for GpuOptions {
             attn_decode: true,
             moe: true,
             weight_types: None,
+            qk_norm: true,
             head_dims: None,
             gqa_group: None,
         }

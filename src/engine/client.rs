@@ -114,6 +114,7 @@ fn device_body(device: Device) -> LaneBody {
             attn_decode: c.gpu_attn_decode,
             moe: ctx.files.spec.variant.moe.is_some(),
             weight_types: ctx.files.source.weight_types(),
+            qk_norm: ctx.files.spec.variant.qk_norm,
             head_dims: Some(vec![ctx.files.spec.head_dim]),
             gqa_group: Some(local.n_heads / local.n_kv_heads.max(1)),
             ..GpuOptions::default()

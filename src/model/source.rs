@@ -29,8 +29,11 @@ pub trait TensorSource: Send + Sync {
             .map(|v| HostTensor::new(shape.to_vec(), v)))
     }
 
-    /// The types the source's tensors come in (the GPU backend waits at start for those
-    /// types' kernels only); `None` when unknown (every type's kernels are waited for).
+    /// The types the source's matrices come in (the GPU backend waits at start for those
+    /// types' kernels only: its quantized matmuls, and the float ones only where a matrix is
+    /// stored in a float type); `None` when unknown (every type's kernels are waited for).
+    /// Vectors (norm weights, biases) are left out: every backend keeps them in its own
+    /// float type.
     fn weight_types(&self) -> Option<Vec<GgmlType>> {
         None
     }
@@ -77,7 +80,7 @@ impl<S: TensorSource + ?Sized> TensorSource for Arc<S> {
 impl TensorSource for GgufFile {
     fn weight_types(&self) -> Option<Vec<GgmlType>> {
         let mut types: Vec<GgmlType> = Vec::new();
-        for t in self.tensors() {
+        for t in self.tensors().iter().filter(|t| t.dims.len() >= 2) {
             if !types.contains(&t.ggml_type) {
                 types.push(t.ggml_type);
             }

@@ -26,6 +26,36 @@ pub struct Cuda {
 
 /// Programmatic dependent launch needs sm_90+ and a driver of CUDA 12.3+ (whose graph
 /// capture keeps the programmatic edges); `KILN_PDL=0` turns it off.
+/// Device `ordinal`'s name, architecture and limits, read from the driver (initialized)
+/// without a context, so [`Runtime::probe`] and [`Runtime::open`] report the same.
+fn device_info(ordinal: usize) -> RtResult<DeviceInfo> {
+    let dev = result::device::get(ordinal as c_int).map_err(failed)?;
+    let attr = |a| {
+        // SAFETY: `dev` is a device handle the driver just returned.
+        unsafe { result::device::get_attribute(dev, a) }.map_err(failed)
+    };
+    use sys::CUdevice_attribute as A;
+    let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let mut driver_version = 0;
+    // SAFETY: writes one int through a valid pointer.
+    unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+        .result()
+        .map_err(failed)?;
+    Ok(DeviceInfo {
+        name: result::device::get_name(dev).map_err(failed)?,
+        arch: format!("sm_{major}{minor}"),
+        sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize,
+        warp_size: attr(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)? as usize,
+        driver_version,
+    })
+}
+
+/// The major compute capability of an `sm_XY` architecture name.
+fn sm_major(arch: &str) -> i32 {
+    super::sm_version(arch) as i32 / 10
+}
+
 fn pdl_available(major: i32, driver_version: i32) -> bool {
     major >= 9
         && driver_version >= 12030
@@ -114,23 +144,9 @@ impl Runtime for Cuda {
         // cudarc's cross-stream event tracking is not needed; buffers are created after this.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(failed)?;
-        let (major, minor) = ctx.compute_capability().map_err(failed)?;
-        let attr = |a| ctx.attribute(a).map_err(failed);
-        let sm_count =
-            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
-        let warp_size = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE)? as usize;
-        let mut driver_version = 0;
-        // SAFETY: writes one int through a valid pointer.
-        unsafe { sys::cuDriverGetVersion(&mut driver_version) }
-            .result()
-            .map_err(failed)?;
-        let info = DeviceInfo {
-            name: ctx.name().map_err(failed)?,
-            arch: format!("sm_{major}{minor}"),
-            sm_count,
-            warp_size,
-            driver_version,
-        };
+        let info = device_info(ordinal)?;
+        let major = sm_major(&info.arch);
+        let driver_version = info.driver_version;
         let cuda = Cuda {
             ctx,
             stream,
@@ -431,6 +447,12 @@ impl Runtime for Cuda {
 
     fn replay(&self, g: &cudarc::driver::CudaGraph) -> RtResult<()> {
         g.launch().map_err(failed)
+    }
+
+    fn probe(ordinal: usize) -> Option<DeviceInfo> {
+        Self::available().ok()?;
+        result::init().ok()?;
+        device_info(ordinal).ok()
     }
 
     fn total_memory(ordinal: usize) -> RtResult<usize> {

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::device::Device;
 use super::qtype::QType;
 use super::runtime::{DeviceInfo, Runtime};
 use crate::backend::{BackendError, DType};
@@ -266,6 +265,9 @@ pub enum Part {
     /// The one-row decode matmuls of a type that leave a residual norm to the next and
     /// finish it (`qdot_norm_*`, `qdot_in_*`, `qdotmix_in_*`, `qdot_silu_in_*`; bf16).
     Norm(QType),
+    /// The rope that applies the q/k head norms too (`rope_kv_norm_*`): only the models
+    /// with those norms run it.
+    QkNorm,
 }
 
 impl Part {
@@ -281,6 +283,7 @@ impl Part {
             Part::Rows(q, rows) => Some(format!("{}m{rows}", q.tag())),
             Part::Pass(h, qv) => Some(format!("h{}q{qv}", h.tag())),
             Part::Norm(q) => Some(format!("n{}", q.tag())),
+            Part::QkNorm => Some("qkn".into()),
         }
     }
 }
@@ -323,6 +326,12 @@ pub struct KernelNeeds {
     /// The quantized weight types of its file. `None`: a backend opened without a model
     /// (the tests), which waits for every unit at start.
     pub qtypes: Option<Vec<QType>>,
+    /// It has matrices stored in a float type (or one the GPU dequantizes at load): the
+    /// streaming float-weight matmuls (`gemv.cu`) are its decode path. A file whose matrices
+    /// are all quantized never runs them (they compile on first use, if ever).
+    pub dense: bool,
+    /// Its attention has q/k head norms (Qwen3, Gemma 3): the rope that applies them.
+    pub qk_norm: bool,
     /// Its attention head sizes.
     pub head_dims: Option<Vec<usize>>,
     /// Query heads per KV head of its attention (of one tensor-parallel shard): the decode
@@ -344,8 +353,8 @@ pub(super) enum Class {
     /// Once the core units are ready, in the background (the lane is serving by then);
     /// loaded between steps once compiled ([`Kernels::poll_later`]), or on first use, which
     /// waits for a compile still running and logs it. What only larger steps run: the tiled
-    /// quantized matmuls of 9-256 rows (`qmma.cu`) and the 8-bit decode matmuls of 3-8 rows
-    /// (`qdot_*` at 4 and 8 rows): until loaded, such steps dequantize for the BLAS instead,
+    /// quantized matmuls of 9-256 rows (`qmma.cu`) and the 8-bit decode matmuls of 2-8 rows
+    /// (`qdot_*` at 2, 4 and 8 rows): until loaded, such steps dequantize for the BLAS instead,
     /// so a first prompt does not wait for them; the decode attention passes of items of
     /// more than one row (the tensor-core or the portable variant takes those meanwhile);
     /// and the portable attention where it is a rare path. A tensor-parallel group waits
@@ -363,6 +372,8 @@ impl KernelNeeds {
         KernelNeeds {
             moe: true,
             qtypes: None,
+            dense: true,
+            qk_norm: true,
             head_dims: None,
             gqa_group: None,
             portable_attention: true,
@@ -381,6 +392,7 @@ impl KernelNeeds {
         };
         let runs = match unit.part {
             _ if !self.moe && matches!(unit.src, Source::Moe | Source::MoeQuant) => false,
+            _ if !self.dense && unit.src == Source::Gemv => false,
             Part::Q(q) | Part::Rows(q, _) | Part::Norm(q) => has_q(q),
             Part::Head(h) => has_head(h),
             // A pass smaller than the GQA group never runs.
@@ -391,6 +403,7 @@ impl KernelNeeds {
                         .is_none_or(|g| h.decode_passes(g).contains(&qv))
             }
             Part::Int8(_) => everything,
+            Part::QkNorm => self.qk_norm,
             // bf16 decode streams 8-bit activations (`qdot_*`): these only where that
             // cannot take a step (no room for the 8-bit rows in the dequant scratch).
             Part::Stream(q) => everything || (dt != DType::Bf16 && has_q(q)),
@@ -398,9 +411,12 @@ impl KernelNeeds {
         };
         let later = match (unit.src, unit.part) {
             (Source::Qmma, _) => true,
-            // Decode steps of 3-8 rows (3+ sequences at once): until these load, they
-            // dequantize for the BLAS (matmul.rs, `qgemv_rows`).
-            (Source::Qgemv, Part::Rows(_, rows)) => rows > 2,
+            // Decode steps of 2-8 rows (prompts of a few tokens, 2+ sequences at once):
+            // until these load, they dequantize for the BLAS (matmul.rs, `qgemv_rows`). A
+            // start waits for the one-row decode only: the two-row units were its longest
+            // compiles (Q4_K 1.4-1.6 s on one core against 1.0-1.1 s for one row) and a
+            // quarter of its compile work.
+            (Source::Qgemv, Part::Rows(..)) => true,
             // The one-row decode's fused norms: the plain launches run until they load
             // (matmul.rs, `launch_qdot_norm`).
             (Source::Qgemv, Part::Norm(_)) => true,
@@ -976,7 +992,10 @@ impl Kernel {
             | Kernel::QmmaReduceRope
             | Kernel::QmmaReduceGlu
             | Kernel::QmmaReduceAddNorm
-            | Kernel::AttnCombine => Part::Common,
+            | Kernel::AttnCombine
+            | Kernel::Rope
+            | Kernel::RopeKv => Part::Common,
+            Kernel::RopeKvNorm => Part::QkNorm,
             _ => Part::Whole,
         };
         Unit { src, part }
@@ -1230,22 +1249,23 @@ fn compile_priority(core: bool) {
 impl<R: Runtime> Kernels<R> {
     /// Starts compiling (or reading from `cache_dir`) every compile unit with kernels for
     /// `dt` that `needs` says a first request may run ([`Class::Core`]), one thread each, for
-    /// `dev` (the others later or on first use). Nothing waits here: a compile error or a missing entry point
+    /// the device `info` describes (the others later or on first use; no context is needed
+    /// until a module loads). Nothing waits here: a compile error or a missing entry point
     /// is returned by the first [`Kernels::get`] of a kernel in that unit, and by
     /// [`Kernels::wait_core`], which start-up calls before the lane reports ready.
     pub fn load(
-        dev: &Device<R>,
+        info: &DeviceInfo,
         dt: DType,
         cache_dir: Option<&Path>,
         needs: KernelNeeds,
     ) -> Result<Kernels<R>, BackendError> {
-        let opts = compile_options::<R>(&dev.info, dt);
+        let opts = compile_options::<R>(info, dt);
         let salt_of = |opts: &[String]| {
             format!(
                 "{} {opts:?} {} driver {} {}",
                 R::NAME,
-                dev.info.arch,
-                dev.info.driver_version,
+                info.arch,
+                info.driver_version,
                 R::compiler_version()
             )
         };
@@ -1665,6 +1685,8 @@ mod tests {
         KernelNeeds {
             moe: false,
             qtypes: Some(vec![QType::Q4K, QType::Q6K]),
+            dense: false,
+            qk_norm: false,
             head_dims: Some(vec![128]),
             gqa_group: Some(4),
             portable_attention: false,
@@ -1675,26 +1697,29 @@ mod tests {
     fn a_q4_k_m_llama_waits_for_what_a_first_request_runs_only() {
         let needs = q4_k_m_llama();
         let core = core_names(&needs, DType::Bf16);
-        // Embedding (dequant), decode and prompts (qdot of 1-2 rows, decode attention at
+        // Embedding (dequant), decode and prompts (qdot of one row, decode attention at
         // group 4's pass of one row: 4 query vectors, items of one row until the tensor-core
-        // attention loads), sampling.
+        // attention loads; prompts of more rows dequantize for the BLAS meanwhile),
+        // sampling.
         for want in [
             "qgemv.q4k",
-            "qgemv.q4km2",
             "qgemv.q6k",
-            "qgemv.q6km2",
             "qgemv.common",
             "attention_decode.h128q4",
             "attention_decode.common",
             "norm",
-            "rope",
+            "rope.common",
             "embed",
             "sample",
         ] {
             assert!(core.contains(&want.to_string()), "{want} not in {core:?}");
         }
         for not in [
+            "rope.qkn",
+            "gemv",
             "qgemv.q80",
+            "qgemv.q4km2",
+            "qgemv.q6km2",
             "qgemv.q4km4",
             "qgemv.q4km8",
             "qgemv.q6km8",
@@ -1732,11 +1757,7 @@ mod tests {
             },
             Kernel::Qdot {
                 q: QType::Q6K,
-                rows: 2,
-            },
-            Kernel::QdotMix {
-                q: QType::Q4K,
-                rows: 2,
+                rows: 1,
             },
             Kernel::AttentionDecode {
                 head: AttnHead::D128,
@@ -1757,7 +1778,7 @@ mod tests {
         ] {
             assert!(!core.contains(&k.unit().name()), "{k:?}");
         }
-        // Decode steps of 3-8 rows, batches of 9-256 rows, the decode attention of items of
+        // Decode steps of 2-8 rows, batches of 9-256 rows, the decode attention of items of
         // two rows (8 query vectors), the tensor-core and the portable attention, and the
         // one-row decode's fused norms compile once those are ready.
         assert_eq!(
@@ -1768,8 +1789,10 @@ mod tests {
                 "attention_tc.h128",
                 "qgemv.nq4k",
                 "qgemv.nq6k",
+                "qgemv.q4km2",
                 "qgemv.q4km4",
                 "qgemv.q4km8",
+                "qgemv.q6km2",
                 "qgemv.q6km4",
                 "qgemv.q6km8",
                 "qmma.common",
@@ -1786,9 +1809,36 @@ mod tests {
                 q: QType::Q4K,
                 rows: 4,
             },
+            Kernel::QdotMix {
+                q: QType::Q4K,
+                rows: 2,
+            },
+            Kernel::Qdot {
+                q: QType::Q6K,
+                rows: 2,
+            },
         ] {
             assert_eq!(needs.class(k.unit(), DType::Bf16), Class::Later, "{k:?}");
         }
+        // Its matrices are all quantized: the float-weight streaming matmuls compile on
+        // first use, if ever; a file with a float matrix (an F16 output head) waits for them.
+        let gemv = Kernel::Gemv { rows: 1 }.unit();
+        assert_eq!(needs.class(gemv, DType::Bf16), Class::Lazy);
+        let with_float = KernelNeeds {
+            dense: true,
+            ..needs.clone()
+        };
+        assert_eq!(with_float.class(gemv, DType::Bf16), Class::Core);
+        // Llama has no q/k head norms: its rope is the plain one; a Qwen3 waits for the one
+        // with the norms.
+        let rope_norm = Kernel::RopeKvNorm.unit();
+        assert_eq!(needs.class(rope_norm, DType::Bf16), Class::Lazy);
+        assert_eq!(needs.class(Kernel::RopeKv.unit(), DType::Bf16), Class::Core);
+        let qwen3 = KernelNeeds {
+            qk_norm: true,
+            ..needs.clone()
+        };
+        assert_eq!(qwen3.class(rope_norm, DType::Bf16), Class::Core);
         // Everything, as a backend opened without a model waits for it.
         let all = core_names(&KernelNeeds::all(), DType::Bf16);
         assert!(
@@ -1917,6 +1967,7 @@ mod tests {
             Source::AttentionPrefill,
             Source::AttentionTc,
             Source::AttentionDecode,
+            Source::Rope,
         ];
         for k in Kernel::all() {
             let u = k.unit();

@@ -310,8 +310,8 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// The row bucket of `kernels/qgemv.cu` for `n` rows of `x` times quantized `w`, when
-    /// the streaming kernels take it: not while the bucket's 8-bit kernels (`qdot_*` of 4
-    /// and 8 rows, compiled after start-up) still compile, so such a step dequantizes for
+    /// the streaming kernels take it: not while the bucket's 8-bit kernels (`qdot_*` of 2,
+    /// 4 and 8 rows, compiled after start-up) still compile, so such a step dequantizes for
     /// the BLAS meanwhile rather than wait (or compile bf16's float-activation `qgemv_*`).
     pub(super) fn qgemv_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
         let fits = self.switches.gemv
@@ -758,7 +758,7 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// `out[n, m] = x[n, k] @ w[m, k]^T` on the BLAS (device addresses).
-    fn gemm(
+    pub(super) fn gemm(
         &mut self,
         x: u64,
         w: u64,

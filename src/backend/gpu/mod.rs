@@ -50,7 +50,7 @@ pub use graphs::GraphStats;
 pub use super::open::GpuOptions;
 use kernels::{Kernel, KernelNeeds, Kernels};
 pub use qtype::QType;
-use runtime::{Grid, Runtime};
+use runtime::{DeviceInfo, Grid, Runtime};
 pub use timing::KernelTiming;
 pub use types::{GpuBatch, GpuKv, GpuTensor, GpuWeight};
 
@@ -197,22 +197,35 @@ impl<R: Runtime> GpuBackend<R> {
     /// creates the BLAS handle.
     pub fn new(ordinal: usize, opts: GpuOptions) -> Result<GpuBackend<R>, BackendError> {
         let t0 = std::time::Instant::now();
+        let mma_on = |i: &DeviceInfo| {
+            R::NAME == "cuda" && opts.dtype == DType::Bf16 && sm_version(&i.arch) >= 80
+        };
+        // The kernels compile on threads of their own while the device's context is created
+        // and the weights upload: from the probed device where the runtime reports it
+        // without a context (an empty kernel cache's start is bound by these compiles).
+        let start_kernels = |i: &DeviceInfo| {
+            let types = opts.weight_types.as_deref();
+            let needs = KernelNeeds {
+                moe: opts.moe,
+                qtypes: types.map(|t| t.iter().filter_map(|&t| QType::of(t)).collect()),
+                dense: types.is_none_or(|t| t.iter().any(|&t| QType::of(t).is_none())),
+                qk_norm: opts.qk_norm,
+                head_dims: opts.head_dims.clone(),
+                gqa_group: opts.gqa_group,
+                portable_attention: !(mma_on(i) && opts.attn_decode),
+            };
+            Kernels::load(i, opts.dtype, opts.kernel_cache.as_deref(), needs)
+        };
+        let early = R::probe(ordinal).map(|i| start_kernels(&i).map(|k| (i, k)));
         let dev = Device::<R>::open(ordinal, opts.sync_check, opts.timing_period)?;
         let open_s = t0.elapsed().as_secs_f64();
         let i = &dev.info;
-        let mma = R::NAME == "cuda" && opts.dtype == DType::Bf16 && sm_version(&i.arch) >= 80;
-        // The kernels compile on threads of their own while the weights upload.
-        let needs = KernelNeeds {
-            moe: opts.moe,
-            qtypes: opts
-                .weight_types
-                .as_ref()
-                .map(|t| t.iter().filter_map(|&t| QType::of(t)).collect()),
-            head_dims: opts.head_dims.clone(),
-            gqa_group: opts.gqa_group,
-            portable_attention: !(mma && opts.attn_decode),
+        let mma = mma_on(i);
+        let kernels = match early {
+            Some(Ok((probed, k))) if probed.arch == i.arch && probed.warp_size == i.warp_size => k,
+            Some(Err(e)) => return Err(e),
+            _ => start_kernels(i)?,
         };
-        let kernels = Kernels::load(&dev, opts.dtype, opts.kernel_cache.as_deref(), needs)?;
         let t1 = std::time::Instant::now();
         let blas = dev.rt.blas().map_err(runtime::dev_err("blas"))?;
         tracing::info!(
@@ -247,6 +260,19 @@ impl<R: Runtime> GpuBackend<R> {
             qmma_resident: HashMap::new(),
             dev,
         })
+    }
+
+    /// One small matmul through the BLAS, waited for (its values are not read).
+    fn warm_blas(&mut self) -> Result<(), BackendError> {
+        let (n, k, m) = (16, 256, 256);
+        let size = self.dt.size() as u64;
+        let buf = self
+            .dev
+            .alloc((n * k + m * k + n * m) * self.dt.size(), "blas warm-up")?;
+        let (x, w) = (buf.ptr(), buf.ptr() + (n * k) as u64 * size);
+        let out = w + (m * k) as u64 * size;
+        self.gemm(x, w, out, n, k, m)?;
+        self.dev.rt.sync().map_err(runtime::dev_err("blas warm-up"))
     }
 
     /// Bytes of the weights uploaded so far: (on the device, in the file's tensors).
@@ -438,6 +464,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         let t0 = std::time::Instant::now();
         self.dev.drain_uploads()?;
         self.scratch.upload_s += t0.elapsed().as_secs_f64();
+        // While the kernels still compile: the BLAS library's first call loads its own
+        // kernels (~0.1 s on an H100), which a first prompt's matmuls would pay otherwise
+        // (prompts dequantize for the BLAS until the tiled matmuls compile).
+        self.warm_blas()?;
         // The lane reports ready after this: every kernel a dense model runs is loaded now,
         // so a compile error shows at start-up and the first request does not wait.
         self.kernels.wait_core(&self.dev.rt)?;

@@ -89,6 +89,13 @@ pub trait Runtime: Sized + 'static {
     /// Opens device `ordinal` with a fresh stream.
     fn open(ordinal: usize) -> RtResult<(Self, DeviceInfo)>;
 
+    /// What [`Runtime::open`] will report of device `ordinal`, read without creating its
+    /// context (the kernels start compiling while it is created); `None` where the runtime
+    /// cannot tell beforehand (they start after it).
+    fn probe(_ordinal: usize) -> Option<DeviceInfo> {
+        None
+    }
+
     /// (free, total) device memory in bytes.
     fn mem_info(&self) -> RtResult<(usize, usize)>;
 
