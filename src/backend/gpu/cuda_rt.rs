@@ -24,8 +24,6 @@ pub struct Cuda {
     pdl: bool,
 }
 
-/// Programmatic dependent launch needs sm_90+ and a driver of CUDA 12.3+ (whose graph
-/// capture keeps the programmatic edges); `KILN_PDL=0` turns it off.
 /// Device `ordinal`'s name, architecture and limits, read from the driver (initialized)
 /// without a context, so [`Runtime::probe`] and [`Runtime::open`] report the same.
 fn device_info(ordinal: usize) -> RtResult<DeviceInfo> {
@@ -51,14 +49,11 @@ fn device_info(ordinal: usize) -> RtResult<DeviceInfo> {
     })
 }
 
-/// The major compute capability of an `sm_XY` architecture name.
-fn sm_major(arch: &str) -> i32 {
-    super::sm_version(arch) as i32 / 10
-}
-
-fn pdl_available(major: i32, driver_version: i32) -> bool {
-    major >= 9
-        && driver_version >= 12030
+/// Programmatic dependent launch needs sm_90+ and a driver of CUDA 12.3+ (whose graph
+/// capture keeps the programmatic edges); `KILN_PDL=0` turns it off.
+fn pdl_available(info: &DeviceInfo) -> bool {
+    super::sm_version(&info.arch) >= 90
+        && info.driver_version >= 12030
         && !matches!(std::env::var("KILN_PDL").as_deref(), Ok("0" | "off"))
 }
 
@@ -145,12 +140,10 @@ impl Runtime for Cuda {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(failed)?;
         let info = device_info(ordinal)?;
-        let major = sm_major(&info.arch);
-        let driver_version = info.driver_version;
         let cuda = Cuda {
             ctx,
             stream,
-            pdl: pdl_available(major, driver_version),
+            pdl: pdl_available(&info),
         };
         Ok((cuda, info))
     }
