@@ -346,8 +346,8 @@ async fn bad_requests_are_rejected_before_queueing() {
     assert!(
         matches!(
             too_long,
-            EngineError::InvalidRequest {
-                param: Some("max_tokens"),
+            EngineError::ContextLength {
+                param: "max_tokens",
                 ..
             }
         ),

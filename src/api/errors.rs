@@ -215,6 +215,11 @@ impl From<EngineError> for ApiError {
                 message,
                 code: "invalid_value",
             },
+            EngineError::ContextLength { param, message } => ApiError::InvalidRequest {
+                param: Some(param.to_string()),
+                message,
+                code: "context_length_exceeded",
+            },
             e @ EngineError::LaneFailed { .. } => ApiError::Unavailable {
                 message: e.to_string(),
                 code: "lane_failed",
@@ -248,13 +253,27 @@ impl ApiError {
             TokenizerError::UnknownId { .. } | TokenizerError::Encode(_) => {
                 ApiError::invalid(param, e.to_string())
             }
-            TokenizerError::TooLong { .. } | TokenizerError::TooManyTokens { .. } => {
-                ApiError::invalid_with_code(
-                    Some(param.to_string()),
-                    format!("{e}, the model's context"),
-                    "context_length_exceeded",
-                )
-            }
+            TokenizerError::TooManyTokens {
+                counted,
+                max_tokens,
+            } => ApiError::invalid_with_code(
+                Some(param.to_string()),
+                format!(
+                    "This model's maximum context length is {max_tokens} tokens. However, your {param} resulted in at least {counted} tokens. Please reduce the length of the {param}."
+                ),
+                "context_length_exceeded",
+            ),
+            TokenizerError::TooLong {
+                bytes,
+                max_bytes,
+                max_tokens,
+            } => ApiError::invalid_with_code(
+                Some(param.to_string()),
+                format!(
+                    "This model's maximum context length is {max_tokens} tokens. However, your {param} is {bytes} bytes, more than {max_tokens} tokens can hold ({max_bytes} bytes at most). Please reduce the length of the {param}."
+                ),
+                "context_length_exceeded",
+            ),
             other => ApiError::Internal(other.to_string()),
         }
     }

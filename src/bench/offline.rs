@@ -34,6 +34,7 @@ pub fn error_kind(e: &EngineError) -> &'static str {
     match e {
         EngineError::Overloaded { .. } => "overloaded",
         EngineError::InvalidRequest { .. } => "invalid_request",
+        EngineError::ContextLength { .. } => "context_length",
         EngineError::LaneFailed { .. } => "lane_failed",
         EngineError::Stalled { .. } => "stalled",
         EngineError::ShuttingDown => "shutting_down",

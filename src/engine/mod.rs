@@ -32,6 +32,13 @@ pub enum EngineError {
         param: Option<&'static str>,
         message: String,
     },
+    /// The prompt, or the prompt with `max_tokens`, does not fit the model's context (the
+    /// message is in OpenAI's words: "This model's maximum context length is N tokens. ...").
+    #[error("{message}")]
+    ContextLength {
+        param: &'static str,
+        message: String,
+    },
     /// A device or model error failed this lane's requests.
     #[error("lane {lane} failed: {message}")]
     LaneFailed { lane: usize, message: String },

@@ -69,6 +69,28 @@ fn invalid(param: &'static str, message: String) -> EngineError {
     }
 }
 
+/// A prompt of `p` tokens (in the request's `what`, e.g. `messages`) with `max_tokens` that
+/// does not fit a context of `max_len`, in OpenAI's words (clients such as litellm match
+/// "maximum context length" to raise their context-window error).
+fn too_long(
+    param: &'static str,
+    what: &'static str,
+    p: usize,
+    max_tokens: Option<usize>,
+    max_len: usize,
+) -> EngineError {
+    let message = match max_tokens {
+        Some(m) => format!(
+            "This model's maximum context length is {max_len} tokens. However, you requested {} tokens ({p} in the {what}, {m} in the completion). Please reduce the length of the {what} or completion.",
+            p.saturating_add(m)
+        ),
+        None => format!(
+            "This model's maximum context length is {max_len} tokens. However, your {what} resulted in {p} tokens. Please reduce the length of the {what}."
+        ),
+    };
+    EngineError::ContextLength { param, message }
+}
+
 /// Checks `req` against `b`: a non-empty prompt of in-vocabulary ids that leaves room in the
 /// context, 1 to [`MAX_CHOICES`] choices, and a `max_tokens` whose sum with the prompt fits
 /// both the context and the KV pool. An absent `max_tokens` means the rest of that room;
@@ -100,13 +122,16 @@ pub(crate) fn validate(
     }
     let max_len = b.max_len;
     if p >= max_len {
-        return Err(invalid(
+        return Err(too_long(
             req.prompt_param,
-            format!("the prompt is {p} tokens; the model's context is {max_len}"),
+            req.prompt_param,
+            p,
+            req.max_tokens,
+            max_len,
         ));
     }
     let max_tokens = match req.max_tokens {
-        Some(m) => checked_max_tokens(p, m, b)?,
+        Some(m) => checked_max_tokens(p, m, b, req.prompt_param)?,
         None => {
             let room = max_len.min(b.pool_tokens);
             if p >= room {
@@ -142,16 +167,15 @@ pub(crate) fn validate(
 }
 
 /// `m` if the prompt of `p` tokens plus `m` fit the context and the KV pool.
-fn checked_max_tokens(p: usize, m: usize, b: &Bounds) -> Result<usize, EngineError> {
+fn checked_max_tokens(
+    p: usize,
+    m: usize,
+    b: &Bounds,
+    what: &'static str,
+) -> Result<usize, EngineError> {
     let max_len = b.max_len;
     let Some(total) = p.checked_add(m).filter(|&t| t <= max_len) else {
-        return Err(invalid(
-            "max_tokens",
-            format!(
-                "This model's maximum context length is {max_len} tokens. However, you requested {} tokens ({p} in the prompt, {m} for the completion).",
-                p.saturating_add(m)
-            ),
-        ));
+        return Err(too_long("max_tokens", what, p, Some(m), max_len));
     };
     if total > b.pool_tokens {
         return Err(invalid(
@@ -181,6 +205,7 @@ mod tests {
     fn param(r: Result<ValidRequest, EngineError>) -> Option<&'static str> {
         match r {
             Err(EngineError::InvalidRequest { param, .. }) => param,
+            Err(EngineError::ContextLength { param, .. }) => Some(param),
             other => panic!("{other:?}"),
         }
     }
@@ -202,6 +227,46 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.max_tokens(), 1020);
+    }
+
+    /// OpenAI's words, which litellm and others match: the context, the tokens asked for,
+    /// and how they split between the prompt's field and the completion.
+    #[test]
+    fn context_overflow_reads_as_openai_writes_it() {
+        let mut req = GenerateRequest::greedy(vec![1; 2000], 100);
+        req.prompt_param = "messages";
+        let e = validate(req.clone(), &bounds(), None).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EngineError::ContextLength {
+                    param: "max_tokens",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (2000 in the messages, 100 in the completion). Please reduce the length of the messages or completion."
+        );
+        req.prompt_ids = vec![1; 2048];
+        req.max_tokens = None;
+        let e = validate(req, &bounds(), None).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EngineError::ContextLength {
+                    param: "messages",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "This model's maximum context length is 2048 tokens. However, your messages resulted in 2048 tokens. Please reduce the length of the messages."
+        );
     }
 
     #[test]
