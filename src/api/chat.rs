@@ -373,7 +373,8 @@ fn reply(
         .into_iter()
         .enumerate()
         .map(|(index, out)| {
-            let parsed = ParsedReply::parse(parse, &out.text);
+            let end = out.finish.unwrap_or(FinishReason::Stop);
+            let parsed = ParsedReply::parse_ended(parse, &out.text, end);
             let calls = parsed.calls.len();
             ChatChoice {
                 index,
@@ -487,7 +488,7 @@ impl ChunkWriter for ChatWriter {
 
     fn finish(&mut self, index: usize, reason: FinishReason) -> Bytes {
         let (pieces, calls) = match self.parsers.get_mut(index) {
-            Some(p) => (p.finish(), p.calls()),
+            Some(p) => (p.finish_on(reason), p.calls()),
             None => (Vec::new(), 0),
         };
         let last = self.one(

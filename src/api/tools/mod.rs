@@ -23,6 +23,8 @@ pub use parser::ToolParser;
 pub use reasoning::ReasoningParser;
 pub use request::{ToolChoiceMode, ToolRequest};
 
+use crate::engine::FinishReason;
+
 /// What to look for in replies.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ParseOptions {
@@ -64,15 +66,23 @@ impl ChoiceParser {
 
     /// Feeds reply text; returns what can be told apart so far.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
-        self.run(text, false)
+        self.run(text, None)
     }
 
-    /// The reply ended: the rest.
+    /// The reply ended on its own: the rest.
     pub fn finish(&mut self) -> Vec<Piece> {
-        self.run("", true)
+        self.finish_on(FinishReason::Stop)
     }
 
-    fn run(&mut self, text: &str, last: bool) -> Vec<Piece> {
+    /// The reply ended for `reason`: the rest. A reply cut short (`Length`, `Abort`) keeps no
+    /// tool markup a call had begun (see [`ToolParser::finish`]).
+    pub fn finish_on(&mut self, reason: FinishReason) -> Vec<Piece> {
+        self.run("", Some(reason != FinishReason::Stop))
+    }
+
+    /// `end`: the reply ended here, cut short or not.
+    fn run(&mut self, text: &str, end: Option<bool>) -> Vec<Piece> {
+        let last = end.is_some();
         let mut out = Vec::new();
         let answer = match &mut self.reasoning {
             Some(r) => {
@@ -91,8 +101,8 @@ impl ChoiceParser {
         match &mut self.tools {
             Some(t) => {
                 t.push(&answer, &mut out);
-                if last {
-                    t.finish(&mut out);
+                if let Some(cut) = end {
+                    t.finish(cut, &mut out);
                 }
             }
             None if !answer.is_empty() => out.push(Piece::Content(answer)),
@@ -132,12 +142,17 @@ impl ParsedReply {
         }
     }
 
-    /// `text` parsed in one go.
+    /// `text`, a reply that ended on its own, parsed in one go.
     pub fn parse(opts: ParseOptions, text: &str) -> Self {
+        Self::parse_ended(opts, text, FinishReason::Stop)
+    }
+
+    /// `text`, a reply that ended for `reason`, parsed in one go.
+    pub fn parse_ended(opts: ParseOptions, text: &str, reason: FinishReason) -> Self {
         let mut p = ChoiceParser::new(opts);
         let mut reply = Self::default();
         reply.extend(p.push(text));
-        reply.extend(p.finish());
+        reply.extend(p.finish_on(reason));
         reply
     }
 }
@@ -149,17 +164,26 @@ pub(crate) mod test_support {
     /// `text` parsed whole, then streamed split at every byte boundary (and one piece per
     /// character): every way must give the same reply, ids aside.
     pub fn parse_every_split(opts: ParseOptions, text: &str) -> ParsedReply {
+        parse_every_split_on(opts, text, FinishReason::Stop)
+    }
+
+    /// [`parse_every_split`] of a reply that ended for `reason`.
+    pub fn parse_every_split_on(
+        opts: ParseOptions,
+        text: &str,
+        reason: FinishReason,
+    ) -> ParsedReply {
         let strip = |mut r: ParsedReply| {
             r.calls.iter_mut().for_each(|c| c.0.clear());
             r
         };
-        let whole = ParsedReply::parse(opts, text);
+        let whole = ParsedReply::parse_ended(opts, text, reason);
         for (i, _) in text.char_indices().skip(1) {
             let mut p = ChoiceParser::new(opts);
             let mut r = ParsedReply::default();
             r.extend(p.push(&text[..i]));
             r.extend(p.push(&text[i..]));
-            r.extend(p.finish());
+            r.extend(p.finish_on(reason));
             assert_eq!(strip(r), strip(whole.clone()), "split at {i} of {text:?}");
         }
         let mut p = ChoiceParser::new(opts);
@@ -173,7 +197,7 @@ pub(crate) mod test_support {
                 r.extend(vec![piece]);
             }
         }
-        r.extend(p.finish());
+        r.extend(p.finish_on(reason));
         assert!(names_first, "a call's name comes before its arguments");
         assert_eq!(strip(r), strip(whole.clone()), "char by char: {text:?}");
         whole
@@ -280,6 +304,79 @@ mod tests {
                 serde_json::json!({"city": "Paris"})
             )]
         );
+    }
+
+    /// A call cut by `max_tokens` anywhere leaves no markup in the content, streamed or
+    /// whole, in every format: only the text before the markup (or part of it, blanks aside)
+    /// is content.
+    #[test]
+    fn a_cut_call_leaks_no_markup() {
+        let args = "\"arguments\": {\"city\": \"Paris\"}";
+        let call = format!("{{\"name\": \"get_weather\", {args}}}");
+        let llama = call.replace("arguments", "parameters");
+        let cases = [
+            (
+                ToolFormat::Hermes,
+                "Sure.",
+                format!("Sure.\n<tool_call>\n{call}\n</tool_call>"),
+            ),
+            (
+                ToolFormat::Hermes,
+                "",
+                format!("<tool_call>\n{call}\n</tool_call>\n<tool_call>\n{call}\n</tool_call>"),
+            ),
+            (
+                ToolFormat::Llama3Json,
+                "",
+                format!("<|python_tag|>{llama}; {llama}"),
+            ),
+            (ToolFormat::Llama3Json, "", llama.clone()),
+            (
+                ToolFormat::Mistral,
+                "",
+                format!("[TOOL_CALLS] [{call}, {call}]"),
+            ),
+            (ToolFormat::Mistral, "", format!(" [{call}]")),
+            (
+                ToolFormat::Mistral,
+                "Hi.",
+                format!("Hi. [TOOL_CALLS]{call}"),
+            ),
+        ];
+        for (format, lead, text) in cases {
+            let opts = ParseOptions {
+                tools: Some(format),
+                ..ParseOptions::default()
+            };
+            for (i, _) in text.char_indices().skip(1) {
+                let cut = &text[..i];
+                let r = parse_every_split_on(opts, cut, FinishReason::Length);
+                assert!(
+                    lead.starts_with(r.content.trim_end()),
+                    "{format:?} cut at {i}: content {:?} of {cut:?}",
+                    r.content
+                );
+            }
+        }
+        // Cut or not, a call's closer begun after it is markup.
+        let opts = ParseOptions {
+            tools: Some(ToolFormat::Hermes),
+            ..ParseOptions::default()
+        };
+        let r = parse_every_split(opts, &format!("<tool_call>{call}</tool_ca"));
+        assert_eq!((r.content.as_str(), r.calls.len()), ("", 1));
+        // Ended on its own, markup that never became a call is content (it was not one).
+        let r = parse_every_split(opts, "<tool_call>\n{\"na");
+        assert_eq!(r.content, "<tool_call>\n{\"na");
+        // Cut, JSON at the reply's start with other members is content, not a call.
+        let opts = ParseOptions {
+            tools: Some(ToolFormat::Llama3Json),
+            ..ParseOptions::default()
+        };
+        let r = parse_every_split_on(opts, "{\"answer\": 4", FinishReason::Length);
+        assert_eq!(r.content, "{\"answer\": 4");
+        let r = parse_every_split_on(opts, "The answer is 4", FinishReason::Length);
+        assert_eq!(r.content, "The answer is 4");
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub struct ToolParser {
     /// Drop blanks before the next content (after a call).
     trim_lead: bool,
     in_list: bool,
+    /// The markup being read began with the format's lead character at the reply's start,
+    /// not with a marker nor after a call (so it may be JSON content).
+    lead_only: bool,
     /// Markup consumed since the marker that no call has claimed yet.
     pending: String,
     call: Option<Call>,
@@ -56,6 +59,17 @@ pub(super) fn hold_point(text: &str, markers: &[&str]) -> usize {
         }
     }
     text[..k].trim_end().len()
+}
+
+/// The end of `text` without a suffix that may begin a marker (and the blanks before it).
+fn before_marker_prefix(text: &str, markers: &[&str]) -> usize {
+    let start = text
+        .char_indices()
+        .find(|&(i, _)| markers.iter().any(|m| m.starts_with(&text[i..])));
+    match start {
+        Some((i, _)) => text[..i].trim_end().len(),
+        None => text.len(),
+    }
 }
 
 /// The first full marker in `text`: its position and length.
@@ -83,6 +97,7 @@ impl ToolParser {
             at_start: true,
             trim_lead: false,
             in_list: false,
+            lead_only: false,
             pending: String::new(),
             call: None,
             calls: 0,
@@ -100,23 +115,33 @@ impl ToolParser {
         while self.step(out) {}
     }
 
-    /// The reply ended: everything still held goes out.
-    pub fn finish(&mut self, out: &mut Vec<Piece>) {
+    /// The reply ended: what is still held goes out as content, but never the markup of a
+    /// call: a call's closer begun after it is dropped, and when the reply was `cut` (by
+    /// `max_tokens`, or aborted) so is a call that had begun: a held marker prefix
+    /// (`<tool_ca`, `[TOOL_CA`), a marker with no object yet, or an object without its name
+    /// (after a marker or a call, or at the reply's start holding only call members). A reply
+    /// that ended on its own gives such text back: it was not a call.
+    pub fn finish(&mut self, cut: bool, out: &mut Vec<Piece>) {
         while self.step(out) {}
         let rest = std::mem::take(&mut self.buf);
-        match self.state {
-            State::Content => {
-                let rest = if self.calls > 0 { rest.trim() } else { &rest };
-                push_content(out, rest);
+        let markup = std::mem::take(&mut self.pending) + &rest;
+        let keep = match self.state {
+            State::Content if cut => &rest[..before_marker_prefix(&rest, self.syntax.markers)],
+            State::Content => &rest,
+            State::Object if self.call.is_some() => "",
+            State::After => "",
+            State::Object if cut && self.lead_only => {
+                match scan_object(&rest, self.syntax.args_keys).foreign {
+                    true => &markup,
+                    false => "",
+                }
             }
-            State::Object if self.call.is_some() => {}
-            _ => {
-                let text = std::mem::take(&mut self.pending) + &rest;
-                push_content(out, if self.calls > 0 { text.trim() } else { &text });
-            }
-        }
-        self.pending.clear();
+            _ if cut => "",
+            _ => &markup,
+        };
+        push_content(out, if self.calls > 0 { keep.trim() } else { keep });
         self.call = None;
+        self.lead_only = false;
         self.state = State::Content;
     }
 
@@ -157,6 +182,7 @@ impl ToolParser {
                 let blank = self.buf.len() - rest.len();
                 self.pending = self.buf.drain(..blank).collect();
                 self.state = State::Open;
+                self.lead_only = true;
                 return true;
             }
         }
@@ -167,6 +193,7 @@ impl ToolParser {
             self.pending = self.buf[before..pos + len].to_string();
             self.buf.drain(..pos + len);
             self.state = State::Open;
+            self.lead_only = false;
             return true;
         }
         let k = hold_point(&self.buf, markers);
@@ -298,6 +325,7 @@ impl ToolParser {
             next = State::Open;
         }
         self.buf.drain(..blank + take);
+        self.lead_only = false;
         if next == State::Content {
             self.in_list = false;
             self.trim_lead = true;

@@ -12,6 +12,17 @@ pub(super) struct ObjectScan {
     pub end: Option<usize>,
     /// The text is not (the beginning of) a JSON object: the offset of the first bad byte.
     pub invalid: Option<usize>,
+    /// A member other than `name` and the arguments has begun (the object may be content).
+    pub foreign: bool,
+}
+
+/// Whether a key (or the start of one, `partial`) can be `name` or an arguments member.
+fn call_key(key: &str, args_keys: &[&str], partial: bool) -> bool {
+    let known = std::iter::once(&"name").chain(args_keys);
+    match partial {
+        true => known.into_iter().any(|k| k.starts_with(key)),
+        false => known.into_iter().any(|k| *k == key),
+    }
 }
 
 /// Where a value that starts at `i` ends: `Some(end)`, `None` if the text stops first;
@@ -97,9 +108,13 @@ pub(super) fn scan_object(text: &str, args_keys: &[&str]) -> ObjectScan {
             }
         }
         let Some(key_end) = string_end(b, i) else {
+            out.foreign |= !call_key(&text[i + 1..], args_keys, true);
             return out;
         };
         let key: Option<String> = serde_json::from_str(&text[i..key_end]).ok();
+        out.foreign |= !key
+            .as_deref()
+            .is_some_and(|k| call_key(k, args_keys, false));
         i = skip_ws(b, key_end);
         match b.get(i) {
             None => return out,
@@ -176,6 +191,21 @@ mod tests {
         let s = scan_object(r#"{"name": "f", "n": 12"#, KEYS);
         assert_eq!(s.name.as_deref(), Some("f"));
         assert!(s.end.is_none() && s.invalid.is_none(), "a number may go on");
+    }
+
+    #[test]
+    fn members_other_than_a_calls_are_foreign() {
+        for t in [
+            r#"{"na"#,
+            r#"{"name": "f", "argu"#,
+            r#"{"parameters": {"x": 1"#,
+            "{",
+        ] {
+            assert!(!scan_object(t, KEYS).foreign, "{t}");
+        }
+        for t in [r#"{"answer": 4"#, r#"{"ans"#, r#"{"name": "f", "x"#] {
+            assert!(scan_object(t, KEYS).foreign, "{t}");
+        }
     }
 
     #[test]
