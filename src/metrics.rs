@@ -376,6 +376,7 @@ mod tests {
             &Usage {
                 prompt_tokens: 7,
                 completion_tokens: 4,
+                cached_tokens: 0,
             },
             &timings,
         );

@@ -14,7 +14,7 @@ use super::sse::{self, ChunkWriter, data_frame};
 use super::state::{AppState, Ready};
 use super::types::{
     CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest, CompletionResponse,
-    ErrorResponse, PromptInput, UsageInfo,
+    ErrorResponse, PromptInput, PromptTokensDetails, UsageInfo,
 };
 use super::{ResponseMeta, blocking, structured, validate};
 use crate::config::LimitsConfig;
@@ -306,6 +306,9 @@ pub fn usage_info(u: Usage) -> UsageInfo {
         prompt_tokens: u.prompt_tokens,
         completion_tokens: u.completion_tokens,
         total_tokens: u.prompt_tokens + u.completion_tokens,
+        prompt_tokens_details: Some(PromptTokensDetails {
+            cached_tokens: u.cached_tokens,
+        }),
     }
 }
 

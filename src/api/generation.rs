@@ -125,6 +125,7 @@ impl Stream for MergedStream {
                     this.state.metrics.observe_done(&usage, &timings);
                     this.usage.prompt_tokens += usage.prompt_tokens;
                     this.usage.completion_tokens += usage.completion_tokens;
+                    this.usage.cached_tokens += usage.cached_tokens;
                     this.parts_left -= 1;
                     if this.parts_left == 0 {
                         this.finished = true;

@@ -375,7 +375,9 @@ impl<B: Backend> Lane<'_, B> {
     fn step(&mut self, step: &Step) -> Result<(), BackendError> {
         let now = Instant::now();
         for s in self.sched.running() {
-            s.request.mark_scheduled(now);
+            // A request's first step is its first choice's first chunk (the others wait for
+            // its prompt), which starts right after the cached prefix the scheduler found.
+            s.request.mark_scheduled(now, s.num_computed);
         }
         // The token masks of constrained rows are computed on the rayon pool's long-lived
         // threads while the device runs the forward on this one; the sampler needs them only

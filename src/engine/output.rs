@@ -73,6 +73,7 @@ impl OutputProcessor {
             usage: Usage {
                 prompt_tokens: prompt.len(),
                 completion_tokens: 0,
+                cached_tokens: 0,
             },
             timings: RequestTimings::default(),
             submitted: Instant::now(),
@@ -91,8 +92,9 @@ impl OutputProcessor {
     /// lane should stop computing them).
     pub fn push(&mut self, ev: LaneEvent) -> Option<usize> {
         match ev {
-            LaneEvent::Scheduled { at } => {
+            LaneEvent::Scheduled { at, cached_tokens } => {
                 self.timings.queue = at.saturating_duration_since(self.submitted);
+                self.usage.cached_tokens = cached_tokens;
                 None
             }
             LaneEvent::Failed(e) => {

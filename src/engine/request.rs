@@ -13,9 +13,11 @@ use crate::sampling::{Sampled, SamplingParams};
 /// Events from a lane to one request's output processor.
 #[derive(Debug)]
 pub(crate) enum LaneEvent {
-    /// The request got its first step.
+    /// The request got its first step, its first `cached_tokens` prompt tokens found in the
+    /// prefix cache.
     Scheduled {
         at: Instant,
+        cached_tokens: usize,
     },
     Token {
         choice: usize,
@@ -130,10 +132,11 @@ impl LaneRequest {
         Some(now.duration_since(since))
     }
 
-    /// Sends `Scheduled` the first time the request takes part in a step.
-    pub fn mark_scheduled(&self, at: Instant) {
+    /// Sends `Scheduled` the first time the request takes part in a step, with the prompt
+    /// tokens its first step found in the prefix cache.
+    pub fn mark_scheduled(&self, at: Instant, cached_tokens: usize) {
         if !self.scheduled.replace(true) {
-            self.emit(LaneEvent::Scheduled { at });
+            self.emit(LaneEvent::Scheduled { at, cached_tokens });
         }
     }
 

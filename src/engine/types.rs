@@ -107,6 +107,9 @@ pub struct TokenInfo {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache when the request was first
+    /// scheduled (not computed again).
+    pub cached_tokens: usize,
 }
 
 /// Latencies of one request, for the metrics layer.

@@ -39,6 +39,16 @@ pub struct UsageInfo {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// How the prompt tokens were served (chat and completions always send it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV came from the prefix cache (not computed again).
+    pub cached_tokens: usize,
 }
 
 /// `stop`: one string or a list.
