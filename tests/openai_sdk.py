@@ -127,6 +127,52 @@ def test_errors():
     expect(openai.AuthenticationError, lambda: bad.models.list())
 
 
+def test_models_retrieve():
+    m = client.models.retrieve(MODEL)
+    assert m.id == MODEL and m.object == "model", m
+    e = expect(openai.NotFoundError, lambda: client.models.retrieve("no-such-model"))
+    assert e.body["code"] == "model_not_found", e.body
+
+
+def test_request_id():
+    res = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2,
+                                    extra_headers={"x-request-id": "sdk-req-1"})
+    assert res._request_id == "sdk-req-1", res._request_id
+    res = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    assert res._request_id and len(res._request_id) == 32, res._request_id
+
+
+def test_cached_tokens_and_fingerprint():
+    import uuid
+    prompt = uuid.uuid4().hex + " " + "Once upon a time there was a cat who sat in the sun. " * 10
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0, first.usage
+    hit = again.usage.prompt_tokens_details.cached_tokens
+    assert 0 < hit < again.usage.prompt_tokens, again.usage
+    msgs = [{"role": "user", "content": prompt}]
+    client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=2, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0, chunks[-1].usage
+    fp = first.system_fingerprint
+    assert fp and fp.startswith("fp_") and fp == again.system_fingerprint, (fp, again)
+    assert all(c.system_fingerprint == fp for c in chunks), chunks
+
+
+def test_context_length_error():
+    # litellm and others match this wording to raise their context-window error.
+    e = expect(openai.BadRequestError, lambda: client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=100000))
+    assert e.code == "context_length_exceeded", e.body
+    assert "This model's maximum context length is" in e.message, e.message
+    assert "However, you requested 100005 tokens (5 in the prompt, 100000 in the completion)" in e.message, e.message
+    e = expect(openai.BadRequestError, lambda: client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": PROMPT * 2000}]))
+    assert e.code == "context_length_exceeded" and "maximum context length" in e.message, e.body
+
+
 # --- tools (issue 16) ---------------------------------------------------------------------
 # Set to True once constrained decoding is merged: `tool_choice="required"` then must hold.
 CONSTRAINED_TOOLS = True

@@ -263,7 +263,7 @@ pub async fn chat_completions(
         constraint,
     })?;
     let generated = MergedStream::new(vec![stream], v.n, state.clone());
-    let meta = ResponseMeta::new("chatcmpl", &ready.model_name);
+    let meta = ResponseMeta::served("chatcmpl", ready);
     let texts = ready.token_texts.clone();
     if req.stream.unwrap_or(false) {
         let include_usage = req
@@ -391,6 +391,7 @@ fn reply(
         object: "chat.completion".into(),
         created: meta.created,
         model: meta.model,
+        system_fingerprint: meta.fingerprint,
         choices,
         usage: usage_info(usage),
     }
@@ -414,6 +415,7 @@ impl ChatWriter {
             object: "chat.completion.chunk".into(),
             created: self.meta.created,
             model: self.meta.model.clone(),
+            system_fingerprint: self.meta.fingerprint.clone(),
             choices,
             usage: if self.include_usage {
                 Some(usage)

@@ -202,7 +202,7 @@ pub async fn completions(
         .map(|v| ready.client.submit_valid(v))
         .collect::<Result<Vec<_>, _>>()?;
     let generated = MergedStream::new(streams, n, state.clone());
-    let meta = ResponseMeta::new("cmpl", &ready.model_name);
+    let meta = ResponseMeta::served("cmpl", ready);
     let texts = ready.token_texts.clone();
     let logprobs = plan.v.params.logprobs.is_some();
     if plan.stream {
@@ -221,6 +221,7 @@ pub async fn completions(
         object: "text_completion".into(),
         created: meta.created,
         model: meta.model,
+        system_fingerprint: meta.fingerprint,
         choices,
         usage: usage_info(usage),
     }))
@@ -353,6 +354,7 @@ impl CompletionWriter {
             object: "text_completion".into(),
             created: self.meta.created,
             model: self.meta.model.clone(),
+            system_fingerprint: self.meta.fingerprint.clone(),
             choices,
             usage: if self.include_usage {
                 Some(usage)

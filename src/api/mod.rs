@@ -14,6 +14,7 @@ pub mod logprobs;
 pub mod models;
 pub mod openapi;
 pub mod overload;
+pub mod request_id;
 pub mod serve;
 pub mod sse;
 pub mod state;
@@ -42,12 +43,14 @@ pub use state::AppState;
 
 use crate::config::ServerConfig;
 
-/// Id, creation time and model name shared by every chunk of one response.
+/// Id, creation time, model name and fingerprint shared by every chunk of one response.
 #[derive(Debug, Clone)]
 pub struct ResponseMeta {
     pub id: String,
     pub created: u64,
     pub model: String,
+    /// The `system_fingerprint` (empty from [`ResponseMeta::new`]).
+    pub fingerprint: String,
 }
 
 impl ResponseMeta {
@@ -57,6 +60,15 @@ impl ResponseMeta {
             id: format!("{prefix}-{:032x}", rand::random::<u128>()),
             created: state::unix_now(),
             model: model.to_string(),
+            fingerprint: String::new(),
+        }
+    }
+
+    /// [`ResponseMeta::new`] for the served model, with its `system_fingerprint`.
+    pub fn served(prefix: &str, ready: &state::Ready) -> Self {
+        Self {
+            fingerprint: ready.fingerprint.clone(),
+            ..Self::new(prefix, &ready.model_name)
         }
     }
 }
@@ -84,8 +96,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(completions::completions)
         .service(chat::chat_completions)
         .service(models::list_models)
+        .service(models::retrieve_model)
         .service(tokenize::tokenize)
         .service(tokenize::detokenize)
+        .service(tokenize::tokenizer_info)
         .service(health::health)
         .service(health::metrics)
         .service(SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", ApiDoc::openapi()))
@@ -191,6 +205,7 @@ impl Server {
                         app.wrap(from_fn(overload::limit))
                             .wrap(from_fn(auth::guard))
                             .wrap(Condition::new(cors_on, cors(&factory_cfg)))
+                            .wrap(from_fn(request_id::tag))
                             .configure(routes)
                             .default_service(web::to(not_found))
                     })

@@ -25,6 +25,8 @@ pub struct Ready {
     pub model_name: String,
     /// Unix seconds when the engine became ready (the model card's `created`).
     pub created: u64,
+    /// `system_fingerprint` of every chat and completion response (see [`fingerprint`]).
+    pub fingerprint: String,
 }
 
 impl Ready {
@@ -62,6 +64,31 @@ impl std::fmt::Debug for AppState {
             .field("ready", &self.ready.get().is_some())
             .finish_non_exhaustive()
     }
+}
+
+/// `fp_` and 10 hex digits of an FNV-1a hash of what decides the outputs: Kiln's version, the
+/// model, the lanes' device kinds (indexes dropped) and the GPU dtype. Stable across restarts
+/// of the same build on the same model and devices.
+pub fn fingerprint(client: &EngineClient) -> String {
+    let stats = client.stats();
+    let devices: Vec<&str> = stats
+        .lanes
+        .iter()
+        .map(|l| l.device.split(':').next().unwrap_or_default())
+        .collect();
+    let cfg = client.config();
+    let text = format!(
+        "kiln {}\0{}\0{}\0{:?}\0tp{}",
+        env!("CARGO_PKG_VERSION"),
+        client.model_name(),
+        devices.join(","),
+        cfg.gpu_dtype,
+        cfg.tensor_parallel_size,
+    );
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("fp_{:010x}", hash >> 24)
 }
 
 /// Seconds since the Unix epoch.
@@ -136,6 +163,7 @@ impl AppState {
             tool_template,
             model_name,
             created: unix_now(),
+            fingerprint: fingerprint(&client),
             client,
         };
         self.ready

@@ -1,7 +1,8 @@
-//! `POST /tokenize` and `POST /detokenize`, run on the blocking pool.
+//! `POST /tokenize` and `POST /detokenize`, run on the blocking pool, and vLLM's
+//! `GET /tokenizer_info` (what lm-eval's remote tokenizer reads).
 
 use actix_web::web::Data;
-use actix_web::{HttpResponse, post};
+use actix_web::{HttpResponse, get, post};
 
 use super::blocking;
 use super::chat::{messages, prompt_ids};
@@ -10,6 +11,7 @@ use super::extract::ApiJson;
 use super::state::AppState;
 use super::types::{
     DetokenizeRequest, DetokenizeResponse, ErrorResponse, TokenizeRequest, TokenizeResponse,
+    TokenizerInfo,
 };
 
 /// Token ids of a prompt, or of chat messages rendered with the chat template.
@@ -91,4 +93,54 @@ pub async fn detokenize(
     })
     .await?;
     Ok(HttpResponse::Ok().json(DetokenizeResponse { prompt }))
+}
+
+/// The tokenizer's configuration as vLLM's `/tokenizer_info` gives it (the keys of a
+/// `tokenizer_config.json`): its special tokens, whether BOS is added, the context and the chat
+/// template chat requests are rendered with.
+#[utoipa::path(
+    get,
+    path = "/tokenizer_info",
+    tag = "kiln",
+    responses(
+        (status = 200, description = "The tokenizer's configuration", body = TokenizerInfo),
+        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 503, description = "Not ready", body = ErrorResponse),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/tokenizer_info")]
+pub async fn tokenizer_info(state: Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let ready = state.ready()?;
+    let tok = &ready.tokenizer;
+    let piece = |id: Option<u32>| id.and_then(|id| tok.id_to_piece(id));
+    let eos_id = tok.eos_ids().first().copied();
+    let hf = tok.hf();
+    let pad = hf.get_padding().map(|p| p.pad_token.clone());
+    Ok(HttpResponse::Ok().json(TokenizerInfo {
+        tokenizer_class: "PreTrainedTokenizerFast".into(),
+        bos_token: piece(tok.bos_id()),
+        bos_token_id: tok.bos_id(),
+        eos_token: piece(eos_id),
+        eos_token_id: eos_id,
+        pad_token_id: pad.as_deref().and_then(|p| tok.token_to_id(p)),
+        pad_token: pad,
+        unk_token: unk_token(hf.get_model()),
+        add_bos_token: tok.add_bos_default(),
+        add_eos_token: false,
+        model_max_length: ready.client.max_model_len(),
+        vocab_size: tok.vocab_size(),
+        chat_template: ready.template.source().to_string(),
+    }))
+}
+
+/// The unknown token of the vocabulary's model, if it has one.
+fn unk_token(model: &tokenizers::ModelWrapper) -> Option<String> {
+    use tokenizers::ModelWrapper as M;
+    match model {
+        M::BPE(m) => m.unk_token.clone(),
+        M::WordPiece(m) => Some(m.unk_token.clone()),
+        M::WordLevel(m) => Some(m.unk_token.clone()),
+        M::Unigram(_) => None,
+    }
 }

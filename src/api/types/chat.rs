@@ -279,6 +279,8 @@ pub struct ChatCompletionResponse {
     pub object: String,
     pub created: u64,
     pub model: String,
+    /// The build, model and backend that answered (`fp_` and 10 hex digits).
+    pub system_fingerprint: String,
     pub choices: Vec<ChatChoice>,
     pub usage: UsageInfo,
 }
@@ -313,6 +315,8 @@ pub struct ChatCompletionChunk {
     pub object: String,
     pub created: u64,
     pub model: String,
+    /// The build, model and backend that answered (`fp_` and 10 hex digits).
+    pub system_fingerprint: String,
     pub choices: Vec<ChatChunkChoice>,
     /// With `stream_options.include_usage`: null, except in the last chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]

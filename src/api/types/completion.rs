@@ -147,6 +147,8 @@ pub struct CompletionResponse {
     pub object: String,
     pub created: u64,
     pub model: String,
+    /// The build, model and backend that answered (`fp_` and 10 hex digits).
+    pub system_fingerprint: String,
     pub choices: Vec<CompletionChoice>,
     pub usage: UsageInfo,
 }
@@ -158,6 +160,8 @@ pub struct CompletionChunk {
     pub object: String,
     pub created: u64,
     pub model: String,
+    /// The build, model and backend that answered (`fp_` and 10 hex digits).
+    pub system_fingerprint: String,
     pub choices: Vec<CompletionChoice>,
     /// With `stream_options.include_usage`: null, except in the last chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -180,6 +180,38 @@ pub struct DetokenizeResponse {
     pub prompt: String,
 }
 
+/// `GET /tokenizer_info` (vLLM's): the tokenizer's configuration in the keys of a
+/// `tokenizer_config.json`, as lm-eval's remote tokenizer reads them.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TokenizerInfo {
+    /// The `transformers` class that runs the same pipeline (`PreTrainedTokenizerFast`).
+    pub tokenizer_class: String,
+    #[schema(value_type = Option<String>)]
+    pub bos_token: Option<String>,
+    #[schema(value_type = Option<u32>)]
+    pub bos_token_id: Option<u32>,
+    /// The declared end of sequence (generation also stops at end-of-turn tokens).
+    #[schema(value_type = Option<String>)]
+    pub eos_token: Option<String>,
+    #[schema(value_type = Option<u32>)]
+    pub eos_token_id: Option<u32>,
+    #[schema(value_type = Option<String>)]
+    pub pad_token: Option<String>,
+    #[schema(value_type = Option<u32>)]
+    pub pad_token_id: Option<u32>,
+    #[schema(value_type = Option<String>)]
+    pub unk_token: Option<String>,
+    /// Prompts of `/v1/completions` and `/tokenize` get BOS by default.
+    pub add_bos_token: bool,
+    pub add_eos_token: bool,
+    /// The context: prompt plus completion tokens.
+    pub model_max_length: usize,
+    pub vocab_size: usize,
+    /// The Jinja template chat requests are rendered with (Kiln's default when the model
+    /// ships none).
+    pub chat_template: String,
+}
+
 /// `GET /health`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct HealthResponse {
