@@ -130,6 +130,9 @@ pub struct ModelConfig {
     pub tool_call_parser: Option<ToolCallParser>,
     /// Split the model's reasoning into `reasoning_content`; off by default.
     pub reasoning_parser: Option<ReasoningParser>,
+    /// Serve `POST /v1/embeddings` (pooled by the model's stated pooling, else its last
+    /// token's hidden state); off by default: the route answers 400.
+    pub embeddings: bool,
 }
 
 /// Tool-call formats (`--tool-call-parser`).
@@ -162,6 +165,7 @@ impl Default for ModelConfig {
             devices: vec!["cpu".into()],
             tool_call_parser: None,
             reasoning_parser: None,
+            embeddings: false,
         }
     }
 }
@@ -198,6 +202,8 @@ pub struct LimitsConfig {
     pub max_logit_bias: usize,
     /// Most chat messages.
     pub max_messages: usize,
+    /// Most inputs in one embeddings request.
+    pub max_embedding_inputs: usize,
 }
 
 impl Default for LimitsConfig {
@@ -210,6 +216,7 @@ impl Default for LimitsConfig {
             max_prompts: 64,
             max_logit_bias: 1024,
             max_messages: 1024,
+            max_embedding_inputs: 2048,
         }
     }
 }
@@ -286,6 +293,16 @@ pub struct ServeArgs {
     /// Reasoning format whose thinking goes to `reasoning_content` (think).
     #[arg(long, value_enum, env = "KILN_REASONING_PARSER")]
     pub reasoning_parser: Option<ReasoningParser>,
+    /// Serve POST /v1/embeddings (`--embeddings`, or `--embeddings=false` to turn the config
+    /// key off).
+    #[arg(
+        long,
+        env = "KILN_EMBEDDINGS",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub embeddings: Option<bool>,
     /// Requests in flight at once before 503 with Retry-After [default: 4096].
     #[arg(long, env = "KILN_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
@@ -352,6 +369,7 @@ impl Config {
         set_list(&mut m.devices, &args.devices);
         set_opt(&mut m.tool_call_parser, &args.tool_call_parser);
         set_opt(&mut m.reasoning_parser, &args.reasoning_parser);
+        set(&mut m.embeddings, &args.embeddings);
         set(&mut s.host, &args.host);
         set(&mut s.port, &args.port);
         set(&mut s.workers, &args.workers);
@@ -424,10 +442,11 @@ impl Config {
             return invalid("server.max_in_flight", "must be positive");
         }
         let l = &self.limits;
-        if l.max_n == 0 || l.max_prompts == 0 || l.max_messages == 0 {
+        if l.max_n == 0 || l.max_prompts == 0 || l.max_messages == 0 || l.max_embedding_inputs == 0
+        {
             return invalid(
                 "limits",
-                "max_n, max_prompts and max_messages must be positive",
+                "max_n, max_prompts, max_messages and max_embedding_inputs must be positive",
             );
         }
         Ok(())
@@ -597,5 +616,28 @@ mod tests {
             let err = cfg.validate().unwrap_err().to_string();
             assert!(err.contains("step_timeout_s"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn embeddings_are_off_unless_the_flag_or_the_file_turns_them_on() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let parse = |args: &[&str]| <Cli as clap::Parser>::try_parse_from(args).unwrap().serve;
+        let mut cfg = Config::default();
+        assert!(!cfg.model.embeddings);
+        cfg.apply(&parse(&["kiln", "--embeddings"]));
+        assert!(cfg.model.embeddings);
+        cfg.apply(&parse(&["kiln", "--embeddings=false"]));
+        assert!(!cfg.model.embeddings);
+        cfg.apply(&parse(&["kiln"]));
+        assert!(
+            !cfg.model.embeddings,
+            "no flag leaves the setting as it was"
+        );
+        let cfg = Config::from_toml("[model]\nembeddings = true\n", Path::new("x")).unwrap();
+        assert!(cfg.model.embeddings);
     }
 }

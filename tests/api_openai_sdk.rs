@@ -1,6 +1,7 @@
 //! Runs `tests/openai_sdk.py` (the real `openai` Python package) against in-process
 //! servers: the general suite on stories260K, the structured-output suite on the random
-//! Llama-2-vocabulary model, the reasoning suite on that model with Qwen-style markup tokens. Skipped, with a note, where `python3` cannot import `openai`; CI installs it.
+//! Llama-2-vocabulary model, the reasoning suite on that model with Qwen-style markup tokens, the
+//! embeddings suite on stories260K with embeddings on. Skipped, with a note, where `python3` cannot import `openai`; CI installs it.
 
 mod api_support;
 mod markup_support;
@@ -110,4 +111,23 @@ async fn openai_python_sdk_reasoning_then_tool_call() {
                                   markup_support::THINK_CLOSE.to_string(): 40});
     let model = "llama-2-tiny-random.gguf";
     run_suite(python, &s, model, "reasoning", &[bias.to_string()]).await;
+}
+
+/// `embeddings.create` through the SDK on a server with embeddings on: its default base64
+/// decoded by the SDK against `encoding_format="float"`, `dimensions`, token-id inputs, and
+/// the error classes it raises.
+#[tokio::test]
+async fn openai_python_sdk_embeddings() {
+    let Some(python) = python_with_openai() else {
+        eprintln!("SKIPPED: python3 cannot import openai (pip install openai to run this test)");
+        if std::env::var("KILN_REQUIRE_OPENAI_SDK").is_ok_and(|v| v == "1") {
+            panic!("KILN_REQUIRE_OPENAI_SDK=1 but the openai package is missing");
+        }
+        return;
+    };
+    let mut cfg = test_config();
+    cfg.server.api_keys = vec!["sk-kiln-test".into()];
+    cfg.model.embeddings = true;
+    let s = start(cfg);
+    run_suite(python, &s, "stories260K.gguf", "embeddings", &[]).await;
 }

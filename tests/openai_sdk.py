@@ -4,7 +4,8 @@ Usage: python3 tests/openai_sdk.py BASE_URL API_KEY MODEL [SUITE [LOGIT_BIAS]]
 (run by tests/api_openai_sdk.rs against an in-process server). SUITE `structured` runs the
 structured-output checks (`structured_*`, on a model with a real vocabulary), `reasoning`
 the `reasoning_*` ones (a server with the `think` reasoning parser and `</think>` as a special
-token; LOGIT_BIAS as JSON), else the `test_*` checks run. Prints one line per check and 'N passed, N failed'; exits non-zero on
+token; LOGIT_BIAS as JSON), `embeddings` the `embeddings_*` ones (a server started with
+embeddings on), else the `test_*` checks run. Prints one line per check and 'N passed, N failed'; exits non-zero on
 any failure.
 """
 
@@ -367,8 +368,38 @@ def reasoning_then_a_constrained_tool_call():
             thought, arguments, finish)
 
 
+def embeddings_float_and_base64_agree():
+    texts = ["Once upon a time", "The cat sat on the mat."]
+    # The SDK asks for base64 by default and decodes the vectors itself.
+    raw = client.embeddings.with_raw_response.create(model=MODEL, input=texts)
+    wire = json.loads(raw.http_response.text)
+    assert all(isinstance(d["embedding"], str) for d in wire["data"]), wire
+    default = raw.parse()
+    floats = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
+    assert [d.index for d in default.data] == [0, 1], default
+    assert default.usage.prompt_tokens == floats.usage.prompt_tokens > 0, (default, floats)
+    assert default.usage.total_tokens == default.usage.prompt_tokens, default
+    for a, b in zip(default.data, floats.data):
+        assert len(a.embedding) == len(b.embedding) > 0
+        assert max(abs(x - y) for x, y in zip(a.embedding, b.embedding)) < 1e-5
+        assert abs(sum(x * x for x in a.embedding) - 1.0) < 1e-4
+    assert max(abs(x - y) for x, y in zip(floats.data[0].embedding, floats.data[1].embedding)) > 1e-3
+
+
+def embeddings_dimensions_ids_and_errors():
+    cut = client.embeddings.create(model=MODEL, input=[[1, 400, 300]], dimensions=8, user="u")
+    v = cut.data[0].embedding
+    assert len(v) == 8 and abs(sum(x * x for x in v) - 1.0) < 1e-4, v
+    assert cut.usage.prompt_tokens == 3, cut
+    expect(openai.BadRequestError, lambda: client.embeddings.create(model=MODEL, input=[]))
+    expect(openai.BadRequestError,
+           lambda: client.embeddings.create(model=MODEL, input="a", dimensions=100000))
+    expect(openai.NotFoundError, lambda: client.embeddings.create(model="nope", input="a"))
+
+
 def main():
-    prefix = {"structured": "structured_", "reasoning": "reasoning_"}.get(SUITE, "test_")
+    prefix = {"structured": "structured_", "reasoning": "reasoning_",
+              "embeddings": "embeddings_"}.get(SUITE, "test_")
     tests = [(n, f) for n, f in globals().items() if n.startswith(prefix) and callable(f)]
     passed = failed = 0
     for name, fn in tests:

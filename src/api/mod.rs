@@ -4,6 +4,7 @@ pub mod auth;
 pub mod chat;
 pub mod completions;
 mod drain;
+pub mod embeddings;
 pub mod errors;
 pub mod extract;
 pub mod fdlimit;
@@ -95,6 +96,7 @@ async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiError
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(completions::completions)
         .service(chat::chat_completions)
+        .service(embeddings::embeddings)
         .service(models::list_models)
         .service(models::retrieve_model)
         .service(tokenize::tokenize)

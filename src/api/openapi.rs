@@ -4,7 +4,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::types::*;
-use super::{chat, completions, health, models, tokenize};
+use super::{chat, completions, embeddings, health, models, tokenize};
 
 /// Kiln's HTTP API.
 #[derive(OpenApi)]
@@ -16,6 +16,7 @@ use super::{chat, completions, health, models, tokenize};
     paths(
         completions::completions,
         chat::chat_completions,
+        embeddings::embeddings,
         models::list_models,
         models::retrieve_model,
         tokenize::tokenize,

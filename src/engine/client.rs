@@ -18,11 +18,11 @@ use super::request::{LaneEvent, step_events};
 use super::scheduler::SeqId;
 use super::validate::{self, Bounds, MAX_CHOICES, ValidRequest};
 use super::{
-    Constraint, Device, EngineConfig, EngineError, EngineStats, GenerateRequest, LaneStats,
-    StreamEvent,
+    Constraint, Device, EmbedHandle, EmbedRequest, EngineConfig, EngineError, EngineStats,
+    GenerateRequest, LaneStats, StreamEvent,
 };
 use crate::backend::{BackendError, DeviceId, GpuOptions};
-use crate::model::{ModelFiles, ModelSpec, PendingTokenizer};
+use crate::model::{ModelFiles, ModelSpec, PendingTokenizer, Pooling};
 use crate::tokenizer::Tokenizer;
 
 struct LaneHandle {
@@ -187,7 +187,7 @@ fn spawn_watchdog(shared: &Arc<Shared>) {
 }
 
 /// The error of a request on a hung lane (`ran`: how long its step had run, when known).
-fn hung_error(lane: usize, ran: Option<Duration>) -> EngineError {
+pub(crate) fn hung_error(lane: usize, ran: Option<Duration>) -> EngineError {
     let ran = ran.map_or(String::new(), |r| {
         format!(" after {:.1} s", r.as_secs_f64())
     });
@@ -540,6 +540,59 @@ impl EngineClient {
     /// its stream; none left is `Overloaded` (429 with Retry-After).
     pub fn submit_valid(&self, mut req: ValidRequest) -> Result<ResponseStream, EngineError> {
         let sh = &self.shared;
+        let stops = req.take_stop_strings();
+        let processor =
+            OutputProcessor::new(sh.tokenizer.as_ref(), req.prompt_ids(), req.n(), stops);
+        // A server-chosen bound: one step's events (n tokens, `Scheduled`, a final error)
+        // plus the configured buffer; `n` is capped by `MAX_CHOICES`.
+        let capacity = sh.cfg.stream_buffer_events.max(1) + step_events(req.n());
+        let q = self.enqueue(req, capacity)?;
+        Ok(ResponseStream {
+            rx: q.rx,
+            lane_tx: q.lane_tx,
+            first: q.first,
+            processor,
+            done: false,
+            lane: q.lane,
+            load: q.load,
+            _permit: q.permit,
+        })
+    }
+
+    /// Checks an embedding input (see [`validate::validate_embed`]), to be pooled by the
+    /// model's pooling ([`Pooling::Last`] when its files state none).
+    pub fn validate_embed(&self, req: EmbedRequest) -> Result<ValidRequest, EngineError> {
+        let sh = &self.shared;
+        let pooling = sh.spec.variant.pooling.unwrap_or(Pooling::Last);
+        validate::validate_embed(req, &sh.bounds, pooling)
+    }
+
+    /// Queues a checked embedding input on a lane like any request: one admission permit,
+    /// the same waiting queue, scheduler and batches as generations.
+    pub fn submit_embed(&self, req: ValidRequest) -> Result<EmbedHandle, EngineError> {
+        if !req.is_embedding() {
+            return Err(EngineError::InvalidRequest {
+                param: None,
+                message: "a generation request was submitted as an embedding".into(),
+            });
+        }
+        let prompt_tokens = req.prompt_ids().len();
+        // `Scheduled`, the vector, the finish and a final error.
+        let q = self.enqueue(req, step_events(1) + 2)?;
+        Ok(EmbedHandle {
+            rx: q.rx,
+            first: q.first.0,
+            lane: q.lane,
+            load: q.load,
+            prompt_tokens,
+            _permit: q.permit,
+        })
+    }
+
+    /// Takes the request's permits, routes it and hands it to its lane with an event channel
+    /// of `capacity`; its lane's waiter list holds the channel until the receiver drops.
+    fn enqueue(&self, req: ValidRequest, capacity: usize) -> Result<Queued, EngineError> {
+        let sh = &self.shared;
         let overloaded = || EngineError::Overloaded {
             waiting: sh.permits - sh.admission.available_permits(),
             retry_after_s: 1,
@@ -565,13 +618,7 @@ impl EngineClient {
         }
         let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
         let first = SeqId(id * MAX_CHOICES as u64);
-        // A server-chosen bound: one step's events (n tokens, `Scheduled`, a final error)
-        // plus the configured buffer; `n` is capped by `MAX_CHOICES`.
-        let capacity = sh.cfg.stream_buffer_events.max(1) + step_events(req.n());
         let (tx, rx) = mpsc::channel(capacity);
-        let stops = req.take_stop_strings();
-        let processor =
-            OutputProcessor::new(sh.tokenizer.as_ref(), req.prompt_ids(), req.n(), stops);
         let msg = NewRequest {
             first,
             req,
@@ -585,24 +632,34 @@ impl EngineClient {
             .lock()
             .expect("waiters lock")
             .insert(first.0, weak);
-        let stream = ResponseStream {
-            rx,
-            lane_tx: lane_tx.clone(),
-            first,
-            processor,
-            done: false,
-            lane,
-            load,
-            _permit: permit,
-        };
-        lane_tx
-            .try_send(LaneMsg::Submit(Box::new(msg)))
-            .map_err(|e| match e {
+        if let Err(e) = lane_tx.try_send(LaneMsg::Submit(Box::new(msg))) {
+            if let Ok(mut w) = load.waiters.lock() {
+                w.remove(&first.0);
+            }
+            return Err(match e {
                 mpsc::error::TrySendError::Full(_) => overloaded(),
                 mpsc::error::TrySendError::Closed(_) => EngineError::ShuttingDown,
-            })?;
-        Ok(stream)
+            });
+        }
+        Ok(Queued {
+            rx,
+            lane_tx,
+            first,
+            lane,
+            load,
+            permit,
+        })
     }
+}
+
+/// A request handed to its lane: what its stream or handle keeps.
+struct Queued {
+    rx: mpsc::Receiver<LaneEvent>,
+    lane_tx: mpsc::Sender<LaneMsg>,
+    first: SeqId,
+    lane: usize,
+    load: Arc<LaneLoad>,
+    permit: OwnedSemaphorePermit,
 }
 
 /// Events of one request. Dropping it aborts the request; its blocks are freed within a step.

@@ -385,7 +385,7 @@ impl<B: Backend> Lane<'_, B> {
         let grammars = self.sched.grammars_to_mask(step);
         let (model, backend, kv) = (&mut self.model, &mut self.backend, &mut self.kv);
         let peers = self.peers.as_ref();
-        let logits = rayon::in_place_scope(|scope| {
+        rayon::in_place_scope(|scope| {
             if !grammars.is_empty() {
                 scope.spawn(|_| compute_masks(grammars));
             }
@@ -393,7 +393,16 @@ impl<B: Backend> Lane<'_, B> {
                 Some(p) => p.step(&step.plan, || model.forward(backend, kv, &step.plan)),
                 None => model.forward(backend, kv, &step.plan),
             }
+            .map(drop)
         })?;
+        if self.sched.wants_hidden(step) {
+            // Embeddings: the final-norm rows of the logits rows, downloaded to be pooled.
+            let rows = step.plan.num_logits_rows();
+            let hidden = self.backend.to_host(self.model.hidden_rows(), rows)?;
+            self.sched
+                .pool_hidden(step, &hidden, self.model.spec.hidden);
+        }
+        let logits = self.model.logits();
         let sampled = self.backend.sample(logits, &self.sched.sample_rows(step))?;
         for out in self.sched.update(step, sampled) {
             out.emit();

@@ -4,8 +4,10 @@
 pub mod blocks;
 mod client;
 mod constraint;
+mod embed;
 mod lane;
 mod output;
+mod pooling;
 mod request;
 pub mod scheduler;
 mod shards;
@@ -14,6 +16,8 @@ pub mod types;
 mod validate;
 
 pub use client::{Engine, EngineClient, ResponseStream};
+pub use embed::EmbedHandle;
+pub use pooling::{EmbedRequest, Embedding, normalize};
 pub use stats::{EngineStats, LaneStats};
 pub use types::*;
 pub use validate::{MAX_CHOICES, ValidRequest};

@@ -118,6 +118,8 @@ impl OutputProcessor {
                 }
                 None
             }
+            // Embeddings are read by their own handle, never through this processor.
+            LaneEvent::Embedding { .. } => None,
             LaneEvent::Finish { choice, reason } => {
                 if self.choices.get(choice).is_some_and(|c| !c.done) {
                     self.end_choice(choice, reason, Instant::now());

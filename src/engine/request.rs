@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 
 use super::constraint::Grammar;
 use super::{EngineError, FinishReason, TokenInfo};
+use crate::model::Pooling;
 use crate::sampling::{Sampled, SamplingParams};
 
 /// Events from a lane to one request's output processor.
@@ -32,6 +33,10 @@ pub(crate) enum LaneEvent {
     PromptLogprobs {
         tokens: Vec<TokenInfo>,
         complete: bool,
+    },
+    /// The pooled hidden state of an embedding request (its one sequence is done).
+    Embedding {
+        vector: Vec<f32>,
     },
     /// A choice ended without a token: `max_tokens` 0 computes the prompt only.
     Finish {
@@ -72,6 +77,8 @@ pub(crate) struct LaneRequest {
     pub n: usize,
     /// The constraint's matcher in its start state; each choice runs a fork of it.
     pub grammar: Option<Grammar>,
+    /// An embedding request: its prompt's hidden rows are pooled so; nothing is sampled.
+    pub pooling: Option<Pooling>,
     events: mpsc::Sender<LaneEvent>,
     scheduled: Cell<bool>,
     failed: Cell<bool>,
@@ -98,6 +105,7 @@ impl LaneRequest {
             limits,
             n,
             grammar: None,
+            pooling: None,
             events,
             scheduled: Cell::new(false),
             failed: Cell::new(false),
@@ -108,6 +116,12 @@ impl LaneRequest {
     /// The request with its choices constrained by `grammar`.
     pub fn with_grammar(mut self, grammar: Option<Grammar>) -> Self {
         self.grammar = grammar;
+        self
+    }
+
+    /// The request as an embedding pooled by `pooling` (`None`: a generation).
+    pub fn with_pooling(mut self, pooling: Option<Pooling>) -> Self {
+        self.pooling = pooling;
         self
     }
 
@@ -170,6 +184,8 @@ pub(crate) struct SeqOutput {
     pub finish: Result<Option<FinishReason>, String>,
     /// The token is a stop id (not shown as text).
     pub stop_token: bool,
+    /// An embedding's pooled vector (its sequence is done).
+    pub embedding: Option<Vec<f32>>,
 }
 
 impl SeqOutput {
@@ -178,6 +194,9 @@ impl SeqOutput {
         let r = &self.request;
         if let Some((tokens, complete)) = self.prompt {
             r.emit(LaneEvent::PromptLogprobs { tokens, complete });
+        }
+        if let Some(vector) = self.embedding {
+            r.emit(LaneEvent::Embedding { vector });
         }
         match (self.sampled, self.finish) {
             (_, Err(message)) => r.fail(EngineError::InvalidRequest {

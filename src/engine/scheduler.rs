@@ -11,6 +11,7 @@ use super::FinishReason;
 use super::TokenInfo;
 use super::blocks::{BlockId, BlockPool};
 use super::constraint::Grammar;
+use super::pooling::Pooler;
 use super::request::{LaneRequest, SeqOutput};
 use crate::backend::{BatchPlan, SeqSlice};
 use crate::sampling::{Penalties, SampleRow, Sampled, uniform};
@@ -53,6 +54,8 @@ pub struct Sequence {
     /// `None` once the last was sent, or when not asked. Survives preemption: the rows
     /// reported are not reported again, and only they may come from the prefix cache.
     prompt_lp: Option<usize>,
+    /// An embedding's pooling state (its request's `pooling`); it samples nothing.
+    pooler: Option<Pooler>,
 }
 
 impl Sequence {
@@ -68,6 +71,7 @@ impl Sequence {
         Self {
             id,
             prompt_lp,
+            pooler: request.pooling.map(Pooler::new),
             prompt_len: prompt.len(),
             penalties: Penalties::new(&request.params, &prompt),
             grammar: request.grammar.clone(),
@@ -128,10 +132,12 @@ impl Sequence {
         Some((new, complete))
     }
 
-    /// Whether every row of this sequence's next chunk produces logits (prompt logprobs).
+    /// Whether every row of this sequence's next chunk produces logits (prompt logprobs), or
+    /// hidden rows to pool (an embedding's mean, or its first token's chunk for CLS).
     fn every_row(&self) -> bool {
         self.prompt_lp
             .is_some_and(|done| done + 1 < self.prompt_len)
+            || self.pooler.as_ref().is_some_and(Pooler::every_row)
     }
 
     /// The sampler's view of this sequence for its next token.
@@ -412,9 +418,10 @@ impl Scheduler {
             if seq.blocks.is_empty() {
                 // Keep at least one token to compute so the step yields logits; a sequence
                 // reporting prompt logprobs computes every prompt row not yet reported.
-                let keep = match seq.prompt_lp {
-                    Some(done) => done.min(seq.tokens.len() - 1),
-                    None => seq.tokens.len() - 1,
+                let keep = match (seq.prompt_lp, &seq.pooler) {
+                    (Some(done), _) => done.min(seq.tokens.len() - 1),
+                    (None, Some(p)) => p.cacheable(seq.tokens.len()),
+                    (None, None) => seq.tokens.len() - 1,
                 };
                 let (blocks, hashes) = self.pool.take_cached_prefix(&seq.tokens[..keep], bs);
                 self.counters.prefix_queries += seq.tokens.len() as u64;
@@ -507,6 +514,12 @@ impl Scheduler {
         let mut rows = Vec::with_capacity(step.plan.num_logits_rows());
         for p in &step.seqs {
             let s = self.running_seq(p.id);
+            if s.pooler.is_some() {
+                // An embedding's rows are pooled, not sampled: each is a forced row.
+                let params = &s.request.prompt_params;
+                rows.extend((0..p.logits_rows()).map(|_| SampleRow::forced(params, 0)));
+                continue;
+            }
             if p.every_row {
                 let (from, to) = (s.num_computed, s.num_computed + p.num_tokens);
                 let last = if p.wants_logits { to - 1 } else { to };
@@ -518,6 +531,39 @@ impl Scheduler {
             }
         }
         rows
+    }
+
+    /// Whether the step holds an embedding, whose hidden rows [`Scheduler::pool_hidden`] needs.
+    pub fn wants_hidden(&self, step: &Step) -> bool {
+        step.seqs
+            .iter()
+            .any(|p| self.running_seq(p.id).pooler.is_some())
+    }
+
+    /// Pools the hidden rows of a computed step's embeddings, before [`Scheduler::update`]:
+    /// `hidden` holds the final-norm rows of the step's logits rows in order
+    /// ([`BatchPlan::logits_rows`]), `width` values each.
+    pub fn pool_hidden(&mut self, step: &Step, hidden: &[f32], width: usize) {
+        let mut row = 0;
+        for p in &step.seqs {
+            let k = p.logits_rows();
+            let Some(s) = self.running.iter_mut().find(|s| s.id == p.id) else {
+                row += k;
+                continue;
+            };
+            // The step's first row sits at `num_computed`; a single row is the chunk's last.
+            let first = match p.every_row {
+                true => s.num_computed,
+                false => s.num_computed + p.num_tokens - 1,
+            };
+            if let (Some(pl), Some(rows)) = (
+                s.pooler.as_mut(),
+                hidden.get(row * width..(row + k) * width),
+            ) {
+                pl.take(first, rows, width);
+            }
+            row += k;
+        }
     }
 
     /// Applies a computed step (vLLM's `update_from_output`): marks its tokens as computed,
@@ -536,7 +582,14 @@ impl Scheduler {
             };
             let prompt = seq.report_prompt(p.num_tokens, mine);
             let (mut finish, mut stop_token) = (Ok(None), false);
+            let mut embedding = None;
             let sampled = match token {
+                // An embedding's last chunk: its pooled vector is its output.
+                Some(_) if seq.pooler.is_some() => {
+                    embedding = seq.pooler.as_ref().map(|pl| pl.finish(seq.prompt_len));
+                    finish = Ok(Some(FinishReason::Stop));
+                    None
+                }
                 // `max_tokens` 0: the prompt was all there was to compute.
                 Some(_) if seq.request.limits.max_tokens == 0 => {
                     finish = Ok(Some(FinishReason::Length));
@@ -558,6 +611,7 @@ impl Scheduler {
                     sampled,
                     finish,
                     stop_token,
+                    embedding,
                 });
             }
             if ends {

@@ -6,7 +6,8 @@ use tokio::sync::mpsc;
 
 use super::constraint::Grammar;
 use super::request::{LaneEvent, LaneRequest, Limits};
-use super::{EngineError, GenerateRequest};
+use super::{EmbedRequest, EngineError, GenerateRequest};
+use crate::model::Pooling;
 use crate::sampling::SamplingParams;
 
 /// Most choices one request may ask for.
@@ -35,6 +36,8 @@ pub struct ValidRequest {
     n: usize,
     priority: i32,
     grammar: Option<Grammar>,
+    /// An embedding's pooling (`None`: a generation).
+    pooling: Option<Pooling>,
 }
 
 impl ValidRequest {
@@ -50,6 +53,10 @@ impl ValidRequest {
     pub fn max_tokens(&self) -> usize {
         self.limits.max_tokens
     }
+    /// Whether this is an embedding input (pooled, nothing sampled).
+    pub fn is_embedding(&self) -> bool {
+        self.pooling.is_some()
+    }
     /// Stop strings, for the output processor (text-based, so they are not the lane's).
     pub(crate) fn take_stop_strings(&mut self) -> Vec<String> {
         std::mem::take(&mut self.stop_strings)
@@ -57,7 +64,8 @@ impl ValidRequest {
     /// The lane's view: the prompt, what the choices share, and the priority.
     pub(crate) fn into_lane(self, events: mpsc::Sender<LaneEvent>) -> (Vec<u32>, LaneRequest, i32) {
         let request = LaneRequest::new(self.params, self.seed, self.limits, self.n, events)
-            .with_grammar(self.grammar);
+            .with_grammar(self.grammar)
+            .with_pooling(self.pooling);
         (self.prompt_ids, request, self.priority)
     }
 }
@@ -163,6 +171,7 @@ pub(crate) fn validate(
         n: req.n,
         priority: req.priority,
         grammar,
+        pooling: None,
     })
 }
 
@@ -187,6 +196,62 @@ fn checked_max_tokens(
         ));
     }
     Ok(m)
+}
+
+/// Checks an embedding input against `b`: a non-empty prompt of in-vocabulary ids that fits
+/// the context (it may fill it: nothing is generated) and the KV pool. The request computes
+/// its prompt, pools its hidden rows by `pooling` and samples nothing.
+pub(crate) fn validate_embed(
+    req: EmbedRequest,
+    b: &Bounds,
+    pooling: Pooling,
+) -> Result<ValidRequest, EngineError> {
+    let (p, param) = (req.prompt_ids.len(), req.prompt_param);
+    if p == 0 {
+        return Err(invalid(param, "the input is empty".into()));
+    }
+    if let Some(t) = req.prompt_ids.iter().find(|&&t| t as usize >= b.vocab_size) {
+        return Err(invalid(
+            param,
+            format!(
+                "token id {t} is out of range (vocabulary of {})",
+                b.vocab_size
+            ),
+        ));
+    }
+    if p > b.max_len {
+        return Err(EngineError::ContextLength {
+            param,
+            message: format!(
+                "This model's maximum context length is {} tokens. However, your input resulted in {p} tokens. Please reduce the length of the input.",
+                b.max_len
+            ),
+        });
+    }
+    if p > b.pool_tokens {
+        return Err(invalid(
+            param,
+            format!(
+                "{p} tokens do not fit the KV cache of {} tokens",
+                b.pool_tokens
+            ),
+        ));
+    }
+    Ok(ValidRequest {
+        prompt_ids: req.prompt_ids,
+        params: SamplingParams::greedy(),
+        seed: 0,
+        limits: Limits {
+            max_tokens: 0,
+            max_len: b.max_len,
+            stop_ids: Vec::new(),
+        },
+        stop_strings: Vec::new(),
+        n: 1,
+        priority: 0,
+        grammar: None,
+        pooling: Some(pooling),
+    })
 }
 
 #[cfg(test)]

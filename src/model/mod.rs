@@ -4,6 +4,7 @@
 pub mod dummy;
 pub mod gguf;
 pub mod moe;
+pub mod pooling;
 pub mod source;
 pub mod spec;
 pub mod variant;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 /// GGML element types and dequantizers (they live with the backend's host tensors).
 pub use crate::backend::quant;
 use crate::tokenizer::Tokenizer;
+pub use pooling::Pooling;
 pub use source::{DummySource, SafetensorsSource, TensorSource};
 pub use spec::{ModelSpec, RopeLayout, RopeSpec, SpecField};
 
@@ -220,7 +222,8 @@ impl ModelFiles {
                 ));
             }
             LoadFormat::Hf => {
-                let spec = hf_spec_at(&path.join("config.json"))?;
+                let mut spec = hf_spec_at(&path.join("config.json"))?;
+                spec.variant.pooling = pooling::from_hf_dir(path)?;
                 let tokenizer = match with_tokenizer {
                     true => hf_tokenizer(path)?,
                     false => None,

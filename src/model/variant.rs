@@ -41,6 +41,9 @@ pub struct Variant {
     pub fused_tensors: bool,
     /// Every layer's FFN is a mixture of experts of this shape (Qwen3-MoE, Mixtral).
     pub moe: Option<MoeShape>,
+    /// How an embedding pools the hidden states, as the files state it (`None`: not
+    /// stated; embeddings then take the last token's).
+    pub pooling: Option<super::Pooling>,
 }
 
 impl Variant {
@@ -138,6 +141,7 @@ pub fn gguf_variant(
         .filter(|&w| w > 0)
         .map(|w| w as usize);
     v.moe = super::moe::gguf_moe(g, arch, d.ff)?;
+    v.pooling = super::pooling::from_gguf(g, arch)?;
     match arch {
         "qwen3" | "qwen3moe" => v.qk_norm = true,
         "gemma2" | "gemma3" => {

@@ -154,6 +154,12 @@ impl<B: Backend> Llama<B> {
         &self.scratch.logits
     }
 
+    /// `[S, hidden]` the final-norm hidden states of the last [`Llama::forward`]'s logits
+    /// rows, in the order of its logits (what embeddings pool), valid until the next call.
+    pub fn hidden_rows(&self) -> &B::Tensor {
+        &self.scratch.last
+    }
+
     /// Runs one step. Returns the logits of the plan's logits rows (`plan.logits_rows()`,
     /// in order) in the first rows of the buffer (a padded step computes more after
     /// them), valid until the next call.

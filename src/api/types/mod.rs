@@ -4,6 +4,7 @@
 mod chat;
 mod check;
 mod completion;
+mod embedding;
 
 use std::collections::HashMap;
 
@@ -13,6 +14,7 @@ use utoipa::ToSchema;
 pub use chat::*;
 pub use check::CheckRequest;
 pub use completion::*;
+pub use embedding::*;
 
 /// `{"error": {...}}`: every error response and mid-stream error frame.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
