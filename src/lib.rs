@@ -6,6 +6,7 @@ pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod generate;
+pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod runner;

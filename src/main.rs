@@ -75,13 +75,9 @@ struct GenerateArgs {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KILN_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    kiln::logging::init(
+        tracing_subscriber::EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| "info".into()),
+    );
     match Cli::parse().command {
         Command::Generate(args) => generate(args),
         Command::Serve(args) => kiln::api::serve::run(&args),

@@ -36,6 +36,7 @@ pub mod names {
     pub const BUILD_INFO: &str = "kiln_build_info";
     pub const STEP_DURATION: &str = "kiln_step_duration_seconds";
     pub const KERNEL_DURATION: &str = "kiln_kernel_duration_seconds";
+    pub const LOG_LINES_DROPPED: &str = "kiln_log_lines_dropped_total";
 }
 
 const TTFT_BUCKETS: &[f64] = &[
@@ -214,6 +215,7 @@ impl Metrics {
     /// Prometheus text exposition of everything, engine gauges read from `stats`.
     pub fn render(&self, stats: Option<&EngineStats>) -> String {
         let mut families = self.registry.gather();
+        families.extend(process_families());
         if let Some(s) = stats {
             families.extend(engine_families(s));
         }
@@ -235,6 +237,17 @@ impl Metrics {
         }
         text
     }
+}
+
+/// Families of process-wide counts (one log output per process, not per server).
+fn process_families() -> Vec<MetricFamily> {
+    let dropped = IntCounter::new(
+        names::LOG_LINES_DROPPED,
+        "Log lines dropped because the log output (stderr) refused them: a full disk, a closed pipe.",
+    )
+    .expect("static counter");
+    dropped.inc_by(crate::logging::dropped_lines());
+    dropped.collect()
 }
 
 /// Families built from a snapshot, so the engine never imports Prometheus types.
@@ -416,6 +429,7 @@ mod tests {
             "kiln_http_requests_client_disconnected_total 1",
             "kiln_http_requests_overloaded_total 1",
             "kiln_http_requests_in_flight 3",
+            "# TYPE kiln_log_lines_dropped_total counter",
             "kiln_time_to_first_token_seconds_count 1",
             "kiln_inter_token_latency_seconds_count 3",
             "kiln_e2e_request_latency_seconds_count 1",
