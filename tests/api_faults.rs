@@ -1,10 +1,15 @@
 //! The server where its inputs or surroundings fail (issue 37): stderr on a full device or a
 //! closed pipe (the `kiln serve` binary starts, serves, counts the dropped log lines and exits
-//! on SIGTERM).
+//! on SIGTERM); chat templates from the model file that loop or double a string (400 naming
+//! the template limit, quickly, and the server serves on).
+
+mod api_support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use api_support::{assert_error, model_files, post, start_with, test_config};
+use kiln::tokenizer::Tokenizer;
 use serde_json::json;
 
 /// Kills the server if the test fails before it exits.
@@ -127,4 +132,59 @@ async fn stderr_on_a_closed_pipe_neither_stops_start_nor_shutdown() {
     let mut guard = serve(port, Stdio::piped(), &[]);
     drop(guard.0.stderr.take());
     serves_and_stops_with_a_broken_stderr(guard, port).await;
+}
+
+/// A template that loops past its fuel for the message `loop`, doubles a string past its
+/// output cap for `double`, and renders the messages plainly otherwise.
+const BOMB_TEMPLATE: &str = "{% if messages[0].content == 'loop' %}\
+{% for a in range(100000) %}{% for b in range(100000) %}{{ '' }}{% endfor %}{% endfor %}\
+{% elif messages[0].content == 'double' %}{% set ns = namespace(s='ab') %}\
+{% for i in range(64) %}{{ ns.s }}{% set ns.s = ns.s ~ ns.s %}{% endfor %}\
+{% else %}{% for m in messages %}{{ m.content }}{% endfor %}{% endif %}";
+
+/// The fixture's tokenizer with [`BOMB_TEMPLATE`] as its chat template.
+fn bomb_tokenizer() -> Tokenizer {
+    let base = model_files().tokenizer.expect("a tokenizer");
+    let dir = std::env::temp_dir().join(format!("kiln-api-faults-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        base.hf().to_string(false).unwrap(),
+    )
+    .unwrap();
+    let config = json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": BOMB_TEMPLATE});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    Tokenizer::from_file(
+        &dir.join("tokenizer.json"),
+        Some(&dir.join("tokenizer_config.json")),
+    )
+    .expect("tokenizer with the bomb template")
+}
+
+#[tokio::test]
+async fn template_bombs_answer_400_quickly_and_the_server_serves_on() {
+    let mut files = model_files();
+    files.tokenizer = Some(bomb_tokenizer());
+    let s = start_with(files, test_config());
+    let chat = |content: &str| json!({"messages": [{"role": "user", "content": content}], "max_tokens": 2});
+    for (content, limit) in [("loop", "instruction limit"), ("double", "output limit")] {
+        let start = Instant::now();
+        let (status, _, body) = post(&s.base, "/v1/chat/completions", &chat(content)).await;
+        assert_error(
+            status,
+            &body,
+            400,
+            "invalid_request_error",
+            Some("messages"),
+        );
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(limit), "{content}: {message}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{content}: {:?}",
+            start.elapsed()
+        );
+    }
+    let (status, _, body) = post(&s.base, "/v1/chat/completions", &chat("Once upon a time")).await;
+    assert_eq!(status, 200, "{body}");
 }

@@ -240,7 +240,9 @@ impl From<EngineError> for ApiError {
 impl From<ChatTemplateError> for ApiError {
     fn from(e: ChatTemplateError) -> Self {
         match e {
-            ChatTemplateError::Render(m) => ApiError::invalid("messages", m),
+            ChatTemplateError::Render(m) | ChatTemplateError::Limit(m) => {
+                ApiError::invalid("messages", m)
+            }
             ChatTemplateError::Syntax(m) => ApiError::Internal(format!("chat template: {m}")),
         }
     }

@@ -31,6 +31,23 @@ pub const DEFAULT_CHAT_TEMPLATE: &str = "{{ bos_token }}\
 /// Name under which the template is stored in its environment.
 const NAME: &str = "chat";
 
+/// Instructions one render may run (minijinja's fuel; well under a second of one core). The
+/// shipped templates render `limits.max_messages` (1,024) messages with tools well within it;
+/// nested loops over long ranges run out of it.
+pub const RENDER_FUEL: u64 = 20_000_000;
+
+/// How deep one render may nest (minijinja's recursion limit: a loop or `if` counts 1, a
+/// macro call about 10), well inside a 2 MiB blocking thread's stack; a macro or a
+/// `recursive` loop calling itself without end reaches it.
+pub const RENDER_RECURSION: usize = 200;
+
+/// Bytes one render may write: a prompt past this cannot fit any context Kiln serves
+/// (request bodies stop at `server.max_body_bytes`), so a template that writes more (a
+/// string doubled in a loop) stops here instead of filling memory. A string doubled in a
+/// variable and never written is not caught: minijinja has no hook on `~` (its `*` stops at
+/// 100 MB).
+pub const RENDER_MAX_BYTES: usize = 64 << 20;
+
 /// Errors from compiling or rendering a chat template.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatTemplateError {
@@ -40,6 +57,10 @@ pub enum ChatTemplateError {
     /// The template refused the conversation (`raise_exception`) or failed while rendering.
     #[error("chat template: {0}")]
     Render(String),
+    /// The render ran past one of its limits ([`RENDER_FUEL`], [`RENDER_RECURSION`],
+    /// [`RENDER_MAX_BYTES`]); the message names it.
+    #[error("chat template: {0}")]
+    Limit(String),
 }
 
 /// One chat turn, its content already flattened to text.
@@ -117,6 +138,8 @@ impl ChatTemplate {
             .build()
             .map_err(|e| ChatTemplateError::Syntax(e.to_string()))?;
         env.set_syntax(syntax);
+        env.set_fuel(Some(RENDER_FUEL));
+        env.set_recursion_limit(RENDER_RECURSION);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -215,10 +238,54 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
-        template
-            .render(ctx)
-            .map_err(|e| ChatTemplateError::Render(describe(&e)))
+        let mut out = CappedOutput::default();
+        match template.render_captured_to(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.bytes)
+                .map_err(|_| ChatTemplateError::Render("output is not UTF-8".into())),
+            Err(_) if out.over => Err(ChatTemplateError::Limit(format!(
+                "the rendered prompt passed the template output limit of {RENDER_MAX_BYTES} bytes"
+            ))),
+            Err(e) => Err(classify(&e)),
+        }
     }
+}
+
+/// A render's output, refusing any write that would take it past [`RENDER_MAX_BYTES`].
+#[derive(Default)]
+struct CappedOutput {
+    bytes: Vec<u8>,
+    /// Set when a write was refused (the render's error is then this limit).
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len().saturating_add(buf.len()) > RENDER_MAX_BYTES {
+            self.over = true;
+            return Err(std::io::Error::other("chat template output limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A render error: the fuel and recursion limits by name, anything else as the template's.
+fn classify(e: &Error) -> ChatTemplateError {
+    if e.kind() == ErrorKind::OutOfFuel {
+        return ChatTemplateError::Limit(format!(
+            "the template ran past its instruction limit ({RENDER_FUEL} steps)"
+        ));
+    }
+    if e.kind() == ErrorKind::InvalidOperation && e.detail() == Some("recursion limit exceeded") {
+        return ChatTemplateError::Limit(format!(
+            "the template nested past its recursion limit ({RENDER_RECURSION})"
+        ));
+    }
+    ChatTemplateError::Render(describe(e))
 }
 
 /// A map that keeps its keys in insertion order (minijinja's own maps sort them), so that
@@ -658,5 +725,66 @@ mod tests {
         assert_eq!(civil_from_days(19_723), (2024, 1, 1));
         assert_eq!(civil_from_days(19_782), (2024, 2, 29));
         assert!(strftime_now("%d %b %Y".into()).len() >= 10);
+    }
+
+    /// Renders `src` over one user message, timing it.
+    fn render_bomb(src: &str) -> (Result<String, ChatTemplateError>, std::time::Duration) {
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let start = std::time::Instant::now();
+        let out = t.render(&[ChatMessage::new("user", "x")], true);
+        (out, start.elapsed())
+    }
+
+    #[test]
+    fn a_looping_template_runs_out_of_fuel() {
+        let src = "{% for a in range(100000) %}{% for b in range(100000) %}{{ '' }}{% endfor %}{% endfor %}";
+        let (out, took) = render_bomb(src);
+        match out {
+            Err(ChatTemplateError::Limit(m)) => assert!(m.contains("instruction limit"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(took.as_secs() < 10, "{took:?}");
+    }
+
+    #[test]
+    fn a_string_doubling_template_stops_at_the_output_cap() {
+        let src = "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{{ ns.s }}{% set ns.s = ns.s ~ ns.s %}{% endfor %}";
+        let (out, took) = render_bomb(src);
+        match out {
+            Err(ChatTemplateError::Limit(m)) => assert!(m.contains("output limit"), "{m}"),
+            other => panic!("{:?}", other.map(|s| s.len())),
+        }
+        assert!(took.as_secs() < 10, "{took:?}");
+    }
+
+    #[test]
+    fn endless_recursion_stops_at_the_recursion_limit() {
+        for src in [
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+            "{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}",
+        ] {
+            match render_bomb(src).0 {
+                Err(ChatTemplateError::Limit(m)) => assert!(m.contains("recursion limit"), "{m}"),
+                other => panic!("{src}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_shipped_templates_render_a_long_conversation_within_the_limits() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
+        let mut conv = Vec::new();
+        for i in 0..512 {
+            conv.push(ChatMessage::new("user", format!("question {i}")));
+            conv.push(ChatMessage::new("assistant", format!("answer {i}")));
+        }
+        conv.push(ChatMessage::new("user", "last"));
+        for file in ["llama31.jinja", "qwen25.jinja", "mistral_v3.jinja"] {
+            let src = std::fs::read_to_string(dir.join(file)).unwrap();
+            let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
+            let out = t.render_with_tools(&conv, &[weather_tool()], true);
+            assert!(out.is_ok(), "{file}: {out:?}");
+        }
     }
 }
