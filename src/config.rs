@@ -397,6 +397,9 @@ impl Config {
             })
         };
         let devices = self.model.parsed_devices()?;
+        if let Err((key, message)) = self.engine.grammar.check() {
+            return Err(ConfigError::Invalid { key, message });
+        }
         if self.model.devices.is_empty() {
             return invalid("model.devices", "at least one device is needed");
         }

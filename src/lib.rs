@@ -1,5 +1,6 @@
 //! Kiln: an OpenAI-compatible, continuous-batching inference server for Llama-family models.
 
+pub mod alloc;
 pub mod api;
 pub mod backend;
 pub mod bench;

@@ -5,48 +5,12 @@
 
 mod api_support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use api_support::{assert_error, client, post, shared, start, test_config};
 use serde_json::{Value, json};
-
-/// Counts the bytes each thread holds, to see what a thread-local cache keeps.
-struct Counting;
-
-thread_local! {
-    static HELD: Cell<isize> = const { Cell::new(0) };
-}
-
-fn held(delta: isize) {
-    let _ = HELD.try_with(|h| h.set(h.get() + delta));
-}
-
-// SAFETY: every call forwards to `System` unchanged; the counter is a const-initialized
-// thread-local `Cell` (no allocation, no destructor), updated with `try_with`.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        held(layout.size() as isize);
-        // SAFETY: the caller's layout is passed on as is.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        held(-(layout.size() as isize));
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        held(new_size as isize - layout.size() as isize);
-        // SAFETY: `ptr` came from `System` with `layout`; the caller guarantees `new_size`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
 
 /// A raw HTTP exchange: writes `request`, reads until the server closes (or `timeout`).
 fn raw(base: &str, request: &[u8], timeout: Duration) -> String {
@@ -396,7 +360,8 @@ fn tokenizer_cache_per_thread_levels_off() {
         "amber", "brook", "cedar", "dune", "ember", "fjord", "glade", "heath",
     ];
     let retained = std::thread::spawn(move || {
-        let held_now = || HELD.with(Cell::get);
+        // Kiln's allocator counts what each thread holds.
+        let held_now = kiln::alloc::thread_net_bytes;
         let start = held_now();
         let mut after = Vec::new();
         for i in 0..20_000usize {

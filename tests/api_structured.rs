@@ -518,3 +518,114 @@ async fn schema_corpus_outputs_validate() {
     assert_eq!(count("validated:"), count("finished:"), "{stdout}");
     assert!(count("finished:") >= 100, "{stdout}");
 }
+
+/// `n` definitions, each a `$ref` to the next inside `anyOf` (issue 37: 300 of them
+/// overflowed the compiling thread's stack and aborted the process).
+fn ref_chain(n: usize) -> Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        defs.insert(
+            format!("d{i}"),
+            json!({"anyOf": [{"$ref": format!("#/$defs/d{}", i + 1)}, {"type": "null"}]}),
+        );
+    }
+    defs.insert(format!("d{n}"), json!({"type": "integer"}));
+    json!({"$ref": "#/$defs/d0", "$defs": defs})
+}
+
+/// A Lark grammar of `n` rules, each naming the next.
+fn lark_chain(n: usize) -> String {
+    let rules: String = (0..n).map(|i| format!("r{i}: \"x\" r{}\n", i + 1)).collect();
+    format!("start: r0\n{rules}r{n}: \"end\"\n")
+}
+
+#[tokio::test]
+async fn constraint_depth_bombs_are_400_naming_the_limit_and_the_server_serves_on() {
+    let schema = |s: Value| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": s}});
+    let cases = [
+        (json!({"response_format": schema(ref_chain(300))}), "response_format"),
+        (json!({"guided_json": ref_chain(20_000)}), "guided_json"),
+        (json!({"structured_outputs": {"json": ref_chain(1000)}}), "structured_outputs"),
+        (json!({"guided_grammar": lark_chain(700)}), "guided_grammar"),
+        (json!({"guided_grammar": format!("start: %json {}", ref_chain(400))}), "guided_grammar"),
+    ];
+    for (extra, param) in cases {
+        for (path, body) in [
+            ("/v1/chat/completions", chat(extra.clone())),
+            ("/v1/completions", completion(extra.clone())),
+        ] {
+            let (s, _, resp) = post(base(), path, &body).await;
+            assert_eq!(s, 400, "{path} {param}: {resp}");
+            assert_eq!(resp["error"]["type"], "invalid_request_error", "{resp}");
+            let p = resp["error"]["param"].as_str().unwrap_or_default();
+            assert!(p.starts_with(param), "{path} {param}: {resp}");
+            let m = resp["error"]["message"].as_str().unwrap();
+            assert!(m.contains("engine.grammar.max_depth"), "{m}");
+        }
+    }
+    // An unsatisfiable schema is refused before anything is queued, with a short message.
+    let never = json!({"guided_json": {"type": "integer", "minimum": 5, "maximum": 3}});
+    let (s, _, resp) = post(base(), "/v1/completions", &completion(never)).await;
+    assert_error(s, &resp, 400, "invalid_request_error", Some("guided_json"));
+    assert!(resp["error"]["message"].as_str().unwrap().len() < 400, "{resp}");
+    let (s, _, body) = post(base(), "/v1/completions", &completion(json!({}))).await;
+    assert_eq!(s, 200, "still serving: {body}");
+}
+
+/// A grammar that takes over a second to compile (40,000 alternatives) fails its own request
+/// once `engine.grammar.timeout_s` passes, on the compile thread, while plain requests beside
+/// it are answered at once: compiles do not run on the tokenizing pool.
+#[tokio::test]
+async fn a_slow_compile_fails_alone_and_plain_requests_stay_fast() {
+    let mut cfg = test_config();
+    cfg.engine.grammar.timeout_s = 0.2;
+    cfg.engine.grammar.threads = 1;
+    cfg.server.blocking_threads = 1;
+    let s = start_with(files(), cfg);
+    let alts: Vec<String> = (0..40_000u32)
+        .map(|i| format!("\"w{:x}q{i}\"", i.wrapping_mul(2_654_435_761)))
+        .collect();
+    let slow = completion(json!({"guided_grammar": format!("start: {}", alts.join(" | "))}));
+    let slow_calls = (0..3).map(|_| post(&s.base, "/v1/completions", &slow));
+    let plain = json!({"prompt": "Answer:", "max_tokens": 4});
+    let plain_calls = (0..4).map(|_| async {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let t0 = std::time::Instant::now();
+        let r = post(&s.base, "/v1/completions", &plain).await;
+        (r, t0.elapsed())
+    });
+    let (slow, plain) = tokio::join!(join_all(slow_calls), join_all(plain_calls));
+    for (status, _, body) in slow {
+        // The first times out; the others wait behind it on the one compile thread.
+        assert!([400, 429].contains(&status), "{status} {body}");
+        if status == 400 {
+            assert_eq!(body["error"]["param"], "guided_grammar");
+            let m = body["error"]["message"].as_str().unwrap();
+            assert!(m.contains("engine.grammar.timeout_s"), "{m}");
+        }
+    }
+    for ((status, _, body), took) in plain {
+        assert_eq!(status, 200, "{body}");
+        // A liveness bound (issue 37: "answered within 5 s"), not a speed claim.
+        assert!(took.as_secs_f64() < 5.0, "a plain request waited {took:?}");
+    }
+}
+
+/// Over a thousand distinct schemas the compiled-grammar cache stays within its byte budget.
+#[tokio::test]
+async fn the_grammar_cache_stays_within_its_budget() {
+    let client = engine();
+    let budget = client_budget();
+    for i in 0..1000 {
+        let schema = json!({"type": "object", "properties": {format!("k{i}"): {"type": "string", "maxLength": i % 50 + 1}}});
+        let c = Constraint::JsonSchema(schema.to_string());
+        client.prepare_constraint(&c, "x").await.expect("compiles");
+        let (_, bytes) = client.grammar_cache_size();
+        assert!(bytes <= budget, "{bytes} > {budget}");
+    }
+    assert!(client.grammar_cache_size().0 > 10);
+}
+
+fn client_budget() -> usize {
+    test_config().engine.grammar.cache_bytes
+}

@@ -312,3 +312,58 @@ async fn named_tool_choice_calls_that_function() {
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0]["function"]["name"], "get_time");
 }
+
+/// A tool whose parameters are what Pydantic writes for nested models: `$defs` and
+/// `#/$defs/...` references (issue 37: once nested in the tool-call grammar they named a
+/// definition the call object lacked, a 400 for ordinary agent code).
+#[tokio::test]
+async fn pydantic_defs_in_tool_parameters_compile_and_fit() {
+    let s = server();
+    let tool = json!({"type": "function", "function": {"name": "book", "parameters": {
+        "$defs": {
+            "Place": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "near": {"anyOf": [{"$ref": "#/$defs/Place"}, {"type": "null"}]}},
+                "required": ["city", "near"], "additionalProperties": false},
+            "Seat": {"type": "string", "enum": ["aisle", "window"]}},
+        "type": "object",
+        "properties": {"to": {"$ref": "#/$defs/Place"}, "seat": {"$ref": "#/$defs/Seat"}},
+        "required": ["to", "seat"], "additionalProperties": false}}});
+    for choice in [json!("required"), json!({"type": "function", "function": {"name": "book"}})] {
+        let req = json!({"messages": [{"role": "user", "content": "Book me a seat to Oslo"}],
+                         "tools": [tool], "tool_choice": choice, "max_tokens": 200,
+                         "temperature": 0});
+        let (status, _, body) = post(&s.base, "/v1/chat/completions", &req).await;
+        assert_eq!(status, 200, "{body}");
+        let call = &body["choices"][0]["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "book", "{body}");
+        if body["choices"][0]["finish_reason"] == "tool_calls" {
+            let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+            assert!(["aisle", "window"].contains(&args["seat"].as_str().unwrap()), "{args}");
+            assert!(args["to"]["city"].is_string(), "{args}");
+        }
+    }
+}
+
+/// Tool parameters deep enough to overflow a compile's stack are a 400 naming `tools`, and
+/// the server serves on.
+#[tokio::test]
+async fn tool_parameters_past_the_depth_limit_are_a_400() {
+    let s = server();
+    let mut defs = serde_json::Map::new();
+    for i in 0..400 {
+        defs.insert(format!("d{i}"), json!({"anyOf": [{"$ref": format!("#/$defs/d{}", i + 1)}, {"type": "null"}]}));
+    }
+    defs.insert("d400".into(), json!({"type": "integer"}));
+    let tool = json!({"type": "function", "function": {"name": "deep", "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}}, "$defs": defs}}});
+    let req = json!({"messages": [{"role": "user", "content": "hi"}], "tools": [tool],
+                     "tool_choice": "required", "max_tokens": 8});
+    let (status, _, body) = post(&s.base, "/v1/chat/completions", &req).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "tools", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("max_depth"), "{body}");
+    let ok = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let (status, _, body) = post(&s.base, "/v1/chat/completions", &ok).await;
+    assert_eq!(status, 200, "the server serves on: {body}");
+}

@@ -243,15 +243,13 @@ pub async fn chat_completions(
     )?;
     let max_tokens = max_reply_tokens(&req)?;
     let tools = ToolRequest::from_request(&req)?;
-    let format = structured::constraint(&ready.client, req.structured()).await?;
+    let format = structured::parse(req.structured())?;
     let msgs = messages(&req.messages, limits)?;
     let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
     let template_tools = tools.template_tools().to_vec();
     let (ids, thinking) = render_prompt(ready, msgs, template_tools, add_generation_prompt).await?;
     let (parse, tool_constraint) = reply_parsing(&state, ready, &tools, thinking);
-    let constraint = one_constraint(&ready.client, format, tool_constraint)
-        .await?
-        .map(|c| after_reasoning(c, parse));
+    let constraint = prepared_constraint(&ready.client, format, tool_constraint, parse).await?;
     let stream = ready.client.submit(GenerateRequest {
         prompt_ids: ids,
         prompt_param: "messages",
@@ -287,7 +285,7 @@ pub async fn chat_completions(
 }
 
 /// How replies are parsed (tool calls, reasoning) and the constraint that forces a call.
-fn reply_parsing(
+pub(crate) fn reply_parsing(
     state: &AppState,
     ready: &Ready,
     tools: &ToolRequest,
@@ -309,7 +307,7 @@ fn reply_parsing(
 /// grammar of `tool_choice` "required" / a named function, compiled before anything is
 /// queued (a 400 naming `tools` when the functions' schemas do not compile). Both at once
 /// is a 400: the reply cannot be a tool call and free JSON at the same time.
-async fn one_constraint(
+pub(crate) async fn one_constraint(
     client: &crate::engine::EngineClient,
     format: Option<crate::engine::Constraint>,
     tools: Option<crate::engine::Constraint>,
@@ -320,20 +318,45 @@ async fn one_constraint(
             "`response_format` cannot be combined with `tool_choice` \"required\" or a named function",
         )),
         (None, Some(c)) => {
-            let client = client.clone();
-            blocking(move || {
-                client.check_constraint(&c, "tools")?;
-                Ok(Some(c))
-            })
-            .await
+            client.prepare_constraint(&c, "tools").await?;
+            Ok(Some(c))
         }
         (format, None) => Ok(format),
     }
 }
 
+/// The request's one constraint as [`one_constraint`] picks it (`format` with the field that
+/// asked for it), held after the reasoning ([`after_reasoning`]), compiled on the engine's
+/// compile threads before anything is queued: a 400 naming that field (or `tools`) when it
+/// does not compile, is past a limit, or takes too long.
+pub(crate) async fn prepared_constraint(
+    client: &crate::engine::EngineClient,
+    format: Option<(crate::engine::Constraint, &'static str)>,
+    tools: Option<crate::engine::Constraint>,
+    parse: ParseOptions,
+) -> Result<Option<crate::engine::Constraint>, ApiError> {
+    let (c, param) = match (format, tools) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "response_format",
+                "`response_format` cannot be combined with `tool_choice` \"required\" or a named function",
+            ));
+        }
+        (None, Some(c)) => (c, "tools"),
+        (Some((c, param)), None) => (c, param),
+        (None, None) => return Ok(None),
+    };
+    let c = after_reasoning(c, parse);
+    client.prepare_constraint(&c, param).await?;
+    Ok(Some(c))
+}
+
 /// With a reasoning parser, the constraint holds for the answer only: the thinking before
 /// `</think>` stays free (the prompt may already have opened it).
-fn after_reasoning(c: crate::engine::Constraint, parse: ParseOptions) -> crate::engine::Constraint {
+pub(crate) fn after_reasoning(
+    c: crate::engine::Constraint,
+    parse: ParseOptions,
+) -> crate::engine::Constraint {
     if !parse.reasoning {
         return c;
     }

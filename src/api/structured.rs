@@ -7,7 +7,6 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use super::blocking;
 use super::errors::ApiError;
 use crate::engine::{Constraint, EngineClient};
 
@@ -205,8 +204,9 @@ fn schema(param: &'static str, v: &Value) -> Result<Constraint, ApiError> {
     Ok(Constraint::JsonSchema(text))
 }
 
-/// [`parse`], then the constraint compiled on the blocking pool (the engine caches it for the
-/// request that follows); a constraint that does not compile is a 400 naming its field.
+/// [`parse`], then the constraint compiled on the engine's compile threads (the engine caches
+/// it for the request that follows); a constraint that does not compile, is past a limit or
+/// takes too long is a 400 naming its field.
 pub async fn constraint(
     client: &EngineClient,
     f: &StructuredFields,
@@ -214,12 +214,8 @@ pub async fn constraint(
     let Some((c, param)) = parse(f)? else {
         return Ok(None);
     };
-    let client = client.clone();
-    blocking(move || {
-        client.check_constraint(&c, param)?;
-        Ok(Some(c))
-    })
-    .await
+    client.prepare_constraint(&c, param).await?;
+    Ok(Some(c))
 }
 
 #[cfg(test)]

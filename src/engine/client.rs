@@ -3,7 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures_util::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::constraint::{Grammar, Grammars};
+use super::constraint::Compiler;
 use super::lane::{self, LaneLoad, LaneMsg, NewRequest};
 use super::output::OutputProcessor;
 use super::request::{LaneEvent, step_events};
@@ -52,8 +52,8 @@ struct Shared {
     /// one lane further, so requests routed at the same moment (before either one's blocks
     /// are counted, or while a lane republishes its pool) still spread.
     route_turn: AtomicUsize,
-    /// The token trie and compiled grammars, built at the first constrained request.
-    grammars: OnceLock<Result<Grammars, String>>,
+    /// Compiles constraints on threads of its own; the token trie and compiled grammars.
+    compiler: Arc<Compiler>,
 }
 
 /// A running engine; dropping it stops the lanes.
@@ -365,6 +365,14 @@ impl Engine {
                 .unwrap_or_default(),
         };
         let permits = cfg.max_waiting + lanes.len() * cfg.max_num_seqs;
+        let compiler = Compiler::new(
+            tokenizer.clone(),
+            bounds.vocab_size,
+            bounds.eos_ids.clone(),
+            &cfg.grammar,
+        )
+        .map(Arc::new)
+        .map_err(|e| EngineError::Load(format!("cannot start the grammar threads: {e}")))?;
         let shared = Shared {
             lanes,
             tokenizer,
@@ -376,7 +384,7 @@ impl Engine {
             permits,
             next_id: AtomicU64::new(1),
             route_turn: AtomicUsize::new(0),
-            grammars: OnceLock::new(),
+            compiler,
         };
         let engine = Engine {
             client: EngineClient {
@@ -391,7 +399,7 @@ impl Engine {
         let _ = std::thread::Builder::new()
             .name("kiln-grammars".into())
             .spawn(move || {
-                if let Err(e) = warm.grammars() {
+                if let Err(e) = warm.shared.compiler.grammars() {
                     tracing::info!("constrained decoding unavailable: {e}");
                 }
             });
@@ -467,42 +475,45 @@ impl EngineClient {
         })
     }
 
-    /// Checks every limit of `req` (the one place they are checked) and compiles its
-    /// constraint (a compile error names `response_format`; see [`Self::check_constraint`]).
+    /// Checks every limit of `req` (the one place they are checked) and takes its
+    /// constraint's grammar (compiled by [`Self::prepare_constraint`], else compiled now on
+    /// a compile thread; a compile error names `response_format`).
     pub fn validate(&self, mut req: GenerateRequest) -> Result<ValidRequest, EngineError> {
-        let grammar = match req.constraint.take() {
-            Some(c) => Some(self.compile(&c, "response_format")?),
+        let compiler = &self.shared.compiler;
+        let constraint = req.constraint.take();
+        let grammar = match &constraint {
+            Some(c) => Some(compiler.grammar(c, "response_format")?),
             None => None,
         };
-        validate::validate(req, &self.shared.bounds, grammar)
-    }
-
-    /// Compiles `c` (and caches it for the request that follows); a constraint that does not
-    /// compile is `InvalidRequest` naming `param`. Takes milliseconds for a large schema the
-    /// first time (more for the first constraint of all: it builds the token trie), so call
-    /// it off the async workers.
-    pub fn check_constraint(&self, c: &Constraint, param: &'static str) -> Result<(), EngineError> {
-        self.compile(c, param).map(drop)
-    }
-
-    /// The token trie and grammar cache, built on first use (a second or so for a 128k
-    /// vocabulary; [`Engine::start`] starts building it in the background).
-    fn grammars(&self) -> &Result<Grammars, String> {
-        let sh = &self.shared;
-        sh.grammars.get_or_init(|| {
-            let tok = sh.tokenizer.as_ref().ok_or("the model has no tokenizer")?;
-            Grammars::new(tok, sh.bounds.vocab_size, &sh.bounds.eos_ids)
-        })
-    }
-
-    fn compile(&self, c: &Constraint, param: &'static str) -> Result<Grammar, EngineError> {
-        match self.grammars() {
-            Ok(g) => g.compile(c, param),
-            Err(e) => Err(EngineError::InvalidRequest {
-                param: Some(param),
-                message: format!("constrained decoding is not available for this model: {e}"),
-            }),
+        let valid = validate::validate(req, &self.shared.bounds, grammar)?;
+        if let Some(c) = &constraint {
+            compiler.served(c);
         }
+        Ok(valid)
+    }
+
+    /// Compiles `c` on a compile thread, within the limits of `engine.grammar` (depth, size,
+    /// time), and caches it for the request that follows. A constraint past a limit, that
+    /// does not compile or that no text satisfies is `InvalidRequest` naming `param`; a
+    /// full compile queue is `Overloaded`.
+    pub async fn prepare_constraint(
+        &self,
+        c: &Constraint,
+        param: &'static str,
+    ) -> Result<(), EngineError> {
+        self.shared.compiler.prepare(c, param).await
+    }
+
+    /// Compiled grammars cached and the bytes they hold (bounded by
+    /// `engine.grammar.cache_bytes`).
+    pub fn grammar_cache_size(&self) -> (usize, usize) {
+        self.shared.compiler.cache_size()
+    }
+
+    /// [`Self::prepare_constraint`] for a caller that may block (waits for the compile
+    /// thread, with no time limit).
+    pub fn check_constraint(&self, c: &Constraint, param: &'static str) -> Result<(), EngineError> {
+        self.shared.compiler.grammar(c, param).map(drop)
     }
 
     /// Validates and queues a request. Fails fast with `Overloaded` when too many wait.

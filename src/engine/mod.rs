@@ -16,6 +16,7 @@ pub mod types;
 mod validate;
 
 pub use client::{Engine, EngineClient, ResponseStream};
+pub use constraint::GrammarConfig;
 pub use embed::EmbedHandle;
 pub use pooling::{EmbedRequest, Embedding, normalize};
 pub use stats::{EngineStats, LaneStats};
@@ -144,6 +145,8 @@ pub struct EngineConfig {
     /// it no more, while the other lanes serve on. Unset: 300 s on GPU lanes, none on the
     /// CPU; 0: never.
     pub step_timeout_s: Option<f64>,
+    /// Bounds on compiling constraints (`[engine.grammar]`).
+    pub grammar: GrammarConfig,
 }
 
 /// The default on-disk kernel cache: `$XDG_CACHE_HOME/kiln/kernels`, else
@@ -207,6 +210,7 @@ impl Default for EngineConfig {
             kernel_cache_dir: default_kernel_cache_dir(),
             tensor_parallel_size: 1,
             step_timeout_s: None,
+            grammar: GrammarConfig::default(),
         }
     }
 }

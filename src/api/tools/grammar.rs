@@ -14,10 +14,39 @@ fn call_schema(format: ToolFormat, tool: &TemplateTool) -> String {
         ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
     };
     let name = serde_json::Value::from(tool.name.as_str());
+    let params = rebase_refs(&tool.parameters, &format!("/properties/{key}"));
     format!(
         "{{\"type\": \"object\", \"properties\": {{\"name\": {{\"const\": {name}}}, \"{key}\": {params}}}, \"required\": [\"name\", \"{key}\"], \"additionalProperties\": false, \"x-guidance\": {{\"whitespace_flexible\": false}}}}",
-        params = tool.parameters,
     )
+}
+
+/// `params` with every local `$ref` (`#`, `#/$defs/A`, `#/definitions/A`, ...) pointing into
+/// it from `at` (where it sits in the call object): the call object is the root its refs are
+/// resolved against. What Pydantic writes (`#/$defs/A`) would otherwise name a definition the
+/// call object lacks. Values of `const`, `enum`, `default` and `examples` are data, not
+/// schemas, and are left alone. Iterative: a deep schema cannot overflow this thread.
+fn rebase_refs(params: &serde_json::Value, at: &str) -> serde_json::Value {
+    use serde_json::Value;
+    let mut out = params.clone();
+    let mut stack: Vec<&mut Value> = vec![&mut out];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Object(m) => {
+                for (k, child) in m.iter_mut() {
+                    match (k.as_str(), child) {
+                        ("$ref", Value::String(r)) if r.starts_with('#') => {
+                            *r = format!("#{at}{}", &r[1..]);
+                        }
+                        ("const" | "enum" | "default" | "examples", _) => {}
+                        (_, child) => stack.push(child),
+                    }
+                }
+            }
+            Value::Array(a) => stack.extend(a.iter_mut()),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// How the grammar writes a marker such as `<tool_call>`: a quoted string, or the special
@@ -95,6 +124,20 @@ mod tests {
         let schema = g.lines().last().unwrap().trim_start_matches("fn_0: %json ");
         let schema: serde_json::Value = serde_json::from_str(schema).unwrap();
         assert_eq!(schema["properties"]["arguments"]["required"][0], "city");
+    }
+
+    #[test]
+    fn local_refs_point_into_the_arguments() {
+        let params = serde_json::json!({
+            "$defs": {"A": {"type": "object", "properties": {"next": {"$ref": "#/$defs/A"}}}},
+            "type": "object",
+            "properties": {"a": {"$ref": "#/$defs/A"}, "me": {"$ref": "#"}, "c": {"const": {"$ref": "#/x"}}},
+        });
+        let out = rebase_refs(&params, "/properties/arguments");
+        assert_eq!(out["properties"]["a"]["$ref"], "#/properties/arguments/$defs/A");
+        assert_eq!(out["$defs"]["A"]["properties"]["next"]["$ref"], "#/properties/arguments/$defs/A");
+        assert_eq!(out["properties"]["me"]["$ref"], "#/properties/arguments");
+        assert_eq!(out["properties"]["c"]["const"]["$ref"], "#/x", "data is left alone");
     }
 
     #[test]

@@ -1,8 +1,13 @@
 //! Constrained decoding through llguidance: the token trie built once per engine from Kiln's
-//! tokenizer, [`Constraint`]s compiled into matchers (cached by their text), and the
-//! per-sequence [`Grammar`] that yields a token mask each step and consumes sampled tokens.
+//! tokenizer, [`Constraint`]s compiled into matchers (within [`limits`], on the threads of
+//! [`pool`], cached by their text in a cache bounded by bytes), and the per-sequence
+//! [`Grammar`] that yields a token mask each step and consumes sampled tokens.
 
-use std::collections::HashMap;
+mod cache;
+mod compiler;
+pub mod limits;
+pub(crate) mod pool;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
@@ -13,9 +18,9 @@ use serde_json::Value;
 
 use super::{Constraint, EngineError};
 use crate::tokenizer::Tokenizer;
-
-/// Compiled grammars kept for reuse, least recently used evicted first.
-const CACHE_ENTRIES: usize = 256;
+use cache::Cache;
+pub(crate) use compiler::Compiler;
+pub use limits::GrammarConfig;
 
 /// The tokenizer as llguidance sees it: every token's bytes in a trie. Text is split into
 /// tokens greedily over the trie, which llguidance only needs for grammars that force tokens.
@@ -60,6 +65,7 @@ fn token_bytes(tok: &Tokenizer, vocab_size: usize) -> Result<Vec<Vec<u8>>, Strin
 pub(crate) struct Grammars {
     factory: ParserFactory,
     cache: Mutex<Cache>,
+    cfg: GrammarConfig,
     /// How a grammar writes `<think>` and `</think>` for this vocabulary.
     think: ThinkMarkers,
 }
@@ -111,16 +117,15 @@ impl std::fmt::Debug for Grammars {
     }
 }
 
-#[derive(Default)]
-struct Cache {
-    map: HashMap<String, (Matcher, u64)>,
-    clock: u64,
-}
-
 impl Grammars {
     /// Builds the trie of `tok`'s vocabulary padded to `vocab_size` (the model's logits width);
-    /// `eos_ids` end a finished grammar.
-    pub fn new(tok: &Tokenizer, vocab_size: usize, eos_ids: &[u32]) -> Result<Self, String> {
+    /// `eos_ids` end a finished grammar; `cfg` bounds what compiles and what is cached.
+    pub fn new(
+        tok: &Tokenizer,
+        vocab_size: usize,
+        eos_ids: &[u32],
+        cfg: &GrammarConfig,
+    ) -> Result<Self, String> {
         let words = token_bytes(tok, vocab_size)?;
         let eos = *eos_ids
             .first()
@@ -131,58 +136,81 @@ impl Grammars {
         let env: TokEnv = Arc::new(TrieEnv { trie });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
+        // Errors name what failed, not the parser's state or the whole grammar.
+        factory.limits_mut().verbose_errors = false;
         Ok(Self {
             factory,
-            cache: Mutex::new(Cache::default()),
+            cache: Mutex::new(Cache::new(cfg.cache_bytes)),
+            cfg: cfg.clone(),
             think: ThinkMarkers::new(tok),
         })
     }
 
+
     /// A fresh matcher for `c`, from the cache when the same text was compiled before. A
-    /// grammar that does not compile is `InvalidRequest` naming `param`.
+    /// grammar past a limit, one that does not compile and one no text can satisfy are
+    /// `InvalidRequest` naming `param`. Deep grammars need a compile thread's stack
+    /// ([`pool::STACK_BYTES`]); the engine compiles on those threads.
     pub fn compile(&self, c: &Constraint, param: &'static str) -> Result<Grammar, EngineError> {
-        let key = format!("{c:?}");
-        {
-            let mut cache = self.cache.lock().expect("grammar cache lock");
-            cache.clock += 1;
-            let now = cache.clock;
-            if let Some((m, used)) = cache.map.get_mut(&key) {
-                *used = now;
-                return Ok(Grammar::new(m.deep_clone()));
-            }
+        if let Some(hit) = self.cached(c) {
+            return Ok(hit);
         }
+        let key = key(c);
         let invalid = |message: String| EngineError::InvalidRequest {
             param: Some(param),
             message,
         };
+        limits::check(c, &self.cfg).map_err(invalid)?;
         let grammar = top_level(c, &self.think).map_err(invalid)?;
-        let parser = catch_unwind(AssertUnwindSafe(|| self.factory.create_parser(grammar)))
-            .map_err(|_| invalid("the constraint does not compile".into()))?
-            .map_err(|e| invalid(format!("the constraint does not compile: {e}")))?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(invalid(format!("the constraint does not compile: {e}")));
+        let (matcher, bytes) = crate::alloc::measured(|| {
+            let parser = catch_unwind(AssertUnwindSafe(|| self.factory.create_parser(grammar)))
+                .map_err(|_| "the constraint does not compile".to_string())?
+                .map_err(|e| format!("the constraint does not compile: {e}"))?;
+            let matcher = Matcher::new(Ok(parser));
+            match matcher.get_error() {
+                Some(e) => Err(format!("the constraint does not compile: {e}")),
+                None => Ok(matcher),
+            }
+        });
+        let matcher = matcher.map_err(invalid)?;
+        let mut probe = Grammar::new(matcher.deep_clone());
+        probe.compute_mask();
+        match (&probe.error, probe.mask()) {
+            (Some(e), _) => return Err(invalid(format!("the constraint cannot be satisfied: {e}"))),
+            (None, Some(m)) if m.iter().all(|&w| w == 0) => {
+                return Err(invalid("the constraint cannot be satisfied: no text fits it".into()));
+            }
+            _ => {}
         }
-        let mut cache = self.cache.lock().expect("grammar cache lock");
-        if cache.map.len() >= CACHE_ENTRIES
-            && let Some(oldest) = cache
-                .map
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| k.clone())
-        {
-            cache.map.remove(&oldest);
-        }
-        let now = cache.clock;
-        cache.map.insert(key, (matcher.deep_clone(), now));
-        Ok(Grammar::new(matcher))
+        let grammar = Grammar::new(matcher.deep_clone());
+        self.cache
+            .lock()
+            .expect("grammar cache lock")
+            .insert(key, matcher, bytes);
+        Ok(grammar)
     }
 
-    /// Compiled grammars held.
-    #[cfg(test)]
-    fn cached(&self) -> usize {
-        self.cache.lock().expect("grammar cache lock").map.len()
+    /// A fresh matcher for `c` if it was compiled before.
+    pub fn cached(&self, c: &Constraint) -> Option<Grammar> {
+        let m = self.cache.lock().expect("grammar cache lock").get(&key(c))?;
+        Some(Grammar::new(m))
     }
+
+    /// A request carrying `c` was admitted: its compiled grammar has served and is kept.
+    pub fn served(&self, c: &Constraint) {
+        self.cache.lock().expect("grammar cache lock").served(&key(c));
+    }
+
+    /// Compiled grammars held and the bytes they hold.
+    pub fn cache_size(&self) -> (usize, usize) {
+        self.cache.lock().expect("grammar cache lock").size()
+    }
+
+}
+
+/// The cache's key for `c`: its full text.
+fn key(c: &Constraint) -> String {
+    format!("{c:?}")
 }
 
 /// llguidance's grammar for `c`. JSON is compact (no free whitespace between tokens) unless
@@ -320,6 +348,7 @@ impl Grammar {
 mod tests {
     use super::*;
     use crate::model::gguf::GgufFile;
+    use std::sync::Arc;
 
     /// The tokenizer and grammars of the Llama-2-vocabulary fixture.
     fn tiny() -> (Tokenizer, Grammars) {
@@ -328,7 +357,8 @@ mod tests {
         ));
         let file = GgufFile::open(&path).expect("fixture");
         let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
-        let g = Grammars::new(&tok, tok.vocab_size(), tok.eos_ids()).expect("grammars");
+        let g = Grammars::new(&tok, tok.vocab_size(), tok.eos_ids(), &GrammarConfig::default())
+            .expect("grammars");
         (tok, g)
     }
 
@@ -366,9 +396,9 @@ mod tests {
             "the whole choice ends the grammar"
         );
         assert!(!feed(&gs, &mut other, "no"), "a prefix does not");
-        assert_eq!(gs.cached(), 1);
+        assert_eq!(gs.cache_size().0, 1);
         gs.compile(&c, "guided_choice").unwrap();
-        assert_eq!(gs.cached(), 1, "the second compile is a cache hit");
+        assert_eq!(gs.cache_size().0, 1, "the second compile is a cache hit");
     }
 
     #[test]
@@ -472,6 +502,164 @@ mod tests {
         }
     }
 
+    /// Runs `f` on a thread with a compile thread's stack, as the engine compiles.
+    fn on_compile_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(pool::STACK_BYTES)
+            .spawn(f)
+            .expect("spawn")
+            .join()
+            .expect("the compile thread")
+    }
+
+    /// `n` definitions, each a `$ref` to the next inside `anyOf` (the crash of issue 37).
+    fn ref_chain(n: usize) -> String {
+        let defs: Vec<String> = (0..n)
+            .map(|i| match i + 1 < n {
+                true => format!(r##""d{i}":{{"anyOf":[{{"$ref":"#/$defs/d{}"}},{{"type":"null"}}]}}"##, i + 1),
+                false => format!(r#""d{i}":{{"type":"integer"}}"#),
+            })
+            .collect();
+        format!(r##"{{"$ref":"#/$defs/d0","$defs":{{{}}}}}"##, defs.join(","))
+    }
+
+    fn lark_chain(n: usize) -> String {
+        let rules: String = (0..n).map(|i| format!("r{i}: \"x\" r{}\n", i + 1)).collect();
+        format!("start: r0\n{rules}r{n}: \"end\"\n")
+    }
+
+    #[test]
+    fn deep_constraints_are_refused_by_name_and_the_deepest_allowed_compiles() {
+        let depth_error = |r: Result<Grammar, EngineError>| match r {
+            Err(EngineError::InvalidRequest { param: Some("x"), message }) => message,
+            other => panic!("{other:?}"),
+        };
+        let (_, gs) = tiny();
+        let gs = Arc::new(gs);
+        let g = gs.clone();
+        on_compile_stack(move || {
+            for c in [
+                Constraint::JsonSchema(ref_chain(300)),
+                Constraint::JsonSchema(ref_chain(20_000)),
+                Constraint::Lark(lark_chain(700)),
+                Constraint::Lark(format!("start: %json {}", ref_chain(300))),
+                Constraint::Lark(format!("start: {}\"a\"{}", "(".repeat(5000), ")".repeat(5000))),
+            ] {
+                let m = depth_error(g.compile(&c, "x"));
+                assert!(m.contains("engine.grammar.max_depth"), "{m}");
+            }
+            // Just inside the limit: compiles (on the compile thread's stack) and works.
+            let max = GrammarConfig::default().max_depth;
+            let n = (1..200).rev().find(|&n| {
+                let v: Value = serde_json::from_str(&ref_chain(n)).unwrap();
+                limits::json_depth(&v) <= max
+            });
+            let c = Constraint::JsonSchema(ref_chain(n.unwrap()));
+            let mut m = g.compile(&c, "x").expect("the deepest allowed schema compiles");
+            m.compute_mask();
+            assert!(m.mask().is_some());
+            let m = g.compile(&Constraint::Lark(lark_chain(max - 2)), "x");
+            assert!(m.is_ok(), "{m:?}");
+        });
+        // The regex parser bounds its own nesting: an error, never a crash.
+        let rx = Constraint::Regex(format!("{}a{}", "(".repeat(100_000), ")".repeat(100_000)));
+        assert!(gs.compile(&rx, "x").is_err());
+    }
+
+    #[test]
+    fn unsatisfiable_constraints_are_refused_at_compile() {
+        let (_, gs) = tiny();
+        for c in [
+            Constraint::JsonSchema(r#"{"type":"integer","minimum":5,"maximum":3}"#.into()),
+            Constraint::JsonSchema(r#"{"allOf":[{"type":"string"},{"type":"integer"}]}"#.into()),
+            Constraint::JsonSchema("false".into()),
+        ] {
+            match gs.compile(&c, "x") {
+                Err(EngineError::InvalidRequest { param: Some("x"), message }) => {
+                    assert!(!message.contains("tokens:") && message.len() < 500, "{message}")
+                }
+                other => panic!("{c:?}: {other:?}"),
+            }
+        }
+        assert_eq!(gs.cache_size().0, 0, "nothing that failed is cached");
+    }
+
+    #[test]
+    fn the_cache_is_bounded_by_bytes_and_keeps_what_served() {
+        let (tok, _) = tiny();
+        let cfg = GrammarConfig {
+            cache_bytes: 8 << 20,
+            ..GrammarConfig::default()
+        };
+        let gs = Grammars::new(&tok, tok.vocab_size(), tok.eos_ids(), &cfg).unwrap();
+        let schema = |i: usize| {
+            let props: Vec<String> = (0..20).map(|p| format!(r#""k{i}_{p}":{{"type":"string","maxLength":{}}}"#, p + 3)).collect();
+            Constraint::JsonSchema(format!(r#"{{"type":"object","properties":{{{}}}}}"#, props.join(",")))
+        };
+        let first = schema(0);
+        gs.compile(&first, "x").unwrap();
+        let (_, one) = gs.cache_size();
+        assert!(one > 10_000, "a compiled schema is measured: {one} bytes");
+        gs.served(&first);
+        let mut peak = 0;
+        for i in 1..1000 {
+            gs.compile(&schema(i), "x").unwrap();
+            if i % 100 == 0 {
+                gs.served(&schema(i));
+            }
+            peak = peak.max(gs.cache_size().1);
+        }
+        let (n, bytes) = gs.cache_size();
+        assert!(peak <= cfg.cache_bytes, "{peak} > {}", cfg.cache_bytes);
+        assert!(n > 10 && bytes > cfg.cache_bytes / 4, "the budget is used: {n} entries, {bytes} bytes");
+        // Unserved grammars went first (a quarter of the budget at most): the served ones
+        // (11, far less than the budget) are all still there.
+        assert!(11 * one < cfg.cache_bytes / 2, "{one}");
+        assert!(gs.cached(&first).is_some());
+        assert!(gs.cached(&schema(900)).is_some());
+    }
+
+    /// Stack a compile touches at the deepest allowed `$ref` chain and Lark rule chain (the
+    /// Rss of the thread's stack mapping): `cargo test --release --lib stack_per_level --
+    /// --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn stack_per_level() {
+        fn stack_rss_kb() -> u64 {
+            let local = 0u8;
+            let here = std::hint::black_box(&local) as *const u8 as usize;
+            let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+            let mut inside = false;
+            for line in smaps.lines() {
+                if let Some((range, _)) = line.split_once(' ')
+                    && let Some((a, b)) = range.split_once('-')
+                    && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = (a..b).contains(&here);
+                } else if inside && let Some(kb) = line.strip_prefix("Rss:") {
+                    return kb.trim().trim_end_matches(" kB").trim().parse().unwrap();
+                }
+            }
+            0
+        }
+        let (_, gs) = tiny();
+        let gs = Arc::new(gs);
+        for (label, c) in [
+            ("json $ref chain of 80", Constraint::JsonSchema(ref_chain(80))),
+            ("json $ref chain of 40", Constraint::JsonSchema(ref_chain(40))),
+            ("lark chain of 250", Constraint::Lark(lark_chain(250))),
+            ("lark chain of 120", Constraint::Lark(lark_chain(120))),
+        ] {
+            let g = gs.clone();
+            let kb = on_compile_stack(move || {
+                let before = stack_rss_kb();
+                g.compile(&c, "x").unwrap();
+                stack_rss_kb() - before
+            });
+            println!("{label}: {kb} KiB of stack");
+        }
+    }
+
     /// CPU cost of one mask (ms per row) along a JSON document, for the 32k Llama-2 and the
     /// 128k Llama-3 vocabularies: `cargo test --release --lib mask_cost -- --ignored --nocapture`.
     #[test]
@@ -491,7 +679,7 @@ mod tests {
         let doc = r#"{"name":"Ada Lovelace","age":36,"tags":["math","engines","poetry"],"address":{"street":"12 St James's Square","zip":"10001"}}"#;
         for (label, tok, eos) in [("llama-2 32k", &l2, 2u32), ("llama-3 128k", &l3, 127999)] {
             let t0 = std::time::Instant::now();
-            let gs = Grammars::new(tok, tok.vocab_size(), &[eos]).unwrap();
+            let gs = Grammars::new(tok, tok.vocab_size(), &[eos], &GrammarConfig::default()).unwrap();
             let trie_ms = t0.elapsed().as_secs_f64() * 1e3;
             let t0 = std::time::Instant::now();
             let c = Constraint::JsonSchema(schema.into());
