@@ -313,3 +313,79 @@ async fn bad_inputs_get_4xx_naming_the_field_and_the_server_serves_on() {
         "{stats:?}"
     );
 }
+
+/// The fixture's tokenizer with a post-processor that appends `<|endoftext|>` to every input,
+/// as Qwen3-Embedding's does (written to a fresh directory).
+fn eos_appending_tokenizer() -> (kiln::tokenizer::Tokenizer, u32) {
+    let src = kiln::config::project_root().join("tests/data/embed-qwen3");
+    let mut json: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap())
+            .unwrap();
+    let eos = json["added_tokens"][0]["id"].as_u64().unwrap() as u32;
+    assert_eq!(json["added_tokens"][0]["content"], "<|endoftext|>");
+    let seq = json!({"Sequence": {"id": "A", "type_id": 0}});
+    let end = json!({"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}});
+    json["post_processor"] = json!({
+        "type": "TemplateProcessing",
+        "single": [seq, end],
+        "pair": [seq, end, {"Sequence": {"id": "B", "type_id": 1}}, end],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [eos],
+            "tokens": ["<|endoftext|>"]}},
+    });
+    let dir = std::env::temp_dir().join(format!("kiln-eos-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
+    std::fs::copy(
+        src.join("tokenizer_config.json"),
+        dir.join("tokenizer_config.json"),
+    )
+    .unwrap();
+    let tok = kiln::tokenizer::Tokenizer::from_file(
+        &dir.join("tokenizer.json"),
+        Some(&dir.join("tokenizer_config.json")),
+    )
+    .unwrap();
+    (tok, eos)
+}
+
+#[actix_web::test]
+async fn text_inputs_end_with_the_eos_the_models_tokenizer_appends() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            kiln::config::project_root().join("tests/golden/embed-qwen3.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let input = &golden["inputs"][0];
+    let ids: Vec<u64> = input["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let (tok, eos) = eos_appending_tokenizer();
+    assert_eq!(tok.eos_appended(), Some(eos));
+    assert_eq!(qwen3_files(None).tokenizer.unwrap().eos_appended(), None);
+    let mut files = qwen3_files(None);
+    files.tokenizer = Some(tok);
+    let s = start_with(files, embed_config());
+    let text = embed(&s.base, &json!({"input": input["text"]})).await;
+    assert_eq!(text["usage"]["prompt_tokens"], ids.len() + 1, "{text}");
+    let mut with_eos = ids.clone();
+    with_eos.push(eos as u64);
+    let by_ids = embed(&s.base, &json!({"input": [with_eos, ids]})).await;
+    let (text, by_ids) = (vectors(&text), vectors(&by_ids));
+    assert!(
+        max_diff(&text[0], &by_ids[0]) < BATCH_TOL,
+        "the text is embedded with its EOS"
+    );
+    assert!(
+        max_diff(&text[0], &by_ids[1]) > 1e-3,
+        "ids are embedded as sent"
+    );
+    // A text that already ends with the EOS does not get a second one.
+    let ended = format!("{}<|endoftext|>", input["text"].as_str().unwrap());
+    let res = embed(&s.base, &json!({"input": ended})).await;
+    assert_eq!(res["usage"]["prompt_tokens"], ids.len() + 1, "{res}");
+}

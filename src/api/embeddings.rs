@@ -53,14 +53,25 @@ fn inputs(input: PromptInput, max: usize) -> Result<Vec<Input>, ApiError> {
     Ok(list)
 }
 
-/// Tokenizes text inputs (BOS as the model wants), each within `context` tokens.
+/// Tokenizes text inputs as the model's tokenizer does by default, each within `context`
+/// tokens: BOS as the model wants, and the EOS its tokenizer appends where it appends one
+/// (Qwen3-Embedding's `<|endoftext|>`, unless the text already ends with it). Id inputs are
+/// used as they are.
 fn encode(tok: &Tokenizer, inputs: Vec<Input>, context: usize) -> Result<Vec<Vec<u32>>, ApiError> {
+    let eos = tok.eos_appended();
+    let room = context.saturating_sub(usize::from(eos.is_some()));
     inputs
         .into_iter()
         .map(|i| match i {
-            Input::Text(t) => tok
-                .encode_within(&t, tok.add_bos_default(), context)
-                .map_err(|e| ApiError::from_tokenizer("input", e)),
+            Input::Text(t) => {
+                let mut ids = tok
+                    .encode_within(&t, tok.add_bos_default(), room)
+                    .map_err(|e| ApiError::from_tokenizer("input", e))?;
+                if let Some(eos) = eos.filter(|&e| ids.last() != Some(&e)) {
+                    ids.push(eos);
+                }
+                Ok(ids)
+            }
             Input::Ids(ids) => Ok(ids),
         })
         .collect()

@@ -109,6 +109,9 @@ struct Inner {
     bos_id: Option<u32>,
     eos_ids: Vec<u32>,
     add_bos_default: bool,
+    /// The token the model's own tokenizer appends to an input (see
+    /// [`Tokenizer::eos_appended`]).
+    eos_appended: Option<u32>,
     chat_template: Option<String>,
     tool_use_template: Option<String>,
     special: HashSet<u32>,
@@ -128,6 +131,7 @@ struct Meta {
     bos_id: Option<u32>,
     eos_ids: Vec<u32>,
     add_bos_default: bool,
+    eos_appended: Option<u32>,
     chat_template: Option<String>,
     tool_use_template: Option<String>,
 }
@@ -156,6 +160,7 @@ impl Tokenizer {
             })
         };
         let post_processor_bos = post_processor_bos(&hf);
+        let eos_appended = post_processor_eos(&hf);
         let meta = match config {
             Some(cfg) => {
                 let bos_id = cfg
@@ -178,6 +183,7 @@ impl Tokenizer {
                     bos_id,
                     eos_ids,
                     add_bos_default,
+                    eos_appended,
                     chat_template,
                     tool_use_template: cfg.tool_use_template,
                 }
@@ -186,6 +192,7 @@ impl Tokenizer {
                 bos_id: post_processor_bos,
                 eos_ids: Vec::new(),
                 add_bos_default: post_processor_bos.is_some(),
+                eos_appended,
                 chat_template: hf::sibling_chat_template(tokenizer_json)?,
                 tool_use_template: None,
             },
@@ -211,6 +218,7 @@ impl Tokenizer {
                 .flatten()
                 .collect(),
             add_bos_default: vocab.add_bos.unwrap_or(vocab.model == VocabModel::Llama),
+            eos_appended: vocab.eos_id.filter(|_| vocab.add_eos == Some(true)),
             chat_template: vocab.chat_template,
             tool_use_template: vocab.tool_use_template,
         };
@@ -229,6 +237,7 @@ impl Tokenizer {
             bos_id: None,
             eos_ids: Vec::new(),
             add_bos_default: false,
+            eos_appended: None,
             chat_template: None,
             tool_use_template: None,
         };
@@ -280,6 +289,7 @@ impl Tokenizer {
                 bos_id: meta.bos_id,
                 eos_ids: meta.eos_ids,
                 add_bos_default: meta.add_bos_default,
+                eos_appended: meta.eos_appended,
                 chat_template: meta.chat_template,
                 tool_use_template: meta.tool_use_template,
                 special,
@@ -405,6 +415,14 @@ impl Tokenizer {
         self.inner.add_bos_default
     }
 
+    /// The end-of-sequence token the model's tokenizer appends to an input by default, if
+    /// any: a Hugging Face post-processor's trailing special token (Qwen3-Embedding's
+    /// `<|endoftext|>`), or GGUF's EOS with `tokenizer.ggml.add_eos_token`. Prompts for
+    /// generation never get it; embedding inputs do (a last-token embedding is read there).
+    pub fn eos_appended(&self) -> Option<u32> {
+        self.inner.eos_appended
+    }
+
     /// One past the largest token id.
     pub fn vocab_size(&self) -> usize {
         self.inner.vocab_size
@@ -452,6 +470,20 @@ impl fmt::Debug for Tokenizer {
             .field("chat_template", &self.inner.chat_template.is_some())
             .finish()
     }
+}
+
+/// The special token the file's post-processor puts last (Qwen3-Embedding's `<|endoftext|>`),
+/// if any: what encoding with special tokens adds after the text's own tokens.
+fn post_processor_eos(hf: &tokenizers::Tokenizer) -> Option<u32> {
+    let with = hf.encode_fast("a", true).ok()?;
+    let without = hf.encode_fast("a", false).ok()?;
+    let (with, without) = (with.get_ids(), without.get_ids());
+    let last = *with.last()?;
+    let special = hf
+        .get_added_tokens_decoder()
+        .get(&last)
+        .is_some_and(|t| t.special);
+    (special && with.len() > without.len() && without.last() != Some(&last)).then_some(last)
 }
 
 /// The special token the file's post-processor puts first (Llama-style BOS), if any.
