@@ -10,6 +10,7 @@ pub mod cuda;
 pub mod dtype;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod gpu;
+pub mod kernel_cache;
 pub mod moe;
 mod open;
 pub mod quant;

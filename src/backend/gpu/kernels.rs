@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::qtype::QType;
 use super::runtime::{DeviceInfo, Runtime};
-use crate::backend::{BackendError, DType};
+use crate::backend::{BackendError, DType, kernel_cache};
 
 const PRELUDE: &str = include_str!("../../../kernels/prelude.cuh");
 /// Device helpers and the portable kernel shared by the three attention sources.
@@ -1603,8 +1603,8 @@ fn fnv64(parts: &[&[u8]]) -> u64 {
     h
 }
 
-const MAGIC: &[u8] = b"kiln-kernel-v1\n";
-
+/// Compiles `unit`, or reads its image from the disk cache under `dir` (checked; a file
+/// failing the check is recompiled and overwritten: `backend::kernel_cache`).
 fn cached_compile<R: Runtime>(
     unit: Unit,
     opts: &[String],
@@ -1616,44 +1616,14 @@ fn cached_compile<R: Runtime>(
     let key = format!("{:016x}", fnv64(&[text.as_bytes(), salt.as_bytes()]));
     let path: Option<PathBuf> =
         dir.map(|d| d.join(format!("{}-{}-{key}.bin", R::NAME, unit.name())));
-    if let Some(p) = &path
-        && let Ok(bytes) = std::fs::read(p)
-    {
-        let header = [MAGIC, key.as_bytes(), b"\n"].concat();
-        if let Some(image) = bytes.strip_prefix(header.as_slice()) {
-            return Ok(Compiled {
-                image: image.to_vec(),
-                cached: true,
-                secs: t0.elapsed().as_secs_f64(),
-            });
-        }
-    }
-    let image =
-        R::compile(&text, &unit.name(), opts).map_err(|e| compile_err::<R>(e.to_string()))?;
-    if let Some(p) = &path {
-        store(p, &key, &image);
-    }
+    let (image, cached) = kernel_cache::load_or_compile(path.as_deref(), &key, || {
+        R::compile(&text, &unit.name(), opts).map_err(|e| compile_err::<R>(e.to_string()))
+    })?;
     Ok(Compiled {
         image,
-        cached: false,
+        cached,
         secs: t0.elapsed().as_secs_f64(),
     })
-}
-
-/// Writes a cache entry atomically (temp file + rename); failures only cost a recompile.
-fn store(path: &Path, key: &str, image: &[u8]) {
-    let Some(dir) = path.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
-    }
-    let nonce = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let tmp = path.with_extension(format!("tmp{}-{nonce}", std::process::id()));
-    let body = [MAGIC, key.as_bytes(), b"\n", image].concat();
-    if std::fs::write(&tmp, body).is_ok() && std::fs::rename(&tmp, path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
 }
 
 #[cfg(test)]
