@@ -115,7 +115,8 @@ async fn openai_python_sdk_reasoning_then_tool_call() {
 
 /// `embeddings.create` through the SDK on a server with embeddings on: its default base64
 /// decoded by the SDK against `encoding_format="float"`, `dimensions`, token-id inputs, and
-/// the error classes it raises.
+/// the error classes it raises; and langchain's `OpenAIEmbeddings` where `langchain-openai` is
+/// installed (CI installs it).
 #[tokio::test]
 async fn openai_python_sdk_embeddings() {
     let Some(python) = python_with_openai() else {

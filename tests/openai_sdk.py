@@ -10,6 +10,7 @@ any failure.
 """
 
 import json
+import os
 import sys
 import traceback
 from typing import List, Literal
@@ -395,6 +396,28 @@ def embeddings_dimensions_ids_and_errors():
     expect(openai.BadRequestError,
            lambda: client.embeddings.create(model=MODEL, input="a", dimensions=100000))
     expect(openai.NotFoundError, lambda: client.embeddings.create(model="nope", input="a"))
+
+
+def embeddings_langchain_openai_embeddings():
+    # langchain's OpenAIEmbeddings, as a RAG stack calls it (check_embedding_ctx_length=False:
+    # its default counts tokens with tiktoken's OpenAI vocabularies, not the served model's).
+    try:
+        from langchain_openai import OpenAIEmbeddings
+    except ImportError:
+        if os.environ.get("KILN_REQUIRE_LANGCHAIN") == "1":
+            raise
+        print("     (langchain-openai not installed: skipped)")
+        return
+    emb = OpenAIEmbeddings(model=MODEL, base_url=BASE + "/v1", api_key=KEY, max_retries=0,
+                           check_embedding_ctx_length=False)
+    docs = emb.embed_documents(["Once upon a time", "The cat sat on the mat."])
+    query = emb.embed_query("Once upon a time")
+    ref = client.embeddings.create(model=MODEL, input="Once upon a time",
+                                   encoding_format="float").data[0].embedding
+    assert len(docs) == 2 and len(query) == len(ref) > 0, (len(docs), len(query))
+    assert max(abs(x - y) for x, y in zip(docs[0], query)) < 1e-5
+    assert max(abs(x - y) for x, y in zip(query, ref)) < 1e-5
+    assert max(abs(x - y) for x, y in zip(docs[0], docs[1])) > 1e-3
 
 
 def main():
