@@ -1,5 +1,6 @@
-//! The edge guard: header size limit, `Host` names (DNS rebinding), API keys (constant-time),
-//! OpenAI bodies for 405, and the errors metric (one place sees every error response).
+//! The edge guard: header size limit, `Host` names (DNS rebinding), API keys (constant-time;
+//! `Authorization: Bearer` or `x-api-key`), OpenAI bodies for 405, and the errors metric (one
+//! place sees every error response).
 
 use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -18,10 +19,27 @@ use super::state::AppState;
 /// Routes reachable without a key.
 const OPEN_PATHS: &[&str] = &["/health"];
 
+/// The header Anthropic's clients send their key in (taken on every route, as a bearer
+/// token is).
+pub const X_API_KEY: &str = "x-api-key";
+
 /// Whether the `Authorization: Bearer KEY` header carries one of `keys`. Every key is compared
 /// in constant time (only the lengths can be told apart).
 pub fn authorized(header: Option<&str>, keys: &[String]) -> bool {
     let Some(token) = header.and_then(bearer) else {
+        return false;
+    };
+    let mut ok = Choice::from(0);
+    for k in keys {
+        ok |= token.as_bytes().ct_eq(k.as_bytes());
+    }
+    ok.into()
+}
+
+/// Whether an `x-api-key: KEY` header (Anthropic's) carries one of `keys`, compared as
+/// [`authorized`] compares them.
+pub fn api_key_authorized(header: Option<&str>, keys: &[String]) -> bool {
+    let Some(token) = header.map(str::trim).filter(|t| !t.is_empty()) else {
         return false;
     };
     let mut ok = Choice::from(0);
@@ -140,18 +158,24 @@ fn reject(req: &ServiceRequest, state: &AppState) -> Option<ApiError> {
     }
     if let Some(hosts) = req.app_data::<LoopbackHosts>() {
         let host = req.headers().get(HOST).map(|h| h.to_str().unwrap_or("?"));
-        if !hosts.allows(host) {
+        // An absolute-form target (`GET http://name/path`) names the host it is for, ahead
+        // of `Host` (RFC 9112 3.2.2), so it is checked the same way.
+        let target = req.uri().host();
+        if let Some(bad) = [host, target]
+            .into_iter()
+            .flatten()
+            .find(|h| !hosts.allows(Some(h)))
+        {
             return Some(ApiError::HostNotAllowed {
-                host: host.unwrap_or_default().to_string(),
+                host: bad.to_string(),
             });
         }
     }
     if !server.api_keys.is_empty() && !OPEN_PATHS.contains(&req.path()) {
-        let header = req
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        return (!authorized(header, &server.api_keys)).then_some(ApiError::Unauthorized);
+        let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+        let ok = authorized(header(AUTHORIZATION.as_str()), &server.api_keys)
+            || api_key_authorized(header(X_API_KEY), &server.api_keys);
+        return (!ok).then_some(ApiError::Unauthorized);
     }
     None
 }
@@ -188,6 +212,11 @@ mod tests {
         assert!(!authorized(Some("sk-one"), &keys));
         assert!(!authorized(None, &keys));
         assert!(!authorized(Some("Bearer "), &keys));
+        assert!(api_key_authorized(Some("sk-one"), &keys));
+        assert!(api_key_authorized(Some(" sk-two "), &keys));
+        assert!(!api_key_authorized(Some("Bearer sk-one"), &keys));
+        assert!(!api_key_authorized(Some(""), &keys));
+        assert!(!api_key_authorized(None, &keys));
     }
 
     #[test]

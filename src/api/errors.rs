@@ -196,6 +196,8 @@ impl ResponseError for ApiError {
             );
         }
         res.extensions_mut().insert(ErrorType(self.error_type()));
+        // For routes that answer in another API's shape (`messages::errors::rewrite`).
+        res.extensions_mut().insert(self.clone());
         res
     }
 }

@@ -12,6 +12,7 @@ pub mod generation;
 pub mod health;
 pub mod inflight;
 pub mod logprobs;
+pub mod messages;
 pub mod models;
 pub mod openapi;
 pub mod overload;
@@ -96,6 +97,8 @@ async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiError
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(completions::completions)
         .service(chat::chat_completions)
+        .service(messages::create_message)
+        .service(messages::count_tokens)
         .service(embeddings::embeddings)
         .service(models::list_models)
         .service(models::retrieve_model)
@@ -206,6 +209,7 @@ impl Server {
                         }
                         app.wrap(from_fn(overload::limit))
                             .wrap(from_fn(auth::guard))
+                            .wrap(from_fn(messages::rewrite))
                             .wrap(Condition::new(cors_on, cors(&factory_cfg)))
                             .wrap(from_fn(request_id::tag))
                             .configure(routes)

@@ -49,6 +49,14 @@ pub trait ChunkWriter: Unpin + 'static {
     fn finish(&mut self, index: usize, reason: FinishReason) -> Bytes;
     /// The usage chunk, when the client asked for it.
     fn usage(&mut self, usage: Usage) -> Option<Bytes>;
+    /// The stream's last frame after a success (OpenAI: `data: [DONE]`).
+    fn done(&mut self) -> Option<Bytes> {
+        Some(Bytes::from_static(DONE))
+    }
+    /// The frames of a failure after the headers (OpenAI: an error frame, then `[DONE]`).
+    fn error(&mut self, e: &ApiError) -> Vec<Bytes> {
+        vec![data_frame(&e.body()), Bytes::from_static(DONE)]
+    }
 }
 
 /// SSE frames of a generation: everything the writer makes, then `[DONE]`; an error after
@@ -97,15 +105,14 @@ impl<W: ChunkWriter> Stream for Frames<W> {
                 }
                 Poll::Ready(Some(StreamEvent::Done { usage, .. })) => {
                     this.queue.extend(this.writer.usage(usage));
-                    this.queue.push_back(Bytes::from_static(DONE));
+                    this.queue.extend(this.writer.done());
                     this.ended = true;
                 }
                 Poll::Ready(Some(StreamEvent::Error(e))) => {
                     let e = ApiError::from(e);
                     tracing::warn!(error = %e, "request failed after the stream started");
                     this.generated.state().metrics.observe_error(e.error_type());
-                    this.queue.push_back(data_frame(&e.body()));
-                    this.queue.push_back(Bytes::from_static(DONE));
+                    this.queue.extend(this.writer.error(&e));
                     this.ended = true;
                 }
             }
