@@ -7,6 +7,7 @@ mod api_support;
 mod markup_support;
 
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use api_support::*;
 use serde_json::{Value, json};
@@ -577,4 +578,80 @@ async fn thinking_comes_back_as_signed_thinking_blocks() {
     assert_weather_input(&body["content"][1]["input"]);
     let streamed = accumulate(&events(s, &req).await);
     assert_eq!(without_ids(streamed), without_ids(body));
+}
+
+#[tokio::test]
+async fn a_last_assistant_message_is_a_prefill_the_reply_continues() {
+    let s = server();
+    let prefill = "Once upon a time";
+    let req = json!({"max_tokens": 16, "temperature": 0, "messages": [
+        {"role": "user", "content": "Tell me a story."},
+        {"role": "assistant", "content": [{"type": "text", "text": prefill}]}]});
+    let (status, counted, _) = send(&s.base, COUNT, AUTH, &req).await;
+    assert_eq!(status, 200, "{counted}");
+    let tok = model_files().tokenizer.unwrap();
+    let template = kiln::tokenizer::chat::ChatTemplate::for_tokenizer(&tok).unwrap();
+    let user = [kiln::tokenizer::chat::ChatMessage::new(
+        "user",
+        "Tell me a story.",
+    )];
+    let text = template.render(&user, true).unwrap() + prefill;
+    assert_eq!(
+        counted["input_tokens"],
+        tok.encode(&text, false).unwrap().len()
+    );
+    let body = create(s, &req).await;
+    let reply = body["content"][0]["text"].as_str().unwrap();
+    assert!(
+        !reply.is_empty() && !reply.starts_with(prefill),
+        "the continuation only: {body}"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_cut_at_the_drain_limit_ends_with_an_error_event() {
+    let mut cfg = test_config();
+    cfg.server.shutdown_timeout_s = 1;
+    cfg.server.sse_keep_alive_s = 0.2;
+    // One sequence at a time: the chat request's 16 choices of the whole context hold the
+    // engine far longer than the drain, and the message waits behind them.
+    cfg.engine.max_num_seqs = 1;
+    let s = start(cfg);
+    let busy = json!({"messages": [{"role": "user", "content": "Once"}], "n": 16,
+                      "ignore_eos": true, "stream": true});
+    let chat = client()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&busy)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status().as_u16(), 200);
+    let body = json!({"max_tokens": 200, "stream": true,
+                      "messages": [{"role": "user", "content": "Once"}]});
+    let res = client()
+        .post(format!("{}{M}", s.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    use futures_util::StreamExt;
+    let mut stream = res.bytes_stream();
+    let mut raw = stream.next().await.unwrap().unwrap().to_vec();
+    let started = Instant::now();
+    s.server.shutdown();
+    while let Some(chunk) = stream.next().await {
+        raw.extend_from_slice(&chunk.expect("the transfer ends cleanly"));
+    }
+    let text = String::from_utf8(raw).unwrap();
+    assert!(text.starts_with("event: message_start\n"), "{text}");
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(
+        last.starts_with("event: error\ndata: {\"type\":\"error\""),
+        "{last}"
+    );
+    assert!(last.contains("\"overloaded_error\""), "{last}");
+    assert!(!text.contains("[DONE]"), "no OpenAI frames: {text}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    drop(chat);
 }

@@ -136,6 +136,9 @@ pub async fn guard<B: MessageBody + 'static>(
             head.set_connection_type(ConnectionType::Close);
         }
         match &drain {
+            Some(d) if super::messages::is_route(&path) => {
+                d.wrap_ending(body, super::messages::cut_ending)
+            }
             Some(d) => d.wrap(body),
             None => body,
         }

@@ -1,6 +1,7 @@
 //! Graceful shutdown: SIGTERM (or [`super::Server::shutdown`]) stops accepting, lets in-flight
 //! requests finish, and ends streams still open at the drain limit with an error frame and
-//! `data: [DONE]`, so that no client sees a broken transfer.
+//! `data: [DONE]` (an Anthropic stream with an `error` event), so that no client sees a broken
+//! transfer.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -91,9 +92,20 @@ async fn wait_for_stop(requests: &mut mpsc::Receiver<()>) -> bool {
     }
 }
 
+/// The frames a cut OpenAI stream ends with: the error frame and `data: [DONE]`.
+fn openai_ending(e: &ApiError) -> Vec<Bytes> {
+    vec![data_frame(&e.body()), Bytes::from_static(DONE)]
+}
+
 impl Drain {
     /// Wraps a streaming body so that it ends with an error frame and `[DONE]` when cut.
     pub fn wrap(&self, inner: BoxBody) -> BoxBody {
+        self.wrap_ending(inner, openai_ending)
+    }
+
+    /// [`Drain::wrap`] for a stream of another API's shape: when cut, it ends with
+    /// `ending`'s frames for the shutdown error.
+    pub fn wrap_ending(&self, inner: BoxBody, ending: fn(&ApiError) -> Vec<Bytes>) -> BoxBody {
         let mut cut = self.cut.clone();
         let cut = Box::pin(async move {
             if cut.wait_for(|c| *c).await.is_err() {
@@ -104,6 +116,7 @@ impl Drain {
             inner: Some(inner),
             cut,
             tail: VecDeque::new(),
+            ending,
         })
     }
 }
@@ -114,6 +127,7 @@ struct DrainBody {
     inner: Option<BoxBody>,
     cut: Pin<Box<dyn Future<Output = ()>>>,
     tail: VecDeque<Bytes>,
+    ending: fn(&ApiError) -> Vec<Bytes>,
 }
 
 impl MessageBody for DrainBody {
@@ -141,8 +155,7 @@ impl MessageBody for DrainBody {
                     .into(),
                 code: "shutting_down",
             };
-            this.tail.push_back(data_frame(&e.body()));
-            this.tail.push_back(Bytes::from_static(DONE));
+            this.tail.extend((this.ending)(&e));
             return Poll::Ready(this.tail.pop_front().map(Ok));
         }
         Poll::Pending

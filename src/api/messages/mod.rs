@@ -27,6 +27,7 @@ use stream::MessagesWriter;
 use types::{AnthropicErrorResponse, CountTokensResponse, MessagesRequest, MessagesResponse};
 
 pub use errors::{is_route, rewrite};
+pub use stream::cut_ending;
 
 /// A rendered prompt: its ids and whether it ends inside an opened `<think>`.
 struct Prompt {

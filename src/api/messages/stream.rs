@@ -58,6 +58,14 @@ pub fn message(meta: &ResponseMeta, usage: MessagesUsage) -> MessagesResponse {
     }
 }
 
+/// An `error` event: how a stream ends that fails after the headers or is cut at the drain
+/// limit.
+pub fn cut_ending(e: &ApiError) -> Vec<Bytes> {
+    vec![frame(&MessageStreamEvent::Error {
+        error: errors::body(e).error,
+    })]
+}
+
 /// Writes one reply's events.
 pub struct MessagesWriter {
     pub meta: ResponseMeta,
@@ -146,8 +154,6 @@ impl ChunkWriter for MessagesWriter {
     }
 
     fn error(&mut self, e: &ApiError) -> Vec<Bytes> {
-        vec![frame(&MessageStreamEvent::Error {
-            error: errors::body(e).error,
-        })]
+        cut_ending(e)
     }
 }
