@@ -535,19 +535,31 @@ fn ref_chain(n: usize) -> Value {
 
 /// A Lark grammar of `n` rules, each naming the next.
 fn lark_chain(n: usize) -> String {
-    let rules: String = (0..n).map(|i| format!("r{i}: \"x\" r{}\n", i + 1)).collect();
+    let rules: String = (0..n)
+        .map(|i| format!("r{i}: \"x\" r{}\n", i + 1))
+        .collect();
     format!("start: r0\n{rules}r{n}: \"end\"\n")
 }
 
 #[tokio::test]
 async fn constraint_depth_bombs_are_400_naming_the_limit_and_the_server_serves_on() {
-    let schema = |s: Value| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": s}});
+    let schema =
+        |s: Value| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": s}});
     let cases = [
-        (json!({"response_format": schema(ref_chain(300))}), "response_format"),
+        (
+            json!({"response_format": schema(ref_chain(300))}),
+            "response_format",
+        ),
         (json!({"guided_json": ref_chain(20_000)}), "guided_json"),
-        (json!({"structured_outputs": {"json": ref_chain(1000)}}), "structured_outputs"),
+        (
+            json!({"structured_outputs": {"json": ref_chain(1000)}}),
+            "structured_outputs",
+        ),
         (json!({"guided_grammar": lark_chain(700)}), "guided_grammar"),
-        (json!({"guided_grammar": format!("start: %json {}", ref_chain(400))}), "guided_grammar"),
+        (
+            json!({"guided_grammar": format!("start: %json {}", ref_chain(400))}),
+            "guided_grammar",
+        ),
     ];
     for (extra, param) in cases {
         for (path, body) in [
@@ -567,7 +579,10 @@ async fn constraint_depth_bombs_are_400_naming_the_limit_and_the_server_serves_o
     let never = json!({"guided_json": {"type": "integer", "minimum": 5, "maximum": 3}});
     let (s, _, resp) = post(base(), "/v1/completions", &completion(never)).await;
     assert_error(s, &resp, 400, "invalid_request_error", Some("guided_json"));
-    assert!(resp["error"]["message"].as_str().unwrap().len() < 400, "{resp}");
+    assert!(
+        resp["error"]["message"].as_str().unwrap().len() < 400,
+        "{resp}"
+    );
     let (s, _, body) = post(base(), "/v1/completions", &completion(json!({}))).await;
     assert_eq!(s, 200, "still serving: {body}");
 }

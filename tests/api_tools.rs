@@ -329,7 +329,10 @@ async fn pydantic_defs_in_tool_parameters_compile_and_fit() {
         "type": "object",
         "properties": {"to": {"$ref": "#/$defs/Place"}, "seat": {"$ref": "#/$defs/Seat"}},
         "required": ["to", "seat"], "additionalProperties": false}}});
-    for choice in [json!("required"), json!({"type": "function", "function": {"name": "book"}})] {
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "book"}}),
+    ] {
         let req = json!({"messages": [{"role": "user", "content": "Book me a seat to Oslo"}],
                          "tools": [tool], "tool_choice": choice, "max_tokens": 200,
                          "temperature": 0});
@@ -339,22 +342,28 @@ async fn pydantic_defs_in_tool_parameters_compile_and_fit() {
         assert_eq!(call["name"], "book", "{body}");
         if body["choices"][0]["finish_reason"] == "tool_calls" {
             let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
-            assert!(["aisle", "window"].contains(&args["seat"].as_str().unwrap()), "{args}");
+            assert!(
+                ["aisle", "window"].contains(&args["seat"].as_str().unwrap()),
+                "{args}"
+            );
             assert!(args["to"]["city"].is_string(), "{args}");
         }
     }
 }
 
-/// Tool parameters deep enough to overflow a compile's stack are a 400 naming `tools`, and
-/// the server serves on.
+/// Tool parameters nested past the depth limit are a 400 naming `tools`, and the server
+/// serves on (100 `$ref`s through `anyOf`: about 300 levels, and a prompt the context holds).
 #[tokio::test]
 async fn tool_parameters_past_the_depth_limit_are_a_400() {
     let s = server();
     let mut defs = serde_json::Map::new();
-    for i in 0..400 {
-        defs.insert(format!("d{i}"), json!({"anyOf": [{"$ref": format!("#/$defs/d{}", i + 1)}, {"type": "null"}]}));
+    for i in 0..100 {
+        defs.insert(
+            format!("d{i}"),
+            json!({"anyOf": [{"$ref": format!("#/$defs/d{}", i + 1)}, {"type": "null"}]}),
+        );
     }
-    defs.insert("d400".into(), json!({"type": "integer"}));
+    defs.insert("d100".into(), json!({"type": "integer"}));
     let tool = json!({"type": "function", "function": {"name": "deep", "parameters": {
         "type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}}, "$defs": defs}}});
     let req = json!({"messages": [{"role": "user", "content": "hi"}], "tools": [tool],
@@ -362,7 +371,13 @@ async fn tool_parameters_past_the_depth_limit_are_a_400() {
     let (status, _, body) = post(&s.base, "/v1/chat/completions", &req).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["param"], "tools", "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("max_depth"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_depth"),
+        "{body}"
+    );
     let ok = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
     let (status, _, body) = post(&s.base, "/v1/chat/completions", &ok).await;
     assert_eq!(status, 200, "the server serves on: {body}");

@@ -134,10 +134,19 @@ mod tests {
             "properties": {"a": {"$ref": "#/$defs/A"}, "me": {"$ref": "#"}, "c": {"const": {"$ref": "#/x"}}},
         });
         let out = rebase_refs(&params, "/properties/arguments");
-        assert_eq!(out["properties"]["a"]["$ref"], "#/properties/arguments/$defs/A");
-        assert_eq!(out["$defs"]["A"]["properties"]["next"]["$ref"], "#/properties/arguments/$defs/A");
+        assert_eq!(
+            out["properties"]["a"]["$ref"],
+            "#/properties/arguments/$defs/A"
+        );
+        assert_eq!(
+            out["$defs"]["A"]["properties"]["next"]["$ref"],
+            "#/properties/arguments/$defs/A"
+        );
         assert_eq!(out["properties"]["me"]["$ref"], "#/properties/arguments");
-        assert_eq!(out["properties"]["c"]["const"]["$ref"], "#/x", "data is left alone");
+        assert_eq!(
+            out["properties"]["c"]["const"]["$ref"], "#/x",
+            "data is left alone"
+        );
     }
 
     #[test]

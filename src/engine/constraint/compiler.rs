@@ -41,7 +41,10 @@ impl Compiler {
     /// The token trie and grammar cache (a second or so for a 128k vocabulary).
     pub fn grammars(&self) -> &Result<Grammars, String> {
         self.grammars.get_or_init(|| {
-            let tok = self.tokenizer.as_ref().ok_or("the model has no tokenizer")?;
+            let tok = self
+                .tokenizer
+                .as_ref()
+                .ok_or("the model has no tokenizer")?;
             Grammars::new(tok, self.vocab_size, &self.eos_ids, &self.cfg)
         })
     }
@@ -59,7 +62,11 @@ impl Compiler {
 
     /// `c`'s grammar: the cached copy when [`Compiler::prepare`] (or an earlier request)
     /// compiled it, else compiled on a compile thread while this one waits.
-    pub fn grammar(self: &Arc<Self>, c: &Constraint, param: &'static str) -> Result<Grammar, EngineError> {
+    pub fn grammar(
+        self: &Arc<Self>,
+        c: &Constraint,
+        param: &'static str,
+    ) -> Result<Grammar, EngineError> {
         if let Some(Ok(g)) = self.grammars.get()
             && let Some(hit) = g.cached(c)
         {
@@ -76,7 +83,11 @@ impl Compiler {
     /// Compiles `c` on a compile thread and keeps it for the request that follows; a
     /// compile past `engine.grammar.timeout_s` fails with a 400 naming `param` (the thread
     /// finishes it in the background; its result is cached unserved).
-    pub async fn prepare(self: &Arc<Self>, c: &Constraint, param: &'static str) -> Result<(), EngineError> {
+    pub async fn prepare(
+        self: &Arc<Self>,
+        c: &Constraint,
+        param: &'static str,
+    ) -> Result<(), EngineError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (this, c) = (self.clone(), c.clone());
         self.spawn(move || {

@@ -11,8 +11,6 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use crate::engine::Constraint;
-
 /// Bounds on compiling constraints (config `[engine.grammar]`).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -48,7 +46,10 @@ impl GrammarConfig {
     /// `Err(key, why)` when a value cannot work.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         if self.threads == 0 || self.queue == 0 {
-            return Err(("engine.grammar.threads", "threads and queue must be positive".into()));
+            return Err((
+                "engine.grammar.threads",
+                "threads and queue must be positive".into(),
+            ));
         }
         if self.max_depth == 0 || self.max_depth > MAX_DEPTH_LIMIT {
             return Err((
@@ -57,7 +58,10 @@ impl GrammarConfig {
             ));
         }
         if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
-            return Err(("engine.grammar.timeout_s", "must be a positive number".into()));
+            return Err((
+                "engine.grammar.timeout_s",
+                "must be a positive number".into(),
+            ));
         }
         Ok(())
     }
@@ -66,9 +70,9 @@ impl GrammarConfig {
 /// The largest `max_depth` the compile threads' stack is sized for.
 pub const MAX_DEPTH_LIMIT: usize = 4096;
 
-/// `Err(message)` naming the limit when `c` is larger or deeper than `cfg` allows.
-pub fn check(c: &Constraint, cfg: &GrammarConfig) -> Result<(), String> {
-    let (bytes, depth) = measure(c)?;
+/// `Err(message)` naming the limit when a constraint of `bytes` and `depth` is larger or
+/// deeper than `cfg` allows.
+pub fn within(bytes: usize, depth: usize, cfg: &GrammarConfig) -> Result<(), String> {
     if bytes > cfg.max_bytes {
         return Err(format!(
             "the constraint is {bytes} bytes; the limit is {} (engine.grammar.max_bytes)",
@@ -85,24 +89,11 @@ pub fn check(c: &Constraint, cfg: &GrammarConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// Bytes of text and depth of `c`.
-fn measure(c: &Constraint) -> Result<(usize, usize), String> {
-    Ok(match c {
-        Constraint::JsonObject => (0, 1),
-        Constraint::JsonSchema(text) => {
-            let v: Value = serde_json::from_str(text)
-                .map_err(|e| format!("the schema is not valid JSON: {e}"))?;
-            (text.len(), json_depth(&v))
-        }
-        // The regex parser bounds its own nesting (a parse error past it).
-        Constraint::Regex(rx) => (rx.len(), 1),
-        Constraint::Choice(options) => (options.iter().map(String::len).sum(), 1),
-        Constraint::Lark(g) => (g.len(), lark_depth(g)?),
-        Constraint::AfterReasoning { answer, .. } => {
-            let (bytes, depth) = measure(answer)?;
-            (bytes, depth + 2)
-        }
-    })
+/// [`json_depth`] of a schema's text.
+pub fn schema_depth(text: &str) -> Result<usize, String> {
+    let v: Value =
+        serde_json::from_str(text).map_err(|e| format!("the schema is not valid JSON: {e}"))?;
+    Ok(json_depth(&v))
 }
 
 /// The longest chain of nested values and local `$ref`s followed in a JSON Schema. A `$ref`
@@ -185,11 +176,14 @@ struct Rule {
 
 /// The longest chain of rules naming rules in a Lark grammar, each counted with its own
 /// bracket nesting and `%json` schemas.
-fn lark_depth(text: &str) -> Result<usize, String> {
+pub fn lark_depth(text: &str) -> Result<usize, String> {
     let rules = lark_rules(text)?;
     let names: Vec<&String> = rules.keys().collect();
-    let index: HashMap<&str, usize> =
-        names.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
+    let index: HashMap<&str, usize> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
+        .collect();
     let ids: Vec<usize> = (0..names.len()).collect();
     let children = |i: &usize| -> Vec<&usize> {
         rules[names[*i]]
@@ -233,7 +227,10 @@ fn lark_rules(text: &str) -> Result<HashMap<String, Rule>, String> {
             b'/' if bytes.get(i + 1) == Some(&b'/') => i = skip_to_eol(bytes, i),
             b'"' | b'/' => i = skip_quoted(bytes, i),
             b'<' if bytes.get(i + 1) == Some(&b'[') => {
-                i = bytes[i..].iter().position(|&c| c == b'>').map_or(bytes.len(), |p| i + p + 1);
+                i = bytes[i..]
+                    .iter()
+                    .position(|&c| c == b'>')
+                    .map_or(bytes.len(), |p| i + p + 1);
             }
             b'(' | b'[' | b'{' => {
                 depth += 1;
@@ -259,7 +256,9 @@ fn lark_rules(text: &str) -> Result<HashMap<String, Rule>, String> {
             c if c.is_ascii_alphabetic() || c == b'_' || c == b'?' || c == b'!' || c == b'@' => {
                 let start = i + usize::from(matches!(c, b'?' | b'!' | b'@'));
                 let mut end = start;
-                while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
+                while end < bytes.len()
+                    && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_')
+                {
                     end += 1;
                 }
                 let name = &text[start..end];
@@ -273,14 +272,19 @@ fn lark_rules(text: &str) -> Result<HashMap<String, Rule>, String> {
                 while after < bytes.len() && matches!(bytes[after], b' ' | b'\t') {
                     after += 1;
                 }
-                if at_line_start && c != b'@' && bytes.get(after) == Some(&b':') && !name.is_empty() {
+                if at_line_start && c != b'@' && bytes.get(after) == Some(&b':') && !name.is_empty()
+                {
                     current = name.to_string();
                     rules.entry(current.clone()).or_default();
                     depth = 0;
                     i = after + 1;
                 } else {
                     if !name.is_empty() {
-                        rules.entry(current.clone()).or_default().uses.push(name.to_string());
+                        rules
+                            .entry(current.clone())
+                            .or_default()
+                            .uses
+                            .push(name.to_string());
                     }
                     i = end.max(i + 1);
                 }
@@ -292,7 +296,10 @@ fn lark_rules(text: &str) -> Result<HashMap<String, Rule>, String> {
 }
 
 fn skip_to_eol(bytes: &[u8], i: usize) -> usize {
-    bytes[i..].iter().position(|&c| c == b'\n').map_or(bytes.len(), |p| i + p)
+    bytes[i..]
+        .iter()
+        .position(|&c| c == b'\n')
+        .map_or(bytes.len(), |p| i + p)
 }
 
 /// Past the string or regex opened by `bytes[i]` (backslash escapes honoured; in a regex,
@@ -356,8 +363,14 @@ mod tests {
     #[test]
     fn lark_depth_counts_rule_chains_nesting_and_json() {
         let flat = "start: a | b\na: \"x\" /[0-9]+/\nb: \"(((\" a";
-        assert!(lark_depth(flat).unwrap() <= 4, "{}", lark_depth(flat).unwrap());
-        let chain: String = (0..500).map(|i| format!("r{i}: r{} \"x\"\n", i + 1)).collect();
+        assert!(
+            lark_depth(flat).unwrap() <= 4,
+            "{}",
+            lark_depth(flat).unwrap()
+        );
+        let chain: String = (0..500)
+            .map(|i| format!("r{i}: r{} \"x\"\n", i + 1))
+            .collect();
         let chain = format!("start: r0\n{chain}r500: \"end\"\n");
         assert!(lark_depth(&chain).unwrap() > 500);
         let parens = format!("start: {}\"x\"{}", "(".repeat(300), ")".repeat(300));
@@ -373,14 +386,15 @@ mod tests {
     }
 
     #[test]
-    fn check_names_the_limit() {
+    fn within_names_the_limit() {
         let cfg = GrammarConfig::default();
-        let deep = Constraint::JsonSchema(ref_chain(1000).to_string());
-        let e = check(&deep, &cfg).unwrap_err();
+        let deep = schema_depth(&ref_chain(1000).to_string()).unwrap();
+        let e = within(10, deep, &cfg).unwrap_err();
         assert!(e.contains("engine.grammar.max_depth"), "{e}");
-        let big = Constraint::Regex("a".repeat(cfg.max_bytes + 1));
-        assert!(check(&big, &cfg).unwrap_err().contains("engine.grammar.max_bytes"));
-        let ok = Constraint::JsonSchema(ref_chain(40).to_string());
-        assert_eq!(check(&ok, &cfg), Ok(()));
+        let e = within(cfg.max_bytes + 1, 1, &cfg).unwrap_err();
+        assert!(e.contains("engine.grammar.max_bytes"), "{e}");
+        let ok = schema_depth(&ref_chain(40).to_string()).unwrap();
+        assert_eq!(within(cfg.max_bytes, ok, &cfg), Ok(()));
+        assert!(schema_depth("{not json").is_err());
     }
 }

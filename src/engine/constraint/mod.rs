@@ -146,7 +146,6 @@ impl Grammars {
         })
     }
 
-
     /// A fresh matcher for `c`, from the cache when the same text was compiled before. A
     /// grammar past a limit, one that does not compile and one no text can satisfy are
     /// `InvalidRequest` naming `param`. Deep grammars need a compile thread's stack
@@ -160,7 +159,7 @@ impl Grammars {
             param: Some(param),
             message,
         };
-        limits::check(c, &self.cfg).map_err(invalid)?;
+        check_limits(c, &self.cfg).map_err(invalid)?;
         let grammar = top_level(c, &self.think).map_err(invalid)?;
         let (matcher, bytes) = crate::alloc::measured(|| {
             let parser = catch_unwind(AssertUnwindSafe(|| self.factory.create_parser(grammar)))
@@ -176,9 +175,13 @@ impl Grammars {
         let mut probe = Grammar::new(matcher.deep_clone());
         probe.compute_mask();
         match (&probe.error, probe.mask()) {
-            (Some(e), _) => return Err(invalid(format!("the constraint cannot be satisfied: {e}"))),
+            (Some(e), _) => {
+                return Err(invalid(format!("the constraint cannot be satisfied: {e}")));
+            }
             (None, Some(m)) if m.iter().all(|&w| w == 0) => {
-                return Err(invalid("the constraint cannot be satisfied: no text fits it".into()));
+                return Err(invalid(
+                    "the constraint cannot be satisfied: no text fits it".into(),
+                ));
             }
             _ => {}
         }
@@ -192,20 +195,47 @@ impl Grammars {
 
     /// A fresh matcher for `c` if it was compiled before.
     pub fn cached(&self, c: &Constraint) -> Option<Grammar> {
-        let m = self.cache.lock().expect("grammar cache lock").get(&key(c))?;
+        let m = self
+            .cache
+            .lock()
+            .expect("grammar cache lock")
+            .get(&key(c))?;
         Some(Grammar::new(m))
     }
 
     /// A request carrying `c` was admitted: its compiled grammar has served and is kept.
     pub fn served(&self, c: &Constraint) {
-        self.cache.lock().expect("grammar cache lock").served(&key(c));
+        self.cache
+            .lock()
+            .expect("grammar cache lock")
+            .served(&key(c));
     }
 
     /// Compiled grammars held and the bytes they hold.
     pub fn cache_size(&self) -> (usize, usize) {
         self.cache.lock().expect("grammar cache lock").size()
     }
+}
 
+/// `Err(message)` naming the limit when `c` is larger or deeper than `cfg` allows
+/// ([`limits`]; checked before anything compiles).
+fn check_limits(c: &Constraint, cfg: &GrammarConfig) -> Result<(), String> {
+    fn measure(c: &Constraint) -> Result<(usize, usize), String> {
+        Ok(match c {
+            Constraint::JsonObject => (0, 1),
+            Constraint::JsonSchema(text) => (text.len(), limits::schema_depth(text)?),
+            // The regex parser bounds its own nesting (a parse error past it).
+            Constraint::Regex(rx) => (rx.len(), 1),
+            Constraint::Choice(options) => (options.iter().map(String::len).sum(), 1),
+            Constraint::Lark(g) => (g.len(), limits::lark_depth(g)?),
+            Constraint::AfterReasoning { answer, .. } => {
+                let (bytes, depth) = measure(answer)?;
+                (bytes, depth + 2)
+            }
+        })
+    }
+    let (bytes, depth) = measure(c)?;
+    limits::within(bytes, depth, cfg)
 }
 
 /// The cache's key for `c`: its full text.
@@ -357,8 +387,13 @@ mod tests {
         ));
         let file = GgufFile::open(&path).expect("fixture");
         let tok = Tokenizer::from_gguf(&file).expect("tokenizer");
-        let g = Grammars::new(&tok, tok.vocab_size(), tok.eos_ids(), &GrammarConfig::default())
-            .expect("grammars");
+        let g = Grammars::new(
+            &tok,
+            tok.vocab_size(),
+            tok.eos_ids(),
+            &GrammarConfig::default(),
+        )
+        .expect("grammars");
         (tok, g)
     }
 
@@ -516,22 +551,33 @@ mod tests {
     fn ref_chain(n: usize) -> String {
         let defs: Vec<String> = (0..n)
             .map(|i| match i + 1 < n {
-                true => format!(r##""d{i}":{{"anyOf":[{{"$ref":"#/$defs/d{}"}},{{"type":"null"}}]}}"##, i + 1),
+                true => format!(
+                    r##""d{i}":{{"anyOf":[{{"$ref":"#/$defs/d{}"}},{{"type":"null"}}]}}"##,
+                    i + 1
+                ),
                 false => format!(r#""d{i}":{{"type":"integer"}}"#),
             })
             .collect();
-        format!(r##"{{"$ref":"#/$defs/d0","$defs":{{{}}}}}"##, defs.join(","))
+        format!(
+            r##"{{"$ref":"#/$defs/d0","$defs":{{{}}}}}"##,
+            defs.join(",")
+        )
     }
 
     fn lark_chain(n: usize) -> String {
-        let rules: String = (0..n).map(|i| format!("r{i}: \"x\" r{}\n", i + 1)).collect();
+        let rules: String = (0..n)
+            .map(|i| format!("r{i}: \"x\" r{}\n", i + 1))
+            .collect();
         format!("start: r0\n{rules}r{n}: \"end\"\n")
     }
 
     #[test]
     fn deep_constraints_are_refused_by_name_and_the_deepest_allowed_compiles() {
         let depth_error = |r: Result<Grammar, EngineError>| match r {
-            Err(EngineError::InvalidRequest { param: Some("x"), message }) => message,
+            Err(EngineError::InvalidRequest {
+                param: Some("x"),
+                message,
+            }) => message,
             other => panic!("{other:?}"),
         };
         let (_, gs) = tiny();
@@ -543,7 +589,11 @@ mod tests {
                 Constraint::JsonSchema(ref_chain(20_000)),
                 Constraint::Lark(lark_chain(700)),
                 Constraint::Lark(format!("start: %json {}", ref_chain(300))),
-                Constraint::Lark(format!("start: {}\"a\"{}", "(".repeat(5000), ")".repeat(5000))),
+                Constraint::Lark(format!(
+                    "start: {}\"a\"{}",
+                    "(".repeat(5000),
+                    ")".repeat(5000)
+                )),
             ] {
                 let m = depth_error(g.compile(&c, "x"));
                 assert!(m.contains("engine.grammar.max_depth"), "{m}");
@@ -555,7 +605,9 @@ mod tests {
                 limits::json_depth(&v) <= max
             });
             let c = Constraint::JsonSchema(ref_chain(n.unwrap()));
-            let mut m = g.compile(&c, "x").expect("the deepest allowed schema compiles");
+            let mut m = g
+                .compile(&c, "x")
+                .expect("the deepest allowed schema compiles");
             m.compute_mask();
             assert!(m.mask().is_some());
             let m = g.compile(&Constraint::Lark(lark_chain(max - 2)), "x");
@@ -575,8 +627,14 @@ mod tests {
             Constraint::JsonSchema("false".into()),
         ] {
             match gs.compile(&c, "x") {
-                Err(EngineError::InvalidRequest { param: Some("x"), message }) => {
-                    assert!(!message.contains("tokens:") && message.len() < 500, "{message}")
+                Err(EngineError::InvalidRequest {
+                    param: Some("x"),
+                    message,
+                }) => {
+                    assert!(
+                        !message.contains("tokens:") && message.len() < 500,
+                        "{message}"
+                    )
                 }
                 other => panic!("{c:?}: {other:?}"),
             }
@@ -593,8 +651,13 @@ mod tests {
         };
         let gs = Grammars::new(&tok, tok.vocab_size(), tok.eos_ids(), &cfg).unwrap();
         let schema = |i: usize| {
-            let props: Vec<String> = (0..20).map(|p| format!(r#""k{i}_{p}":{{"type":"string","maxLength":{}}}"#, p + 3)).collect();
-            Constraint::JsonSchema(format!(r#"{{"type":"object","properties":{{{}}}}}"#, props.join(",")))
+            let props: Vec<String> = (0..20)
+                .map(|p| format!(r#""k{i}_{p}":{{"type":"string","maxLength":{}}}"#, p + 3))
+                .collect();
+            Constraint::JsonSchema(format!(
+                r#"{{"type":"object","properties":{{{}}}}}"#,
+                props.join(",")
+            ))
         };
         let first = schema(0);
         gs.compile(&first, "x").unwrap();
@@ -611,7 +674,10 @@ mod tests {
         }
         let (n, bytes) = gs.cache_size();
         assert!(peak <= cfg.cache_bytes, "{peak} > {}", cfg.cache_bytes);
-        assert!(n > 10 && bytes > cfg.cache_bytes / 4, "the budget is used: {n} entries, {bytes} bytes");
+        assert!(
+            n > 10 && bytes > cfg.cache_bytes / 4,
+            "the budget is used: {n} entries, {bytes} bytes"
+        );
         // Unserved grammars went first (a quarter of the budget at most): the served ones
         // (11, far less than the budget) are all still there.
         assert!(11 * one < cfg.cache_bytes / 2, "{one}");
@@ -633,7 +699,8 @@ mod tests {
             for line in smaps.lines() {
                 if let Some((range, _)) = line.split_once(' ')
                     && let Some((a, b)) = range.split_once('-')
-                    && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                    && let (Ok(a), Ok(b)) =
+                        (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
                 {
                     inside = (a..b).contains(&here);
                 } else if inside && let Some(kb) = line.strip_prefix("Rss:") {
@@ -645,8 +712,14 @@ mod tests {
         let (_, gs) = tiny();
         let gs = Arc::new(gs);
         for (label, c) in [
-            ("json $ref chain of 80", Constraint::JsonSchema(ref_chain(80))),
-            ("json $ref chain of 40", Constraint::JsonSchema(ref_chain(40))),
+            (
+                "json $ref chain of 80",
+                Constraint::JsonSchema(ref_chain(80)),
+            ),
+            (
+                "json $ref chain of 40",
+                Constraint::JsonSchema(ref_chain(40)),
+            ),
             ("lark chain of 250", Constraint::Lark(lark_chain(250))),
             ("lark chain of 120", Constraint::Lark(lark_chain(120))),
         ] {
@@ -679,7 +752,8 @@ mod tests {
         let doc = r#"{"name":"Ada Lovelace","age":36,"tags":["math","engines","poetry"],"address":{"street":"12 St James's Square","zip":"10001"}}"#;
         for (label, tok, eos) in [("llama-2 32k", &l2, 2u32), ("llama-3 128k", &l3, 127999)] {
             let t0 = std::time::Instant::now();
-            let gs = Grammars::new(tok, tok.vocab_size(), &[eos], &GrammarConfig::default()).unwrap();
+            let gs =
+                Grammars::new(tok, tok.vocab_size(), &[eos], &GrammarConfig::default()).unwrap();
             let trie_ms = t0.elapsed().as_secs_f64() * 1e3;
             let t0 = std::time::Instant::now();
             let c = Constraint::JsonSchema(schema.into());

@@ -81,7 +81,11 @@ mod tests {
         })
         .unwrap();
         pool.spawn(move || tx.send(7).unwrap()).unwrap();
-        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(7), "the thread survived");
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)),
+            Ok(7),
+            "the thread survived"
+        );
         // Block the one thread, fill the queue: the next spawn is refused.
         let (hold_tx, hold_rx) = channel::<()>();
         let (started_tx, started_rx) = channel();
@@ -101,12 +105,17 @@ mod tests {
     fn the_stack_holds_deep_recursion() {
         fn down(n: usize) -> usize {
             let pad = std::hint::black_box([n as u8; 4096]);
-            if n == 0 { pad[0] as usize } else { down(n - 1) + pad[1] as usize - pad[1] as usize }
+            if n == 0 {
+                pad[0] as usize
+            } else {
+                down(n - 1) + pad[1] as usize - pad[1] as usize
+            }
         }
         let pool = CompilePool::new(1, 1).unwrap();
         let (tx, rx) = channel();
         // 48 MiB of frames: far past a default thread's 2 MiB.
-        pool.spawn(move || tx.send(down(12 << 10)).unwrap()).unwrap();
+        pool.spawn(move || tx.send(down(12 << 10)).unwrap())
+            .unwrap();
         assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(0));
     }
 }
