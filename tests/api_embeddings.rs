@@ -306,12 +306,21 @@ async fn bad_inputs_get_4xx_naming_the_field_and_the_server_serves_on() {
     assert_eq!(status, 400, "{res}");
     let res = embed(&s.base, &json!({"input": "still serving"})).await;
     assert_eq!(vectors(&res).len(), 1);
-    let stats = s.engine.client().stats();
-    assert_eq!(
-        stats.lanes[0].running + stats.lanes[0].waiting,
-        0,
-        "{stats:?}"
-    );
+    // No KV is kept for an embedding: nothing runs or waits and every block is free again
+    // (cached blocks count free) once the lane has published its last step.
+    let start = std::time::Instant::now();
+    let freed = loop {
+        let st = s.engine.client().stats();
+        let l = &st.lanes[0];
+        let idle = l.running + l.waiting == 0 && l.kv_free_blocks == l.kv_total_blocks;
+        if idle || start.elapsed().as_secs() > 5 {
+            break st;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    let lane = &freed.lanes[0];
+    assert_eq!(lane.running + lane.waiting, 0, "{freed:?}");
+    assert_eq!(lane.kv_free_blocks, lane.kv_total_blocks, "{freed:?}");
 }
 
 /// The fixture's tokenizer with a post-processor that appends `<|endoftext|>` to every input,
