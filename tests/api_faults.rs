@@ -1,14 +1,18 @@
 //! The server where its inputs or surroundings fail (issue 37): stderr on a full device or a
 //! closed pipe (the `kiln serve` binary starts, serves, counts the dropped log lines and exits
 //! on SIGTERM); chat templates from the model file that loop or double a string (400 naming
-//! the template limit, quickly, and the server serves on).
+//! the template limit, quickly, and the server serves on); error messages that echo no
+//! megabytes and no paths; a warning when bound beyond loopback without a key; CORS preflights
+//! for the SDKs' headers; absolute-form targets checked like `Host`.
 
 mod api_support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use api_support::{assert_error, model_files, post, start_with, test_config};
+use api_support::{
+    assert_error, client, model_files, post, shared, start, start_with, test_config,
+};
 use kiln::tokenizer::Tokenizer;
 use serde_json::json;
 
@@ -187,4 +191,112 @@ async fn template_bombs_answer_400_quickly_and_the_server_serves_on() {
     }
     let (status, _, body) = post(&s.base, "/v1/chat/completions", &chat("Once upon a time")).await;
     assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test]
+async fn error_messages_echo_no_megabytes_and_cards_no_directories() {
+    let s = shared();
+    let name = "m".repeat(1 << 20);
+    let body = json!({"model": name, "prompt": "Once", "max_tokens": 1});
+    let (status, _, body) = post(&s.base, "/v1/completions", &body).await;
+    assert_error(status, &body, 404, "not_found_error", Some("model"));
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.len() < 1024, "{} bytes", message.len());
+    assert!(message.contains("1048576 bytes"), "{message}");
+    let models: serde_json::Value = client()
+        .get(format!("{}/v1/models", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let root = models["data"][0]["root"].as_str().unwrap();
+    assert!(!root.contains('/'), "{root}");
+}
+
+#[tokio::test]
+async fn cors_preflight_allows_the_headers_sdks_send() {
+    let origin = "http://app.example";
+    let mut cfg = test_config();
+    cfg.server.cors_allowed_origins = vec![origin.into()];
+    let s = start(cfg);
+    let asked = "content-type, x-stainless-os, x-stainless-lang, x-stainless-retry-count, \
+                 anthropic-version, x-api-key, authorization";
+    let res = client()
+        .request(
+            reqwest::Method::OPTIONS,
+            format!("{}/v1/chat/completions", s.base),
+        )
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", asked)
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success(), "{}", res.status());
+    let allowed = res.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    for h in asked.split(',').map(str::trim) {
+        assert!(allowed.contains(h), "{h} not in {allowed}");
+    }
+}
+
+/// One raw HTTP/1.1 exchange with the shared server; the status line's code.
+fn raw_status(request: &str) -> String {
+    use std::io::{Read, Write};
+    let addr = shared().base.trim_start_matches("http://").to_string();
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = conn.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    text.split(' ').nth(1).unwrap_or_default().to_string()
+}
+
+#[test]
+fn an_absolute_form_target_is_checked_like_host() {
+    let ask = |target: &str| {
+        raw_status(&format!(
+            "GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        ))
+    };
+    assert_eq!(ask("http://evil.example/v1/models"), "403");
+    assert_eq!(ask("http://evil.example:8000/health"), "403");
+    assert_eq!(ask("http://localhost/v1/models"), "200");
+    assert_eq!(ask("/v1/models"), "200");
+}
+
+/// Starts the binary on `host` with `extra` flags until ready, then returns its stderr.
+async fn start_up_log(host: &str, extra: &[&str]) -> String {
+    use std::io::Read;
+    let port = free_port();
+    let mut args = vec!["--host", host];
+    args.extend_from_slice(extra);
+    let mut guard = serve(port, Stdio::piped(), &args);
+    let mut stderr = guard.0.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let c = reqwest::Client::new();
+    wait_ready(&mut guard, &format!("http://127.0.0.1:{port}"), &c).await;
+    drop(guard);
+    reader.join().unwrap()
+}
+
+#[tokio::test]
+async fn a_keyless_server_beyond_loopback_warns_at_start() {
+    let warning = "without an API key";
+    let log = start_up_log("0.0.0.0", &[]).await;
+    assert!(log.contains(warning) && log.contains("WARN"), "{log}");
+    let log = start_up_log("0.0.0.0", &["--api-key", "sk-x"]).await;
+    assert!(!log.contains(warning), "{log}");
+    let log = start_up_log("127.0.0.1", &[]).await;
+    assert!(!log.contains(warning), "{log}");
 }

@@ -22,18 +22,20 @@ pub enum ApiError {
     /// 401: missing or wrong API key.
     #[error("invalid or missing API key")]
     Unauthorized,
-    /// 404: no such model.
-    #[error("The model `{0}` does not exist.")]
+    /// 404: no such model (the name echoed shortened: [`shorten`]).
+    #[error("The model `{}` does not exist.", shorten(.0))]
     ModelNotFound(String),
     /// 404: no such route.
-    #[error("no route for {method} {path}")]
+    #[error("no route for {} {}", shorten(method), shorten(path))]
     RouteNotFound { method: String, path: String },
     /// 405: the route exists with another method.
-    #[error("method {method} is not allowed for {path}")]
+    #[error("method {} is not allowed for {}", shorten(method), shorten(path))]
     MethodNotAllowed { method: String, path: String },
-    /// 403: the `Host` header names a host this server does not answer for.
+    /// 403: the `Host` header (or an absolute-form target's host) names a host this server
+    /// does not answer for.
     #[error(
-        "the Host {host:?} is not allowed; a server bound to a loopback address answers only loopback names unless `server.allowed_hosts` lists others"
+        "the Host {:?} is not allowed; a server bound to a loopback address answers only loopback names unless `server.allowed_hosts` lists others",
+        shorten(host)
     )]
     HostNotAllowed { host: String },
     /// 408: the request body did not arrive in time.
@@ -148,13 +150,40 @@ impl ApiError {
     pub fn body(&self) -> ErrorResponse {
         ErrorResponse {
             error: ErrorDetail {
-                message: self.to_string(),
+                message: cap_message(self.to_string()),
                 kind: self.error_type().into(),
                 param: self.param(),
                 code: self.code().into(),
             },
         }
     }
+}
+
+/// Most bytes of a client's own text (a model name, a path, a `Host`) an error message
+/// echoes; past it the text is cut and its length said.
+const ECHO_BYTES: usize = 256;
+
+/// Most bytes of any error message: whatever a message quotes (a grammar library's error, a
+/// tokenizer's), a client never gets megabytes back.
+const MESSAGE_BYTES: usize = 4096;
+
+/// `text` whole when short, else its first [`ECHO_BYTES`] (cut at a character) and its size.
+pub fn shorten(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= ECHO_BYTES {
+        return text.into();
+    }
+    let cut = text.floor_char_boundary(ECHO_BYTES);
+    format!("{}... ({} bytes)", &text[..cut], text.len()).into()
+}
+
+/// `message` cut to [`MESSAGE_BYTES`] (at a character), saying so.
+fn cap_message(mut message: String) -> String {
+    if message.len() > MESSAGE_BYTES {
+        let len = message.len();
+        message.truncate(message.floor_char_boundary(MESSAGE_BYTES));
+        message.push_str(&format!("... (message cut, {len} bytes)"));
+    }
+    message
 }
 
 /// Marks a response as an error of this type, for the errors metric.

@@ -121,10 +121,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 fn cors(server: &ServerConfig) -> Cors {
     let mut c = Cors::default()
         .allowed_methods(["GET", "POST", "OPTIONS"])
-        .allowed_headers([
-            actix_web::http::header::AUTHORIZATION,
-            actix_web::http::header::CONTENT_TYPE,
-        ])
+        // Whatever headers an allowed origin's preflight asks for (the OpenAI and Anthropic
+        // JS SDKs send `X-Stainless-*`, `anthropic-version`, `x-api-key`): the origin list is
+        // the policy, as vLLM's `allowed_headers = ["*"]`.
+        .allow_any_header()
         .max_age(3600);
     for origin in &server.cors_allowed_origins {
         c = if origin == "*" {

@@ -52,6 +52,17 @@ pub async fn retrieve_model(
     Ok(HttpResponse::Ok().json(card(&state, ready)))
 }
 
+/// vLLM's `root` without the directories the model lies in (a card is public, the server's
+/// file layout is not): a file's or directory's name, an `hf:` id as given.
+fn root(path: &str) -> String {
+    if path.starts_with("hf:") {
+        return path.to_string();
+    }
+    std::path::Path::new(path)
+        .file_name()
+        .map_or_else(|| path.to_string(), |n| n.to_string_lossy().into_owned())
+}
+
 /// The served model's card.
 fn card(state: &AppState, ready: &Ready) -> ModelCard {
     ModelCard {
@@ -59,7 +70,7 @@ fn card(state: &AppState, ready: &Ready) -> ModelCard {
         object: "model".into(),
         created: ready.created,
         owned_by: "kiln".into(),
-        root: state.config.model.path.clone(),
+        root: root(&state.config.model.path),
         parent: None,
         max_model_len: ready.client.max_model_len(),
         permission: vec![ModelPermission {

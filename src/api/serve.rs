@@ -51,9 +51,17 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         "engine ready"
     );
     let addr = format!("{}:{}", config.server.host, config.server.port);
+    let keyless = config.server.api_keys.is_empty();
     let state = Data::new(AppState::new(config));
     state.set_engine(client)?;
     let listener = TcpListener::bind(&addr).with_context(|| format!("binding {addr}"))?;
+    if keyless && !listener.local_addr()?.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "serving beyond loopback without an API key: anyone who can reach this address can \
+             use the model; set --api-key (KILN_API_KEY) or bind 127.0.0.1"
+        );
+    }
     let server = Server::start(state, listener)?;
     tracing::info!("listening on http://{}", server.addr());
     let result = server.join();

@@ -277,7 +277,8 @@ impl<B: Backend> Lane<'_, B> {
         }
         let err = EngineError::LaneFailed {
             lane: self.index,
-            message: format!("the lane panicked: {what}"),
+            // The panic's own text (a file, a line, internal state) stays in the log above.
+            message: "the lane panicked; the server log has the cause".into(),
         };
         if let Ok(mut st) = self.stats.lock() {
             st.healthy = false;
