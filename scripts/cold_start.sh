@@ -10,7 +10,11 @@
 #   cargo build --release --features cuda && objcopy --strip-all target/release/kiln $d/kiln \
 #     && gzip -f $d/kiln        (more binaries: kiln-NAME.gz, each is timed)
 #   cp scripts/cold_start.sh scripts/make_moe_gguf.py ../shared/peers/make_gguf.py $d/
-#   cp ../main/target/dev-moepeer/{gguf-py.tgz,tok.tgz,lcpp-bin.txz} $d/   (llama.cpp optional)
+#   bash ../shared/peers/get_llama_cpp.sh $d/llama.cpp-src.tgz      (its gguf-py writes the file)
+#   tar czf $d/tok.tgz -C ../shared/models/tokenizers llama3.2
+#   cp ../main/target/dev-moepeer/lcpp-bin.txz $d/   (optional: llama-server's binaries, from
+#     moe_peer.sh with LCPP_PACK=1; gguf-py.tgz, the gguf-py folder alone, may stand in for
+#     llama.cpp-src.tgz)
 #   run: bash target/dev-cold/cold_start.sh          (carry target/dev-cold)
 # Environment: COLD_WARMUP=1 (an uncounted first start), COLD_WARM=0 (no warm starts),
 # COLD_ENVS (one cold start of the first binary per VAR=VALUE setting), COLD_SPLITS (e.g. "0 off 4": one cold start of the first binary per
@@ -66,7 +70,11 @@ if [ -f "$here/kilns.txz" ]; then
 fi
 lcpp=$work/lcpp
 mkdir -p "$lcpp/bin"
-tar xzf "$here/gguf-py.tgz" -C "$lcpp"
+if [ -f "$here/llama.cpp-src.tgz" ]; then
+    tar xzf "$here/llama.cpp-src.tgz" -C "$lcpp" llama.cpp/gguf-py
+else
+    tar xzf "$here/gguf-py.tgz" -C "$lcpp"
+fi
 tar xzf "$here/tok.tgz" -C "$work"
 if [ -f "$here/lcpp-bin.txz" ]; then
     tar xaf "$here/lcpp-bin.txz" -C "$lcpp/bin" 2> /dev/null \

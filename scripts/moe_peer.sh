@@ -14,7 +14,8 @@
 # Stage here (CPU machine), then carry the folder and run this script there:
 #   cargo build --release --features cuda && d=/work/main/target/dev-moepeer && mkdir -p $d \
 #     && objcopy --strip-all target/release/kiln $d/kiln && gzip -f $d/kiln \
-#     && cp ../shared/peers/llama.cpp-c392e50-src.tgz scripts/make_moe_gguf.py scripts/moe_peer.sh $d/ \
+#     && bash ../shared/peers/get_llama_cpp.sh $d/llama.cpp-src.tgz \
+#     && cp scripts/make_moe_gguf.py scripts/moe_peer.sh $d/ \
 #     && cp -r ../shared/models/tokenizers/llama3.2 $d/
 #   (optional) KILN_DEV_DIR=$d bash scripts/cuda_stage.sh && gzip -f $d/parity
 #   run: bash target/dev-moepeer/moe_peer.sh        (carry target/dev-moepeer)
@@ -58,8 +59,8 @@ kiln=$work/kiln
 gunzip -c "$here/kiln.gz" > "$kiln" && chmod +x "$kiln"
 lcpp=$work/lcpp
 mkdir -p "$lcpp"
-if [ -f "$here/llama.cpp-c392e50-src.tgz" ]; then
-    tar xzf "$here/llama.cpp-c392e50-src.tgz" -C "$lcpp"
+if [ -f "$here/llama.cpp-src.tgz" ]; then
+    tar xzf "$here/llama.cpp-src.tgz" -C "$lcpp"
 else
     tar xzf "$here/gguf-py.tgz" -C "$lcpp" && touch "$lcpp/CMakeLists.txt"
 fi
@@ -78,7 +79,9 @@ if [ -n "$prebuilt" ]; then
     say "llama.cpp: prebuilt binaries $(ls "$bin" | tr '\n' ' ')"
 elif [ -z "${SKIP_LLAMA:-}" ]; then
     (cd "$src" && nice -n 19 cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release > "$logs/cmake.log" 2>&1 \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release \
+        > "$logs/cmake.log" 2>&1 \
         && nice -n 19 cmake --build build -j16 --target llama-bench llama-batched-bench llama-server \
         >> "$logs/cmake.log" 2>&1; echo "llama.cpp build: exit $?" >> "$logs/cmake.log") &
     build=$!

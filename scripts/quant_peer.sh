@@ -3,7 +3,8 @@
 # Stage here (CPU machine), then carry the folder and run this script there:
 #   cargo build --release --features cuda && d=target/dev-peer && mkdir -p $d \
 #     && objcopy --strip-all target/release/kiln $d/kiln && gzip -f $d/kiln \
-#     && cp ../shared/peers/llama.cpp-c392e50-src.tgz ../shared/peers/make_gguf.py scripts/quant_peer.sh $d/ \
+#     && bash ../shared/peers/get_llama_cpp.sh $d/llama.cpp-src.tgz \
+#     && cp ../shared/peers/make_gguf.py scripts/quant_peer.sh $d/ \
 #     && cp -r ../shared/models/tokenizers/llama3.2 $d/
 #   run: bash target/dev-peer/quant_peer.sh        (carry target/dev-peer)
 # It builds llama.cpp (CUDA, sm_90), writes a random Llama-3-8B-shape F16 file with make_gguf.py,
@@ -25,11 +26,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 kiln=$work/kiln
 gunzip -c "$here/kiln.gz" > "$kiln" && chmod +x "$kiln"
 lcpp=$work/lcpp
-mkdir -p "$lcpp" && tar xzf "$here/llama.cpp-c392e50-src.tgz" -C "$lcpp"
+mkdir -p "$lcpp" && tar xzf "$here/llama.cpp-src.tgz" -C "$lcpp"
 src=$lcpp; [ -f "$src/CMakeLists.txt" ] || src=$(dirname "$(ls "$lcpp"/*/CMakeLists.txt | head -1)")
 t0=$(date +%s)
 (cd "$src" && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release > "$out/cmake.log" 2>&1 \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release > "$out/cmake.log" 2>&1 \
     && cmake --build build -j16 --target llama-bench llama-batched-bench llama-quantize \
     >> "$out/cmake.log" 2>&1; echo "llama.cpp build: exit $? after $(( $(date +%s) - t0 )) s") &
 build=$!
