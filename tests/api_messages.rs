@@ -655,3 +655,61 @@ async fn a_stream_cut_at_the_drain_limit_ends_with_an_error_event() {
     assert!(started.elapsed() < Duration::from_secs(10));
     drop(chat);
 }
+
+/// A Qwen3-style template: `enable_thinking: false` closes an empty thinking block, otherwise
+/// the generation prompt opens `<think>`.
+const QWEN3_STYLE: &str = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
+
+#[tokio::test]
+async fn thinking_disabled_reaches_the_template_as_enable_thinking() {
+    let base = markup_support::patched_tokenizer();
+    let dir = std::env::temp_dir().join(format!("kiln-api-messages-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        base.hf().to_string(false).unwrap(),
+    )
+    .unwrap();
+    let config = json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": QWEN3_STYLE});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    let tok = kiln::tokenizer::Tokenizer::from_file(
+        &dir.join("tokenizer.json"),
+        Some(&dir.join("tokenizer_config.json")),
+    )
+    .unwrap();
+    let mut files = markup_support::fixture();
+    files.tokenizer = Some(tok.clone());
+    let s = start_with(files, test_config());
+    let user = json!([{"role": "user", "content": "Why is the sky blue?"}]);
+    let count = |thinking: Value| {
+        let mut body = json!({"messages": user});
+        if !thinking.is_null() {
+            body["thinking"] = thinking;
+        }
+        let base = s.base.clone();
+        async move {
+            let (status, res, _) = send(&base, COUNT, &[], &body).await;
+            assert_eq!(status, 200, "{res}");
+            res["input_tokens"].as_u64().unwrap() as usize
+        }
+    };
+    let render = |tail: &str| {
+        let text = format!("<|user|>Why is the sky blue?\n<|assistant|>{tail}");
+        tok.encode(&text, false).unwrap().len()
+    };
+    assert_eq!(count(Value::Null).await, render("<think>\n"));
+    let on = json!({"type": "enabled", "budget_tokens": 8});
+    assert_eq!(count(on.clone()).await, render("<think>\n"));
+    let off = json!({"type": "disabled"});
+    assert_eq!(count(off.clone()).await, render("<think>\n\n</think>\n\n"));
+
+    let req = |thinking: Value| json!({"max_tokens": 12, "temperature": 0, "messages": user, "thinking": thinking});
+    let body = create(&s, &req(on)).await;
+    assert_eq!(body["content"][0]["type"], "thinking", "{body}");
+    let body = create(&s, &req(off)).await;
+    let content = body["content"].as_array().unwrap();
+    assert!(
+        content.iter().all(|b| b["type"] == "text"),
+        "the model answers at once: {body}"
+    );
+}

@@ -221,19 +221,36 @@ impl ChatTemplate {
         tools: &[TemplateTool],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        self.render_thinking(messages, tools, add_generation_prompt, None)
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with `enable_thinking` set for the template when
+    /// given (Qwen3's templates read it: `false` writes an empty thinking block, so the reply
+    /// answers at once); left undefined otherwise, as Hugging Face leaves it.
+    pub fn render_thinking(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[TemplateTool],
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, ChatTemplateError> {
         let messages: Vec<Value> = messages.iter().map(message_value).collect();
         let tools = if tools.is_empty() {
             Value::from(())
         } else {
             Value::from(tools.iter().map(tool_value).collect::<Vec<_>>())
         };
-        let ctx = Value::from_pairs([
+        let mut pairs = vec![
             ("messages", Value::from(messages)),
             ("tools", tools),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
             ("bos_token", Value::from(self.bos_token.as_str())),
             ("eos_token", Value::from(self.eos_token.as_str())),
-        ]);
+        ];
+        if let Some(on) = enable_thinking {
+            pairs.push(("enable_thinking", Value::from(on)));
+        }
+        let ctx = Value::from_pairs(pairs);
         let template = self
             .env
             .get_template(NAME)
@@ -527,6 +544,19 @@ fn describe(e: &Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn enable_thinking_is_defined_only_when_given() {
+        let source = "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}\
+            {% if enable_thinking is not defined %}undefined{% endif %}{{ messages[0].content }}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        let msgs = [ChatMessage::new("user", "Hi")];
+        let r = |on| t.render_thinking(&msgs, &[], true, on).unwrap();
+        assert_eq!(r(None), "undefinedHi");
+        assert_eq!(t.render(&msgs, true).unwrap(), "undefinedHi");
+        assert_eq!(r(Some(false)), "<think></think>Hi");
+        assert_eq!(r(Some(true)), "Hi");
+    }
 
     fn conv() -> Vec<ChatMessage> {
         vec![

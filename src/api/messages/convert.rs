@@ -326,15 +326,19 @@ fn choice(
 }
 
 /// Whether the reply's reasoning is asked for (`thinking.type` "enabled", "adaptive" or
-/// "between_tools"); an "enabled" one's `budget_tokens` must be positive and below
-/// `max_tokens` (it is not enforced: the model thinks as it will).
-pub fn thinking(req: &MessagesRequest, max_tokens: Option<usize>) -> Result<bool, ApiError> {
+/// "between_tools") or refused ("disabled"); `None` without `thinking`. An "enabled" one's
+/// `budget_tokens` must be positive and below `max_tokens` (it is not enforced: the model
+/// thinks as it will).
+pub fn thinking(
+    req: &MessagesRequest,
+    max_tokens: Option<usize>,
+) -> Result<Option<bool>, ApiError> {
     let Some(t) = &req.thinking else {
-        return Ok(false);
+        return Ok(None);
     };
     match t.kind.as_str() {
-        "disabled" => Ok(false),
-        "adaptive" | "between_tools" => Ok(true),
+        "disabled" => Ok(Some(false)),
+        "adaptive" | "between_tools" => Ok(Some(true)),
         "enabled" => match (t.budget_tokens, max_tokens) {
             (None, _) => Err(ApiError::invalid(
                 "thinking.budget_tokens",
@@ -348,7 +352,7 @@ pub fn thinking(req: &MessagesRequest, max_tokens: Option<usize>) -> Result<bool
                 "thinking.budget_tokens",
                 format!("`max_tokens` must be greater than `thinking.budget_tokens` ({b})"),
             )),
-            _ => Ok(true),
+            _ => Ok(Some(true)),
         },
         other => Err(ApiError::invalid(
             "thinking.type",

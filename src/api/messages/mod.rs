@@ -35,18 +35,19 @@ struct Prompt {
     thinking: bool,
 }
 
-/// Renders the conversation (a prefill appended after the generation prompt) and tokenizes
-/// it on the blocking pool.
+/// Renders the conversation (a prefill appended after the generation prompt; the template's
+/// `enable_thinking` set from the request's `thinking`) and tokenizes it on the blocking pool.
 async fn render(
     ready: &Ready,
     conv: Conversation,
     tools: Vec<TemplateTool>,
+    thinking: Option<bool>,
 ) -> Result<Prompt, ApiError> {
     let template = ready.template_for(!tools.is_empty()).clone();
     let tok = ready.tokenizer.clone();
     let context = ready.client.max_model_len();
     blocking(move || {
-        let mut text = template.render_with_tools(&conv.messages, &tools, true)?;
+        let mut text = template.render_thinking(&conv.messages, &tools, true, thinking)?;
         if let Some(p) = &conv.prefill {
             text.push_str(p);
         }
@@ -64,11 +65,12 @@ async fn prompt(
     state: &AppState,
     ready: &Ready,
     req: &MessagesRequest,
+    thinking: Option<bool>,
 ) -> Result<(Prompt, ToolRequest), ApiError> {
     ready.check_model(req.model.as_deref())?;
     let tools = convert::tools(req)?;
     let conv = convert::conversation(req, &state.config.limits)?;
-    let prompt = render(ready, conv, tools.template_tools().to_vec()).await?;
+    let prompt = render(ready, conv, tools.template_tools().to_vec(), thinking).await?;
     Ok((prompt, tools))
 }
 
@@ -108,9 +110,9 @@ pub async fn create_message(
     let max_tokens = super::validate::max_tokens("max_tokens", Some(max_tokens), 1)?;
     let thinking = convert::thinking(&req, Some(max_tokens))?;
     let v = convert::sampling(&req, &state.config.limits, ready.client.spec().vocab_size)?;
-    let (prompt, tools) = prompt(&state, ready, &req).await?;
+    let (prompt, tools) = prompt(&state, ready, &req, thinking).await?;
     let (mut parse, tool_constraint) = reply_parsing(&state, ready, &tools, prompt.thinking);
-    parse.reasoning |= thinking;
+    parse.reasoning |= thinking == Some(true);
     let constraint = one_constraint(&ready.client, None, tool_constraint)
         .await?
         .map(|c| after_reasoning(c, parse));
@@ -178,8 +180,8 @@ pub async fn count_tokens(
     ApiJson(req): ApiJson<MessagesRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let ready = state.ready()?;
-    convert::thinking(&req, None)?;
-    let (prompt, _) = prompt(&state, ready, &req).await?;
+    let thinking = convert::thinking(&req, None)?;
+    let (prompt, _) = prompt(&state, ready, &req, thinking).await?;
     Ok(HttpResponse::Ok().json(CountTokensResponse {
         input_tokens: prompt.ids.len(),
     }))
