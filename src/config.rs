@@ -1,4 +1,6 @@
-//! One typed configuration: `config/default.toml` < `KILN_*` environment < command-line flags.
+//! One typed configuration: a config file (the working directory's `config/default.toml`, else
+//! `$XDG_CONFIG_HOME/kiln/config.toml`, else the copy built into the binary) < `KILN_*`
+//! environment < command-line flags.
 
 mod hub;
 
@@ -11,27 +13,61 @@ use crate::model::LoadFormat;
 
 pub use hub::{HubError, HubSettings, resolve_model};
 
-/// The project root (where `config/` lives) as known at build time.
+/// The source tree this was built from, for tests and tools that read its fixtures; what
+/// `kiln` itself reads never depends on it (a copied binary runs anywhere).
 pub fn project_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Resolves a path from the config: absolute, or relative to the working directory if it
-/// exists there, else relative to the project root.
+/// Resolves a path from the config or the command line: absolute, or relative to the working
+/// directory.
 pub fn resolve_path(p: &Path) -> PathBuf {
-    if p.is_absolute() || p.exists() {
-        p.to_path_buf()
-    } else {
-        project_root().join(p)
-    }
+    p.to_path_buf()
 }
 
-/// The default model: `../shared/models/stories260K.gguf` relative to the project root.
+/// The default model: `../shared/models/stories260K.gguf` (the repository's test fixture, next
+/// to a checkout) relative to the working directory.
 pub fn default_model_path() -> PathBuf {
     resolve_path(Path::new(DEFAULT_MODEL))
 }
 
-const DEFAULT_MODEL: &str = "../shared/models/stories260K.gguf";
+/// `model.path` unless a config file, `KILN_MODEL` or `--model` says otherwise.
+pub const DEFAULT_MODEL: &str = "../shared/models/stories260K.gguf";
+
+/// What opening the model at `path` failed on, saying what `--model` takes when there is no
+/// such file (the default model is the repository's test fixture, absent beside a copied
+/// binary).
+pub fn opening_model(path: &Path) -> String {
+    if path.exists() {
+        return format!("opening {}", path.display());
+    }
+    format!(
+        "opening {}: no such file or directory; --model (KILN_MODEL, model.path) takes any GGUF \
+         file, a Hugging Face directory or hf:OWNER/REPO[/FILE] (the default, {DEFAULT_MODEL}, \
+         is the test model beside a checkout of the repository, read relative to the working \
+         directory)",
+        path.display()
+    )
+}
+
+/// The shipped `config/default.toml`, built into the binary: the settings where no config
+/// file is found.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// Where a config file is looked for when `--config` names none, first found wins: the
+/// working directory's `config/default.toml`, then `$XDG_CONFIG_HOME/kiln/config.toml`
+/// (`~/.config/kiln/config.toml` without it).
+pub fn config_search_paths() -> Vec<PathBuf> {
+    let mut paths = vec![PathBuf::from("config/default.toml")];
+    let xdg = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")));
+    if let Some(dir) = xdg {
+        paths.push(dir.join("kiln/config.toml"));
+    }
+    paths
+}
 
 /// Errors from reading the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -224,7 +260,7 @@ impl Default for LimitsConfig {
 /// `kiln serve` flags; each also reads a `KILN_*` variable and overrides the config file.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServeArgs {
-    /// Config file [default: config/default.toml in the project root].
+    /// Config file [default: ./config/default.toml, else $XDG_CONFIG_HOME/kiln/config.toml, else built in].
     #[arg(long, env = "KILN_CONFIG")]
     pub config: Option<PathBuf>,
     /// GGUF file, Hugging Face directory, or hf:OWNER/REPO[/FILE].
@@ -324,17 +360,38 @@ impl Config {
         })
     }
 
-    /// Reads `path`, or the project's `config/default.toml` (built-in defaults if absent).
+    /// Reads `path`, or else the first file of [`config_search_paths`] that exists, or else
+    /// the built-in [`DEFAULT_TOML`].
     pub fn from_file(path: Option<&Path>) -> Result<Self, ConfigError> {
-        let (path, required) = match path {
-            Some(p) => (p.to_path_buf(), true),
-            None => (project_root().join("config/default.toml"), false),
-        };
-        match std::fs::read_to_string(&path) {
-            Ok(text) => Self::from_toml(&text, &path),
-            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(source) => Err(ConfigError::Io { path, source }),
+        match path {
+            Some(p) => Self::read(p),
+            None => Self::from_first(&config_search_paths()),
         }
+    }
+
+    /// The first of `paths` that exists, or the built-in [`DEFAULT_TOML`].
+    pub fn from_first(paths: &[PathBuf]) -> Result<Self, ConfigError> {
+        for path in paths {
+            match std::fs::read_to_string(path) {
+                Ok(text) => return Self::from_toml(&text, path),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(ConfigError::Io {
+                        path: path.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        Self::from_toml(DEFAULT_TOML, Path::new("(built-in config/default.toml)"))
+    }
+
+    fn read(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(&text, path)
     }
 
     /// The file named by `args` (or the default) with `args` applied on top.
@@ -496,6 +553,22 @@ fn check_gpu_groups(devices: &[Device], tp: usize) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_config_file_found_wins_else_the_built_in_one() {
+        let dir = std::env::temp_dir().join(format!("kiln-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.toml"), dir.join("b.toml"));
+        let _ = std::fs::remove_file(&a);
+        std::fs::write(&b, "[server]\nport = 9123\n").unwrap();
+        assert_eq!(Config::from_first(&[a.clone()]).unwrap(), Config::default());
+        let cfg = Config::from_first(&[a.clone(), b.clone()]).unwrap();
+        assert_eq!(cfg.server.port, 9123);
+        assert_eq!(cfg.model, Config::default().model, "the rest are defaults");
+        std::fs::write(&a, "[server]\nport = 9124\n").unwrap();
+        assert_eq!(Config::from_first(&[a, b]).unwrap().server.port, 9124);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn shipped_default_toml_parses_and_matches_builtin_defaults() {

@@ -96,7 +96,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
     };
     let t0 = Instant::now();
     let files = ModelFiles::open(&path, args.load_format)
-        .with_context(|| format!("opening {}", path.display()))?;
+        .with_context(|| kiln::config::opening_model(&path))?;
     let tokenizer = files
         .tokenizer
         .clone()

@@ -3,7 +3,8 @@
 //! on SIGTERM); chat templates from the model file that loop or double a string (400 naming
 //! the template limit, quickly, and the server serves on); error messages that echo no
 //! megabytes and no paths; a warning when bound beyond loopback without a key; CORS preflights
-//! for the SDKs' headers; absolute-form targets checked like `Host`.
+//! for the SDKs' headers; absolute-form targets checked like `Host`; a binary run away from
+//! its source tree (the built-in config, then `$XDG_CONFIG_HOME/kiln/config.toml`).
 
 mod api_support;
 
@@ -299,4 +300,65 @@ async fn a_keyless_server_beyond_loopback_warns_at_start() {
     assert!(!log.contains(warning), "{log}");
     let log = start_up_log("127.0.0.1", &[]).await;
     assert!(!log.contains(warning), "{log}");
+}
+
+/// Starts the binary in `dir` with `XDG_CONFIG_HOME=xdg` and `--model model`; the served
+/// model's id once ready.
+async fn served_name_from(dir: &std::path::Path, xdg: &std::path::Path, model: &str) -> String {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--port", &port.to_string(), "--kv-blocks", "256"])
+        .args(["--model", model])
+        .current_dir(dir)
+        .env("XDG_CONFIG_HOME", xdg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut guard = Guard(child);
+    let base = format!("http://127.0.0.1:{port}");
+    let c = reqwest::Client::new();
+    wait_ready(&mut guard, &base, &c).await;
+    let models: serde_json::Value = c
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    models["data"][0]["id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_binary_away_from_its_source_tree_reads_the_built_in_config_then_xdg() {
+    let root = std::env::temp_dir().join(format!("kiln-elsewhere-{}", std::process::id()));
+    let (dir, xdg) = (root.join("cwd"), root.join("xdg"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(xdg.join("kiln")).unwrap();
+    let model = std::fs::canonicalize(kiln::config::default_model_path()).unwrap();
+    let model = model.to_str().unwrap();
+    assert_eq!(
+        served_name_from(&dir, &xdg, model).await,
+        "stories260K.gguf",
+        "no config file: the built-in one"
+    );
+    std::fs::write(
+        xdg.join("kiln/config.toml"),
+        "[model]\nserved_model_name = \"from-xdg\"\n",
+    )
+    .unwrap();
+    assert_eq!(served_name_from(&dir, &xdg, model).await, "from-xdg");
+    // Without --model the default (a path beside a checkout) is not there: a clear error.
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--port", &free_port().to_string()])
+        .current_dir(&dir)
+        .env("XDG_CONFIG_HOME", &xdg)
+        .env_remove("KILN_MODEL")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("takes any GGUF"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&root);
 }

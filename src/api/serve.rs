@@ -36,7 +36,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let t0 = Instant::now();
     // The tokenizer builds on a thread of its own while the lanes load the weights.
     let (files, tokenizer) = ModelFiles::open_overlapped(&path, config.model.load_format)
-        .with_context(|| format!("opening {}", path.display()))?;
+        .with_context(|| crate::config::opening_model(&path))?;
     tracing::info!(
         open_s = t0.elapsed().as_secs_f64(),
         "start-up: model file opened (header; the tokenizer builds alongside the lanes)"
