@@ -131,16 +131,27 @@ impl GgufVocab {
             .unwrap_or(TokenType::Normal)
     }
 
-    /// Checks that the arrays agree in length, special ids are in range, and the model has what
-    /// it needs (scores for `llama`, merges for `gpt2`).
+    /// Checks that the arrays agree in length, special ids are in range, the model has what
+    /// it needs (scores for `llama`, merges for `gpt2`), and the sizes stay within
+    /// [`MAX_VOCAB_TOKENS`], [`MAX_TOKEN_BYTES`] and [`MAX_VOCAB_BYTES`] (building a tokenizer
+    /// costs about the square of a token's length: a 1 MB token took minutes).
     pub fn validate(&self) -> Result<(), TokenizerError> {
         let n = self.tokens.len();
         if n == 0 {
             return Err(invalid("tokenizer.ggml.tokens", "the vocabulary is empty"));
         }
-        if n > u32::MAX as usize {
-            return Err(invalid("tokenizer.ggml.tokens", "more than 2^32 tokens"));
+        if n > MAX_VOCAB_TOKENS {
+            return Err(invalid(
+                "tokenizer.ggml.tokens",
+                format!("{n} tokens, more than the limit of {MAX_VOCAB_TOKENS}"),
+            ));
         }
+        check_sizes("tokenizer.ggml.tokens", &self.tokens, MAX_TOKEN_BYTES)?;
+        check_sizes(
+            "tokenizer.ggml.merges",
+            &self.merges,
+            2 * MAX_TOKEN_BYTES + 1,
+        )?;
         if !self.scores.is_empty() && self.scores.len() != n {
             return Err(invalid(
                 "tokenizer.ggml.scores",
@@ -260,6 +271,38 @@ fn special_id(raw: Option<u64>, n_tokens: usize, key: &str) -> Option<u32> {
     u32::try_from(raw).ok()
 }
 
+/// Most tokens a vocabulary may hold (the largest in use have about 262,000).
+pub const MAX_VOCAB_TOKENS: usize = 1 << 21;
+
+/// Most bytes one token (or half a merge) may have: byte-level vocabularies (GPT-2, Qwen2)
+/// have tokens of 256 bytes, a run of 128 spaces; SentencePiece ones about 50.
+pub const MAX_TOKEN_BYTES: usize = 1024;
+
+/// Most bytes all tokens (or all merges) together may have (Qwen2's 151,936 tokens: 1.4 MB).
+pub const MAX_VOCAB_BYTES: usize = 16 << 20;
+
+/// `items` (tokens or merges of `key`) each at most `max_len` bytes and at most
+/// [`MAX_VOCAB_BYTES`] together.
+fn check_sizes(key: &'static str, items: &[String], max_len: usize) -> Result<(), TokenizerError> {
+    if let Some((i, s)) = items.iter().enumerate().find(|(_, s)| s.len() > max_len) {
+        return Err(invalid(
+            key,
+            format!(
+                "entry {i} is {} bytes, more than the limit of {max_len}",
+                s.len()
+            ),
+        ));
+    }
+    let total: usize = items.iter().map(String::len).sum();
+    if total > MAX_VOCAB_BYTES {
+        return Err(invalid(
+            key,
+            format!("{total} bytes in all, more than the limit of {MAX_VOCAB_BYTES}"),
+        ));
+    }
+    Ok(())
+}
+
 fn invalid(key: &'static str, reason: impl Into<String>) -> TokenizerError {
     TokenizerError::InvalidMetadata {
         key,
@@ -281,10 +324,14 @@ mod tests {
     /// A tensor-less GGUF v3 image with a five-token SentencePiece vocabulary and these
     /// string metadata entries.
     fn vocab_file(strings: &[(&str, &str)]) -> GgufFile {
+        vocab_file_of(&["<unk>", "<s>", "</s>", "a", "b"], strings)
+    }
+
+    /// [`vocab_file`] with these tokens.
+    fn vocab_file_of(tokens: &[&str], strings: &[(&str, &str)]) -> GgufFile {
         const STRING: u32 = 8;
         const ARRAY: u32 = 9;
         const F32: u32 = 6;
-        let tokens = ["<unk>", "<s>", "</s>", "a", "b"];
         let mut kvs = Vec::new();
         for (key, value) in [("tokenizer.ggml.model", "llama")].iter().chain(strings) {
             gguf_str(&mut kvs, key);
@@ -311,6 +358,27 @@ mod tests {
         out.extend((strings.len() as u64 + 3).to_le_bytes());
         out.extend(kvs);
         GgufFile::from_vec(out).expect("a valid GGUF image")
+    }
+
+    #[test]
+    fn a_megabyte_token_is_refused_at_once() {
+        let long = "a".repeat(1 << 20);
+        let start = std::time::Instant::now();
+        let file = vocab_file_of(&["<unk>", "<s>", "</s>", &long, "b"], &[]);
+        match vocab_from_gguf(&file) {
+            Err(TokenizerError::InvalidMetadata { key, reason }) => {
+                assert_eq!(key, "tokenizer.ggml.tokens");
+                assert!(reason.contains("entry 3 is 1048576 bytes"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(start.elapsed().as_secs_f64() < 1.0, "{:?}", start.elapsed());
+        let edge = "a".repeat(MAX_TOKEN_BYTES);
+        let file = vocab_file_of(&["<unk>", "<s>", "</s>", &edge, "b"], &[]);
+        assert!(
+            vocab_from_gguf(&file).is_ok(),
+            "a token at the limit is fine"
+        );
     }
 
     #[test]
