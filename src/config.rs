@@ -3,6 +3,7 @@
 //! environment < command-line flags.
 
 mod hub;
+mod responses;
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +13,7 @@ use crate::engine::{Device, EngineConfig};
 use crate::model::LoadFormat;
 
 pub use hub::{HubError, HubSettings, resolve_model};
+pub use responses::ResponsesConfig;
 
 /// The source tree this was built from, for tests and tools that read its fixtures; what
 /// `kiln` itself reads never depends on it (a copied binary runs anywhere).
@@ -91,6 +93,7 @@ pub struct Config {
     pub model: ModelConfig,
     pub limits: LimitsConfig,
     pub engine: EngineConfig,
+    pub responses: ResponsesConfig,
 }
 
 /// The HTTP listener and its protections.
@@ -561,7 +564,10 @@ mod tests {
         let (a, b) = (dir.join("a.toml"), dir.join("b.toml"));
         let _ = std::fs::remove_file(&a);
         std::fs::write(&b, "[server]\nport = 9123\n").unwrap();
-        assert_eq!(Config::from_first(&[a.clone()]).unwrap(), Config::default());
+        assert_eq!(
+            Config::from_first(std::slice::from_ref(&a)).unwrap(),
+            Config::default()
+        );
         let cfg = Config::from_first(&[a.clone(), b.clone()]).unwrap();
         assert_eq!(cfg.server.port, 9123);
         assert_eq!(cfg.model, Config::default().model, "the rest are defaults");
