@@ -25,6 +25,13 @@ pub enum ApiError {
     /// 404: no such model (the name echoed shortened: [`shorten`]).
     #[error("The model `{}` does not exist.", shorten(.0))]
     ModelNotFound(String),
+    /// 404: no stored object with this id (`param` names the field or path segment).
+    #[error("{what} with id '{}' not found.", shorten(id))]
+    NotFound {
+        what: &'static str,
+        id: String,
+        param: &'static str,
+    },
     /// 404: no such route.
     #[error("no route for {} {}", shorten(method), shorten(path))]
     RouteNotFound { method: String, path: String },
@@ -112,6 +119,7 @@ impl ApiError {
             | ApiError::UnsupportedMediaType { .. } => "invalid_request_error",
             ApiError::Unauthorized => "authentication_error",
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => "not_found_error",
+            ApiError::NotFound { .. } => "invalid_request_error",
             ApiError::Overloaded { .. } => "rate_limit_error",
             ApiError::ServerOverloaded { .. } => "server_overloaded",
             ApiError::Unavailable { .. } => "service_unavailable_error",
@@ -128,7 +136,7 @@ impl ApiError {
             ApiError::BodyTimeout { .. } => "request_timeout",
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::ModelNotFound(_) => "model_not_found",
-            ApiError::RouteNotFound { .. } => "not_found",
+            ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::HeadersTooLarge { .. } => "headers_too_large",
@@ -142,6 +150,7 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { param, .. } => param.clone(),
             ApiError::ModelNotFound(_) => Some("model".into()),
+            ApiError::NotFound { param, .. } => Some((*param).into()),
             _ => None,
         }
     }
@@ -195,7 +204,9 @@ impl ResponseError for ApiError {
         match self {
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_)
+            | ApiError::RouteNotFound { .. }
+            | ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::HostNotAllowed { .. } => StatusCode::FORBIDDEN,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,

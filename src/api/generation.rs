@@ -3,11 +3,15 @@
 //! It yields the engine's own [`StreamEvent`]s (choice = `prompt * n + choice`): one event
 //! type from the engine to the wire writers.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use actix_web::web::Data;
 use futures_util::stream::{SelectAll, Stream, StreamExt};
+use futures_util::task::AtomicWaker;
 
 use super::errors::ApiError;
 use super::state::AppState;
@@ -29,6 +33,30 @@ impl Stream for Tagged {
     }
 }
 
+/// Ends a [`MergedStream`] early from elsewhere (`POST /v1/responses/{id}/cancel`): its engine
+/// requests are aborted and it ends as if each open choice finished with `Abort`.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<CancelInner>);
+
+#[derive(Debug, Default)]
+struct CancelInner {
+    flag: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Cancel {
+    /// Cancels the stream (idempotent); it ends at its next poll.
+    pub fn cancel(&self) {
+        self.0.flag.store(true, Ordering::Release);
+        self.0.waker.wake();
+    }
+
+    /// Whether [`Cancel::cancel`] was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.flag.load(Ordering::Acquire)
+    }
+}
+
 /// The merged events of one request's engine streams (one per prompt, `n` choices each).
 /// Dropping it before `Done` or `Error` aborts the engine requests and counts a disconnect.
 pub struct MergedStream {
@@ -39,6 +67,13 @@ pub struct MergedStream {
     usage: Usage,
     state: Data<AppState>,
     finished: bool,
+    cancel: Option<Cancel>,
+    /// Choices that finished (to end the open ones on a cancel).
+    ended: Vec<bool>,
+    /// Tokens generated so far (the usage of a cancelled stream).
+    generated: usize,
+    /// Events left to send after a cancel.
+    pending: VecDeque<StreamEvent>,
 }
 
 impl MergedStream {
@@ -57,7 +92,42 @@ impl MergedStream {
             usage: Usage::default(),
             state,
             finished: false,
+            cancel: None,
+            ended: vec![false; parts * n],
+            generated: 0,
+            pending: VecDeque::new(),
         }
+    }
+
+    /// The stream ends early when `cancel` is cancelled.
+    pub fn with_cancel(mut self, cancel: Cancel) -> Self {
+        self.cancel = Some(cancel);
+        self
+    }
+
+    /// Aborts the engine requests; queues an `Abort` finish for each open choice and `Done`
+    /// with the tokens generated so far.
+    fn cancelled(&mut self) {
+        self.finished = true;
+        self.streams = SelectAll::new();
+        for (choice, ended) in self.ended.iter_mut().enumerate() {
+            if !*ended {
+                *ended = true;
+                self.state.metrics.observe_finish(FinishReason::Abort);
+                self.pending.push_back(StreamEvent::Finish {
+                    choice,
+                    reason: FinishReason::Abort,
+                });
+            }
+        }
+        let usage = Usage {
+            completion_tokens: self.generated,
+            ..self.usage
+        };
+        self.pending.push_back(StreamEvent::Done {
+            usage,
+            timings: RequestTimings::default(),
+        });
     }
 
     /// The server state (for metrics).
@@ -83,8 +153,18 @@ impl Stream for MergedStream {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<StreamEvent>> {
         let this = &mut *self;
         loop {
+            if let Some(e) = this.pending.pop_front() {
+                return Poll::Ready(Some(e));
+            }
             if this.finished {
                 return Poll::Ready(None);
+            }
+            if let Some(c) = &this.cancel {
+                c.0.waker.register(cx.waker());
+                if c.is_cancelled() {
+                    this.cancelled();
+                    continue;
+                }
             }
             let (part, event) = match this.streams.poll_next_unpin(cx) {
                 Poll::Pending => return Poll::Pending,
@@ -101,6 +181,7 @@ impl Stream for MergedStream {
                     text,
                     tokens,
                 } => {
+                    this.generated += tokens.len();
                     return Poll::Ready(Some(StreamEvent::Delta {
                         choice: index + choice,
                         text,
@@ -115,6 +196,9 @@ impl Stream for MergedStream {
                 }
                 StreamEvent::Finish { choice, reason } => {
                     this.open_choices = this.open_choices.saturating_sub(1);
+                    if let Some(e) = this.ended.get_mut(index + choice) {
+                        *e = true;
+                    }
                     this.state.metrics.observe_finish(reason);
                     return Poll::Ready(Some(StreamEvent::Finish {
                         choice: index + choice,

@@ -17,6 +17,7 @@ pub mod models;
 pub mod openapi;
 pub mod overload;
 pub mod request_id;
+pub mod responses;
 pub mod serve;
 pub mod sse;
 pub mod state;
@@ -100,6 +101,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .service(messages::create_message)
         .service(messages::count_tokens)
         .service(embeddings::embeddings)
+        .service(responses::create_response)
+        .service(responses::input_items)
+        .service(responses::cancel_response)
+        .service(responses::get_response)
+        .service(responses::delete_response)
         .service(models::list_models)
         .service(models::retrieve_model)
         .service(tokenize::tokenize)
@@ -120,7 +126,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 
 fn cors(server: &ServerConfig) -> Cors {
     let mut c = Cors::default()
-        .allowed_methods(["GET", "POST", "OPTIONS"])
+        .allowed_methods(["GET", "POST", "DELETE", "OPTIONS"])
         // Whatever headers an allowed origin's preflight asks for (the OpenAI and Anthropic
         // JS SDKs send `X-Stainless-*`, `anthropic-version`, `x-api-key`): the origin list is
         // the policy, as vLLM's `allowed_headers = ["*"]`.

@@ -55,6 +55,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Requests in flight, bounded by `server.max_in_flight` (see [`super::inflight`]).
     pub in_flight: InFlight,
+    /// The Responses API's store and in-flight responses.
+    pub responses: super::responses::Responses,
     ready: OnceLock<Ready>,
 }
 
@@ -115,6 +117,7 @@ impl AppState {
         }
         Self {
             in_flight: InFlight::new(cap),
+            responses: super::responses::Responses::new(config.responses.clone()),
             config,
             metrics: Metrics::new(),
             ready: OnceLock::new(),

@@ -38,7 +38,7 @@ pub fn status_and_type(e: &ApiError) -> (StatusCode, &'static str) {
         ),
         ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error"),
         ApiError::HostNotAllowed { .. } => (StatusCode::FORBIDDEN, "permission_error"),
-        ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => {
+        ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => {
             (StatusCode::NOT_FOUND, "not_found_error")
         }
         ApiError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "request_too_large"),
