@@ -4,6 +4,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::{Modify, OpenApi};
 
 use super::messages::{self, types as anthropic};
+use super::responses;
 use super::types::*;
 use super::{chat, completions, embeddings, health, models, tokenize};
 
@@ -19,6 +20,11 @@ use super::{chat, completions, embeddings, health, models, tokenize};
         chat::chat_completions,
         messages::create_message,
         messages::count_tokens,
+        responses::create_response,
+        responses::get_response,
+        responses::input_items,
+        responses::delete_response,
+        responses::cancel_response,
         embeddings::embeddings,
         models::list_models,
         models::retrieve_model,

@@ -234,6 +234,31 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String, ChatTemplateError> {
+        let extra = enable_thinking.map(|on| ("enable_thinking", Value::from(on)));
+        self.render_vars(messages, tools, add_generation_prompt, extra)
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with `reasoning_effort` set for the template
+    /// (gpt-oss style templates read it: `low`, `medium`, `high`).
+    pub fn render_effort(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[TemplateTool],
+        add_generation_prompt: bool,
+        reasoning_effort: &str,
+    ) -> Result<String, ChatTemplateError> {
+        let extra = Some(("reasoning_effort", Value::from(reasoning_effort)));
+        self.render_vars(messages, tools, add_generation_prompt, extra)
+    }
+
+    /// Renders with the standard variables and `extra`, if any.
+    fn render_vars(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[TemplateTool],
+        add_generation_prompt: bool,
+        extra: Option<(&'static str, Value)>,
+    ) -> Result<String, ChatTemplateError> {
         let messages: Vec<Value> = messages.iter().map(message_value).collect();
         let tools = if tools.is_empty() {
             Value::from(())
@@ -247,9 +272,7 @@ impl ChatTemplate {
             ("bos_token", Value::from(self.bos_token.as_str())),
             ("eos_token", Value::from(self.eos_token.as_str())),
         ];
-        if let Some(on) = enable_thinking {
-            pairs.push(("enable_thinking", Value::from(on)));
-        }
+        pairs.extend(extra);
         let ctx = Value::from_pairs(pairs);
         let template = self
             .env
@@ -544,6 +567,15 @@ fn describe(e: &Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reasoning_effort_reaches_the_template() {
+        let source = "{{ reasoning_effort | default('unset') }}:{{ messages[0].content }}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        let msgs = [ChatMessage::new("user", "Hi")];
+        assert_eq!(t.render_effort(&msgs, &[], true, "low").unwrap(), "low:Hi");
+        assert_eq!(t.render(&msgs, true).unwrap(), "unset:Hi");
+    }
 
     #[test]
     fn enable_thinking_is_defined_only_when_given() {

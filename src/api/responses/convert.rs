@@ -471,6 +471,9 @@ pub fn response_format(req: &ResponsesRequest) -> Result<Option<Value>, ApiError
     }
 }
 
+/// OpenAI's reasoning efforts.
+const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh"];
+
 /// `reasoning.effort` (`None` when absent); `reasoning.summary` asks for summaries Kiln
 /// does not write: a 400. Whether the template takes the effort is checked by the caller.
 pub fn reasoning_effort(req: &ResponsesRequest) -> Result<Option<String>, ApiError> {
@@ -501,5 +504,12 @@ pub fn reasoning_effort(req: &ResponsesRequest) -> Result<Option<String>, ApiErr
             }
         }
     }
-    Ok(r.get("effort").and_then(Value::as_str).map(str::to_string))
+    let effort = r.get("effort").and_then(Value::as_str);
+    if let Some(e) = effort.filter(|e| !EFFORTS.contains(e)) {
+        return Err(ApiError::invalid(
+            "reasoning.effort",
+            format!("unknown reasoning effort {e:?} (expected one of {EFFORTS:?})"),
+        ));
+    }
+    Ok(effort.map(str::to_string))
 }

@@ -28,6 +28,7 @@ use super::types::{ErrorResponse, SamplingFields};
 use super::{blocking, sse, validate};
 use crate::config::ResponsesConfig;
 use crate::engine::{FinishReason, GenerateRequest};
+use crate::tokenizer::chat::{ChatMessage, TemplateTool};
 use run::{Run, Running};
 use store::Store;
 use types::{InputItemList, Item, ResponseDeleted, ResponseObject, ResponsesRequest};
@@ -195,6 +196,27 @@ fn check_effort(ready: &Ready, effort: Option<&str>, has_tools: bool) -> Result<
     }
 }
 
+/// [`render_prompt`] with `reasoning_effort` set for the template.
+async fn render_effort(
+    ready: &Ready,
+    msgs: Vec<ChatMessage>,
+    tools: Vec<TemplateTool>,
+    effort: String,
+) -> Result<(Vec<u32>, bool), ApiError> {
+    let template = ready.template_for(!tools.is_empty()).clone();
+    let tok = ready.tokenizer.clone();
+    let context = ready.client.max_model_len();
+    blocking(move || {
+        let text = template.render_effort(&msgs, &tools, true, &effort)?;
+        let thinking = text.trim_end().ends_with("<think>");
+        let ids = tok
+            .encode_within(&text, false, context)
+            .map_err(|e| ApiError::from_tokenizer("input", e))?;
+        Ok((ids, thinking))
+    })
+    .await
+}
+
 /// The engine request of a Responses request, checked; with the run that will take its output.
 async fn prepare(
     state: &Data<AppState>,
@@ -241,7 +263,11 @@ async fn prepare(
         ));
     }
     let msgs = convert::messages(req.instructions.as_deref(), &items);
-    let (ids, thinking) = render_prompt(ready, msgs, tools.template_tools().to_vec(), true).await?;
+    let template_tools = tools.template_tools().to_vec();
+    let (ids, thinking) = match effort.clone() {
+        None => render_prompt(ready, msgs, template_tools, true).await?,
+        Some(e) => render_effort(ready, msgs, template_tools, e).await?,
+    };
     let (parse, tool_constraint) = reply_parsing(state, ready, &tools, thinking);
     let constraint = prepared_constraint(&ready.client, format, tool_constraint, parse)
         .await
