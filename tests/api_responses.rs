@@ -147,6 +147,65 @@ async fn plain_response_has_the_openai_shape() {
 }
 
 #[tokio::test]
+async fn input_items_of_every_kind_render_and_are_stored() {
+    let input = json!([
+        {"type": "message", "role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Once upon"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "think"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "a time"}]},
+        {"type": "function_call", "call_id": "call_9", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_9", "output": [{"type": "input_text", "text": "42"}]},
+        {"role": "user", "content": "Go on."},
+    ]);
+    let (status, _, r) = post(
+        &stories().base,
+        "/v1/responses",
+        &json!({"input": input, "max_output_tokens": 2}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    let id = r["id"].as_str().unwrap();
+    let (_, page) = get_json(
+        &stories().base,
+        &format!("/v1/responses/{id}/input_items?limit=3"),
+    )
+    .await;
+    let kinds: Vec<&str> = page["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["message", "function_call_output", "function_call"],
+        "newest first: {page}"
+    );
+    assert_eq!(page["has_more"], true);
+    assert_eq!(page["data"][1]["output"], "42");
+    let after = page["last_id"].as_str().unwrap();
+    let (_, rest) = get_json(
+        &stories().base,
+        &format!("/v1/responses/{id}/input_items?after={after}&limit=100"),
+    )
+    .await;
+    let kinds: Vec<&str> = rest["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["message", "reasoning", "message", "message"],
+        "{rest}"
+    );
+    assert_eq!(rest["data"][1]["id"], "rs_1");
+    assert_eq!(rest["data"][3]["role"], "developer");
+    assert_eq!(rest["has_more"], false);
+}
+
+#[tokio::test]
 async fn stream_events_come_in_order_and_add_up() {
     let body = json!({"input": [{"role": "user", "content": "Once upon a time"}],
         "max_output_tokens": 24, "temperature": 0});

@@ -241,3 +241,87 @@ fn reasoning_item() -> Item {
         status: "in_progress".into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_become_items_and_events_in_order() {
+        let mut a = Assembler::default();
+        let mut events = a.push(vec![
+            Piece::Reasoning("Hmm".into()),
+            Piece::Content("Let me look.".into()),
+            Piece::CallStart {
+                index: 0,
+                id: "call_1".into(),
+                name: "get_weather".into(),
+            },
+            Piece::Args {
+                index: 0,
+                text: "{\"city\": ".into(),
+            },
+        ]);
+        events.extend(a.push(vec![Piece::Args {
+            index: 0,
+            text: "\"Paris\"}".into(),
+        }]));
+        events.extend(a.close("completed"));
+        let kinds: Vec<&str> = events.iter().map(|e| e.0).collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+            ]
+        );
+        let indexes: Vec<u64> = events
+            .iter()
+            .map(|e| e.1["output_index"].as_u64().unwrap())
+            .collect();
+        assert_eq!(indexes, [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2]);
+        assert_eq!(a.reasoning(), "Hmm");
+        let items = a.items();
+        assert!(matches!(&items[0], Item::Reasoning { content, status, .. }
+            if content[0].text == "Hmm" && content[0].kind == "reasoning_text" && status == "completed"));
+        assert!(matches!(&items[1], Item::Message { content, .. }
+            if content == &vec![TextPart::output("Let me look.".into())]));
+        let Item::FunctionCall {
+            call_id,
+            arguments,
+            status,
+            id,
+            ..
+        } = &items[2]
+        else {
+            panic!("{items:?}")
+        };
+        assert_eq!((call_id.as_str(), status.as_str()), ("call_1", "completed"));
+        assert!(id.starts_with("fc_"));
+        assert_eq!(arguments, "{\"city\": \"Paris\"}");
+        // Each done item is the item as it ends up in the response.
+        assert_eq!(
+            events[16].1["item"],
+            serde_json::to_value(&items[2]).unwrap()
+        );
+        assert!(
+            a.close("completed").is_empty(),
+            "closing twice sends nothing"
+        );
+    }
+}
