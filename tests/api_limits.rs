@@ -340,3 +340,104 @@ async fn past_max_in_flight_requests_get_503_at_once_and_places_free_when_stream
     let (a, b) = tokio::join!(stream(&s.base, C, &streamed), post(&s.base, C, &short));
     assert_eq!((a.status, b.0), (200, 200), "both places free again");
 }
+
+/// The body of a raw `Transfer-Encoding: chunked` response read to its close.
+fn dechunk(raw: &[u8]) -> String {
+    let text = String::from_utf8_lossy(raw);
+    let Some((_, mut rest)) = text.split_once("\r\n\r\n") else {
+        return String::new();
+    };
+    let mut body = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || after.len() < n {
+            break;
+        }
+        body.push_str(&after[..n]);
+        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+    }
+    body
+}
+
+/// Each choice's streamed text, from an SSE body of completion chunks.
+fn streamed_texts(body: &str, n: usize) -> Vec<String> {
+    let mut texts = vec![String::new(); n];
+    for data in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if data == "[DONE]" {
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{data}: {e}"));
+        assert!(chunk.get("error").is_none(), "{chunk}");
+        for ch in chunk["choices"].as_array().unwrap() {
+            texts[ch["index"].as_u64().unwrap() as usize].push_str(ch["text"].as_str().unwrap());
+        }
+    }
+    texts
+}
+
+#[tokio::test]
+async fn non_reading_streams_give_their_seats_back_and_finish_correctly_when_read() {
+    let mut cfg = test_config();
+    cfg.engine.max_num_seqs = 8;
+    cfg.engine.stream_buffer_events = 8;
+    cfg.engine.stream_stall_timeout_s = 120.0;
+    let s = start(cfg);
+    let holder = json!({"prompt": "Once upon a time", "n": 4, "logprobs": 20, "max_tokens": 400,
+                        "ignore_eos": true, "temperature": 0, "stream": true});
+    let mut want_body = holder.clone();
+    want_body["stream"] = json!(false);
+    let (status, _, want) = post(&s.base, C, &want_body).await;
+    assert_eq!(status, 200, "{want}");
+    let want: Vec<String> = (0..4)
+        .map(|i| want["choices"][i]["text"].as_str().unwrap().to_string())
+        .collect();
+    // 20 clients that read nothing ask for 80 sequences of a lane with 8 seats.
+    let socks: Vec<TcpStream> = (0..20)
+        .map(|_| non_reading_stream(&s.base, &holder))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t0 = std::time::Instant::now();
+    let (status, _, body) = post(&s.base, C, &json!({"prompt": "Once", "max_tokens": 8})).await;
+    let waited = t0.elapsed();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        waited < Duration::from_secs(5),
+        "a reading client waited {waited:?}"
+    );
+    let preempted: u64 = s
+        .engine
+        .client()
+        .stats()
+        .lanes
+        .iter()
+        .map(|l| l.preemptions)
+        .sum();
+    assert!(preempted > 0, "paused streams were shed");
+    // The non-readers read at last: every one gets all of its greedy output, unchanged.
+    let bodies = tokio::task::spawn_blocking(move || {
+        socks
+            .into_iter()
+            .map(|mut sock| {
+                use std::io::Read;
+                sock.set_read_timeout(Some(Duration::from_secs(120)))
+                    .unwrap();
+                let (mut raw, mut buf) = (Vec::new(), [0u8; 65536]);
+                // Until the last chunk (the connection stays open for keep-alive).
+                while !raw.ends_with(b"\r\n0\r\n\r\n") {
+                    match sock.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    }
+                }
+                dechunk(&raw)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    for body in &bodies {
+        assert!(body.trim_end().ends_with("data: [DONE]"), "complete stream");
+        assert_eq!(streamed_texts(body, 4), want);
+    }
+    assert!(wait_idle(&s, Duration::from_secs(10)).await);
+}

@@ -301,7 +301,8 @@ impl<B: Backend> Lane<'_, B> {
     }
 
     /// Aborts requests whose stream buffer has been full for the stall timeout (their blocks
-    /// are freed; the client sees `Stalled`). Requests with a full buffer merely pause.
+    /// are freed; the client sees `Stalled`). Requests with a full buffer pause, and give their
+    /// seats and blocks back while others wait (`Scheduler::schedule`).
     fn abort_stalled(&mut self) {
         let now = Instant::now();
         let stalled: Vec<SeqId> = self

@@ -125,7 +125,8 @@ pub struct EngineConfig {
     /// GPU activation/weight precision: `bf16` (default) or `f32` (exact parity with the CPU).
     pub gpu_dtype: GpuDtype,
     /// Events a request's stream buffers beyond one step's worth (a server bound, never a
-    /// client's number). A request whose client reads slower pauses, keeping its blocks.
+    /// client's number). A request whose client reads slower pauses; while others wait for a
+    /// seat or blocks it gives its own back and is recomputed once its client reads.
     pub stream_buffer_events: usize,
     /// A paused request whose client has read nothing for this long is aborted: its blocks
     /// are freed and it counts as a disconnect.

@@ -334,11 +334,13 @@ impl Scheduler {
     }
 
     /// Picks the next step's work, or `None` when there is nothing to run. Sequences whose
-    /// stream buffer is full sit the step out (running ones keep their blocks) until their
-    /// client reads. A step has at most `max_num_seqs` logits rows (the model's logits
+    /// stream buffer is full sit the step out until their client reads; running ones keep
+    /// their blocks unless others wait for a seat or for blocks ([`Scheduler::shed_paused`]),
+    /// and are the first preempted when a running sequence needs a block. A step has at most `max_num_seqs` logits rows (the model's logits
     /// scratch): a prompt-logprobs chunk, whose every row produces logits, is cut to fit
     /// beside one row for each other running sequence.
     pub fn schedule(&mut self) -> Option<Step> {
+        self.shed_paused();
         let bs = self.cfg.block_size;
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut rows_left = self.cfg.max_num_seqs;
@@ -363,7 +365,13 @@ impl Scheduler {
             }
             let mut fits = Self::grow(&mut self.pool, &mut self.running[i], computed + n, bs);
             while !fits && self.running.len() > i + 1 {
-                let victim = self.running.pop().expect("len > i + 1");
+                // A paused sequence (never in `picked`) goes before the newest running one.
+                let at = (0..self.running.len())
+                    .rev()
+                    .find(|&j| j != i && !self.running[j].request.has_room())
+                    .unwrap_or(self.running.len() - 1);
+                let victim = self.running.remove(at);
+                i -= (at < i) as usize;
                 self.preempt(victim);
                 preempted = true;
                 fits = Self::grow(&mut self.pool, &mut self.running[i], computed + n, bs);
@@ -389,6 +397,40 @@ impl Scheduler {
             self.admit_waiting(&mut budget, &mut rows_left, &mut picked);
         }
         (!picked.is_empty()).then(|| self.build_step(picked))
+    }
+
+    /// Sends the running sequences whose stream buffer is full (their clients stopped
+    /// reading) back to the waiting queue while a sequence that could run waits for a seat or
+    /// for blocks: a paused stream holds neither. Like a preempted sequence, a shed one keeps
+    /// its output (and the events already in its buffer), leaves its full blocks in the prefix
+    /// cache and is recomputed from prompt and output once its client reads again; the stall
+    /// timeout still aborts it.
+    fn shed_paused(&mut self) {
+        if self.running.iter().all(|s| s.request.has_room()) {
+            return;
+        }
+        let Some(next) = self
+            .waiting
+            .iter()
+            .find(|s| s.request.has_room() && self.ready(s))
+        else {
+            return;
+        };
+        let first_chunk =
+            (next.tokens.len() - next.num_computed).min(self.cfg.max_num_batched_tokens);
+        let short_of_blocks = first_chunk.div_ceil(self.cfg.block_size) > self.pool.num_free();
+        if self.running.len() < self.cfg.max_num_seqs && !short_of_blocks {
+            return;
+        }
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].request.has_room() {
+                i += 1;
+            } else {
+                let seq = self.running.remove(i);
+                self.preempt(seq);
+            }
+        }
     }
 
     fn preempt(&mut self, mut seq: Sequence) {

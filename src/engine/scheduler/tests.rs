@@ -269,3 +269,82 @@ fn without_a_window_every_block_stays() {
     let seq = s.get(SeqId(1)).unwrap();
     assert_eq!(seq.live_blocks(), seq.tokens.len().div_ceil(4));
 }
+
+/// A greedy request whose stream buffer the test controls: `rx` reads (or not) its events.
+fn seq_reading(
+    id: u64,
+    prompt: Vec<u32>,
+    arrival: u64,
+) -> (
+    Sequence,
+    tokio::sync::mpsc::Receiver<crate::engine::request::LaneEvent>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(crate::engine::request::step_events(1) + 2);
+    let limits = Limits {
+        max_tokens: 1000,
+        max_len: 1000,
+        stop_ids: vec![],
+    };
+    let req = LaneRequest::new(SamplingParams::greedy(), 0, limits, 1, tx);
+    let seq = Sequence::new(SeqId(id), prompt, Rc::new(req), 0, (0, arrival), None);
+    (seq, rx)
+}
+
+/// Runs a step and sends its outputs' events, as the lane does.
+fn run_emitting_step(s: &mut Scheduler, next: u32) -> Step {
+    let step = s.schedule().expect("work");
+    let rows = s.sample_rows(&step).len();
+    let sampled = (0..rows)
+        .map(|_| Sampled {
+            token: next,
+            logprob: 0.0,
+            top: vec![],
+        })
+        .collect();
+    for out in s.update(&step, sampled) {
+        out.emit();
+    }
+    step
+}
+
+#[test]
+fn a_paused_sequence_gives_its_seat_to_a_waiting_one_and_resumes_with_its_output() {
+    let cfg = SchedulerConfig {
+        max_num_seqs: 1,
+        max_num_batched_tokens: 64,
+        block_size: 4,
+        window: None,
+    };
+    let mut s = Scheduler::new(cfg, BlockPool::new(16, true));
+    let (a, mut a_rx) = seq_reading(1, (0..6).collect(), 0);
+    s.add(a);
+    // Three tokens fill A's buffer (room for one step is 4 of its 6 events).
+    for t in [50, 51, 52] {
+        run_emitting_step(&mut s, t);
+    }
+    assert!(!s.get(SeqId(1)).unwrap().request.has_room(), "A is paused");
+    assert!(s.schedule().is_none(), "alone, A only pauses");
+    assert_eq!((s.num_running(), s.counters.preemptions), (1, 0));
+    s.add(seq(2, (20..26).collect(), 1));
+    let step = run_emitting_step(&mut s, 60);
+    assert_eq!(
+        step.seqs.iter().map(|p| p.id).collect::<Vec<_>>(),
+        [SeqId(2)]
+    );
+    assert_eq!(s.counters.preemptions, 1, "A was shed");
+    let a = s.get(SeqId(1)).unwrap();
+    assert_eq!((a.output(), a.live_blocks()), (&[50, 51, 52][..], 0));
+    // A's client reads; B ends: A is recomputed from its prompt and output, then goes on.
+    while a_rx.try_recv().is_ok() {}
+    s.remove(SeqId(2));
+    let step = run_emitting_step(&mut s, 53);
+    assert_eq!(step.seqs[0].id, SeqId(1));
+    assert_eq!(
+        step.plan.positions.last(),
+        Some(&8),
+        "recomputes up to its last token"
+    );
+    assert_eq!(s.get(SeqId(1)).unwrap().output(), &[50, 51, 52, 53]);
+    s.remove(SeqId(1));
+    assert_eq!(s.pool().num_free(), 16);
+}
