@@ -362,3 +362,33 @@ async fn a_binary_away_from_its_source_tree_reads_the_built_in_config_then_xdg()
     assert!(stderr.contains("takes any GGUF"), "{stderr}");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// A served quantized GGUF truncated and then overwritten on disk: the CPU lane's weights
+/// were copied out of the mapping at load, so requests keep their answers and the process
+/// lives (before, the next step's read of a mapped page was a SIGBUS).
+#[tokio::test]
+async fn a_served_quantized_file_truncated_and_overwritten_keeps_serving() {
+    let dir = std::env::temp_dir().join(format!("kiln-mapped-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("stories260K-Q8_0.gguf");
+    let fixture = kiln::config::project_root().join("../shared/models/stories260K-Q8_0.gguf");
+    std::fs::copy(&fixture, &path).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    let files = kiln::model::ModelFiles::open(&path, kiln::model::LoadFormat::Gguf).unwrap();
+    let s = start_with(files, test_config());
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0});
+    let (status, _, before) = post(&s.base, "/v1/completions", &body).await;
+    assert_eq!(status, 200, "{before}");
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(0).unwrap();
+    let (status, _, cut) = post(&s.base, "/v1/completions", &body).await;
+    assert_eq!(status, 200, "{cut}");
+    file.set_len(len).unwrap();
+    std::fs::write(&path, vec![0x5a; len as usize]).unwrap();
+    let (status, _, after) = post(&s.base, "/v1/completions", &body).await;
+    assert_eq!(status, 200, "{after}");
+    for got in [&cut, &after] {
+        assert_eq!(got["choices"][0]["text"], before["choices"][0]["text"]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

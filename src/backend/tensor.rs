@@ -99,6 +99,26 @@ impl HostTensor {
         Self::raw_shared(shape, ty, SharedBytes::from_vec(bytes))
     }
 
+    /// The tensor with its raw bytes copied into memory of its own (a part of a stack
+    /// likewise): nothing of it reads a model file's mapping any more, so a file truncated
+    /// or replaced on disk cannot fault (SIGBUS) its reader.
+    pub fn into_owned(self) -> Self {
+        let data = match self.data {
+            HostData::Raw { ty, bytes } => HostData::Raw {
+                ty,
+                bytes: SharedBytes::from_vec(bytes.to_vec()),
+            },
+            HostData::Stacked(parts) => {
+                HostData::Stacked(parts.into_iter().map(Self::into_owned).collect())
+            }
+            f32s => f32s,
+        };
+        Self {
+            shape: self.shape,
+            data,
+        }
+    }
+
     /// [`HostTensor::raw`] on shared bytes (a model file's mapping): nothing is copied
     /// unless `ty` is `F32`, whose values are read into a vector.
     pub fn raw_shared(

@@ -147,8 +147,10 @@ impl Backend for CpuBackend {
         "cpu".into()
     }
 
-    /// Keeps matrices in their file's type (GGUF blocks stay in the file's mapping); vectors
-    /// (norms, biases) become f32. With [`CpuBackend::with_f32_weights`], everything does.
+    /// Keeps matrices in their file's type, copied out of the file's mapping into memory of
+    /// their own (a model file truncated or replaced on disk while served would otherwise
+    /// SIGBUS the process at the next read of a page); vectors (norms, biases) become f32.
+    /// With [`CpuBackend::with_f32_weights`], everything does.
     fn upload_weight(&mut self, w: HostTensor) -> Result<HostTensor, BackendError> {
         if self.f32_weights || w.shape.len() < 2 {
             return Ok(w.into_f32()?);
@@ -166,7 +168,7 @@ impl Backend for CpuBackend {
                 });
             }
         }
-        Ok(w)
+        Ok(w.into_owned())
     }
 
     fn alloc(&mut self, rows: usize, cols: usize) -> Result<CpuTensor, BackendError> {
