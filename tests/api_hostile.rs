@@ -416,3 +416,62 @@ fn oversized_request_heads_get_a_status_and_the_server_serves_on() {
     let ok = raw(&s.base, head(16).as_bytes(), Duration::from_secs(10));
     assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
 }
+
+#[tokio::test]
+async fn stalled_bodies_are_dropped_first_when_places_run_short() {
+    let mut cfg = test_config();
+    cfg.server.body_timeout_s = 8.0;
+    cfg.server.max_in_flight = 40;
+    let s = start(cfg);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    // As many stalled bodies as places: each holds one from its headers on.
+    let stalled: Vec<TcpStream> = (0..40)
+        .map(|_| {
+            let mut c = TcpStream::connect(&addr).expect("connect");
+            c.write_all(
+                b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n\
+                  Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":",
+            )
+            .unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let body = json!({"prompt": "Once", "max_tokens": 4});
+    let status = loop {
+        let (status, _, _) = post(&s.base, "/v1/completions", &body).await;
+        if status != 503 || started.elapsed() > Duration::from_secs(10) {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let waited = started.elapsed();
+    assert_eq!(status, 200);
+    assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
+    let answers = tokio::task::spawn_blocking(move || {
+        stalled
+            .into_iter()
+            .map(|mut c| {
+                let mut out = String::new();
+                let _ = c.read_to_string(&mut out);
+                out
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    // Bodies are dropped while places run short (three quarters of them taken); the rest
+    // wait for their own timeout.
+    let dropped = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 408"))
+        .count();
+    assert!(dropped >= 10, "{dropped} stalled bodies dropped");
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.is_empty() || a.starts_with("HTTP/1.1 408"))
+    );
+}

@@ -16,6 +16,16 @@ use super::errors::ApiError;
 use super::state::AppState;
 use super::types::CheckRequest;
 
+/// The body timeout while the server is under pressure ([`under_pressure`]): a body still
+/// arriving after this long is dropped with a 408 so that it frees its place and connection.
+pub const PRESSED_BODY_TIMEOUT_S: f64 = 1.0;
+
+/// Requests in flight at or past three quarters of `server.max_in_flight` (itself below the
+/// connection bound): stalled bodies then hold places others are refused for.
+fn under_pressure(state: Option<&Data<AppState>>) -> bool {
+    state.is_some_and(|s| s.in_flight.current() * 4 >= s.in_flight.cap() * 3)
+}
+
 /// Body limit when no state is configured.
 const DEFAULT_LIMIT: usize = 4 << 20;
 /// Body timeout (seconds) when no state is configured.
@@ -34,12 +44,13 @@ impl<T: DeserializeOwned + CheckRequest + 'static> FromRequest for ApiJson<T> {
     type Future = LocalBoxFuture<'static, Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let (limit, timeout_s) =
-            req.app_data::<Data<AppState>>()
-                .map_or((DEFAULT_LIMIT, DEFAULT_TIMEOUT_S), |s| {
-                    let server = &s.config.server;
-                    (server.max_body_bytes, server.body_timeout_s)
-                });
+        let state = req.app_data::<Data<AppState>>().cloned();
+        let (limit, timeout_s) = state
+            .as_ref()
+            .map_or((DEFAULT_LIMIT, DEFAULT_TIMEOUT_S), |s| {
+                let server = &s.config.server;
+                (server.max_body_bytes, server.body_timeout_s)
+            });
         let declared = req
             .headers()
             .get(CONTENT_LENGTH)
@@ -69,13 +80,45 @@ impl<T: DeserializeOwned + CheckRequest + 'static> FromRequest for ApiJson<T> {
                 }
                 Ok(body)
             };
-            let body = tokio::time::timeout(Duration::from_secs_f64(timeout_s), read)
-                .await
-                .map_err(|_| ApiError::BodyTimeout { timeout_s })??;
+            let body = read_within(read, timeout_s, state.as_ref()).await?;
             let value: T = parse_json(&body)?;
             value.check()?;
             Ok(ApiJson(value))
         })
+    }
+}
+
+/// Awaits `read` for at most `timeout_s`, or [`PRESSED_BODY_TIMEOUT_S`] once the server is
+/// [`under_pressure`] (checked as the body arrives): the oldest stalled bodies go first.
+async fn read_within<F>(
+    read: F,
+    timeout_s: f64,
+    state: Option<&Data<AppState>>,
+) -> Result<BytesMut, ApiError>
+where
+    F: std::future::Future<Output = Result<BytesMut, ApiError>>,
+{
+    let start = tokio::time::Instant::now();
+    let full = Duration::from_secs_f64(timeout_s);
+    let pressed = Duration::from_secs_f64(PRESSED_BODY_TIMEOUT_S.min(timeout_s));
+    let mut tick = tokio::time::interval(
+        Duration::from_millis(100).min(pressed.max(Duration::from_millis(1))),
+    );
+    tokio::pin!(read);
+    loop {
+        tokio::select! {
+            body = &mut read => return body,
+            _ = tick.tick() => {
+                let waited = start.elapsed();
+                if waited >= full {
+                    return Err(ApiError::BodyTimeout { timeout_s });
+                }
+                if waited >= pressed && under_pressure(state) {
+                    let timeout_s = pressed.as_secs_f64();
+                    return Err(ApiError::BodyTimeout { timeout_s });
+                }
+            }
+        }
     }
 }
 
