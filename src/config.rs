@@ -352,6 +352,10 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub cors_allowed_origins: Vec<String>,
+    /// A GPU kernel-variant switch of `[engine.gpu_tuning]`, `KEY=VALUE` (repeatable; over
+    /// its `KILN_*` variable), e.g. `--gpu-tuning qmma8=all`.
+    #[arg(long = "gpu-tuning", value_name = "KEY=VALUE")]
+    pub gpu_tuning: Vec<String>,
 }
 
 impl Config {
@@ -400,9 +404,38 @@ impl Config {
     /// The file named by `args` (or the default) with `args` applied on top.
     pub fn load(args: &ServeArgs) -> Result<Self, ConfigError> {
         let mut cfg = Self::from_file(args.config.as_deref())?;
+        cfg.apply_gpu_tuning(|k| std::env::var(k).ok(), &args.gpu_tuning)?;
         cfg.apply(args);
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// `[engine.gpu_tuning]` with the `KILN_*` variables `var` returns, then the
+    /// `--gpu-tuning KEY=VALUE` flags, applied.
+    pub fn apply_gpu_tuning(
+        &mut self,
+        var: impl Fn(&str) -> Option<String>,
+        flags: &[String],
+    ) -> Result<(), ConfigError> {
+        let t = &mut self.engine.gpu_tuning;
+        *t = t
+            .clone()
+            .with_env(var)
+            .map_err(|(key, message)| ConfigError::Invalid { key, message })?;
+        for f in flags {
+            let invalid = |message: String| ConfigError::Invalid {
+                key: "--gpu-tuning",
+                message,
+            };
+            let (k, v) = f
+                .split_once('=')
+                .ok_or_else(|| invalid(format!("`{f}`: expected KEY=VALUE")))?;
+            t.set(k.trim(), v).map_err(invalid)?;
+        }
+        t.check().map_err(|message| ConfigError::Invalid {
+            key: "engine.gpu_tuning",
+            message,
+        })
     }
 
     /// Overrides every setting that `args` carries.
@@ -721,5 +754,38 @@ mod tests {
         );
         let cfg = Config::from_toml("[model]\nembeddings = true\n", Path::new("x")).unwrap();
         assert!(cfg.model.embeddings);
+    }
+
+    #[test]
+    fn gpu_tuning_is_file_then_environment_then_flags() {
+        let text =
+            "[engine.gpu_tuning]\nqmma8 = \"all\"\nqdot_norm = false\nattn_min_split = 128\n";
+        let mut cfg = Config::from_toml(text, Path::new("x")).unwrap();
+        let env = |k: &str| match k {
+            "KILN_QMMA8" => Some("0".to_string()),
+            "KILN_PDL" => Some("eager".to_string()),
+            _ => None,
+        };
+        let flags = ["pdl=off".to_string(), "qmma_wide=all".to_string()];
+        cfg.apply_gpu_tuning(env, &flags).unwrap();
+        let t = &cfg.engine.gpu_tuning;
+        use crate::backend::tuning::{Choice, Pdl};
+        assert_eq!(t.qmma8, Choice::Never, "the environment over the file");
+        assert_eq!(t.pdl, Pdl::Off, "a flag over the environment");
+        assert_eq!(t.qmma_wide, Choice::All);
+        assert!(
+            !t.qdot_norm && t.attn_min_split == 128,
+            "the file's own values stay"
+        );
+        let err = cfg
+            .apply_gpu_tuning(|_| None, &["qmma8".into()])
+            .unwrap_err();
+        assert!(err.to_string().contains("KEY=VALUE"), "{err}");
+        let err = cfg
+            .apply_gpu_tuning(|k| (k == "KILN_ATTN_MIN_SPLIT").then(|| "10".into()), &[])
+            .unwrap_err();
+        assert!(err.to_string().contains("KILN_ATTN_MIN_SPLIT"), "{err}");
+        let bad = Config::from_toml("[engine.gpu_tuning]\nqmma_eight = 1\n", Path::new("x"));
+        assert!(bad.is_err(), "unknown switches are errors");
     }
 }

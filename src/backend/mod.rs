@@ -18,6 +18,7 @@ pub mod quant;
 pub mod rocm;
 pub mod shape;
 pub mod tensor;
+pub mod tuning;
 
 pub use batch::{BatchPlan, KvShape, SeqSlice};
 pub use collective::{GroupMember, HostGroup};
@@ -28,6 +29,7 @@ pub use open::{
 };
 pub use shape::{AttnShape, Llama3Scaling, RopeLayout, RopeSpec};
 pub use tensor::{HostData, HostTensor};
+pub use tuning::GpuTuning;
 
 use crate::sampling::{SampleRow, Sampled};
 

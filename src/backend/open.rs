@@ -43,6 +43,8 @@ pub struct GpuOptions {
     /// Query heads per KV head of one shard's attention: start-up waits only for the decode
     /// attention pass sizes that group can launch. `None`: all.
     pub gqa_group: Option<usize>,
+    /// The kernel-variant switches (`[engine.gpu_tuning]`, filled by `config`).
+    pub tuning: super::GpuTuning,
 }
 
 impl Default for GpuOptions {
@@ -60,6 +62,7 @@ impl Default for GpuOptions {
             qk_norm: true,
             head_dims: None,
             gqa_group: None,
+            tuning: super::GpuTuning::default(),
         }
     }
 }

@@ -117,6 +117,7 @@ fn device_body(device: Device) -> LaneBody {
             qk_norm: ctx.files.spec.variant.qk_norm,
             head_dims: Some(vec![ctx.files.spec.head_dim]),
             gqa_group: Some(local.n_heads / local.n_kv_heads.max(1)),
+            tuning: c.gpu_tuning.clone(),
             ..GpuOptions::default()
         };
         let group = vec![id; tp];

@@ -148,6 +148,9 @@ pub struct EngineConfig {
     pub step_timeout_s: Option<f64>,
     /// Bounds on compiling constraints (`[engine.grammar]`).
     pub grammar: GrammarConfig,
+    /// The GPU backend's kernel-variant switches (`[engine.gpu_tuning]`; each also a
+    /// `KILN_*` variable and `--gpu-tuning KEY=VALUE`).
+    pub gpu_tuning: crate::backend::GpuTuning,
 }
 
 /// The default on-disk kernel cache: `$XDG_CACHE_HOME/kiln/kernels`, else
@@ -212,6 +215,7 @@ impl Default for EngineConfig {
             tensor_parallel_size: 1,
             step_timeout_s: None,
             grammar: GrammarConfig::default(),
+            gpu_tuning: crate::backend::GpuTuning::default(),
         }
     }
 }
