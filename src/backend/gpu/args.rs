@@ -255,7 +255,7 @@ kernel_args! {
         mscale: f32,
     }
     /// `qdot_in_<q>_bf16_m1`, `qdotmix_in_<q>_q6k_bf16_m1`: [`QdotArgs`] where `xq` holds a
-    /// residual norm's input left by `qdot_norm_*` ([`NormIn`](super::matmul::NormIn):
+    /// residual norm's input left by `qdot_norm_*` ([`NormIn`](super::ops::matmul::NormIn):
     /// partial sums `nss`, residual `nres`, weight `nw`, output `nout`, `neps`).
     QdotInArgs (Kernel::QdotIn { .. } | Kernel::QdotMixIn { .. }) {
         xq: ptr, w0: ptr, w1: ptr, w2: ptr, bias: ptr, y: ptr, k: i32, r0: i32, r1: i32, r2: i32,

@@ -5,7 +5,7 @@
 
 use super::args::{AttnArgs, AttnCombineArgs, AttnDecArgs};
 use super::kernels::{AttnHead, Kernel};
-use super::matmul::QxRows;
+use super::ops::matmul::QxRows;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
 use crate::backend::{AttnShape, BackendError};

@@ -26,15 +26,13 @@ mod group;
 #[cfg(feature = "rocm")]
 pub mod hip_rt;
 pub mod kernels;
-mod matmul;
 mod meta;
-mod moe;
 #[cfg(feature = "cuda")]
 mod nccl;
 mod norm;
+mod ops;
 mod qtype;
 mod qweight;
-mod rope;
 pub mod runtime;
 mod sample;
 mod timing;
@@ -114,7 +112,7 @@ struct Scratch {
     /// The mixture-of-experts routes, sorted assignments and expert outputs (`moe.rs`).
     moe: Option<DevBuf>,
     /// The shared expert's activations (`moe.rs`).
-    moe_shared: Option<moe::SharedScratch>,
+    moe_shared: Option<ops::moe::SharedScratch>,
     /// Largest activation allocated, in elements (sizes the sampling workspace estimate).
     largest_alloc: usize,
     /// A quantized weight dequantized for a BLAS GEMM of a batch step: sized at upload for
@@ -123,7 +121,7 @@ struct Scratch {
     /// The 8-bit activation rows the last launch left in the dequant scratch for the next
     /// quantized decode matmul (`matmul.rs`); any other launch, write, download or
     /// allocation settles it first ([`GpuBackend::settle_qx`]).
-    qx: Option<matmul::QxRows>,
+    qx: Option<ops::matmul::QxRows>,
     /// Whether an op may leave work to the next (a decode matmul's residual norm, finished
     /// by the quantized matmul after it): within steps, whose tensors outlive it.
     fuse_across_ops: bool,
@@ -743,7 +741,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         n: usize,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
-        self.launch_moe_ffn(x, router_logits, experts, shape, n, moe::MoeOut::Delta(out))
+        self.launch_moe_ffn(x, router_logits, experts, shape, n, ops::moe::MoeOut::Delta(out))
     }
 
     fn moe_ffn_add_rms_norm(

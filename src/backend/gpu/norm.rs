@@ -5,7 +5,7 @@
 
 use super::args::{AddRmsNormArgs, AddRmsNormVecArgs, RmsNormArgs, RmsNormVecArgs};
 use super::kernels::Kernel;
-use super::matmul::QxRows;
+use super::ops::matmul::QxRows;
 use super::runtime::{Grid, Runtime};
 use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows};
 use crate::backend::BackendError;

@@ -10,20 +10,20 @@
 //! (Qwen2-MoE) adds three: its gate/up and down matmuls (the dense FFN's launchers, so a
 //! quantized shared expert runs too) and the sigmoid-gated add.
 
-use super::args::{
+use super::matmul::{QX_THREADS, QxRows, qx_bytes};
+use crate::backend::gpu::args::{
     MoeAlignArgs, MoeCombineArgs, MoeCombineNormArgs, MoeDownArgs, MoeGateUpArgs, MoeMmaDownArgs,
     MoeMmaGateUpArgs, MoePrepArgs, MoeQ8DownArgs, MoeQ8DownSelfArgs, MoeQ8GateUpArgs, MoeQDownArgs,
     MoeQGateUpArgs, MoeRouteArgs, MoeSharedAddArgs, QuantizeXArgs,
 };
-use super::kernels::{Kernel, MOE8_SLOTS};
-use super::matmul::{QX_THREADS, QxRows, qx_bytes};
-use super::qtype::QType;
-use super::runtime::{Grid, Runtime};
-use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
+use crate::backend::gpu::kernels::{Kernel, MOE8_SLOTS};
+use crate::backend::gpu::qtype::QType;
+use crate::backend::gpu::runtime::{Grid, Runtime};
+use crate::backend::gpu::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
 use crate::backend::{Backend, BackendError, MoeExperts, MoeShape, SharedExpert};
 
 /// The shared expert's activations, sized for the activation capacity.
-pub(super) struct SharedScratch {
+pub(in crate::backend::gpu) struct SharedScratch {
     /// `[rows, 2 * shared_ff]` gate/up product.
     gu: GpuTensor,
     /// `[rows, shared_ff]`
@@ -33,7 +33,7 @@ pub(super) struct SharedScratch {
 }
 
 /// Where the MoE FFN's output goes.
-pub(super) enum MoeOut<'a> {
+pub(in crate::backend::gpu) enum MoeOut<'a> {
     /// `[rows, hidden]`: the weighted sums (`moe_combine`).
     Delta(&'a mut GpuTensor),
     /// Added to `residual`, then `out = rms_norm(residual) * w` (`moe_combine_norm`: the
@@ -192,7 +192,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// `moe_combine_norm` takes the rows (no shared expert; whole aligned chunks, at most
     /// `CN_E` values a thread of a 1024-thread block), else `moe_ffn` then `add_rms_norm`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_moe_ffn_norm(
+    pub(in crate::backend::gpu) fn launch_moe_ffn_norm(
         &mut self,
         h: &mut GpuTensor,
         logits: &GpuTensor,
@@ -227,7 +227,7 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_moe_ffn(
+    pub(in crate::backend::gpu) fn launch_moe_ffn(
         &mut self,
         x: &GpuTensor,
         logits: &GpuTensor,

@@ -2,11 +2,13 @@
 //! the k/v write alone, or both in one launch; the rope frequency tables, uploaded once per
 //! rope spec.
 
-use super::args::{RopeArgs, RopeKvArgs, RopeKvNormArgs, WriteKvArgs};
-use super::kernels::Kernel;
 use super::matmul::{QkvRope, QmmaTail, matmul_operands};
-use super::runtime::{Grid, Runtime};
-use super::{GpuBackend, GpuBatch, GpuKv, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
+use crate::backend::gpu::args::{RopeArgs, RopeKvArgs, RopeKvNormArgs, WriteKvArgs};
+use crate::backend::gpu::kernels::Kernel;
+use crate::backend::gpu::runtime::{Grid, Runtime};
+use crate::backend::gpu::{
+    GpuBackend, GpuBatch, GpuKv, GpuTensor, GpuWeight, check_cols, check_rows, invalid,
+};
 use crate::backend::{AttnShape, BackendError, QkNorm, RopeLayout, RopeSpec};
 
 /// Heads per rope block (`ROPE_HEADS` in `kernels/rope.cu`).
@@ -93,7 +95,7 @@ impl<R: Runtime> GpuBackend<R> {
         Ok(ptr)
     }
 
-    pub(super) fn launch_rope(
+    pub(in crate::backend::gpu) fn launch_rope(
         &mut self,
         qkv: &mut GpuTensor,
         b: &GpuBatch,
@@ -115,7 +117,7 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch_with(Kernel::Rope, r.grid, &args)
     }
 
-    pub(super) fn launch_write_kv(
+    pub(in crate::backend::gpu) fn launch_write_kv(
         &mut self,
         kv: &mut GpuKv,
         layer: usize,
@@ -146,7 +148,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// Rope and the cache write of `layer` in one launch; with `norm`, the q/k head norms
     /// first in the same launch (`head_rms_norm`'s values, rounded as its store would be).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_rope_write_kv(
+    pub(in crate::backend::gpu) fn launch_rope_write_kv(
         &mut self,
         qkv: &mut GpuTensor,
         kv: &mut GpuKv,
@@ -222,7 +224,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// [`Self::qkv_rope`] allows (quantized decode rows, and the tiled batches whose k is
     /// split: their reduce), else the matmul and then `rope_kv`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_matmul_rope_write_kv(
+    pub(in crate::backend::gpu) fn launch_matmul_rope_write_kv(
         &mut self,
         x: &GpuTensor,
         w: &GpuWeight,

@@ -24,21 +24,21 @@
 //! (prefill) and f32 dequantize the weight into the backend's one scratch of the compute
 //! type, then the BLAS GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 
-use super::args::{
+use crate::backend::BackendError;
+use crate::backend::gpu::args::{
     AddBiasArgs, GemvArgs, GemvSiluMulArgs, QdotArgs, QdotInArgs, QdotNormArgs, QdotSiluArgs,
     QdotSiluInArgs, QgemvArgs, QgemvSiluArgs, QmmaArgs, QmmaGluArgs, QmmaReduceAddNormArgs,
     QmmaReduceArgs, QmmaReduceGluArgs, QmmaReduceRopeArgs, QuantizeXArgs, SiluMulArgs,
     SiluMulVecArgs,
 };
-use super::kernels::{
+use crate::backend::gpu::kernels::{
     GEMV_MAX_ROWS, Kernel, Part, QDOT_MIX_TYPES, QGEMV_ROWS, QMMA_GLU_TYPES, QMMA_ROWS, Source,
     Unit,
 };
-use super::qtype::QType;
-use super::qweight::WeightPart;
-use super::runtime::{self, Grid, Runtime};
-use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
-use crate::backend::BackendError;
+use crate::backend::gpu::qtype::QType;
+use crate::backend::gpu::qweight::WeightPart;
+use crate::backend::gpu::runtime::{self, Grid, Runtime};
+use crate::backend::gpu::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
 
 /// Adjacent parts of a stacked weight that one launch takes (`qdot_*`, `qmma_*`): up to
 /// [`QDOT_PARTS`] of one type `q`, or one or two of a [`QDOT_MIX_TYPES`] type and a Q6_K
@@ -65,7 +65,7 @@ impl PartRun<'_> {
 /// The rope and cache write a qkv `qdot_*` launch does itself (`QkvRope` in
 /// `kernels/qgemv.cu`; `rope.rs` decides when): device addresses and the qkv layout.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct QkvRope {
+pub(in crate::backend::gpu) struct QkvRope {
     pub positions: u64,
     pub inv_freq: u64,
     pub slots: u64,
@@ -82,7 +82,7 @@ pub(super) struct QkvRope {
 }
 
 /// Checks the shapes of `out = x @ w^T (+ bias)` over `n` rows; the bias's device address.
-pub(super) fn matmul_operands(
+pub(in crate::backend::gpu) fn matmul_operands(
     x: &GpuTensor,
     w: &GpuWeight,
     bias: Option<&GpuWeight>,
@@ -168,7 +168,7 @@ const QDOT_NORM_WARPS: u32 = 16;
 /// Weight rows per warp of `qgemv_*` and `qdot_*` at every row bucket.
 const QGEMV_ROWS_PER_WARP: usize = 2;
 /// Threads per block of `quantize_x_bf16`; each quantizes a block of 32 activations.
-pub(super) const QX_THREADS: usize = 256;
+pub(in crate::backend::gpu) const QX_THREADS: usize = 256;
 
 /// Activation rows left quantized to 8 bits in the dequant scratch by the launch that made
 /// them: `rows` rows of `cols` values of the tensor at device address `x`, at `at`. The
@@ -177,7 +177,7 @@ pub(super) const QX_THREADS: usize = 256;
 /// ([`GpuBackend::settle_qx`]). With `norm`, the rows are a residual norm's input that a
 /// decode matmul left instead of its output `x`, which the settling then writes.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct QxRows {
+pub(in crate::backend::gpu) struct QxRows {
     pub x: u64,
     pub rows: usize,
     pub cols: usize,
@@ -191,14 +191,14 @@ pub(super) struct QxRows {
 /// of the residual per 32 columns. The reader scales by 1 / rms and writes the norm's
 /// output (`add.out` = [`QxRows::x`]) for later readers.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct NormIn {
+pub(in crate::backend::gpu) struct NormIn {
     pub ss: u64,
     pub add: AddNorm,
 }
 
 /// Scratch bytes of `n` activation rows of `k` columns quantized to 8 bits: the values,
 /// then at the next 256-byte boundary one (scale, sum) pair of f32 per 32.
-pub(super) fn qx_bytes(n: usize, k: usize) -> usize {
+pub(in crate::backend::gpu) fn qx_bytes(n: usize, k: usize) -> usize {
     (n * k).next_multiple_of(256) + n * (k / 32) * 8
 }
 
@@ -217,7 +217,7 @@ const QMMA8_TYPES: [QType; 1] = [QType::Q8_0];
 
 /// What a tiled launch's split-k reduce does besides the sum ([`GpuBackend::launch_qmma`]).
 #[derive(Clone, Copy)]
-pub(super) enum QmmaTail<'a> {
+pub(in crate::backend::gpu) enum QmmaTail<'a> {
     None,
     /// The qkv's rope and cache write.
     Rope(&'a QkvRope),
@@ -227,7 +227,7 @@ pub(super) enum QmmaTail<'a> {
 
 /// `residual += delta; out = rmsnorm(residual) * w` (device addresses; `h` columns each).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct AddNorm {
+pub(in crate::backend::gpu) struct AddNorm {
     pub residual: u64,
     pub w: u64,
     pub out: u64,
@@ -313,7 +313,12 @@ impl<R: Runtime> GpuBackend<R> {
     /// the streaming kernels take it: not while the bucket's 8-bit kernels (`qdot_*` of 2,
     /// 4 and 8 rows, compiled after start-up) still compile, so such a step dequantizes for
     /// the BLAS meanwhile rather than wait (or compile bf16's float-activation `qgemv_*`).
-    pub(super) fn qgemv_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
+    pub(in crate::backend::gpu) fn qgemv_rows(
+        &self,
+        n: usize,
+        x: &GpuTensor,
+        w: &GpuWeight,
+    ) -> Option<u32> {
         let fits = self.switches.gemv
             && x.cols == w.cols
             && w.rows <= i32::MAX as usize
@@ -332,7 +337,12 @@ impl<R: Runtime> GpuBackend<R> {
 
     /// The row bucket of the 8-bit activation kernels (`qdot_*`), when they take the step:
     /// the streaming bucket, bf16, and a scratch that holds the quantized rows.
-    pub(super) fn qdot_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
+    pub(in crate::backend::gpu) fn qdot_rows(
+        &self,
+        n: usize,
+        x: &GpuTensor,
+        w: &GpuWeight,
+    ) -> Option<u32> {
         let room = self.scratch.dequant.as_ref().map_or(0, |b| b.bytes());
         self.qgemv_rows(n, x, w).filter(|_| {
             self.dt == crate::backend::DType::Bf16
@@ -345,7 +355,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// Where a kernel that makes `n` rows of `cols` values may also leave them quantized
     /// for the decode matmul after it (bf16, up to 8 rows, whole blocks of 32): the dequant
     /// scratch, where `quantize_x` would put them.
-    pub(super) fn qx_slot(&self, n: usize, cols: usize) -> Option<u64> {
+    pub(in crate::backend::gpu) fn qx_slot(&self, n: usize, cols: usize) -> Option<u64> {
         let buf = self.scratch.dequant.as_ref()?;
         let fits = self.dt == crate::backend::DType::Bf16
             && (1..=QGEMV_ROWS[QGEMV_ROWS.len() - 1] as usize).contains(&n)
@@ -379,7 +389,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// norm's output, by `rms_norm` of the residual (whose 8-bit rows are then the record);
     /// clears the record otherwise. Every launch, write, download and allocation calls it
     /// before touching the device.
-    pub(super) fn settle_qx(&mut self) -> Result<(), BackendError> {
+    pub(in crate::backend::gpu) fn settle_qx(&mut self) -> Result<(), BackendError> {
         let Some(q) = self.scratch.qx.take() else {
             return Ok(());
         };
@@ -422,7 +432,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// With `rope`, each launch also ropes and caches its qkv columns ([`QkvRope`]). Rows
     /// a `qdot_norm_*` launch left take its norm along ([`NormIn`]).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_qdot(
+    pub(in crate::backend::gpu) fn launch_qdot(
         &mut self,
         x: &GpuTensor,
         w: &GpuWeight,
@@ -503,7 +513,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// [`GpuBackend::settle_qx`]). Not taken (`Ok(false)`): outside a step
     /// ([`GpuBackend::fuse_across_ops`]: the runner's tensors outlive the pending norm), for
     /// other rows, weights or widths, without room, or with `KILN_QDOT_NORM=0`.
-    pub(super) fn launch_qdot_norm(
+    pub(in crate::backend::gpu) fn launch_qdot_norm(
         &mut self,
         x: &GpuTensor,
         w: &GpuWeight,
@@ -567,7 +577,12 @@ impl<R: Runtime> GpuBackend<R> {
     /// tiled kernel takes it (bf16 compute, a warp of 32, whole k-tiles, its compile units
     /// loaded: right after start-up they may still compile, and batches dequantize for the
     /// BLAS meanwhile).
-    pub(super) fn qmma_rows(&self, n: usize, x: &GpuTensor, w: &GpuWeight) -> Option<u32> {
+    pub(in crate::backend::gpu) fn qmma_rows(
+        &self,
+        n: usize,
+        x: &GpuTensor,
+        w: &GpuWeight,
+    ) -> Option<u32> {
         let unit = |part| Unit {
             src: Source::Qmma,
             part,
@@ -724,7 +739,7 @@ impl<R: Runtime> GpuBackend<R> {
         }
     }
 
-    pub(super) fn launch_matmul(
+    pub(in crate::backend::gpu) fn launch_matmul(
         &mut self,
         x: &GpuTensor,
         w: &GpuWeight,
@@ -758,7 +773,7 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// `out[n, m] = x[n, k] @ w[m, k]^T` on the BLAS (device addresses).
-    pub(super) fn gemm(
+    pub(in crate::backend::gpu) fn gemm(
         &mut self,
         x: u64,
         w: u64,
@@ -863,7 +878,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// RMSNorm after the matmul (`qmma_reduce_add_norm`, `out` then unwritten). Returns
     /// whether it did, else the caller still has that to do.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_qmma(
+    pub(in crate::backend::gpu) fn launch_qmma(
         &mut self,
         x: &GpuTensor,
         w: &GpuWeight,
@@ -1035,7 +1050,7 @@ impl<R: Runtime> GpuBackend<R> {
         Ok(scratch)
     }
 
-    pub(super) fn launch_silu_mul(
+    pub(in crate::backend::gpu) fn launch_silu_mul(
         &mut self,
         gate_up: &GpuTensor,
         n: usize,
@@ -1072,7 +1087,7 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch_with(Kernel::SiluMul, grid, &args)
     }
 
-    pub(super) fn launch_matmul_silu_mul(
+    pub(in crate::backend::gpu) fn launch_matmul_silu_mul(
         &mut self,
         x: &GpuTensor,
         w_gate_up: &GpuWeight,
@@ -1252,7 +1267,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// then not written); anything else runs the matmul, then the fused add + norm.
     /// `KILN_QMMA_NORM=0`: never in the reduce.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_matmul_add_rms_norm(
+    pub(in crate::backend::gpu) fn launch_matmul_add_rms_norm(
         &mut self,
         x: &GpuTensor,
         w: &GpuWeight,
