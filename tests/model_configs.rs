@@ -95,3 +95,55 @@ fn bad_hf_constants_are_refused_naming_the_key() {
         assert!(err.contains(key), "{key}: {err}");
     }
 }
+
+/// What the GPU backend is told a model runs, derived by `runner` from the spec and the
+/// source: the dense fixture needs no MoE kernels nor the q/k-norm rope, its one head size
+/// and its query heads per KV head; a Qwen3-MoE directory needs the experts and the q/k
+/// norms; a tensor-parallel shard keeps the group (KV heads replicated when fewer).
+#[test]
+fn derived_model_needs_of_fixtures() {
+    use kiln::backend::quant::GgmlType;
+    use kiln::runner::{Shard, model_needs};
+    let root = kiln::config::project_root();
+    let one = Shard { rank: 0, size: 1 };
+
+    let stories = ModelFiles::open(
+        &root.join("../shared/models/stories260K.gguf"),
+        LoadFormat::Gguf,
+    )
+    .unwrap();
+    let s = &stories.spec;
+    let n = model_needs(s, &*stories.source, one);
+    assert!(!n.moe && !n.qk_norm);
+    assert_eq!(n.head_dims, Some(vec![s.head_dim]));
+    assert_eq!(n.head_dims, Some(vec![8]));
+    assert_eq!(n.gqa_group, Some(s.n_heads / s.n_kv_heads));
+    assert_eq!(n.gqa_group, Some(2));
+    assert_eq!(n.weight_types, Some(vec![GgmlType::F32]));
+
+    let q8 = ModelFiles::open(
+        &root.join("../shared/models/stories260K-Q8_0.gguf"),
+        LoadFormat::Gguf,
+    )
+    .unwrap();
+    let types = model_needs(&q8.spec, &*q8.source, one)
+        .weight_types
+        .unwrap();
+    assert!(types.contains(&GgmlType::Q8_0), "{types:?}");
+
+    let moe = ModelFiles::open(&root.join("tests/data/arch/qwen3moe"), LoadFormat::Hf).unwrap();
+    let n = model_needs(&moe.spec, &*moe.source, one);
+    assert!(n.moe && n.qk_norm);
+    assert_eq!(n.head_dims, Some(vec![moe.spec.head_dim]));
+    let group = moe.spec.n_heads / moe.spec.n_kv_heads;
+    assert_eq!(n.gqa_group, Some(group));
+    assert_eq!(
+        n.weight_types,
+        Some(vec![GgmlType::F32, GgmlType::F16, GgmlType::BF16])
+    );
+    // Two shards: each has half the query heads and half the KV heads (or every KV head,
+    // replicated, when there is one).
+    let two = model_needs(&moe.spec, &*moe.source, Shard { rank: 1, size: 2 });
+    let kv = (moe.spec.n_kv_heads / 2).max(1);
+    assert_eq!(two.gqa_group, Some(moe.spec.n_heads / 2 / kv));
+}

@@ -12,6 +12,7 @@ pub mod dtype;
 pub mod gpu;
 pub mod kernel_cache;
 pub mod moe;
+pub mod needs;
 mod open;
 pub mod quant;
 #[cfg(feature = "rocm")]
@@ -24,6 +25,7 @@ pub use batch::{BatchPlan, KvShape, SeqSlice};
 pub use collective::{GroupMember, HostGroup};
 pub use dtype::DType;
 pub use moe::{MoeExperts, MoeShape, SharedExpert};
+pub use needs::ModelNeeds;
 pub use open::{
     DeviceId, GpuOptions, Maker, WithBackend, WithBackends, open, open_group, total_memory,
 };

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use super::cpu::CpuBackend;
-use super::quant::GgmlType;
 use super::{Backend, BackendError, DType};
 
 /// How to build a GPU backend (`gpu::GpuBackend`); the engine fills it from its config.
@@ -27,22 +26,9 @@ pub struct GpuOptions {
     /// The thread-group decode attention variant (off: the prefill kernels serve decode
     /// steps too; the config key `gpu_attn_decode`, for A/B measurements).
     pub attn_decode: bool,
-    /// The model has mixture-of-experts layers: start-up waits for their kernels too (else
-    /// they compile at the lowest CPU priority and load on first use).
-    pub moe: bool,
-    /// The types of the model's matrices: start-up waits only for these types' quantized
-    /// kernels, and for the float-weight streaming matmuls only where one is a float type
-    /// (the others compile at the lowest priority and load on first use). `None`: every
-    /// type.
-    pub weight_types: Option<Vec<GgmlType>>,
-    /// The model's attention has q/k head norms: start-up waits for the rope that applies
-    /// them (else it compiles on first use).
-    pub qk_norm: bool,
-    /// The model's attention head sizes, likewise for the attention kernels. `None`: all.
-    pub head_dims: Option<Vec<usize>>,
-    /// Query heads per KV head of one shard's attention: start-up waits only for the decode
-    /// attention pass sizes that group can launch. `None`: all.
-    pub gqa_group: Option<usize>,
+    /// What the model runs (its kernels' dependencies), derived by `runner::model_needs`;
+    /// the GPU backend plans the kernels it waits for at start-up from it.
+    pub needs: super::ModelNeeds,
     /// The kernel-variant switches (`[engine.gpu_tuning]`, filled by `config`).
     pub tuning: super::GpuTuning,
 }
@@ -57,11 +43,7 @@ impl Default for GpuOptions {
             graphs: true,
             gemv: true,
             attn_decode: true,
-            moe: true,
-            weight_types: None,
-            qk_norm: true,
-            head_dims: None,
-            gqa_group: None,
+            needs: super::ModelNeeds::default(),
             tuning: super::GpuTuning::default(),
         }
     }

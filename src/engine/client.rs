@@ -100,23 +100,15 @@ fn device_body(device: Device) -> LaneBody {
             ctx.cfg.max_num_batched_tokens = Some(tokens);
         }
         let c = &ctx.cfg;
-        // Every shard of the group has the same heads (`runner::shard`).
         let tp = c.tensor_parallel_size.max(1);
-        let local = crate::runner::shard::shard_spec(
-            &ctx.files.spec,
-            crate::runner::shard::Shard { rank: 0, size: tp },
-        );
+        let shard = crate::runner::Shard { rank: 0, size: tp };
         let opts = GpuOptions {
             dtype: c.gpu_dtype,
             kernel_cache: c.kernel_cache_dir.clone(),
             timing_period: (c.kernel_timing_period > 0).then_some(c.kernel_timing_period),
             gemv: c.gpu_gemv,
             attn_decode: c.gpu_attn_decode,
-            moe: ctx.files.spec.variant.moe.is_some(),
-            weight_types: ctx.files.source.weight_types(),
-            qk_norm: ctx.files.spec.variant.qk_norm,
-            head_dims: Some(vec![ctx.files.spec.head_dim]),
-            gqa_group: Some(local.n_heads / local.n_kv_heads.max(1)),
+            needs: crate::runner::model_needs(&ctx.files.spec, &*ctx.files.source, shard),
             tuning: c.gpu_tuning.clone(),
             ..GpuOptions::default()
         };

@@ -2,6 +2,7 @@
 //! forward pass, written once against the backend op contract. It sits above both `model`
 //! (files and specs) and `backend` (ops), which know nothing of each other's insides.
 
+pub mod needs;
 pub mod shard;
 pub mod tp;
 pub mod weights;
@@ -10,6 +11,7 @@ use crate::backend::{
     AttnShape, Backend, BackendError, BatchPlan, HostTensor, MoeExperts, QkNorm, SharedExpert,
 };
 use crate::model::{ModelError, ModelFiles, ModelSpec};
+pub use needs::model_needs;
 pub use shard::Shard;
 pub use weights::{Ffn, LayerWeights, ModelWeights, load_weights};
 

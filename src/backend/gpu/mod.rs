@@ -202,14 +202,15 @@ impl<R: Runtime> GpuBackend<R> {
         // and the weights upload: from the probed device where the runtime reports it
         // without a context (an empty kernel cache's start is bound by these compiles).
         let start_kernels = |i: &DeviceInfo| {
-            let types = opts.weight_types.as_deref();
+            let model = &opts.needs;
+            let types = model.weight_types.as_deref();
             let needs = KernelNeeds {
-                moe: opts.moe,
+                moe: model.moe,
                 qtypes: types.map(|t| t.iter().filter_map(|&t| QType::of(t)).collect()),
                 dense: types.is_none_or(|t| t.iter().any(|&t| QType::of(t).is_none())),
-                qk_norm: opts.qk_norm,
-                head_dims: opts.head_dims.clone(),
-                gqa_group: opts.gqa_group,
+                qk_norm: model.qk_norm,
+                head_dims: model.head_dims.clone(),
+                gqa_group: model.gqa_group,
                 portable_attention: !(mma_on(i) && opts.attn_decode),
             };
             Kernels::load(i, opts.dtype, opts.kernel_cache.as_deref(), needs)
