@@ -4,7 +4,8 @@
 
 The graph: one node per library source file (the module tree under `src/lib.rs`); an edge
 from a file to the file of every module its `use` declarations and inline `crate::` paths
-name (`crate::`, `super::`, `self::` and child-module paths, groups `{...}` expanded).
+name (`crate::`, `super::`, `self::` and child-module paths, groups `{...}` expanded), and of
+every `crate::`, `super::` and `self::` path written in an expression or a type.
 A name a module re-exports (`pub use x::Name`) resolves to the file it comes from, and
 re-exports themselves are not edges (they forward names, they run no code). Inline
 `mod name { ... }` blocks (tests, helpers) belong to their file.
@@ -66,6 +67,9 @@ def expand(tree: str) -> list[str]:
 
 USE = re.compile(r"\b(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);")
 INLINE = re.compile(r"\bcrate(?:::\w+)+")
+# `super::x::f()` / `self::x::T` in code (not in `use`, handled above): relative to the
+# enclosing file module and inline module.
+RELATIVE = re.compile(r"(?<![\w:])(?:super|self)(?:::(?:super|\w+))+")
 MOD_BLOCK = re.compile(r"\bmod\s+(\w+)\s*\{")
 
 
@@ -140,6 +144,12 @@ class Graph:
                     paths.append(self.absolute(mod, inline, path.split("::")))
             for m in INLINE.finditer(text):
                 paths.append(m.group(0).split("::")[1:])
+            uses = [(m.start(), m.end()) for m in USE.finditer(text)]
+            for m in RELATIVE.finditer(text):
+                if any(a <= m.start() < b for a, b in uses):
+                    continue
+                inline = inline_module_at(text, m.start())
+                paths.append(self.absolute(mod, inline, m.group(0).split("::")))
             for segs in filter(None, paths):
                 target = self.resolve(segs)
                 if target is not None and target != mod:

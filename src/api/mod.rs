@@ -1,7 +1,9 @@
 //! The OpenAI-compatible HTTP API on actix-web: routes, wire types, SSE, errors, auth, server.
 
 pub mod auth;
+pub mod cancel;
 pub mod chat;
+pub mod clock;
 pub mod completions;
 mod drain;
 pub mod embeddings;
@@ -61,7 +63,7 @@ impl ResponseMeta {
     pub fn new(prefix: &str, model: &str) -> Self {
         Self {
             id: format!("{prefix}-{:032x}", rand::random::<u128>()),
-            created: state::unix_now(),
+            created: clock::unix_now(),
             model: model.to_string(),
             fingerprint: String::new(),
         }

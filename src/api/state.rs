@@ -1,5 +1,6 @@
 //! Shared server state, built once before the HTTP workers start.
 
+use super::clock::unix_now;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -94,11 +95,6 @@ pub fn fingerprint(client: &EngineClient) -> String {
 }
 
 /// Seconds since the Unix epoch.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
 
 impl AppState {
     /// State with no engine yet: every model route answers 503 until [`AppState::set_engine`].

@@ -44,7 +44,7 @@ impl EmbedHandle {
                 Some(LaneEvent::Failed(e)) => return Err(e),
                 Some(_) => {}
                 None if self.load.hung.load(Ordering::Acquire) => {
-                    return Err(super::client::hung_error(self.lane, None));
+                    return Err(super::hung_error(self.lane, None));
                 }
                 None => return Err(EngineError::ShuttingDown),
             }

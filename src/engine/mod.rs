@@ -58,6 +58,20 @@ pub enum EngineError {
     Load(String),
 }
 
+/// The error of a request on a hung lane (`ran`: how long its step had run, when known).
+pub(crate) fn hung_error(lane: usize, ran: Option<std::time::Duration>) -> EngineError {
+    let ran = ran.map_or(String::new(), |r| {
+        format!(" after {:.1} s", r.as_secs_f64())
+    });
+    EngineError::LaneFailed {
+        lane,
+        message: format!(
+            "its step has not returned{ran}, past engine.step_timeout_s: the device or a \
+             collective is hung"
+        ),
+    }
+}
+
 /// Where a lane runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {

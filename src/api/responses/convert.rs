@@ -44,6 +44,13 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}_{:024x}", rand::random::<u128>() >> 32)
 }
 
+impl crate::api::types::CheckRequest for ResponsesRequest {
+    /// Unsupported and unknown fields, `metadata`'s shape.
+    fn check(&self) -> Result<(), crate::api::errors::ApiError> {
+        check_fields(self)
+    }
+}
+
 /// 400 for every field Kiln cannot honour (a null, `false`, empty or default value passes).
 pub(super) fn check_fields(req: &ResponsesRequest) -> Result<(), ApiError> {
     for (name, value) in &req.extra {

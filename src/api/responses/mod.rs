@@ -6,15 +6,15 @@
 mod convert;
 mod items;
 mod run;
+mod state;
 pub mod store;
 pub mod types;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::web::{Data, Path, Query};
 use actix_web::{HttpResponse, delete, get, post};
-use dashmap::DashMap;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -26,31 +26,14 @@ use super::state::{AppState, Ready};
 use super::structured::{self, StructuredFields};
 use super::types::{ErrorResponse, SamplingFields};
 use super::{blocking, sse, validate};
-use crate::config::ResponsesConfig;
 use crate::engine::{FinishReason, GenerateRequest};
 use crate::tokenizer::chat::{ChatMessage, TemplateTool};
-use run::{Run, Running};
+use run::Run;
+pub use state::{Responses, Running};
 use store::Store;
 use types::{InputItemList, Item, ResponseDeleted, ResponseObject, ResponsesRequest};
 
-/// The Responses API's server state: the store (opened on first use) and the responses in
-/// flight.
-pub struct Responses {
-    config: ResponsesConfig,
-    store: OnceLock<Result<Arc<Store>, String>>,
-    running: DashMap<String, Running>,
-}
-
 impl Responses {
-    /// Nothing opened yet.
-    pub fn new(config: ResponsesConfig) -> Self {
-        Self {
-            config,
-            store: OnceLock::new(),
-            running: DashMap::new(),
-        }
-    }
-
     /// The store, opened (and checked) on the first call; 503 naming the file when it
     /// cannot be opened.
     async fn store(state: &Data<AppState>) -> Result<Arc<Store>, ApiError> {
@@ -143,7 +126,7 @@ fn shell(req: &ResponsesRequest, ready: &Ready, effort: Option<&str>) -> Respons
     ResponseObject {
         id: convert::new_id("resp"),
         object: "response".into(),
-        created_at: super::state::unix_now(),
+        created_at: super::clock::unix_now(),
         status: "in_progress".into(),
         error: None,
         incomplete_details: None,

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::items::{Assembler, Event};
+use super::state::Running;
 use super::store::Store;
 use super::types::{IncompleteDetails, Item, ResponseObject, ResponseUsage};
 use crate::api::errors::ApiError;
@@ -18,13 +19,6 @@ use crate::api::state::AppState;
 use crate::api::tools::{ChoiceParser, ParseOptions};
 use crate::engine::{FinishReason, TokenInfo, Usage};
 use crate::tokenizer::Tokenizer;
-
-/// An in-flight response as `GET` and `cancel` see it.
-pub struct Running {
-    pub cancel: Cancel,
-    pub snapshot: ResponseObject,
-    pub done: watch::Receiver<Option<ResponseObject>>,
-}
 
 /// Removes the in-flight entry when the run ends, however it ends.
 struct Registered {

@@ -109,7 +109,7 @@ impl Store {
             Err(why) => {
                 drop(conn);
                 let aside =
-                    path.with_extension(format!("unreadable-{}", crate::api::state::unix_now()));
+                    path.with_extension(format!("unreadable-{}", crate::api::clock::unix_now()));
                 tracing::warn!(path = %path.display(), aside = %aside.display(), reason = %why,
                     "the responses store is not readable; moved aside, starting a fresh one");
                 std::fs::rename(path, &aside)
@@ -144,7 +144,7 @@ impl Store {
             ],
         )?;
         if self.max_age_s > 0 {
-            let oldest = crate::api::state::unix_now().saturating_sub(self.max_age_s) as i64;
+            let oldest = crate::api::clock::unix_now().saturating_sub(self.max_age_s) as i64;
             conn.execute("DELETE FROM responses WHERE created_at < ?1", [oldest])?;
         }
         conn.execute(
@@ -159,7 +159,7 @@ impl Store {
     pub fn get(&self, id: &str) -> Result<Option<Stored>, StoreError> {
         let oldest = match self.max_age_s {
             0 => 0,
-            age => crate::api::state::unix_now().saturating_sub(age) as i64,
+            age => crate::api::clock::unix_now().saturating_sub(age) as i64,
         };
         let row: Option<(String, String)> = self
             .conn()

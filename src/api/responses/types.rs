@@ -69,13 +69,6 @@ pub struct ResponsesRequest {
     pub extra: serde_json::Map<String, Value>,
 }
 
-impl crate::api::types::CheckRequest for ResponsesRequest {
-    /// Unsupported and unknown fields, `metadata`'s shape.
-    fn check(&self) -> Result<(), crate::api::errors::ApiError> {
-        super::convert::check_fields(self)
-    }
-}
-
 /// A text part of a message item.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TextPart {

@@ -11,6 +11,7 @@ pub mod qdot;
 mod qdot_avx2;
 #[cfg(target_arch = "x86_64")]
 mod qdot_avx512;
+mod qdot_select;
 pub mod qmatmul;
 
 use attention::AttnGeom;

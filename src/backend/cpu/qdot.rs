@@ -106,22 +106,6 @@ impl Kernels {
         f16_x4: dot_f16_x4,
         bf16_x4: dot_bf16_x4,
     };
-
-    /// The fastest kernels this CPU runs, detected at run time.
-    pub fn detect() -> Kernels {
-        Self::available().pop().unwrap_or(Kernels::PORTABLE)
-    }
-
-    /// Every kernel table this CPU runs, slowest first: `portable`, then `avx2` and
-    /// `avx512` where detected.
-    pub fn available() -> Vec<Kernels> {
-        let mut all = vec![Kernels::PORTABLE];
-        #[cfg(target_arch = "x86_64")]
-        all.extend(super::qdot_avx2::kernels());
-        #[cfg(target_arch = "x86_64")]
-        all.extend(super::qdot_avx512::kernels());
-        all
-    }
 }
 
 /// How a weight type's activations are quantized.
