@@ -6,13 +6,12 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use actix_web::web::Data;
 use futures_util::stream::{SelectAll, Stream, StreamExt};
-use futures_util::task::AtomicWaker;
 
+pub use super::cancel::Cancel;
 use super::errors::ApiError;
 use super::state::AppState;
 use crate::engine::{
@@ -30,30 +29,6 @@ impl Stream for Tagged {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let part = self.part;
         self.inner.poll_next_unpin(cx).map(|e| e.map(|e| (part, e)))
-    }
-}
-
-/// Ends a [`MergedStream`] early from elsewhere (`POST /v1/responses/{id}/cancel`): its engine
-/// requests are aborted and it ends as if each open choice finished with `Abort`.
-#[derive(Debug, Clone, Default)]
-pub struct Cancel(Arc<CancelInner>);
-
-#[derive(Debug, Default)]
-struct CancelInner {
-    flag: AtomicBool,
-    waker: AtomicWaker,
-}
-
-impl Cancel {
-    /// Cancels the stream (idempotent); it ends at its next poll.
-    pub fn cancel(&self) {
-        self.0.flag.store(true, Ordering::Release);
-        self.0.waker.wake();
-    }
-
-    /// Whether [`Cancel::cancel`] was called.
-    pub fn is_cancelled(&self) -> bool {
-        self.0.flag.load(Ordering::Acquire)
     }
 }
 
@@ -160,7 +135,7 @@ impl Stream for MergedStream {
                 return Poll::Ready(None);
             }
             if let Some(c) = &this.cancel {
-                c.0.waker.register(cx.waker());
+                c.register(cx.waker());
                 if c.is_cancelled() {
                     this.cancelled();
                     continue;
