@@ -42,7 +42,7 @@ fn store_path(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "kiln-responses-sdk-{name}-{}-{}",
         std::process::id(),
-        kiln::api::state::unix_now()
+        kiln::api::clock::unix_now()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join("responses.sqlite3")
