@@ -1,7 +1,24 @@
 //! The tokenizer vocabulary stored in GGUF metadata (`tokenizer.ggml.*`), read into a plain struct.
 
 use super::TokenizerError;
-use crate::model::gguf::GgufFile;
+
+/// The GGUF metadata a vocabulary is read from, as typed lookups by key (`None`: absent or
+/// of another type). A parsed GGUF header (`model::gguf::GgufFile`) is one; the tokenizer
+/// knows nothing of the file format itself.
+pub trait GgufMetadata {
+    /// A string entry.
+    fn meta_str(&self, key: &str) -> Option<&str>;
+    /// Any integer entry as u64 (`None` when negative).
+    fn meta_u64(&self, key: &str) -> Option<u64>;
+    /// A bool entry.
+    fn meta_bool(&self, key: &str) -> Option<bool>;
+    /// An array of strings (`None` if any element is not a string).
+    fn meta_str_array(&self, key: &str) -> Option<Vec<&str>>;
+    /// An array of numbers as f32 (`None` if any element is not a number).
+    fn meta_f32_array(&self, key: &str) -> Option<Vec<f32>>;
+    /// An array of integers as i64 (`None` if any element is not an integer or does not fit).
+    fn meta_i64_array(&self, key: &str) -> Option<Vec<i64>>;
+}
 
 /// Which tokenizer algorithm a GGUF vocabulary uses (`tokenizer.ggml.model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +212,7 @@ impl GgufVocab {
 /// Special-token ids that are absent, unset (`4294967295` or negative) or out of range become
 /// `None`, except that a SentencePiece (`llama`) vocabulary then gets llama.cpp's defaults
 /// (`<unk>` = 0, `<s>` = 1, `</s>` = 2).
-pub fn vocab_from_gguf(file: &GgufFile) -> Result<GgufVocab, TokenizerError> {
+pub fn vocab_from_gguf(file: &(impl GgufMetadata + ?Sized)) -> Result<GgufVocab, TokenizerError> {
     let model_name = file
         .meta_str("tokenizer.ggml.model")
         .ok_or(TokenizerError::MissingMetadata("tokenizer.ggml.model"))?;
@@ -315,49 +332,52 @@ mod tests {
     use super::*;
     use crate::tokenizer::Tokenizer;
 
-    /// A GGUF string: u64 length, then the bytes.
-    fn gguf_str(out: &mut Vec<u8>, s: &str) {
-        out.extend((s.len() as u64).to_le_bytes());
-        out.extend(s.as_bytes());
+    /// A tokenizer's metadata in memory: string entries, tokens, scores.
+    struct Meta {
+        strings: Vec<(String, String)>,
+        tokens: Vec<String>,
+        scores: Vec<f32>,
     }
 
-    /// A tensor-less GGUF v3 image with a five-token SentencePiece vocabulary and these
-    /// string metadata entries.
-    fn vocab_file(strings: &[(&str, &str)]) -> GgufFile {
+    impl GgufMetadata for Meta {
+        fn meta_str(&self, key: &str) -> Option<&str> {
+            let hit = self.strings.iter().find(|(k, _)| k == key);
+            hit.map(|(_, v)| v.as_str())
+        }
+        fn meta_u64(&self, _: &str) -> Option<u64> {
+            None
+        }
+        fn meta_bool(&self, _: &str) -> Option<bool> {
+            None
+        }
+        fn meta_str_array(&self, key: &str) -> Option<Vec<&str>> {
+            (key == "tokenizer.ggml.tokens")
+                .then(|| self.tokens.iter().map(String::as_str).collect())
+        }
+        fn meta_f32_array(&self, key: &str) -> Option<Vec<f32>> {
+            (key == "tokenizer.ggml.scores").then(|| self.scores.clone())
+        }
+        fn meta_i64_array(&self, _: &str) -> Option<Vec<i64>> {
+            None
+        }
+    }
+
+    /// A five-token SentencePiece vocabulary with these string metadata entries.
+    fn vocab_file(strings: &[(&str, &str)]) -> Meta {
         vocab_file_of(&["<unk>", "<s>", "</s>", "a", "b"], strings)
     }
 
     /// [`vocab_file`] with these tokens.
-    fn vocab_file_of(tokens: &[&str], strings: &[(&str, &str)]) -> GgufFile {
-        const STRING: u32 = 8;
-        const ARRAY: u32 = 9;
-        const F32: u32 = 6;
-        let mut kvs = Vec::new();
-        for (key, value) in [("tokenizer.ggml.model", "llama")].iter().chain(strings) {
-            gguf_str(&mut kvs, key);
-            kvs.extend(STRING.to_le_bytes());
-            gguf_str(&mut kvs, value);
+    fn vocab_file_of(tokens: &[&str], strings: &[(&str, &str)]) -> Meta {
+        Meta {
+            strings: [("tokenizer.ggml.model", "llama")]
+                .iter()
+                .chain(strings)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            scores: (0..tokens.len()).map(|i| -(i as f32)).collect(),
         }
-        gguf_str(&mut kvs, "tokenizer.ggml.tokens");
-        kvs.extend(ARRAY.to_le_bytes());
-        kvs.extend(STRING.to_le_bytes());
-        kvs.extend((tokens.len() as u64).to_le_bytes());
-        for t in tokens {
-            gguf_str(&mut kvs, t);
-        }
-        gguf_str(&mut kvs, "tokenizer.ggml.scores");
-        kvs.extend(ARRAY.to_le_bytes());
-        kvs.extend(F32.to_le_bytes());
-        kvs.extend((tokens.len() as u64).to_le_bytes());
-        for i in 0..tokens.len() {
-            kvs.extend((-(i as f32)).to_le_bytes());
-        }
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend(0u64.to_le_bytes());
-        out.extend((strings.len() as u64 + 3).to_le_bytes());
-        out.extend(kvs);
-        GgufFile::from_vec(out).expect("a valid GGUF image")
     }
 
     #[test]

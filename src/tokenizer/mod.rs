@@ -14,11 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::model::gguf::GgufFile;
-
 pub use bound::{BPE_CACHE_ENTRIES, COUNT_CHUNK_BYTES};
 pub use builder::{LLAMA3_PATTERN, PreTokenizer, QWEN2_PATTERN};
-pub use gguf_vocab::{GgufVocab, TokenType, VocabModel, vocab_from_gguf};
+pub use gguf_vocab::{GgufMetadata, GgufVocab, TokenType, VocabModel, vocab_from_gguf};
 pub use incremental::IncrementalDecoder;
 
 /// Texts of special tokens that end generation besides the declared EOS (llama.cpp's list).
@@ -201,7 +199,7 @@ impl Tokenizer {
     }
 
     /// Builds the tokenizer described by a GGUF file's `tokenizer.*` metadata.
-    pub fn from_gguf(file: &GgufFile) -> Result<Self, TokenizerError> {
+    pub fn from_gguf(file: &(impl GgufMetadata + ?Sized)) -> Result<Self, TokenizerError> {
         Self::from_gguf_vocab(vocab_from_gguf(file)?)
     }
 
