@@ -2,6 +2,8 @@
 //! bytes freed (one thread-local add per call). [`measured`] tells what a piece of work left
 //! allocated: a grammar compile leaves exactly what its matcher keeps (the token trie and
 //! tokenizer it shares were built before), which is how the grammar cache counts bytes.
+//! [`peak`] tells the most a piece of work held at once (how a response body is checked to
+//! cost about its own size).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -11,6 +13,8 @@ pub struct Counting;
 
 thread_local! {
     static NET: Cell<isize> = const { Cell::new(0) };
+    /// The highest `NET` has been since [`peak`] last reset it.
+    static PEAK: Cell<isize> = const { Cell::new(0) };
 }
 
 #[global_allocator]
@@ -18,7 +22,13 @@ static ALLOCATOR: Counting = Counting;
 
 fn note(delta: isize) {
     // `try_with`: a thread being torn down may still allocate.
-    let _ = NET.try_with(|n| n.set(n.get() + delta));
+    let _ = NET.try_with(|n| {
+        let now = n.get() + delta;
+        n.set(now);
+        if delta > 0 {
+            let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
+        }
+    });
 }
 
 /// Bytes this thread has allocated less the bytes it freed, since it started (negative when
@@ -73,6 +83,21 @@ pub fn measured<T>(f: impl FnOnce() -> T) -> (T, usize) {
     (out, (thread_net_bytes() - before).max(0) as usize)
 }
 
+/// Runs `f` and returns the most it held allocated on this thread at any one time (bytes
+/// above what the thread held when `f` started, at least 0). Nests: an outer `peak` still
+/// sees what an inner one measured.
+pub fn peak<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let before = thread_net_bytes();
+    let outer = PEAK.with(|p| p.replace(before));
+    let out = f();
+    let top = PEAK.with(|p| {
+        let top = p.get();
+        p.set(outer.max(top));
+        top
+    });
+    (out, (top - before).max(0) as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +116,18 @@ mod tests {
             drop(v);
         });
         assert!(nested < 1000, "{nested}");
+    }
+
+    #[test]
+    fn peak_sees_what_was_freed_before_the_end() {
+        let (kept, top) = peak(|| {
+            let scratch = vec![0u8; 1 << 20];
+            drop(scratch);
+            let ((), inner) = peak(|| drop(vec![0u8; 100_000]));
+            assert!((100_000..110_000).contains(&inner), "{inner}");
+            vec![1u8; 300_000]
+        });
+        assert_eq!(kept.len(), 300_000);
+        assert!(((1 << 20)..(1 << 20) + 10_000).contains(&top), "{top}");
     }
 }

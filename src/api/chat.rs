@@ -4,19 +4,20 @@ use std::sync::Arc;
 
 use actix_web::web::{Bytes, Data};
 use actix_web::{HttpResponse, post};
+use serde::Serialize;
 
 use super::completions::usage_info;
 use super::errors::ApiError;
 use super::extract::ApiJson;
 use super::generation::{self, ChoiceOutput, MergedStream};
-use super::logprobs::TokenTexts;
+use super::logprobs::{ChatLogprobsJson, TokenTexts, json_response};
 use super::sse::{self, ChunkWriter, data_frame};
 use super::state::{AppState, Ready};
 use super::tools::{ChoiceParser, ParseOptions, ParsedReply, ToolFormat, ToolRequest, output};
 use super::types::{
-    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatMessageIn, ContentPart, ErrorResponse,
-    MessageContent, ToolCall, UsageInfo,
+    ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
+    ChatLogprobs, ChatMessageIn, ChatMessageOut, ContentPart, ErrorResponse, MessageContent,
+    ToolCall, UsageInfo,
 };
 use super::{ResponseMeta, blocking, structured, validate};
 use crate::config::LimitsConfig;
@@ -281,7 +282,7 @@ pub async fn chat_completions(
     }
     let (outputs, usage) = generation::collect(generated).await?;
     let texts = logprobs.map(|_| &*texts);
-    Ok(HttpResponse::Ok().json(reply(meta, outputs, usage, texts, parse)))
+    Ok(json_response(&reply(meta, &outputs, usage, texts, parse)))
 }
 
 /// How replies are parsed (tool calls, reasoning) and the constraint that forces a call.
@@ -384,34 +385,54 @@ fn max_reply_tokens(req: &ChatCompletionRequest) -> Result<Option<usize>, ApiErr
     }
 }
 
-/// The non-streamed response.
-fn reply(
+/// The non-streamed response: the JSON of a [`ChatCompletionResponse`], its logprobs
+/// written straight from the tokens ([`ChatLogprobsJson`]) rather than built as strings first.
+#[derive(Serialize)]
+struct ChatBody<'a> {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    system_fingerprint: String,
+    choices: Vec<ChatChoiceBody<'a>>,
+    usage: UsageInfo,
+}
+
+/// A [`ChatChoice`](super::types::ChatChoice) of a [`ChatBody`].
+#[derive(Serialize)]
+struct ChatChoiceBody<'a> {
+    index: usize,
+    message: ChatMessageOut,
+    logprobs: Option<ChatLogprobsJson<'a>>,
+    finish_reason: Option<String>,
+}
+
+/// The non-streamed response of `outputs`, with logprobs when `texts` is given.
+fn reply<'a>(
     meta: ResponseMeta,
-    outputs: Vec<ChoiceOutput>,
+    outputs: &'a [ChoiceOutput],
     usage: Usage,
-    texts: Option<&TokenTexts>,
+    texts: Option<&'a TokenTexts>,
     parse: ParseOptions,
-) -> ChatCompletionResponse {
+) -> ChatBody<'a> {
     let choices = outputs
-        .into_iter()
+        .iter()
         .enumerate()
         .map(|(index, out)| {
             let end = out.finish.unwrap_or(FinishReason::Stop);
             let parsed = ParsedReply::parse_ended(parse, &out.text, end);
             let calls = parsed.calls.len();
-            ChatChoice {
+            ChatChoiceBody {
                 index,
-                logprobs: texts.map(|t| ChatLogprobs {
-                    content: Some(t.chat(&out.tokens)),
-                }),
+                logprobs: texts.map(|t| ChatLogprobsJson::new(t, &out.tokens)),
                 message: output::message(parsed),
                 finish_reason: out.finish.map(|r| finish_reason(r, calls)),
             }
         })
         .collect();
-    ChatCompletionResponse {
+    ChatBody {
         id: meta.id,
-        object: "chat.completion".into(),
+        object: "chat.completion",
         created: meta.created,
         model: meta.model,
         system_fingerprint: meta.fingerprint,

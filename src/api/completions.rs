@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use actix_web::web::{Bytes, Data};
 use actix_web::{HttpResponse, post};
+use serde::Serialize;
 
 use super::errors::ApiError;
 use super::extract::ApiJson;
 use super::generation::{self, ChoiceOutput, MergedStream};
-use super::logprobs::TokenTexts;
+use super::logprobs::{CompletionLogprobsJson, EchoedPrompt, TokenTexts, json_response};
 use super::sse::{self, ChunkWriter, data_frame};
 use super::state::{AppState, Ready};
 use super::types::{
@@ -176,7 +177,7 @@ pub async fn completions(
     let n = plan.v.n;
     // Every prompt is checked before any is queued.
     let mut valid = Vec::with_capacity(prompts.len());
-    let mut echoes = Vec::with_capacity(prompts.len() * n);
+    let mut echoes: Vec<Option<Echo>> = Vec::with_capacity(prompts.len() * n);
     for p in prompts {
         let first = p.ids.first().copied().unwrap_or(0);
         let offsets = p.offsets;
@@ -209,22 +210,63 @@ pub async fn completions(
         let writer = CompletionWriter::new(meta, texts, echoes, logprobs, plan.include_usage);
         return Ok(sse::response(generated, writer, state.keep_alive()));
     }
-    let (outputs, usage) = generation::collect(generated).await?;
+    let (mut outputs, usage) = generation::collect(generated).await?;
+    let texts = logprobs.then_some(&*texts);
+    Ok(json_response(&body(
+        meta,
+        &mut outputs,
+        &mut echoes,
+        usage,
+        texts,
+    )))
+}
+
+/// The non-streamed response: the JSON of a [`CompletionResponse`], its logprobs written
+/// straight from the tokens ([`CompletionLogprobsJson`]) rather than built as strings first.
+#[derive(Serialize)]
+struct CompletionBody<'a> {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    system_fingerprint: String,
+    choices: Vec<ChoiceBody<'a>>,
+    usage: UsageInfo,
+}
+
+/// A [`CompletionChoice`] of a [`CompletionBody`].
+#[derive(Serialize)]
+struct ChoiceBody<'a> {
+    index: usize,
+    text: String,
+    logprobs: Option<CompletionLogprobsJson<'a>>,
+    finish_reason: Option<&'static str>,
+}
+
+/// The response of `outputs` (their texts and the echoes' are moved into it), with logprobs
+/// when `texts` is given.
+fn body<'a>(
+    meta: ResponseMeta,
+    outputs: &'a mut [ChoiceOutput],
+    echoes: &'a mut [Option<Echo>],
+    usage: Usage,
+    texts: Option<&'a TokenTexts>,
+) -> CompletionBody<'a> {
     let choices = outputs
-        .into_iter()
-        .zip(echoes)
+        .iter_mut()
+        .zip(echoes.iter_mut())
         .enumerate()
-        .map(|(index, (out, echo))| choice(index, out, echo, logprobs.then_some(&*texts)))
+        .map(|(index, (out, echo))| choice(index, out, echo.as_mut(), texts))
         .collect();
-    Ok(HttpResponse::Ok().json(CompletionResponse {
+    CompletionBody {
         id: meta.id,
-        object: "text_completion".into(),
+        object: "text_completion",
         created: meta.created,
         model: meta.model,
         system_fingerprint: meta.fingerprint,
         choices,
         usage: usage_info(usage),
-    }))
+    }
 }
 
 /// Everything about a completions request except its prompts, validated.
@@ -277,27 +319,36 @@ impl Plan {
 
 /// One non-streamed choice: the echoed prompt, the text, and logprobs when asked (an
 /// echoed prompt's first, then the completion's).
-fn choice(
+fn choice<'a>(
     index: usize,
-    out: ChoiceOutput,
-    echo: Option<Echo>,
-    texts: Option<&TokenTexts>,
-) -> CompletionChoice {
+    out: &'a mut ChoiceOutput,
+    mut echo: Option<&'a mut Echo>,
+    texts: Option<&'a TokenTexts>,
+) -> ChoiceBody<'a> {
+    // The generated tokens begin after the echoed text.
+    let offset = echo.as_ref().map_or(0, |e| e.text.chars().count());
+    let generated = std::mem::take(&mut out.text);
+    let text = match echo.as_deref_mut() {
+        Some(e) => std::mem::take(&mut e.text) + &generated,
+        None => generated,
+    };
+    let (out, echo): (&'a ChoiceOutput, Option<&'a Echo>) = (out, echo.map(|e| &*e));
     let logprobs = texts.map(|texts| {
-        let mut lp = CompletionLogprobs::default();
-        if let (Some(e), Some(prompt)) = (&echo, &out.prompt) {
-            texts.completion_prompt(e.first, prompt, e.offsets.as_deref(), &mut lp);
-        }
-        let offset = echo.as_ref().map_or(0, |e| e.text.chars().count());
-        texts.completion(&out.tokens, offset, &mut lp);
-        lp
+        let prompt = match (echo, &out.prompt) {
+            (Some(e), Some(rest)) => Some(EchoedPrompt {
+                first: e.first,
+                rest,
+                offsets: e.offsets.as_deref(),
+            }),
+            _ => None,
+        };
+        CompletionLogprobsJson::new(texts, prompt, &out.tokens, offset)
     });
-    let prefix = echo.map(|e| e.text).unwrap_or_default();
-    CompletionChoice {
+    ChoiceBody {
         index,
-        text: prefix + &out.text,
+        text,
         logprobs,
-        finish_reason: out.finish.map(|r| r.as_str().to_string()),
+        finish_reason: out.finish.map(FinishReason::as_str),
     }
 }
 
