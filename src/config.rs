@@ -52,6 +52,14 @@ pub fn opening_model(path: &Path) -> String {
     )
 }
 
+/// The GPU tuning of the `KILN_*` variables over the defaults, for what builds its engine
+/// without a config file (`kiln bench --offline`).
+pub fn env_gpu_tuning() -> Result<crate::backend::GpuTuning, ConfigError> {
+    crate::backend::GpuTuning::default()
+        .with_env(|k| std::env::var(k).ok())
+        .map_err(|(key, message)| ConfigError::Invalid { key, message })
+}
+
 /// The shipped `config/default.toml`, built into the binary: the settings where no config
 /// file is found.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");

@@ -157,65 +157,121 @@ fn resolve(reference: &str) -> Result<PathBuf, BenchError> {
         .map_err(|e| BenchError::Model(e.to_string()))
 }
 
+fn check_numbers(a: &BenchArgs) -> Result<(), BenchError> {
+    if a.num_prompts == 0 {
+        return Err(invalid("--num-prompts", "must be at least 1"));
+    }
+    if a.max_concurrency == Some(0) {
+        return Err(invalid("--max-concurrency", "must be at least 1"));
+    }
+    if !(a.timeout_s.is_finite() && a.timeout_s > 0.0) {
+        return Err(invalid("--timeout-s", "must be a positive number"));
+    }
+    if a.max_duration_s
+        .is_some_and(|d| !(d.is_finite() && d > 0.0))
+    {
+        return Err(invalid("--max-duration-s", "must be a positive number"));
+    }
+    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
+        return Err(invalid("--temperature", "must be a number >= 0"));
+    }
+    Ok(())
+}
+
+fn dataset(a: &BenchArgs) -> Result<DatasetSpec, BenchError> {
+    let output = a.output_len.unwrap_or(LenRange::exact(128));
+    let dataset = match a
+        .dataset
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["random"] => DatasetSpec::Random {
+            input: a.input_len,
+            output,
+        },
+        ["sharegpt", file] => DatasetSpec::ShareGpt {
+            path: PathBuf::from(file),
+            output: a.output_len,
+        },
+        ["fixed"] if !a.prompts.is_empty() => DatasetSpec::Fixed {
+            prompts: a.prompts.clone(),
+            output,
+        },
+        ["fixed"] => {
+            return Err(invalid(
+                "--prompt",
+                "the fixed dataset needs at least one --prompt",
+            ));
+        }
+        ["sharegpt"] => {
+            return Err(invalid(
+                "--dataset",
+                "give the file: --dataset sharegpt FILE",
+            ));
+        }
+        other => {
+            return Err(invalid(
+                "--dataset",
+                format!("unknown dataset {other:?} (random, sharegpt FILE, fixed)"),
+            ));
+        }
+    };
+    Ok(dataset)
+}
+
+fn target(a: &BenchArgs) -> Result<TargetSpec, BenchError> {
+    let target = if a.offline {
+        if a.endpoint == Endpoint::Chat {
+            return Err(invalid(
+                "--endpoint",
+                "--offline drives the engine with raw prompts; chat is HTTP only",
+            ));
+        }
+        let devices = a
+            .devices
+            .iter()
+            .map(|d| d.parse::<Device>().map_err(|m| invalid("--device", m)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut engine = EngineConfig::default();
+        engine.max_num_seqs = a.max_num_seqs.unwrap_or(engine.max_num_seqs);
+        engine.max_num_batched_tokens = a.max_num_batched_tokens;
+        engine.kv_blocks = a.kv_blocks.or(engine.kv_blocks);
+        engine.max_waiting = engine.max_waiting.max(a.num_prompts);
+        let model = match &a.model {
+            Some(m) => resolve(m)?,
+            None => crate::config::default_model_path(),
+        };
+        TargetSpec::Offline(OfflineConfig {
+            model,
+            load_format: a.load_format,
+            devices,
+            engine,
+        })
+    } else {
+        if !(a.base_url.starts_with("http://") || a.base_url.starts_with("https://")) {
+            return Err(invalid(
+                "--base-url",
+                format!("'{}' is not an http:// URL", a.base_url),
+            ));
+        }
+        TargetSpec::Http {
+            base_url: a.base_url.trim_end_matches('/').to_string(),
+            endpoint: a.endpoint,
+            model: a.model.clone(),
+            api_key: a.api_key.clone(),
+            timeout: Duration::from_secs_f64(a.timeout_s),
+        }
+    };
+    Ok(target)
+}
+
 impl Plan {
     /// Checks the flags and resolves model paths.
     pub fn from_args(a: &BenchArgs) -> Result<Self, BenchError> {
-        if a.num_prompts == 0 {
-            return Err(invalid("--num-prompts", "must be at least 1"));
-        }
-        if a.max_concurrency == Some(0) {
-            return Err(invalid("--max-concurrency", "must be at least 1"));
-        }
-        if !(a.timeout_s.is_finite() && a.timeout_s > 0.0) {
-            return Err(invalid("--timeout-s", "must be a positive number"));
-        }
-        if a.max_duration_s
-            .is_some_and(|d| !(d.is_finite() && d > 0.0))
-        {
-            return Err(invalid("--max-duration-s", "must be a positive number"));
-        }
-        if !(a.temperature.is_finite() && a.temperature >= 0.0) {
-            return Err(invalid("--temperature", "must be a number >= 0"));
-        }
-        let output = a.output_len.unwrap_or(LenRange::exact(128));
-        let dataset = match a
-            .dataset
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .as_slice()
-        {
-            ["random"] => DatasetSpec::Random {
-                input: a.input_len,
-                output,
-            },
-            ["sharegpt", file] => DatasetSpec::ShareGpt {
-                path: PathBuf::from(file),
-                output: a.output_len,
-            },
-            ["fixed"] if !a.prompts.is_empty() => DatasetSpec::Fixed {
-                prompts: a.prompts.clone(),
-                output,
-            },
-            ["fixed"] => {
-                return Err(invalid(
-                    "--prompt",
-                    "the fixed dataset needs at least one --prompt",
-                ));
-            }
-            ["sharegpt"] => {
-                return Err(invalid(
-                    "--dataset",
-                    "give the file: --dataset sharegpt FILE",
-                ));
-            }
-            other => {
-                return Err(invalid(
-                    "--dataset",
-                    format!("unknown dataset {other:?} (random, sharegpt FILE, fixed)"),
-                ));
-            }
-        };
+        check_numbers(a)?;
+        let dataset = dataset(a)?;
         let extra_body = match &a.extra_body {
             None => Map::new(),
             Some(s) => match serde_json::from_str::<Value>(s) {
@@ -223,48 +279,7 @@ impl Plan {
                 _ => return Err(invalid("--extra-body", "must be a JSON object")),
             },
         };
-        let target = if a.offline {
-            if a.endpoint == Endpoint::Chat {
-                return Err(invalid(
-                    "--endpoint",
-                    "--offline drives the engine with raw prompts; chat is HTTP only",
-                ));
-            }
-            let devices = a
-                .devices
-                .iter()
-                .map(|d| d.parse::<Device>().map_err(|m| invalid("--device", m)))
-                .collect::<Result<Vec<_>, _>>()?;
-            let mut engine = EngineConfig::default();
-            engine.max_num_seqs = a.max_num_seqs.unwrap_or(engine.max_num_seqs);
-            engine.max_num_batched_tokens = a.max_num_batched_tokens;
-            engine.kv_blocks = a.kv_blocks.or(engine.kv_blocks);
-            engine.max_waiting = engine.max_waiting.max(a.num_prompts);
-            let model = match &a.model {
-                Some(m) => resolve(m)?,
-                None => crate::config::default_model_path(),
-            };
-            TargetSpec::Offline(OfflineConfig {
-                model,
-                load_format: a.load_format,
-                devices,
-                engine,
-            })
-        } else {
-            if !(a.base_url.starts_with("http://") || a.base_url.starts_with("https://")) {
-                return Err(invalid(
-                    "--base-url",
-                    format!("'{}' is not an http:// URL", a.base_url),
-                ));
-            }
-            TargetSpec::Http {
-                base_url: a.base_url.trim_end_matches('/').to_string(),
-                endpoint: a.endpoint,
-                model: a.model.clone(),
-                api_key: a.api_key.clone(),
-                timeout: Duration::from_secs_f64(a.timeout_s),
-            }
-        };
+        let target = target(a)?;
         Ok(Self {
             dataset,
             num_prompts: a.num_prompts,
