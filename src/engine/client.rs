@@ -12,6 +12,7 @@ use futures_util::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::constraint::Compiler;
+use super::hung_error;
 use super::lane::{self, LaneLoad, LaneMsg, NewRequest};
 use super::output::OutputProcessor;
 use super::request::{LaneEvent, step_events};
@@ -179,18 +180,25 @@ fn spawn_watchdog(shared: &Arc<Shared>) {
         });
 }
 
-/// The error of a request on a hung lane (`ran`: how long its step had run, when known).
-pub(crate) fn hung_error(lane: usize, ran: Option<Duration>) -> EngineError {
-    let ran = ran.map_or(String::new(), |r| {
-        format!(" after {:.1} s", r.as_secs_f64())
-    });
-    EngineError::LaneFailed {
-        lane,
-        message: format!(
-            "its step has not returned{ran}, past engine.step_timeout_s: the device or a \
-             collective is hung"
-        ),
+/// The lanes once each reported its load (their KV pools sized), and the first load failure.
+fn wait_for_lanes(pending: Vec<(LaneHandle, ReadyRx)>) -> (Vec<LaneHandle>, Option<EngineError>) {
+    let mut lanes = Vec::new();
+    let mut failure = None;
+    for (mut handle, ready) in pending {
+        match ready.recv() {
+            Ok(Ok(r)) => {
+                handle.num_blocks = r.num_blocks;
+                handle
+                    .load
+                    .free_blocks
+                    .store(r.num_blocks, Ordering::Relaxed);
+            }
+            Ok(Err(e)) => failure = Some(e),
+            Err(_) => failure = Some(EngineError::Load("lane thread exited during load".into())),
+        }
+        lanes.push(handle);
     }
+    (lanes, failure)
 }
 
 fn spawn_lane(
@@ -321,24 +329,7 @@ impl Engine {
             pending.push(spawn_lane(i, label, body, files.clone(), &cfg, max_len)?);
         }
         drop(files);
-        let mut lanes = Vec::new();
-        let mut failure = None;
-        for (mut handle, ready) in pending {
-            match ready.recv() {
-                Ok(Ok(r)) => {
-                    handle.num_blocks = r.num_blocks;
-                    handle
-                        .load
-                        .free_blocks
-                        .store(r.num_blocks, Ordering::Relaxed);
-                }
-                Ok(Err(e)) => failure = Some(e),
-                Err(_) => {
-                    failure = Some(EngineError::Load("lane thread exited during load".into()))
-                }
-            }
-            lanes.push(handle);
-        }
+        let (lanes, mut failure) = wait_for_lanes(pending);
         let tokenizer = match tokenizer_job.map(PendingTokenizer::join) {
             None => ready_tokenizer,
             Some(Ok(t)) => t,
