@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root, with target/device/ staged by
 # scripts/cuda_stage.sh. Usage: scripts/cuda_device.sh [parity [ROUNDS] | bench | torchref | all |
-# qbench [MIXES] | profile CASES KERNEL_REGEX [SKIP [COUNT]]]
+# qbench [MIXES] | compare [MIXES] | profile CASES KERNEL_REGEX [SKIP [COUNT]]]
 # Logs go to $OUT (or /tmp/kiln-out). KILN_DEV_DIR overrides the staged directory.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -76,7 +76,27 @@ profile() {
     echo "ncu exit $?"
     grep -vE "^(BENCH|BREAKDOWN|RESOURCES)" "$out/ncu.log" | grep -E "^\s+[A-Z].*  |attn|gemv|Section" | head -150
 }
+compare() {
+    # The same benchmarks with an earlier binary (KILN_DEV_BEFORE, default target/device-before:
+    # stage one there first) and the staged one, in turn, on the same machine: before/after
+    # numbers of a change that should not move them.
+    local before=${KILN_DEV_BEFORE:-target/device-before}
+    for round in 1 2; do
+        for side in before after; do
+            local bin=$dev/parity
+            [ "$side" = before ] && bin=$before/parity
+            "$bin" --ignored --exact bench::bench_llama3_8b_shape --nocapture > "$out/bench-$side-$round.log" 2>&1
+            echo "$side bf16 round $round: exit $?"
+            grep -E "^BENCH" "$out/bench-$side-$round.log" | head -20
+            KILN_BENCH_MIX=${1:-q4_k_m} "$bin" --ignored --exact bench::bench_llama3_8b_quant --nocapture \
+                > "$out/qbench-$side-$round.log" 2>&1
+            echo "$side quant round $round: exit $?"
+            grep -E "^BENCH" "$out/qbench-$side-$round.log" | head -20
+        done
+    done
+}
 case "${1:-parity}" in
+    compare) compare "${2:-}" ;;
     parity) parity "${2:-1}" ;;
     bench) bench ;;
     qbench) qbench "${2:-}" ;;
