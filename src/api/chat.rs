@@ -554,3 +554,131 @@ impl ChunkWriter for ChatWriter {
             .then(|| self.chunk(Vec::new(), Some(usage_info(usage))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::logprobs::testing;
+    use crate::api::types::{ChatChoice, ChatCompletionResponse};
+
+    /// The response as it was built before [`reply`]: the wire structs, logprobs as strings.
+    fn owned_reply(
+        meta: ResponseMeta,
+        outputs: Vec<ChoiceOutput>,
+        usage: Usage,
+        texts: Option<&TokenTexts>,
+        parse: ParseOptions,
+    ) -> ChatCompletionResponse {
+        let choices = outputs
+            .into_iter()
+            .enumerate()
+            .map(|(index, out)| {
+                let end = out.finish.unwrap_or(FinishReason::Stop);
+                let parsed = ParsedReply::parse_ended(parse, &out.text, end);
+                let calls = parsed.calls.len();
+                ChatChoice {
+                    index,
+                    logprobs: texts.map(|t| ChatLogprobs {
+                        content: Some(t.chat(&out.tokens)),
+                    }),
+                    message: output::message(parsed),
+                    finish_reason: out.finish.map(|r| finish_reason(r, calls)),
+                }
+            })
+            .collect();
+        ChatCompletionResponse {
+            id: meta.id,
+            object: "chat.completion".into(),
+            created: meta.created,
+            model: meta.model,
+            system_fingerprint: meta.fingerprint,
+            choices,
+            usage: usage_info(usage),
+        }
+    }
+
+    fn meta() -> ResponseMeta {
+        ResponseMeta {
+            fingerprint: "fp_0123456789".into(),
+            ..ResponseMeta::new("chatcmpl", "stories260K")
+        }
+    }
+
+    fn output(texts: &TokenTexts, count: usize, top: usize, seed: u64) -> ChoiceOutput {
+        let tokens = testing::tokens(count, top, 512, seed);
+        ChoiceOutput {
+            prompt: None,
+            text: tokens
+                .iter()
+                .map(|t| texts.get(t.id).text.clone())
+                .collect(),
+            tokens,
+            finish: Some(FinishReason::Length),
+        }
+    }
+
+    fn bytes(resp: HttpResponse) -> Bytes {
+        actix_web::body::MessageBody::try_into_bytes(resp.into_body()).expect("one body")
+    }
+
+    #[test]
+    fn reply_is_the_json_the_response_structs_were() {
+        let texts = testing::texts();
+        let mut outputs: Vec<ChoiceOutput> = (0..3).map(|i| output(&texts, 25, 4, i)).collect();
+        outputs[1].text = "<think>a plan</think>The \"answer\"\n".into();
+        outputs[1].finish = Some(FinishReason::Stop);
+        outputs[2].finish = None;
+        let usage = Usage {
+            prompt_tokens: 9,
+            completion_tokens: 75,
+            cached_tokens: 0,
+        };
+        let reasoning = ParseOptions {
+            reasoning: true,
+            ..ParseOptions::default()
+        };
+        for parse in [ParseOptions::default(), reasoning] {
+            for texts in [Some(&*texts), None] {
+                let meta = meta();
+                let owned = owned_reply(meta.clone(), outputs.clone(), usage, texts, parse);
+                let resp = json_response(&reply(meta, &outputs, usage, texts, parse));
+                let want = serde_json::to_string(&owned).expect("json");
+                assert_eq!(std::str::from_utf8(&bytes(resp)).expect("utf-8"), want);
+            }
+        }
+    }
+
+    /// n=16, top_logprobs 20, 2,000 tokens: the reply costs about its own size.
+    #[test]
+    fn a_reply_with_logprobs_costs_about_its_size() {
+        let texts = testing::texts();
+        let outputs: Vec<ChoiceOutput> = (0..16).map(|i| output(&texts, 2000, 20, i)).collect();
+        let (usage, parse) = (Usage::default(), ParseOptions::default());
+        let started = std::time::Instant::now();
+        let (owned, before) = crate::alloc::peak(|| {
+            let r = owned_reply(meta(), outputs.clone(), usage, Some(&texts), parse);
+            HttpResponse::Ok().json(r)
+        });
+        let took_before = started.elapsed();
+        let started = std::time::Instant::now();
+        let (resp, after) = crate::alloc::peak(|| {
+            json_response(&reply(meta(), &outputs, usage, Some(&texts), parse))
+        });
+        let took = started.elapsed();
+        let (owned, body) = (bytes(owned), bytes(resp));
+        println!(
+            "chat n=16 top_logprobs=20 2000 tokens: body {} B; peak before {} B ({:.2}×, {took_before:?}), after {} B ({:.2}×, {took:?})",
+            body.len(),
+            before,
+            before as f64 / body.len() as f64,
+            after,
+            after as f64 / body.len() as f64,
+        );
+        assert_eq!(body.len(), owned.len());
+        assert!(
+            after < body.len() * 3 / 2,
+            "{after} B for a {} B body",
+            body.len()
+        );
+    }
+}

@@ -488,3 +488,151 @@ impl ChunkWriter for CompletionWriter {
             .then(|| self.chunk(Vec::new(), Some(usage_info(usage))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::logprobs::testing;
+
+    /// The response as it was built before [`body`]: the wire structs, logprobs as strings.
+    fn owned_response(
+        meta: ResponseMeta,
+        outputs: Vec<ChoiceOutput>,
+        echoes: Vec<Option<Echo>>,
+        usage: Usage,
+        texts: Option<&TokenTexts>,
+    ) -> CompletionResponse {
+        let choices = outputs
+            .into_iter()
+            .zip(echoes)
+            .enumerate()
+            .map(|(index, (out, echo))| {
+                let logprobs = texts.map(|texts| {
+                    let mut lp = CompletionLogprobs::default();
+                    if let (Some(e), Some(prompt)) = (&echo, &out.prompt) {
+                        texts.completion_prompt(e.first, prompt, e.offsets.as_deref(), &mut lp);
+                    }
+                    let offset = echo.as_ref().map_or(0, |e| e.text.chars().count());
+                    texts.completion(&out.tokens, offset, &mut lp);
+                    lp
+                });
+                let prefix = echo.map(|e| e.text).unwrap_or_default();
+                CompletionChoice {
+                    index,
+                    text: prefix + &out.text,
+                    logprobs,
+                    finish_reason: out.finish.map(|r| r.as_str().to_string()),
+                }
+            })
+            .collect();
+        CompletionResponse {
+            id: meta.id,
+            object: "text_completion".into(),
+            created: meta.created,
+            model: meta.model,
+            system_fingerprint: meta.fingerprint,
+            choices,
+            usage: usage_info(usage),
+        }
+    }
+
+    fn meta() -> ResponseMeta {
+        ResponseMeta {
+            fingerprint: "fp_0123456789".into(),
+            ..ResponseMeta::new("cmpl", "stories \"260K\"")
+        }
+    }
+
+    /// A choice of `count` tokens (top `top`), its text theirs.
+    fn output(texts: &TokenTexts, count: usize, top: usize, seed: u64) -> ChoiceOutput {
+        let tokens = testing::tokens(count, top, 512, seed);
+        ChoiceOutput {
+            prompt: None,
+            text: tokens
+                .iter()
+                .map(|t| texts.get(t.id).text.clone())
+                .collect(),
+            tokens,
+            finish: Some(FinishReason::Length),
+        }
+    }
+
+    fn bytes(resp: HttpResponse) -> Bytes {
+        actix_web::body::MessageBody::try_into_bytes(resp.into_body()).expect("one body")
+    }
+
+    #[test]
+    fn body_is_the_json_the_response_structs_were() {
+        let texts = testing::texts();
+        let prompt: Arc<[TokenInfo]> = testing::tokens(12, 4, 512, 5).into();
+        let mut outputs: Vec<ChoiceOutput> = (0..4).map(|i| output(&texts, 30, 5, i)).collect();
+        for o in &mut outputs[..2] {
+            o.prompt = Some(prompt.clone());
+        }
+        outputs[2].finish = Some(FinishReason::Stop);
+        outputs[3].finish = None;
+        let echo = |offsets: Option<Arc<[usize]>>| Echo {
+            text: "Once upon a time, é".into(),
+            first: 1,
+            offsets,
+        };
+        let offsets: Arc<[usize]> = (0..13).map(|i| i * 2).collect();
+        let echoes = vec![Some(echo(Some(offsets))), Some(echo(None)), None, None];
+        let usage = Usage {
+            prompt_tokens: 13,
+            completion_tokens: 120,
+            cached_tokens: 4,
+        };
+        for with_logprobs in [true, false] {
+            let texts = with_logprobs.then_some(&*texts);
+            let meta = meta();
+            let owned = owned_response(meta.clone(), outputs.clone(), echoes.clone(), usage, texts);
+            let (mut outs, mut echoes) = (outputs.clone(), echoes.clone());
+            let resp = json_response(&body(meta, &mut outs, &mut echoes, usage, texts));
+            let want = serde_json::to_string(&owned).expect("json");
+            assert_eq!(std::str::from_utf8(&bytes(resp)).expect("utf-8"), want);
+        }
+    }
+
+    /// n=16, top 20, 2,000 tokens: the response costs about its own size (it cost ~10×
+    /// with the wire structs: a `String` per alternative in a `BTreeMap` per token).
+    #[test]
+    fn a_body_with_logprobs_costs_about_its_size() {
+        let texts = testing::texts();
+        let outputs: Vec<ChoiceOutput> = (0..16).map(|i| output(&texts, 2000, 20, i)).collect();
+        let echoes = vec![None; 16];
+        let usage = Usage::default();
+        let started = std::time::Instant::now();
+        let (owned, before) = crate::alloc::peak(|| {
+            let r = owned_response(meta(), outputs.clone(), echoes.clone(), usage, Some(&texts));
+            HttpResponse::Ok().json(r)
+        });
+        let took_before = started.elapsed();
+        let (mut outs, mut echoes) = (outputs.clone(), echoes.clone());
+        let started = std::time::Instant::now();
+        let (resp, after) = crate::alloc::peak(|| {
+            json_response(&body(meta(), &mut outs, &mut echoes, usage, Some(&texts)))
+        });
+        let took = started.elapsed();
+        let (owned, body) = (bytes(owned), bytes(resp));
+        let held: usize = outputs
+            .iter()
+            .map(|o| o.tokens.len() * size_of::<TokenInfo>() + o.tokens.len() * 20 * 8)
+            .sum();
+        println!(
+            "completions n=16 top=20 2000 tokens: body {} B; peak before {} B ({:.2}×, {took_before:?}), after {} B ({:.2}×, {took:?}); tokens held {} B",
+            body.len(),
+            before,
+            before as f64 / body.len() as f64,
+            after,
+            after as f64 / body.len() as f64,
+            held,
+        );
+        assert_eq!(body.len(), owned.len());
+        assert!(
+            after < body.len() * 3 / 2,
+            "{after} B for a {} B body",
+            body.len()
+        );
+    }
+}
