@@ -64,6 +64,22 @@ impl<R: kiln::backend::gpu::runtime::Runtime> TestBackend for kiln::backend::gpu
     }
 }
 
+/// The GPU switches of the tests' backends: the defaults with the process's `KILN_*`
+/// environment applied (the A/B scripts set it; the backend itself never reads it).
+pub fn env_tuning() -> kiln::backend::GpuTuning {
+    kiln::backend::GpuTuning::default()
+        .with_env(|k| std::env::var(k).ok())
+        .unwrap_or_else(|(var, e)| panic!("{var}: {e}"))
+}
+
+/// The tests' default GPU options: the defaults with [`env_tuning`].
+pub fn gpu_options() -> kiln::backend::GpuOptions {
+    kiln::backend::GpuOptions {
+        tuning: env_tuning(),
+        ..kiln::backend::GpuOptions::default()
+    }
+}
+
 /// A CUDA backend of `dtype` on device 0, or `None` (with a notice) where no GPU is usable.
 #[cfg(feature = "cuda")]
 pub fn cuda(dtype: kiln::backend::cuda::DType) -> Option<kiln::backend::cuda::CudaBackend> {
@@ -80,7 +96,21 @@ pub fn cuda_with(
         dtype,
         sync_check: true,
         graphs,
-        ..kiln::backend::cuda::CudaOptions::default()
+        ..gpu_options()
+    })
+}
+
+/// [`cuda`] with the switches `tuning` (tests of both settings of a switch).
+#[cfg(feature = "cuda")]
+pub fn cuda_tuned(
+    dtype: kiln::backend::cuda::DType,
+    tuning: kiln::backend::GpuTuning,
+) -> Option<kiln::backend::cuda::CudaBackend> {
+    cuda_opened(kiln::backend::cuda::CudaOptions {
+        dtype,
+        sync_check: true,
+        tuning,
+        ..gpu_options()
     })
 }
 
@@ -114,7 +144,7 @@ pub fn rocm(dtype: kiln::backend::DType) -> Option<kiln::backend::rocm::RocmBack
         dtype,
         sync_check: true,
         kernel_cache: kiln::engine::default_kernel_cache_dir(),
-        ..RocmOptions::default()
+        ..gpu_options()
     };
     Some(RocmBackend::new(0, opts).expect("a ROCm device is present, so the backend must start"))
 }
@@ -327,7 +357,7 @@ pub mod rig {
         let opts = CudaOptions {
             dtype: DType::Bf16,
             kernel_cache: kiln::engine::default_kernel_cache_dir(),
-            ..CudaOptions::default()
+            ..super::gpu_options()
         };
         CudaBackend::new(0, opts).expect("cuda")
     }

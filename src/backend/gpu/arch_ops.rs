@@ -34,7 +34,7 @@ impl<R: Runtime> GpuBackend<R> {
             return Ok(());
         }
         // Whole warps: block_sum reduces warp by warp.
-        let warp = self.dev.info.warp_size;
+        let warp = self.caps.warp;
         let threads = hd.next_multiple_of(warp).clamp(warp, 256);
         let grid = Grid {
             blocks: (n as u32, (shape.n_heads + shape.n_kv_heads) as u32, 1),

@@ -26,14 +26,6 @@ pub(super) fn tc_smem_bytes(hd: usize) -> u32 {
     ((128 + 4 * 64) * (hd + 8) * 2) as u32
 }
 
-/// Whether the decode kernel merges its split-K parts itself (no `attn_combine` launch):
-/// on unless `KILN_ATTN_FUSE=0`.
-fn merge_folded() -> bool {
-    static ON: std::sync::LazyLock<bool> =
-        std::sync::LazyLock::new(|| std::env::var("KILN_ATTN_FUSE").as_deref() != Ok("0"));
-    *ON
-}
-
 impl<R: Runtime> GpuBackend<R> {
     pub(super) fn launch_attention(
         &mut self,
@@ -62,7 +54,9 @@ impl<R: Runtime> GpuBackend<R> {
         let dec = matches!(kernel, Kernel::AttentionDecode { .. });
         let fold = dec
             && l.n_splits > 0
-            && merge_folded()
+            // The decode kernel merges its split-K parts itself (no `attn_combine` launch)
+            // unless `attn_fuse` is off.
+            && self.tuning.attn_fuse
             && n_heads / n_kv <= MERGE_MAX_GROUP
             && l.n_counters >= l.n_splits * n_kv
             && l.max_parts as usize <= MERGE_MAX_PARTS;
@@ -90,7 +84,7 @@ impl<R: Runtime> GpuBackend<R> {
         };
         let grid = Grid {
             blocks,
-            threads: (ATTN_WARPS * self.dev.info.warp_size) as u32,
+            threads: (ATTN_WARPS * self.caps.warp) as u32,
         };
         // Every row merged (none written by the attention kernel itself), head blocks of
         // whole warps: the merge also leaves the 8-bit rows of its output for the decode
@@ -212,7 +206,7 @@ impl<R: Runtime> GpuBackend<R> {
         if decode && !compiling {
             Kernel::AttentionDecode { head, qv: pass }
         } else if (vectors > sizes[sizes.len() - 1] as usize || compiling)
-            && self.switches.mma
+            && self.caps.mma
             && head.has_tc()
         {
             Kernel::AttentionTc { head }

@@ -37,13 +37,13 @@ impl<R: Runtime> GpuBackend<R> {
         plan.validate(&shape)?;
         let mut words = std::mem::take(&mut self.step.words);
         let layout = match key {
-            Some(k) => meta::pack_graph(plan, k, &mut words),
+            Some(k) => meta::pack_graph(plan, k, self.tuning.attn_min_split, &mut words),
             None => {
                 // The items the tensor-core attention takes (`attention_kernel`) may be longer;
                 // while it still compiles after start-up, items of one row take the decode
                 // variant instead.
                 let head = super::kernels::AttnHead::for_head_dim(shape.head_dim);
-                let rows = if !(self.switches.mma && head.has_tc()) {
+                let rows = if !(self.caps.mma && head.has_tc()) {
                     meta::ItemRows::Portable
                 } else if self
                     .kernels
@@ -53,7 +53,8 @@ impl<R: Runtime> GpuBackend<R> {
                 } else {
                     meta::ItemRows::TensorCore
                 };
-                meta::pack(plan, &shape, self.dev.info.sm_count, rows, &mut words)
+                let (sms, min_split) = (self.caps.sms, self.tuning.attn_min_split);
+                meta::pack(plan, &shape, sms, min_split, rows, &mut words)
             }
         };
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();

@@ -50,11 +50,10 @@ fn device_info(ordinal: usize) -> RtResult<DeviceInfo> {
 }
 
 /// Programmatic dependent launch needs sm_90+ and a driver of CUDA 12.3+ (whose graph
-/// capture keeps the programmatic edges); `KILN_PDL=0` turns it off.
+/// capture keeps the programmatic edges); whether a launch asks for it (`pdl = off`: none)
+/// is the device's `PdlPolicy`.
 fn pdl_available(info: &DeviceInfo) -> bool {
-    super::sm_version(&info.arch) >= 90
-        && info.driver_version >= 12030
-        && !matches!(std::env::var("KILN_PDL").as_deref(), Ok("0" | "off"))
+    super::caps::pdl_hardware(info)
 }
 
 fn failed(e: DriverError) -> RtError {

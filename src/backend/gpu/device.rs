@@ -7,6 +7,7 @@ use std::ffi::c_void;
 use super::runtime::{DeviceInfo, Grid, PinnedHost, RtError, RtResult, Runtime, dev_err};
 use super::timing::Timer;
 use crate::backend::BackendError;
+use crate::backend::tuning::Pdl;
 
 /// Host<->device traffic since the backend was created.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -96,15 +97,6 @@ const STAGING_BYTES: usize = 16 << 20;
 /// The host fills a staging buffer in pieces of about this size, one per thread.
 const FILL_PIECE: usize = 1 << 20;
 
-/// Whether large uploads stage through page-locked memory (`KILN_UPLOAD_PINNED=0`: through
-/// pageable memory, as before; for comparisons).
-fn pinned_uploads() -> bool {
-    !matches!(
-        std::env::var("KILN_UPLOAD_PINNED").as_deref(),
-        Ok("0" | "off")
-    )
-}
-
 /// Fills `out` (bytes `at..` of an upload of whole `unit`s) in parallel pieces.
 fn par_fill(out: &mut [u8], at: usize, unit: usize, fill: &(dyn Fn(usize, &mut [u8]) + Sync)) {
     use rayon::prelude::*;
@@ -120,9 +112,12 @@ fn par_fill(out: &mut [u8], at: usize, unit: usize, fill: &(dyn Fn(usize, &mut [
 /// Q4_K_M Llama-3-8B at batch 1 2.999 -> 2.809-2.828 ms, bf16 Llama-3-8B 5.752 -> 5.639
 /// and Qwen3-8B 6.038 -> 5.859 ms; at batch 32, context 2048, slower: Qwen3-8B 10.321 ->
 /// 10.652 ms (the waiting blocks of the next kernel hold SM slots the many blocks of the
-/// running one still need). `KILN_PDL=graphs`: every graph; `=eager`: none.
+/// running one still need). `pdl = graphs` ([`Pdl`]): every graph; `eager`: none; `off`, or
+/// a device without it ([`Caps::pdl`](super::caps::Caps)): no launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PdlPolicy {
+    /// Eager launches ask for it.
+    pub eager: bool,
     pub graph_rows: u32,
 }
 
@@ -130,13 +125,24 @@ impl PdlPolicy {
     /// The streaming matmuls' largest row bucket: their graphs gain.
     pub const SMALL_STEPS: u32 = 8;
 
-    fn from_env() -> PdlPolicy {
-        let graph_rows = match std::env::var("KILN_PDL").as_deref() {
-            Ok("graphs") => u32::MAX,
-            Ok("eager") => 0,
-            _ => Self::SMALL_STEPS,
+    /// The policy of switch `pdl` on a device where programmatic dependent launch is
+    /// `available` (the switch already applied to it: [`Caps::pdl`](super::caps::Caps)).
+    pub fn new(available: bool, pdl: Pdl) -> PdlPolicy {
+        let graph_rows = match pdl {
+            Pdl::Graphs => u32::MAX,
+            Pdl::Eager => 0,
+            Pdl::Auto | Pdl::Off => Self::SMALL_STEPS,
         };
-        PdlPolicy { graph_rows }
+        match available && pdl != Pdl::Off {
+            true => PdlPolicy {
+                eager: true,
+                graph_rows,
+            },
+            false => PdlPolicy {
+                eager: false,
+                graph_rows: 0,
+            },
+        }
     }
 }
 
@@ -158,11 +164,15 @@ pub struct Device<R: Runtime> {
     /// The rows of the step being recorded (for [`PdlPolicy`]).
     pub capture_rows: u32,
     pub pdl: PdlPolicy,
+    /// Large uploads stage through page-locked memory (`GpuTuning::upload_pinned`; off:
+    /// through pageable memory, as before; for comparisons).
+    pub upload_pinned: bool,
     stats: TransferStats,
 }
 
 impl<R: Runtime> Device<R> {
-    /// Opens device `ordinal` with a fresh stream.
+    /// Opens device `ordinal` with a fresh stream; `pdl` and `upload_pinned` are set by the
+    /// caller once it knows the device ([`Caps`](super::caps::Caps)).
     pub fn open(
         ordinal: usize,
         sync_check: bool,
@@ -179,7 +189,8 @@ impl<R: Runtime> Device<R> {
             timer: Timer::new(timing_period),
             capturing: false,
             capture_rows: 0,
-            pdl: PdlPolicy::from_env(),
+            pdl: PdlPolicy::new(false, Pdl::Off),
+            upload_pinned: true,
             stats: TransferStats::default(),
         })
     }
@@ -304,7 +315,7 @@ impl<R: Runtime> Device<R> {
     /// Makes the staging ring of [`Device::upload_with`] if there is none yet and the runtime
     /// has page-locked memory (and it is wanted).
     fn ensure_staging(&mut self) -> Result<(), BackendError> {
-        if self.staging.is_some() || self.no_staging || !pinned_uploads() {
+        if self.staging.is_some() || self.no_staging || !self.upload_pinned {
             return Ok(());
         }
         let mut slots = Vec::with_capacity(STAGING_SLOTS);
@@ -399,7 +410,11 @@ impl<R: Runtime> Device<R> {
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
         // Inside a recording, by the step's size (`PdlPolicy`).
-        let dependent = dependent && (!self.capturing || self.capture_rows <= self.pdl.graph_rows);
+        let dependent = dependent
+            && match self.capturing {
+                false => self.pdl.eager,
+                true => self.capture_rows <= self.pdl.graph_rows,
+            };
         let timed = self.time_start(op)?;
         // SAFETY: `params` points at one live slot per kernel parameter, in order, with the
         // width the kernel declares (entry points and argument lists are kept in step in

@@ -60,7 +60,7 @@ impl<R: Runtime> GpuBackend<R> {
         if !self.graphs.on {
             return None;
         }
-        GraphKey::for_plan(plan, &kv, self.dev.info.sm_count, row_cap)
+        GraphKey::for_plan(plan, &kv, self.caps.sms, row_cap)
             .filter(|k| self.graphs.failed.get(k).is_none_or(|&n| n < GRAPH_TRIES))
     }
 

@@ -15,7 +15,7 @@
 //! Items cut each sequence's rows into tiles of `ROWS_PER_ITEM` (`TC_ROWS_PER_ITEM` for the
 //! tensor-core attention's long steps). When the batch would give the GPU too few blocks,
 //! long decode rows are split along the context (flash-decoding) into parts of at least
-//! [`min_split`] positions.
+//! `min_split` positions ([`MIN_SPLIT`] by default).
 
 use crate::backend::{BatchPlan, KvShape};
 
@@ -26,19 +26,11 @@ pub const ROWS_PER_ITEM: u32 = 16;
 pub const TC_ROWS_PER_ITEM: u32 = 32;
 /// Marks an item that writes its output directly.
 pub const NO_PART: u32 = u32::MAX;
-/// Shortest context segment of a split-K part: 64 positions, or `KILN_ATTN_MIN_SPLIT` (a
-/// multiple of 64) for tuning. At batch 1, context ~600, 64 against 128 took Qwen3-30B-A3B's
-/// attention (4 KV heads) from 0.953 to 0.782 ms a step on an H100.
-fn min_split() -> u32 {
-    static MIN: std::sync::LazyLock<u32> = std::sync::LazyLock::new(|| {
-        std::env::var("KILN_ATTN_MIN_SPLIT")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .filter(|&v| v >= 64 && v % 64 == 0)
-            .unwrap_or(64)
-    });
-    *MIN
-}
+/// Shortest context segment of a split-K part by default: 64 positions (`attn_min_split`
+/// in `GpuTuning`, a multiple of 64, for tuning). At batch 1, context ~600, 64 against 128
+/// took Qwen3-30B-A3B's attention (4 KV heads) from 0.953 to 0.782 ms a step on an H100.
+#[cfg(test)]
+const MIN_SPLIT: u32 = 64;
 /// Most parts one row is split into.
 const MAX_PARTS: u32 = 64;
 
@@ -86,12 +78,13 @@ pub enum ItemRows {
     One,
 }
 
-/// Packs `plan` (already validated against `kv`) into `words`. `sm_count` steers split-K;
-/// `item_rows`, the rows an item may take.
+/// Packs `plan` (already validated against `kv`) into `words`. `sm_count` steers split-K,
+/// into parts of at least `min_split` positions; `item_rows`, the rows an item may take.
 pub fn pack(
     plan: &BatchPlan,
     kv: &KvShape,
     sm_count: usize,
+    min_split: u32,
     item_rows: ItemRows,
     words: &mut Vec<u32>,
 ) -> Layout {
@@ -143,7 +136,7 @@ pub fn pack(
             r += n;
         }
     }
-    let (items, splits, n_parts) = split_long_rows(items, kv.n_kv_heads, sm_count);
+    let (items, splits, n_parts) = split_long_rows(items, kv.n_kv_heads, sm_count, min_split);
     l.max_item_rows = items.iter().map(|it| it[2]).max().unwrap_or(0);
     l.items = words.len();
     l.n_items = items.len();
@@ -222,8 +215,9 @@ impl GraphKey {
 /// the same length and offset for every step of that key, so the kernels recorded in a
 /// graph read this step's values from the addresses they were recorded with. Rows past the
 /// plan's are padding: token 0 at position 0, a skipped KV write, a one-position context in
-/// block 0 (read, never written), logits computed and ignored.
-pub fn pack_graph(plan: &BatchPlan, key: GraphKey, words: &mut Vec<u32>) -> Layout {
+/// block 0 (read, never written), logits computed and ignored. Parts are at least
+/// `min_split` positions long.
+pub fn pack_graph(plan: &BatchPlan, key: GraphKey, min_split: u32, words: &mut Vec<u32>) -> Layout {
     words.clear();
     let b = key.rows as usize;
     let n = plan.seqs.len();
@@ -265,7 +259,7 @@ pub fn pack_graph(plan: &BatchPlan, key: GraphKey, words: &mut Vec<u32>) -> Layo
             words.extend_from_slice(&[i as u32, i as u32, 1, 0, c, NO_PART]);
             continue;
         }
-        let seg = c.div_ceil(p).div_ceil(64).max(min_split() / 64) * 64;
+        let seg = c.div_ceil(p).div_ceil(64).max(min_split / 64) * 64;
         for k in 0..p {
             let (lo, hi) = ((k * seg).min(c), ((k + 1) * seg).min(c));
             words.extend_from_slice(&[i as u32, i as u32, 1, lo, hi, i as u32 * p + k]);
@@ -306,6 +300,7 @@ fn split_long_rows(
     items: Vec<[u32; 6]>,
     n_kv: usize,
     sm_count: usize,
+    min_split: u32,
 ) -> (Vec<[u32; 6]>, Vec<[u32; 3]>, usize) {
     let blocks = items.len() * n_kv.max(1);
     let target = 2 * sm_count.max(1);
@@ -318,11 +313,11 @@ fn split_long_rows(
     let mut parts = 0u32;
     for it in items {
         let ctx = it[4];
-        if it[2] != 1 || ctx < 2 * min_split() {
+        if it[2] != 1 || ctx < 2 * min_split {
             out.push(it);
             continue;
         }
-        let n = want.min(ctx / min_split()).min(MAX_PARTS);
+        let n = want.min(ctx / min_split).min(MAX_PARTS);
         let seg = ctx.div_ceil(n).div_ceil(64) * 64;
         let n = ctx.div_ceil(seg);
         if n < 2 {
@@ -388,6 +383,7 @@ mod tests {
             &plan(&[(40, 50), (1, 7)]),
             &shape(),
             1,
+            MIN_SPLIT,
             ItemRows::Portable,
             &mut w,
         );
@@ -408,6 +404,7 @@ mod tests {
             &plan(&[(40, 50), (1, 7)]),
             &shape(),
             132,
+            MIN_SPLIT,
             ItemRows::One,
             &mut w,
         );
@@ -427,6 +424,7 @@ mod tests {
             &plan(&[(2048, 2048)]),
             &shape(),
             132,
+            MIN_SPLIT,
             ItemRows::TensorCore,
             &mut w,
         );
@@ -438,6 +436,7 @@ mod tests {
             &plan(&[(512, 512)]),
             &shape(),
             132,
+            MIN_SPLIT,
             ItemRows::TensorCore,
             &mut w,
         );
@@ -446,6 +445,7 @@ mod tests {
             &plan(&[(2048, 2048)]),
             &shape(),
             132,
+            MIN_SPLIT,
             ItemRows::Portable,
             &mut w,
         );
@@ -463,8 +463,8 @@ mod tests {
         assert!(key.parts > 1);
         let (mut a, mut b) = (Vec::new(), Vec::new());
         let (la, lb) = (
-            pack_graph(&short, key, &mut a),
-            pack_graph(&long, key, &mut b),
+            pack_graph(&short, key, MIN_SPLIT, &mut a),
+            pack_graph(&long, key, MIN_SPLIT, &mut b),
         );
         // Everything a recorded launch addresses sits at the same offset, with the same count.
         let fixed = |l: &Layout| {
@@ -526,6 +526,7 @@ mod tests {
             &plan(&[(1, 5000)]),
             &shape(),
             132,
+            MIN_SPLIT,
             ItemRows::TensorCore,
             &mut w,
         );

@@ -18,6 +18,7 @@ mod arch_ops;
 mod args;
 mod attention;
 mod batch;
+mod caps;
 #[cfg(feature = "cuda")]
 pub mod cuda_rt;
 mod device;
@@ -66,6 +67,10 @@ pub struct GpuBackend<R: Runtime> {
     blas: R::Blas,
     dt: DType,
     switches: Switches,
+    /// What the device can do, parsed once at `new`.
+    caps: caps::Caps,
+    /// The kernel-variant switches ([`GpuOptions::tuning`]).
+    tuning: super::GpuTuning,
     step: batch::StepMeta,
     scratch: Scratch,
     graphs: graphs::Graphs<R>,
@@ -96,9 +101,6 @@ struct Switches {
     gemv: bool,
     /// Decode steps may use the decode attention variant ([`GpuOptions::attn_decode`]).
     attn_decode: bool,
-    /// Attention may use the bf16 tensor-core kernels (`mma.sync`: NVIDIA sm_80 or newer,
-    /// bf16 storage; f32 storage keeps the CUDA-core kernels, the parity reference).
-    mma: bool,
 }
 
 /// Buffers allocated on first use and kept across steps (besides sampling's).
@@ -149,14 +151,6 @@ fn check_rows(what: &str, n: usize, cap: usize) -> Result<(), BackendError> {
     Ok(())
 }
 
-/// `90` for `sm_90`, `90` for `sm_90a`; 0 for anything else (AMD targets).
-fn sm_version(arch: &str) -> u32 {
-    arch.strip_prefix("sm_")
-        .map(|v| v.trim_end_matches(|c: char| c.is_ascii_alphabetic()))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Grows `slot` to at least `bytes` (by half again, to avoid regrowing every step); a new
 /// buffer bumps `generation`, retiring the graphs that address the old one.
 fn ensure<R: Runtime>(
@@ -195,9 +189,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// creates the BLAS handle.
     pub fn new(ordinal: usize, opts: GpuOptions) -> Result<GpuBackend<R>, BackendError> {
         let t0 = std::time::Instant::now();
-        let mma_on = |i: &DeviceInfo| {
-            R::NAME == "cuda" && opts.dtype == DType::Bf16 && sm_version(&i.arch) >= 80
-        };
+        let caps_of = |i: &DeviceInfo| caps::Caps::of(i, R::NAME, opts.dtype, &opts.tuning);
         // The kernels compile on threads of their own while the device's context is created
         // and the weights upload: from the probed device where the runtime reports it
         // without a context (an empty kernel cache's start is bound by these compiles).
@@ -211,15 +203,17 @@ impl<R: Runtime> GpuBackend<R> {
                 qk_norm: model.qk_norm,
                 head_dims: model.head_dims.clone(),
                 gqa_group: model.gqa_group,
-                portable_attention: !(mma_on(i) && opts.attn_decode),
+                portable_attention: !(caps_of(i).mma && opts.attn_decode),
             };
             Kernels::load(i, opts.dtype, opts.kernel_cache.as_deref(), needs)
         };
         let early = R::probe(ordinal).map(|i| start_kernels(&i).map(|k| (i, k)));
-        let dev = Device::<R>::open(ordinal, opts.sync_check, opts.timing_period)?;
+        let mut dev = Device::<R>::open(ordinal, opts.sync_check, opts.timing_period)?;
         let open_s = t0.elapsed().as_secs_f64();
+        let caps = caps_of(&dev.info);
+        dev.pdl = device::PdlPolicy::new(caps.pdl, opts.tuning.pdl);
+        dev.upload_pinned = opts.tuning.upload_pinned;
         let i = &dev.info;
-        let mma = mma_on(i);
         let kernels = match early {
             Some(Ok((probed, k))) if probed.arch == i.arch && probed.warp_size == i.warp_size => k,
             Some(Err(e)) => return Err(e),
@@ -242,8 +236,9 @@ impl<R: Runtime> GpuBackend<R> {
             switches: Switches {
                 gemv: opts.gemv,
                 attn_decode: opts.attn_decode,
-                mma,
             },
+            caps,
+            tuning: opts.tuning,
             step: batch::StepMeta::default(),
             scratch: Scratch::default(),
             graphs: graphs::Graphs::new(opts.graphs),

@@ -44,7 +44,7 @@ impl<R: Runtime> GpuBackend<R> {
         out: u64,
     ) -> Result<(), BackendError> {
         // Whole warps: block_sum reduces warp by warp (64 lanes on CDNA).
-        let warp = self.dev.info.warp_size;
+        let warp = self.caps.warp;
         let ptrs = [x, wb, out, resid.unwrap_or(0)];
         let (vec, threads) = if self.whole_chunks(h, &ptrs) {
             let chunk = 16 / self.dt.size();

@@ -236,7 +236,7 @@ impl<R: Runtime> GpuBackend<R> {
             &mut self.generation,
         )?;
         if pk.plain_greedy {
-            let parts = greedy_parts(s, v, self.dev.info.sm_count);
+            let parts = greedy_parts(s, v, self.caps.sms);
             let (part, counts) = if parts > 1 {
                 let part = ensure(
                     &self.dev,
