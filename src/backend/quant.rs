@@ -22,6 +22,11 @@
 //!     q(l+64) = ql'[l]    >> 4 | (qh'[l] >> 4 & 3) << 4       sub-block  l/16 + 4
 //!     q(l+96) = ql'[l+32] >> 4 | (qh'[l] >> 6 & 3) << 4       sub-block  l/16 + 6
 //!   y = d * scales[8h + sub-block] * (q - 32)
+//! MXFP4 (32 elems, 17 B): e | qs[16] nibbles (E2M1)      y[j]    = 2^(e-128) * KV[qs[j] & 15]
+//!                                                          y[j+16] = 2^(e-128) * KV[qs[j] >> 4]
+//!   e: E8M0 exponent byte (scale 2^(e-127), halved because KV holds the E2M1 values doubled);
+//!   ggml gives 255 no NaN meaning: 2^127. KV = 0 1 2 3 4 6 8 12, then the same negated
+//!   (nibble 8 is -0: 0). ggml's `kvalues_mxfp4` and `ggml_e8m0_to_fp32_half`.
 //! ```
 
 use std::fmt;
@@ -41,11 +46,13 @@ pub enum GgmlType {
     Q4K,
     Q5K,
     Q6K,
+    /// OCP microscaling FP4: E2M1 values, one E8M0 exponent per 32 (ggml type 39).
+    Mxfp4,
     /// A ggml type id Kiln cannot dequantize (e.g. 11 = Q3_K) or does not know at all.
     Other(u32),
 }
 
-/// Elements per Q8_0 / Q4_0 block.
+/// Elements per Q8_0 / Q4_0 / MXFP4 block.
 pub const QK32: usize = 32;
 /// Elements per k-quant super-block (Q4_K, Q5_K, Q6_K).
 pub const QK_K: usize = 256;
@@ -55,6 +62,24 @@ const Q4_0_BYTES: usize = 18;
 const Q4_K_BYTES: usize = 144;
 const Q5_K_BYTES: usize = 176;
 const Q6_K_BYTES: usize = 210;
+const MXFP4_BYTES: usize = 17;
+
+/// The E2M1 values doubled, by nibble (ggml's `kvalues_mxfp4`): MXFP4 weights are these
+/// integers times [`e8m0_to_f32_half`] of their block's exponent byte.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half the E8M0 scale `2^(e - 127)`, i.e. `2^(e - 128)`, exactly (bits built directly;
+/// `e` 0 and 1 give the subnormals 2^-128 and 2^-127; 255 gives 2^127, as ggml's
+/// `ggml_e8m0_to_fp32_half`, which has no NaN).
+#[inline]
+pub fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
 
 /// Tensors with at least this many elements are dequantized on the rayon pool.
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
@@ -136,6 +161,7 @@ impl GgmlType {
             13 => GgmlType::Q5K,
             14 => GgmlType::Q6K,
             30 => GgmlType::BF16,
+            39 => GgmlType::Mxfp4,
             other => GgmlType::Other(other),
         }
     }
@@ -151,6 +177,7 @@ impl GgmlType {
             GgmlType::Q5K => 13,
             GgmlType::Q6K => 14,
             GgmlType::BF16 => 30,
+            GgmlType::Mxfp4 => 39,
             GgmlType::Other(id) => id,
         }
     }
@@ -228,6 +255,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
         GgmlType::Q4K => dequantize_q4_k(bytes, out),
         GgmlType::Q5K => dequantize_q5_k(bytes, out),
         GgmlType::Q6K => dequantize_q6_k(bytes, out),
+        GgmlType::Mxfp4 => dequantize_mxfp4(bytes, out),
         GgmlType::Other(_) => Err(QuantError::Unsupported(ty)),
     }
 }
@@ -415,6 +443,20 @@ pub fn dequantize_q6_k(bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> 
                     y[l + 32 * k] = scale * f32::from(q as i8 - 32);
                 }
             }
+        }
+    })
+}
+
+/// MXFP4: blocks of 32 elements, `2^(e-128) * KV[q]` (see the layout above); low nibbles are
+/// elements 0..16, high 16..32. Exact: every product is a small integer times a power of two
+/// (those of `e` 254 and 255 past f32's range are infinite, as in ggml).
+pub fn dequantize_mxfp4(bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+    for_each_block::<MXFP4_BYTES, QK32>(GgmlType::Mxfp4, bytes, out, |s, y| {
+        let d = e8m0_to_f32_half(s[0]);
+        let (lo, hi) = y.split_at_mut(QK32 / 2);
+        for ((&q, lo), hi) in s[1..].iter().zip(lo).zip(hi) {
+            *lo = d * f32::from(MXFP4_VALUES[usize::from(q & 0x0F)]);
+            *hi = d * f32::from(MXFP4_VALUES[usize::from(q >> 4)]);
         }
     })
 }

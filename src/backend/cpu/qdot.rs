@@ -1,5 +1,5 @@
 //! Dot products of one weight row in its file's type with one activation row: activations
-//! quantized to 8 bits per block (Q8_0-style blocks of 32 for Q8_0/Q4_0 weights, Q8_K-style
+//! quantized to 8 bits per block (Q8_0-style blocks of 32 for Q8_0/Q4_0/MXFP4 weights, Q8_K-style
 //! blocks of 256 with 16-element sums for the k-quants) and integer products per block;
 //! f16/bf16 rows widened on the fly against f32 activations. The plain-Rust kernels here
 //! are the portable path and the reference the vectorized ones are tested against; the
@@ -7,7 +7,7 @@
 
 use half::{bf16, f16};
 
-use crate::backend::quant::{GgmlType, QK_K, QK32, q4_k_scale_min};
+use crate::backend::quant::{GgmlType, MXFP4_VALUES, QK_K, QK32, e8m0_to_f32_half, q4_k_scale_min};
 
 /// 32 activations as `d * qs[i]` (ggml's Q8_0 with an f32 scale).
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +59,7 @@ pub struct Kernels {
     pub q4_k: DotFn<BlockQ8K>,
     pub q5_k: DotFn<BlockQ8K>,
     pub q6_k: DotFn<BlockQ8K>,
+    pub mxfp4: DotFn<BlockQ8_0>,
     pub f16: DotFn<f32>,
     pub bf16: DotFn<f32>,
     pub q8_0_x4: Dot4Fn<BlockQ8_0>,
@@ -66,6 +67,7 @@ pub struct Kernels {
     pub q4_k_x4: Dot4Fn<BlockQ8K>,
     pub q5_k_x4: Dot4Fn<BlockQ8K>,
     pub q6_k_x4: Dot4Fn<BlockQ8K>,
+    pub mxfp4_x4: Dot4Fn<BlockQ8_0>,
     pub f16_x4: Dot4Fn<f32>,
     pub bf16_x4: Dot4Fn<f32>,
 }
@@ -83,6 +85,7 @@ four!(dot_q4_0_x4, dot_q4_0, BlockQ8_0);
 four!(dot_q4_k_x4, dot_q4_k, BlockQ8K);
 four!(dot_q5_k_x4, dot_q5_k, BlockQ8K);
 four!(dot_q6_k_x4, dot_q6_k, BlockQ8K);
+four!(dot_mxfp4_x4, dot_mxfp4, BlockQ8_0);
 four!(dot_f16_x4, dot_f16, f32);
 four!(dot_bf16_x4, dot_bf16, f32);
 
@@ -96,6 +99,7 @@ impl Kernels {
         q4_k: dot_q4_k,
         q5_k: dot_q5_k,
         q6_k: dot_q6_k,
+        mxfp4: dot_mxfp4,
         f16: dot_f16,
         bf16: dot_bf16,
         q8_0_x4: dot_q8_0_x4,
@@ -103,6 +107,7 @@ impl Kernels {
         q4_k_x4: dot_q4_k_x4,
         q5_k_x4: dot_q5_k_x4,
         q6_k_x4: dot_q6_k_x4,
+        mxfp4_x4: dot_mxfp4_x4,
         f16_x4: dot_f16_x4,
         bf16_x4: dot_bf16_x4,
     };
@@ -123,7 +128,7 @@ impl ActKind {
     /// The activation kind `ty`'s weights multiply with; `None` for types without kernels.
     pub fn of(ty: GgmlType) -> Option<ActKind> {
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 => Some(ActKind::Q8_0),
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Mxfp4 => Some(ActKind::Q8_0),
             GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => Some(ActKind::Q8K),
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Some(ActKind::F32),
             GgmlType::Other(_) => None,
@@ -200,6 +205,27 @@ pub fn dot_q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
                 })
                 .sum();
             f16_at(wb, 0) * ab.d * s as f32
+        })
+        .sum()
+}
+
+/// MXFP4 weights: blocks of 17 bytes (E8M0 exponent `e`, 16 bytes of E2M1 nibbles: low
+/// nibbles are elements 0..16). As ggml: the doubled E2M1 integers times the activations'
+/// 8-bit integers, summed per block, times `2^(e-128) * d` (the half folded into the scale).
+pub fn dot_mxfp4(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+    w.chunks_exact(17)
+        .zip(a)
+        .map(|(wb, ab)| {
+            let (lo, hi) = ab.qs.split_at(16);
+            let s: i32 = wb[1..]
+                .iter()
+                .zip(lo.iter().zip(hi))
+                .map(|(&q, (&x0, &x1))| {
+                    i32::from(MXFP4_VALUES[usize::from(q & 15)]) * i32::from(x0)
+                        + i32::from(MXFP4_VALUES[usize::from(q >> 4)]) * i32::from(x1)
+                })
+                .sum();
+            e8m0_to_f32_half(wb[0]) * ab.d * s as f32
         })
         .sum()
 }

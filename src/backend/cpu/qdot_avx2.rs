@@ -19,6 +19,7 @@ pub fn kernels() -> Option<Kernels> {
         q4_k,
         q5_k,
         q6_k,
+        mxfp4,
         f16,
         bf16,
         q8_0_x4,
@@ -26,6 +27,7 @@ pub fn kernels() -> Option<Kernels> {
         q4_k_x4,
         q5_k_x4,
         q6_k_x4,
+        mxfp4_x4,
         f16_x4,
         bf16_x4,
     })
@@ -51,6 +53,7 @@ wrap!(q4_0, q4_0_x4, BlockQ8_0);
 wrap!(q4_k, q4_k_x4, BlockQ8K);
 wrap!(q5_k, q5_k_x4, BlockQ8K);
 wrap!(q6_k, q6_k_x4, BlockQ8K);
+wrap!(mxfp4, mxfp4_x4, BlockQ8_0);
 wrap!(f16, f16_x4, f32);
 wrap!(bf16, bf16_x4, f32);
 
@@ -142,6 +145,34 @@ mod imp {
             let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m4);
             let q = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
             let d = half(wb, 0);
+            for r in 0..R {
+                let ab = &a[r][i];
+                // SAFETY: 32 bytes.
+                let qa = unsafe { load32_i8(&ab.qs) };
+                let p = _mm256_cvtepi32_ps(dot_i8(q, qa));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab.d), p, acc[r]);
+            }
+        }
+        hsums(acc, [0.0; R])
+    }
+
+    /// MXFP4: the nibbles (low: elements 0..16, high: 16..32) looked up in the doubled E2M1
+    /// table by `vpshufb`, then as Q4_0 with the block scale `2^(e-128)`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mxfp4<const R: usize>(w: &[u8], a: [&[BlockQ8_0]; R]) -> [f32; R] {
+        let m4 = _mm_set1_epi8(15);
+        let kv = crate::backend::quant::MXFP4_VALUES;
+        // SAFETY: `kv` holds 16 bytes.
+        let table = unsafe { _mm_loadu_si128(kv.as_ptr().cast()) };
+        let table = _mm256_set_m128i(table, table);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (i, wb) in w.as_chunks::<17>().0.iter().enumerate() {
+            // SAFETY: wb[1..17] holds exactly 16 bytes.
+            let b = unsafe { _mm_loadu_si128(wb[1..].as_ptr().cast()) };
+            let lo = _mm_and_si128(b, m4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m4);
+            let q = _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo));
+            let d = crate::backend::quant::e8m0_to_f32_half(wb[0]);
             for r in 0..R {
                 let ab = &a[r][i];
                 // SAFETY: 32 bytes.

@@ -1,6 +1,6 @@
 //! AVX-512 (F/BW/VL + VNNI) versions of the dot kernels of `qdot` (same inputs, same
 //! results up to float summation order). Integer products by `vpdpbusd` (u8 x i8, four
-//! products summed into each i32; 32 bytes, one block at a time) for Q8_0/Q4_0, and 64 bytes
+//! products summed into each i32; 32 bytes, one block at a time) for Q8_0/Q4_0/MXFP4, and 64 bytes
 //! at a time by `vpmaddubsw` followed by `vpdpwssd` (the products of a pair times the
 //! sub-block's scale) for the k-quants; f16/bf16 widened 16 at a time. They are
 //! handed out only after run-time detection of every feature they are compiled for, which is
@@ -26,6 +26,7 @@ pub fn kernels() -> Option<Kernels> {
         q4_k,
         q5_k,
         q6_k,
+        mxfp4,
         f16,
         bf16,
         q8_0_x4,
@@ -33,6 +34,7 @@ pub fn kernels() -> Option<Kernels> {
         q4_k_x4,
         q5_k_x4,
         q6_k_x4,
+        mxfp4_x4,
         f16_x4,
         bf16_x4,
     })
@@ -59,6 +61,7 @@ wrap!(q4_0, q4_0_x4, BlockQ8_0);
 wrap!(q4_k, q4_k_x4, BlockQ8K);
 wrap!(q5_k, q5_k_x4, BlockQ8K);
 wrap!(q6_k, q6_k_x4, BlockQ8K);
+wrap!(mxfp4, mxfp4_x4, BlockQ8_0);
 wrap!(f16, f16_x4, f32);
 wrap!(bf16, bf16_x4, f32);
 
@@ -167,6 +170,30 @@ mod imp {
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
         for (i, wb) in w.as_chunks::<18>().0.iter().enumerate() {
             q8_block(&mut acc[i % 2], q4_0_block(wb), half(wb, 0), &a, i);
+        }
+        reduce2(acc)
+    }
+
+    /// The 32 weights of one MXFP4 block as the doubled E2M1 integers, in element order
+    /// (`table`: the 16 values in each 128-bit lane).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    fn mxfp4_block(wb: &[u8], table: __m256i) -> __m256i {
+        // SAFETY: wb[1..17] holds 16 bytes.
+        let b = unsafe { load16(&wb[1..]) };
+        let q = _mm256_set_m128i(_mm_srli_epi16::<4>(b), b);
+        _mm256_shuffle_epi8(table, _mm256_and_si256(q, _mm256_set1_epi8(15)))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    pub unsafe fn mxfp4<const R: usize>(w: &[u8], a: [&[BlockQ8_0]; R]) -> [f32; R] {
+        use crate::backend::quant::{MXFP4_VALUES, e8m0_to_f32_half};
+        // SAFETY: the table holds 16 bytes.
+        let table = _mm256_broadcastsi128_si256(unsafe { load16(&MXFP4_VALUES[..]) });
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
+        for (i, wb) in w.as_chunks::<17>().0.iter().enumerate() {
+            let q = mxfp4_block(wb, table);
+            q8_block(&mut acc[i % 2], q, e8m0_to_f32_half(wb[0]), &a, i);
         }
         reduce2(acc)
     }

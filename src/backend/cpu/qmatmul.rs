@@ -175,6 +175,9 @@ fn part(
         (Acts::Q8_0(a), GgmlType::Q4_0) => {
             blocks(n, cols, out, k, row, a, b32, kr.q4_0, kr.q4_0_x4)
         }
+        (Acts::Q8_0(a), GgmlType::Mxfp4) => {
+            blocks(n, cols, out, k, row, a, b32, kr.mxfp4, kr.mxfp4_x4)
+        }
         (Acts::Q8K(a), GgmlType::Q4K) => blocks(n, cols, out, k, row, a, b256, kr.q4_k, kr.q4_k_x4),
         (Acts::Q8K(a), GgmlType::Q5K) => blocks(n, cols, out, k, row, a, b256, kr.q5_k, kr.q5_k_x4),
         (Acts::Q8K(a), GgmlType::Q6K) => blocks(n, cols, out, k, row, a, b256, kr.q6_k, kr.q6_k_x4),
