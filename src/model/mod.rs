@@ -2,7 +2,10 @@
 //! them. Loading the weights onto a backend and running them is `runner`'s job.
 
 pub mod dummy;
+pub mod family;
 pub mod gguf;
+mod gguf_spec;
+mod hf_spec;
 pub mod moe;
 pub mod pooling;
 pub mod source;

@@ -6,19 +6,22 @@
 use serde_json::Value;
 
 use super::ModelError;
+use super::family::{Experts, Family, spec_err};
 use super::gguf::GgufFile;
 use crate::backend::MoeShape;
 
-fn spec_err(m: String) -> ModelError {
-    ModelError::Spec(m)
-}
-
-/// The MoE shape of a GGUF file of architecture `arch` (`None`: a dense model).
-/// `ff` is the file's `feed_forward_length` (Mixtral's expert width).
-pub fn gguf_moe(g: &GgufFile, arch: &str, ff: usize) -> Result<Option<MoeShape>, ModelError> {
+/// The MoE shape of a GGUF file of architecture `arch`, of family `fam` (`None`: a dense
+/// model). `ff` is the file's `feed_forward_length` (Mixtral's expert width).
+pub fn gguf_moe(
+    g: &GgufFile,
+    arch: &str,
+    fam: &Family,
+    ff: usize,
+) -> Result<Option<MoeShape>, ModelError> {
     let key = |k: &str| format!("{arch}.{k}");
+    let qwen = matches!(fam.experts, Experts::Qwen { .. });
     let Some(n_expert) = g.meta_u64(&key("expert_count")).filter(|&n| n > 0) else {
-        if matches!(arch, "qwen2moe" | "qwen3moe") {
+        if qwen {
             return Err(spec_err(format!(
                 "missing metadata key '{}'",
                 key("expert_count")
@@ -26,38 +29,42 @@ pub fn gguf_moe(g: &GgufFile, arch: &str, ff: usize) -> Result<Option<MoeShape>,
         }
         return Ok(None);
     };
-    if !matches!(arch, "llama" | "mistral" | "qwen2moe" | "qwen3moe") {
+    if fam.experts == Experts::None {
         return Err(spec_err(format!(
             "{}: mixture of experts is not supported for {arch}",
             key("expert_count")
         )));
     }
-    let shared_ff = gguf_shared_ff(g, arch)?;
+    let shared = matches!(fam.experts, Experts::Qwen { shared: true, .. });
+    let shared_ff = gguf_shared_ff(g, arch, shared)?;
     let top_k = g.meta_u64(&key("expert_used_count")).ok_or_else(|| {
         spec_err(format!(
             "missing metadata key '{}'",
             key("expert_used_count")
         ))
     })?;
-    let expert_ff = match arch {
-        "qwen2moe" | "qwen3moe" => {
-            g.meta_u64(&key("expert_feed_forward_length"))
-                .ok_or_else(|| {
-                    spec_err(format!(
-                        "missing metadata key '{}'",
-                        key("expert_feed_forward_length")
-                    ))
-                })? as usize
-        }
+    let expert_ff = match qwen {
+        true => g
+            .meta_u64(&key("expert_feed_forward_length"))
+            .ok_or_else(|| {
+                spec_err(format!(
+                    "missing metadata key '{}'",
+                    key("expert_feed_forward_length")
+                ))
+            })? as usize,
         _ => g
             .meta_u64(&key("expert_feed_forward_length"))
             .map_or(ff, |v| v as usize),
     };
     // llama.cpp renormalises the top-k weights of Qwen3-MoE and Mixtral (whose softmax over
     // the top logits is the same), not Qwen2-MoE's; a file may say otherwise.
+    let norm_default = match fam.experts {
+        Experts::Qwen { gguf_norm_topk, .. } => gguf_norm_topk,
+        _ => true,
+    };
     let norm_topk = g
         .meta_bool(&key("expert_weights_norm"))
-        .unwrap_or(arch != "qwen2moe");
+        .unwrap_or(norm_default);
     if let Some(f) = g.meta_u64(&key("expert_gating_func"))
         && f != 1
     {
@@ -76,13 +83,14 @@ pub fn gguf_moe(g: &GgufFile, arch: &str, ff: usize) -> Result<Option<MoeShape>,
 }
 
 /// The shared expert's width of a GGUF file (0: none): Qwen2-MoE's
-/// `expert_shared_feed_forward_length`, else the rows of `blk.0.ffn_gate_shexp`.
-fn gguf_shared_ff(g: &GgufFile, arch: &str) -> Result<usize, ModelError> {
+/// `expert_shared_feed_forward_length`, else the rows of `blk.0.ffn_gate_shexp`; `allowed`:
+/// the family has one (else one in the file is refused).
+fn gguf_shared_ff(g: &GgufFile, arch: &str, allowed: bool) -> Result<usize, ModelError> {
     let key = |k: &str| format!("{arch}.{k}");
     let count = g.meta_u64(&key("expert_shared_count"));
     let has_tensors = g.tensor("blk.0.ffn_gate_inp_shexp.weight").is_some()
         || g.tensor("blk.0.ffn_gate_shexp.weight").is_some();
-    if arch != "qwen2moe" {
+    if !allowed {
         if count.unwrap_or(0) > 0 || has_tensors {
             return Err(spec_err(format!(
                 "{}: shared experts are not supported for {arch} (only qwen2moe)",
@@ -132,10 +140,13 @@ fn get_bool(c: &Value, k: &str) -> Result<Option<bool>, ModelError> {
     }
 }
 
-/// The MoE shape of a `config.json` of `model_type` `arch` (`None`: a dense model).
-pub fn hf_moe(c: &Value, arch: &str) -> Result<Option<MoeShape>, ModelError> {
-    match arch {
-        "qwen3_moe" | "qwen2_moe" => {
+/// The MoE shape of a `config.json` of `model_type` `arch`, of family `fam` (`None`: a
+/// dense model).
+pub fn hf_moe(c: &Value, arch: &str, fam: &Family) -> Result<Option<MoeShape>, ModelError> {
+    match fam.experts {
+        Experts::Qwen {
+            shared: allowed, ..
+        } => {
             if let Some(step) = get_u64(c, "decoder_sparse_step")?.filter(|&s| s != 1) {
                 return Err(spec_err(format!(
                     "config.json decoder_sparse_step: {step} is not supported (only 1: every layer sparse)"
@@ -151,11 +162,10 @@ pub fn hf_moe(c: &Value, arch: &str) -> Result<Option<MoeShape>, ModelError> {
                 }
             }
             let shared = get_u64(c, "shared_expert_intermediate_size")?.unwrap_or(0) as usize;
-            if shared > 0 && arch == "qwen3_moe" {
-                return Err(spec_err(
-                    "config.json shared_expert_intermediate_size: shared experts are not supported for qwen3_moe"
-                        .into(),
-                ));
+            if shared > 0 && !allowed {
+                return Err(spec_err(format!(
+                    "config.json shared_expert_intermediate_size: shared experts are not supported for {arch}"
+                )));
             }
             Ok(Some(MoeShape {
                 n_expert: need(c, "num_experts")?,
@@ -165,7 +175,7 @@ pub fn hf_moe(c: &Value, arch: &str) -> Result<Option<MoeShape>, ModelError> {
                 shared_ff: shared,
             }))
         }
-        "mixtral" => Ok(Some(MoeShape {
+        Experts::Mixtral => Ok(Some(MoeShape {
             n_expert: need(c, "num_local_experts")?,
             top_k: need(c, "num_experts_per_tok")?,
             expert_ff: need(c, "intermediate_size")?,
@@ -173,7 +183,7 @@ pub fn hf_moe(c: &Value, arch: &str) -> Result<Option<MoeShape>, ModelError> {
             norm_topk: true,
             shared_ff: 0,
         })),
-        _ => {
+        Experts::None | Experts::LlamaGguf => {
             for k in ["num_experts", "num_local_experts"] {
                 if get_u64(c, k)?.unwrap_or(0) > 1 {
                     return Err(spec_err(format!(

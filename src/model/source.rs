@@ -9,6 +9,7 @@ use rand::{RngExt, SeedableRng};
 use safetensors::{Dtype, SafeTensors};
 
 use super::ModelError;
+use super::family;
 use super::gguf::GgufFile;
 use crate::backend::HostTensor;
 use crate::backend::quant::GgmlType;
@@ -185,90 +186,15 @@ impl SafetensorsSource {
 
 /// Maps a GGUF tensor name to its Hugging Face name (Llama-family names).
 pub fn hf_name(gguf: &str) -> String {
-    hf_name_for("llama", gguf)
+    family::llama().hf_name(gguf)
 }
 
-/// Maps a GGUF tensor name to its Hugging Face name in architecture `arch`.
+/// Maps a GGUF tensor name to its Hugging Face name in architecture `arch` (an unknown one
+/// reads Llama's names).
 pub fn hf_name_for(arch: &str, gguf: &str) -> String {
-    let gemma = matches!(arch, "gemma2" | "gemma3");
-    let map_leaf = |leaf: &str| -> Option<&'static str> {
-        Some(match leaf {
-            "ffn_norm.weight" if gemma => "pre_feedforward_layernorm.weight",
-            "post_attention_norm.weight" => "post_attention_layernorm.weight",
-            "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
-            "attn_q_norm.weight" => "self_attn.q_norm.weight",
-            "attn_k_norm.weight" => "self_attn.k_norm.weight",
-            "attn_qkv.weight" => "self_attn.qkv_proj.weight",
-            "ffn_up.weight" if arch == "phi3" => "mlp.gate_up_proj.weight",
-            "attn_norm.weight" => "input_layernorm.weight",
-            "attn_q.weight" => "self_attn.q_proj.weight",
-            "attn_k.weight" => "self_attn.k_proj.weight",
-            "attn_v.weight" => "self_attn.v_proj.weight",
-            "attn_q.bias" => "self_attn.q_proj.bias",
-            "attn_k.bias" => "self_attn.k_proj.bias",
-            "attn_v.bias" => "self_attn.v_proj.bias",
-            "attn_output.weight" => "self_attn.o_proj.weight",
-            "ffn_norm.weight" => "post_attention_layernorm.weight",
-            "ffn_gate_shexp.weight" => "mlp.shared_expert.gate_proj.weight",
-            "ffn_up_shexp.weight" => "mlp.shared_expert.up_proj.weight",
-            "ffn_down_shexp.weight" => "mlp.shared_expert.down_proj.weight",
-            "ffn_gate_inp_shexp.weight" => "mlp.shared_expert_gate.weight",
-            "ffn_gate.weight" => "mlp.gate_proj.weight",
-            "ffn_up.weight" => "mlp.up_proj.weight",
-            "ffn_down.weight" => "mlp.down_proj.weight",
-            _ => return None,
-        })
-    };
-    match gguf {
-        "token_embd.weight" => "model.embed_tokens.weight".into(),
-        "output_norm.weight" => "model.norm.weight".into(),
-        "output.weight" => "lm_head.weight".into(),
-        _ => {
-            if let Some(rest) = gguf.strip_prefix("blk.")
-                && let Some((layer, leaf)) = rest.split_once('.')
-            {
-                if let Some(hf) = map_leaf(leaf) {
-                    return format!("model.layers.{layer}.{hf}");
-                }
-                if let Some(hf) = moe_leaf(arch, leaf) {
-                    return format!("model.layers.{layer}.{hf}");
-                }
-            }
-            gguf.to_string()
-        }
-    }
-}
-
-/// The Hugging Face name of a mixture-of-experts leaf: the router (`ffn_gate_inp`) and
-/// one expert's matrices (`ffn_{gate,up,down}.E`, as older GGUF files name them too).
-fn moe_leaf(arch: &str, leaf: &str) -> Option<String> {
-    let mixtral = arch == "mixtral";
-    if leaf == "ffn_gate_inp.weight" {
-        return Some(
-            if mixtral {
-                "block_sparse_moe.gate.weight"
-            } else {
-                "mlp.gate.weight"
-            }
-            .into(),
-        );
-    }
-    let (kind, rest) = leaf.strip_prefix("ffn_")?.split_once('.')?;
-    let e: usize = rest.strip_suffix(".weight")?.parse().ok()?;
-    let name = match (kind, mixtral) {
-        ("gate", true) => "w1",
-        ("up", true) => "w3",
-        ("down", true) => "w2",
-        ("gate", false) => "gate_proj",
-        ("up", false) => "up_proj",
-        ("down", false) => "down_proj",
-        _ => return None,
-    };
-    Some(if mixtral {
-        format!("block_sparse_moe.experts.{e}.{name}.weight")
-    } else {
-        format!("mlp.experts.{e}.{name}.weight")
-    })
+    family::by_arch(arch)
+        .unwrap_or(family::llama())
+        .hf_name(gguf)
 }
 
 impl SafetensorsSource {
