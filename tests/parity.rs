@@ -27,6 +27,8 @@ mod sampling;
 mod torch_ref;
 #[path = "parity/tp.rs"]
 mod tp;
+#[path = "parity/tuning.rs"]
+mod tuning;
 
 use harness::*;
 use kiln::backend::cpu::CpuBackend;
@@ -605,7 +607,7 @@ fn attention_before_its_larger_decode_passes_compiled() {
         weight_types: Some(vec![kiln::backend::quant::GgmlType::F32]),
         head_dims: Some(vec![128, 64]),
         gqa_group: Some(4),
-        ..CudaOptions::default()
+        ..gpu_options()
     }) else {
         return;
     };

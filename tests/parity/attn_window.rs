@@ -183,7 +183,7 @@ fn bench_window_decode_attention() {
         CudaOptions {
             dtype: DType::Bf16,
             kernel_cache: kiln::engine::default_kernel_cache_dir(),
-            ..CudaOptions::default()
+            ..crate::harness::gpu_options()
         },
     )
     .expect("cuda");

@@ -480,7 +480,7 @@ fn quantized_decode_chain_overlapped_equals_serialized() {
             sync_check,
             graphs: false,
             kernel_cache: kiln::engine::default_kernel_cache_dir(),
-            ..CudaOptions::default()
+            ..gpu_options()
         };
         let mut b = CudaBackend::new(0, opts).expect("a CUDA device is present");
         // Every unit loaded: the fused norms' kernels compile after start-up, and both runs
@@ -911,107 +911,119 @@ crate::parity_test!(quantized_qkv_rope_write_kv, quant_qkv_rope);
 fn qkv_decode_matmul_ropes_its_own_output() {
     use kiln::backend::{AttnShape, KvShape};
     use kiln::model::{RopeLayout, RopeSpec};
-    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
-        return;
-    };
-    let mut rng = rng("qkv_decode_matmul_ropes");
-    let shape = AttnShape::new(32, 8, 128);
-    let (q_dim, kv_dim, cols, k) = (shape.q_dim(), shape.kv_dim(), shape.qkv_dim(), 4096);
-    let w = HostTensor::concat_rows(vec![
-        raw(&mut rng, GgmlType::Q4K, q_dim, k),
-        raw(&mut rng, GgmlType::Q4K, kv_dim, k),
-        raw(&mut rng, GgmlType::Q6K, kv_dim, k),
-    ])
-    .unwrap();
-    let w = b.upload_weight(w).unwrap();
-    let rope = RopeSpec {
-        layout: RopeLayout::Interleaved,
-        ..crate::llama3_rope()
-    };
-    let kvs = KvShape {
-        num_layers: 1,
-        num_blocks: 64,
-        block_size: 16,
-        n_kv_heads: 8,
-        head_dim: 128,
-    };
-    let mut kv = b.alloc_kv(&kvs).unwrap();
-    for n in [1u32, 2, 16, 64] {
-        if n > 8 {
-            b.wait_kernels().unwrap();
-        }
-        let seqs: Vec<_> = (0..n).map(|i| (1, 2 + i % 8, vec![i])).collect();
-        // Timing is switched on before the step is prepared: `prepare` decides whether a
-        // step's launches are timed.
-        b.set_timing_period(Some(1));
-        let bb = b.prepare(&plan(&seqs, 16, |_| 0)).unwrap();
-        let x = tensor(
-            &mut b,
-            n as usize,
-            k,
-            &random(&mut rng, n as usize * k, 1.0),
-        );
-        let mut y = poisoned(&mut b, n as usize, cols);
-        b.matmul_rope_write_kv(
-            &x, &w, None, n as usize, &mut y, &mut kv, 0, &bb, &shape, &rope,
-        )
+    // Both settings of the switch, each on a backend of its own.
+    for fused in [true, false] {
+        let tuning = kiln::backend::GpuTuning {
+            qkv_rope: fused,
+            ..env_tuning()
+        };
+        let Some(mut b) = cuda_tuned(kiln::backend::DType::Bf16, tuning) else {
+            return;
+        };
+        let mut rng = rng("qkv_decode_matmul_ropes");
+        let shape = AttnShape::new(32, 8, 128);
+        let (q_dim, kv_dim, cols, k) = (shape.q_dim(), shape.kv_dim(), shape.qkv_dim(), 4096);
+        let w = HostTensor::concat_rows(vec![
+            raw(&mut rng, GgmlType::Q4K, q_dim, k),
+            raw(&mut rng, GgmlType::Q4K, kv_dim, k),
+            raw(&mut rng, GgmlType::Q6K, kv_dim, k),
+        ])
         .unwrap();
-        let ops: Vec<_> = b
-            .take_kernel_timings()
-            .unwrap()
-            .iter()
-            .map(|t| t.kernel)
-            .collect();
-        b.set_timing_period(None);
-        let fused = std::env::var("KILN_QKV_ROPE").as_deref() != Ok("0");
-        assert!(
-            ops.contains(&"matmul"),
-            "{n} rows: the step was timed: {ops:?}"
-        );
-        assert_eq!(ops.contains(&"rope_kv"), !fused, "{n} rows: {ops:?}");
-        assert!(
-            ops.iter()
-                .all(|o| ["matmul", "rope_kv", "quantize_x"].contains(o)),
-            "{n} rows: {ops:?}"
-        );
+        let w = b.upload_weight(w).unwrap();
+        let rope = RopeSpec {
+            layout: RopeLayout::Interleaved,
+            ..crate::llama3_rope()
+        };
+        let kvs = KvShape {
+            num_layers: 1,
+            num_blocks: 64,
+            block_size: 16,
+            n_kv_heads: 8,
+            head_dim: 128,
+        };
+        let mut kv = b.alloc_kv(&kvs).unwrap();
+        for n in [1u32, 2, 16, 64] {
+            if n > 8 {
+                b.wait_kernels().unwrap();
+            }
+            let seqs: Vec<_> = (0..n).map(|i| (1, 2 + i % 8, vec![i])).collect();
+            // Timing is switched on before the step is prepared: `prepare` decides whether a
+            // step's launches are timed.
+            b.set_timing_period(Some(1));
+            let bb = b.prepare(&plan(&seqs, 16, |_| 0)).unwrap();
+            let x = tensor(
+                &mut b,
+                n as usize,
+                k,
+                &random(&mut rng, n as usize * k, 1.0),
+            );
+            let mut y = poisoned(&mut b, n as usize, cols);
+            b.matmul_rope_write_kv(
+                &x, &w, None, n as usize, &mut y, &mut kv, 0, &bb, &shape, &rope,
+            )
+            .unwrap();
+            let ops: Vec<_> = b
+                .take_kernel_timings()
+                .unwrap()
+                .iter()
+                .map(|t| t.kernel)
+                .collect();
+            b.set_timing_period(None);
+            assert!(
+                ops.contains(&"matmul"),
+                "{n} rows: the step was timed: {ops:?}"
+            );
+            assert_eq!(ops.contains(&"rope_kv"), !fused, "{n} rows: {ops:?}");
+            assert!(
+                ops.iter()
+                    .all(|o| ["matmul", "rope_kv", "quantize_x"].contains(o)),
+                "{n} rows: {ops:?}"
+            );
+        }
     }
 }
 
 /// A quantized gate/up of one type on the tiles (9-256 rows, every kernel loaded) takes its
 /// SiLU-mul in the matmul (`qmmaglu_*`, and with k split, its reduce): no `silu_mul` launch
-/// and no plain `matmul` (the values: `quantized_matmul_silu_mul`). `KILN_QMMA_GLU=0`: the
-/// stacked matmul, then `silu_mul`.
+/// and no plain `matmul` (the values: `quantized_matmul_silu_mul`). With `qmma_glu` off: the
+/// stacked matmul, then `silu_mul` (both settings run).
 #[cfg(feature = "cuda")]
 #[test]
 fn gate_up_tiles_take_the_silu() {
-    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
-        return;
-    };
-    let mut rng = rng("gate_up_tiles_take_the_silu");
-    b.wait_kernels().unwrap();
-    let _kv = b.alloc_kv(&tiny_kv()).unwrap();
-    let fused = std::env::var("KILN_QMMA_GLU").as_deref() != Ok("0");
-    // k 256: one k range; k 4096: split.
-    for (f, k) in [(14336, 256), (1024, 4096)] {
-        let w = HostTensor::concat_rows(vec![
-            raw(&mut rng, GgmlType::Q4K, f, k),
-            raw(&mut rng, GgmlType::Q4K, f, k),
-        ])
-        .unwrap();
-        let w = b.upload_weight(w).unwrap();
-        for n in [16usize, 32, 64] {
-            let x = tensor(&mut b, n, k, &random(&mut rng, n * k, 1.0));
-            let (mut gu, mut act) = (poisoned(&mut b, n, 2 * f), poisoned(&mut b, n, f));
-            let ops = timed_ops(&mut b, |b| {
-                b.matmul_glu(Activation::Silu, &x, &w, n, &mut gu, &mut act)
-                    .unwrap()
-            });
-            let want: &[&str] = if fused {
-                &["matmul_silu_mul"]
-            } else {
-                &["matmul", "silu_mul"]
-            };
-            assert_launches(&ops, want, &format!("{n}x{k}x{f}"));
+    // Both settings of the switch, each on a backend of its own.
+    for fused in [true, false] {
+        let tuning = kiln::backend::GpuTuning {
+            qmma_glu: fused,
+            ..env_tuning()
+        };
+        let Some(mut b) = cuda_tuned(kiln::backend::DType::Bf16, tuning) else {
+            return;
+        };
+        let mut rng = rng("gate_up_tiles_take_the_silu");
+        b.wait_kernels().unwrap();
+        let _kv = b.alloc_kv(&tiny_kv()).unwrap();
+        // k 256: one k range; k 4096: split.
+        for (f, k) in [(14336, 256), (1024, 4096)] {
+            let w = HostTensor::concat_rows(vec![
+                raw(&mut rng, GgmlType::Q4K, f, k),
+                raw(&mut rng, GgmlType::Q4K, f, k),
+            ])
+            .unwrap();
+            let w = b.upload_weight(w).unwrap();
+            for n in [16usize, 32, 64] {
+                let x = tensor(&mut b, n, k, &random(&mut rng, n * k, 1.0));
+                let (mut gu, mut act) = (poisoned(&mut b, n, 2 * f), poisoned(&mut b, n, f));
+                let ops = timed_ops(&mut b, |b| {
+                    b.matmul_glu(Activation::Silu, &x, &w, n, &mut gu, &mut act)
+                        .unwrap()
+                });
+                let want: &[&str] = if fused {
+                    &["matmul_silu_mul"]
+                } else {
+                    &["matmul", "silu_mul"]
+                };
+                assert_launches(&ops, want, &format!("{n}x{k}x{f}"));
+            }
         }
     }
 }
@@ -1019,35 +1031,41 @@ fn gate_up_tiles_take_the_silu() {
 /// On the tiles (every kernel loaded) a quantized output projection whose k is split does
 /// the residual add and RMSNorm in its reduce at 32 rows or more: `matmul` and
 /// `matmul_add_rms_norm` launches, no `add_rms_norm` (the values:
-/// `quantized_matmul_add_rms_norm`); at 16 rows, and with `KILN_QMMA_NORM=0`, the matmul
+/// `quantized_matmul_add_rms_norm`); at 16 rows, and with `qmma_norm` off (both run), the matmul
 /// (and its reduce), then `add_rms_norm`.
 #[cfg(feature = "cuda")]
 #[test]
 fn split_tiles_add_and_norm_in_their_reduce() {
-    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
-        return;
-    };
-    let mut rng = rng("split_tiles_add_and_norm");
-    b.wait_kernels().unwrap();
-    let _kv = b.alloc_kv(&tiny_kv()).unwrap();
-    let fused = std::env::var("KILN_QMMA_NORM").as_deref() != Ok("0");
-    let (h, k) = (4096, 4096);
-    let w = b.upload_weight(raw(&mut rng, GgmlType::Q4K, h, k)).unwrap();
-    let nw = weight(&mut b, vec![h], &random(&mut rng, h, 1.0));
-    for n in [16usize, 32, 64] {
-        let x = tensor(&mut b, n, k, &random(&mut rng, n * k, 1.0));
-        let mut res = tensor(&mut b, n, h, &random(&mut rng, n * h, 1.0));
-        let (mut d, mut out) = (poisoned(&mut b, n, h), poisoned(&mut b, n, h));
-        let ops = timed_ops(&mut b, |b| {
-            b.matmul_add_rms_norm(&x, &w, n, &mut d, &mut res, &nw, 1e-5, &mut out)
-                .unwrap()
-        });
-        let want: &[&str] = if fused && n >= 32 {
-            &["matmul", "matmul_add_rms_norm"]
-        } else {
-            &["matmul", "add_rms_norm"]
+    // Both settings of the switch, each on a backend of its own.
+    for fused in [true, false] {
+        let tuning = kiln::backend::GpuTuning {
+            qmma_norm: fused,
+            ..env_tuning()
         };
-        assert_launches(&ops, want, &format!("{n} rows"));
+        let Some(mut b) = cuda_tuned(kiln::backend::DType::Bf16, tuning) else {
+            return;
+        };
+        let mut rng = rng("split_tiles_add_and_norm");
+        b.wait_kernels().unwrap();
+        let _kv = b.alloc_kv(&tiny_kv()).unwrap();
+        let (h, k) = (4096, 4096);
+        let w = b.upload_weight(raw(&mut rng, GgmlType::Q4K, h, k)).unwrap();
+        let nw = weight(&mut b, vec![h], &random(&mut rng, h, 1.0));
+        for n in [16usize, 32, 64] {
+            let x = tensor(&mut b, n, k, &random(&mut rng, n * k, 1.0));
+            let mut res = tensor(&mut b, n, h, &random(&mut rng, n * h, 1.0));
+            let (mut d, mut out) = (poisoned(&mut b, n, h), poisoned(&mut b, n, h));
+            let ops = timed_ops(&mut b, |b| {
+                b.matmul_add_rms_norm(&x, &w, n, &mut d, &mut res, &nw, 1e-5, &mut out)
+                    .unwrap()
+            });
+            let want: &[&str] = if fused && n >= 32 {
+                &["matmul", "matmul_add_rms_norm"]
+            } else {
+                &["matmul", "add_rms_norm"]
+            };
+            assert_launches(&ops, want, &format!("{n} rows"));
+        }
     }
 }
 
@@ -1058,130 +1076,138 @@ fn split_tiles_add_and_norm_in_their_reduce() {
 /// output against the CPU's matmul, `add_rms_norm` and consumer; the residual exactly what
 /// the backend's own two ops leave; the norm's output (written by the consumer, or by the
 /// `rms_norm` another op or a download settles it with) within a rounding of theirs. With
-/// `KILN_QDOT_NORM=0`, the same values from the matmul and `add_rms_norm`.
+/// `qdot_norm` off (both settings run), the same values from the matmul and `add_rms_norm`.
 #[cfg(feature = "cuda")]
 #[test]
 fn one_row_norm_is_left_to_the_next_matmul() {
-    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
-        return;
-    };
-    let mut rng = rng("one_row_norm_left");
-    let mut reference = CpuBackend::with_f32_weights();
-    b.wait_kernels().unwrap();
-    let _kv = b.alloc_kv(&tiny_kv()).unwrap();
-    let eps = 1e-5;
-    for (t, h, k) in [
-        (GgmlType::Q4K, 4096, 4096),
-        (GgmlType::Q6K, 4096, 14336),
-        (GgmlType::Q8_0, 512, 1024),
-        (GgmlType::Q4_0, 1024, 512),
-    ] {
-        let (f, kv) = (3 * h / 2, h / 4);
-        let wo = raw(&mut rng, t, h, k);
-        let gate_up =
-            HostTensor::concat_rows(vec![raw(&mut rng, t, f, h), raw(&mut rng, t, f, h)]).unwrap();
-        // A Q4_K_M qkv (one mixed launch) and a qkv of the producer's type (plain).
-        let qkv_mix = HostTensor::concat_rows(vec![
-            raw(&mut rng, GgmlType::Q4K, h, h),
-            raw(&mut rng, GgmlType::Q4K, kv, h),
-            raw(&mut rng, GgmlType::Q6K, kv, h),
-        ])
-        .unwrap();
-        let qkv = raw(&mut rng, t, h + 2 * kv, h);
-        let ws = [wo, gate_up, qkv_mix, qkv];
-        let bw = ws.clone().map(|w| b.upload_weight(w).unwrap());
-        let rw = ws.map(|w| reference.upload_weight(w).unwrap());
-        let norm = b.quantize(&random(&mut rng, h, 1.0));
-        let (bn, rn) = (
-            weight(&mut b, vec![h], &norm),
-            weight(&mut reference, vec![h], &norm),
-        );
-        // Consumers: the gate/up SiLU, the mixed qkv, the plain qkv; then none (a download
-        // settles the norm) and another op (a bf16 RMSNorm of the residual).
-        for consumer in 0..5 {
-            let what = format!("{t} {h}x{k} consumer {consumer}");
-            let x = b.quantize(&random(&mut rng, k, 1.0));
-            let r0 = b.quantize(&random(&mut rng, h, 1.0));
-            let bx = tensor(&mut b, 1, k, &x);
-            let [mut bres, mut bres2] = [0, 1].map(|_| tensor(&mut b, 1, h, &r0));
-            let [mut bd, mut bd2] = [0, 1].map(|_| poisoned(&mut b, 1, h));
-            let [mut bout, mut bout2] = [0, 1].map(|_| poisoned(&mut b, 2, h));
-            let cols = [f, h + 2 * kv, h + 2 * kv, h, h][consumer];
-            let mut by = poisoned(&mut b, 2, cols);
-            let mut bgu = poisoned(&mut b, 1, 2 * f);
-            // (The last round's two ops ran in its timed step: their timings go first.)
-            b.take_kernel_timings().unwrap();
-            b.fuse_across_ops(true).unwrap();
-            let fused = timed_ops(&mut b, |b| {
-                b.matmul_add_rms_norm(&bx, &bw[0], 1, &mut bd, &mut bres, &bn, eps, &mut bout)
+    // Both settings of the switch, each on a backend of its own.
+    for on in [true, false] {
+        let tuning = kiln::backend::GpuTuning {
+            qdot_norm: on,
+            ..env_tuning()
+        };
+        let Some(mut b) = cuda_tuned(kiln::backend::DType::Bf16, tuning) else {
+            return;
+        };
+        let mut rng = rng("one_row_norm_left");
+        let mut reference = CpuBackend::with_f32_weights();
+        b.wait_kernels().unwrap();
+        let _kv = b.alloc_kv(&tiny_kv()).unwrap();
+        let eps = 1e-5;
+        for (t, h, k) in [
+            (GgmlType::Q4K, 4096, 4096),
+            (GgmlType::Q6K, 4096, 14336),
+            (GgmlType::Q8_0, 512, 1024),
+            (GgmlType::Q4_0, 1024, 512),
+        ] {
+            let (f, kv) = (3 * h / 2, h / 4);
+            let wo = raw(&mut rng, t, h, k);
+            let gate_up =
+                HostTensor::concat_rows(vec![raw(&mut rng, t, f, h), raw(&mut rng, t, f, h)])
                     .unwrap();
-            });
-            let next = timed_ops(&mut b, |b| match consumer {
-                0 => b
-                    .matmul_glu(Activation::Silu, &bout, &bw[1], 1, &mut bgu, &mut by)
-                    .unwrap(),
-                1 | 2 => b
-                    .matmul(&bout, &bw[consumer + 1], None, 1, &mut by)
-                    .unwrap(),
-                3 => {}
-                _ => b.rms_norm(&bres, &bn, eps, 1, &mut by).unwrap(),
-            });
-            b.fuse_across_ops(false).unwrap();
-            // (x is a written tensor: `quantize_x` makes its 8-bit rows.)
-            let want: &[&str] = if std::env::var("KILN_QDOT_NORM").as_deref() != Ok("0") {
-                &["quantize_x", "matmul_add_rms_norm"]
-            } else {
-                &["quantize_x", "matmul", "add_rms_norm"]
-            };
-            assert_launches(&fused, want, &format!("{what}: producer"));
-            let want_next: &[&str] = match consumer {
-                0 => &["matmul_silu_mul"],
-                1 | 2 => &["matmul"],
-                3 => &[],
-                // The settling rms_norm, then the op's own.
-                _ => &["rms_norm"],
-            };
-            assert_launches(&next, want_next, &format!("{what}: consumer"));
-            let (res, out) = (b.to_host(&bres, 1).unwrap(), b.to_host(&bout, 2).unwrap());
-            // The backend's own two ops (nothing left pending outside a step).
-            b.matmul(&bx, &bw[0], None, 1, &mut bd2).unwrap();
-            b.add_rms_norm(&bd2, &mut bres2, &bn, eps, 1, &mut bout2)
-                .unwrap();
-            let (res2, out2) = (b.to_host(&bres2, 1).unwrap(), b.to_host(&bout2, 2).unwrap());
-            assert!(
-                res.iter()
-                    .zip(&res2)
-                    .all(|(a, c)| a.to_bits() == c.to_bits()),
-                "{what}: the residual differs from matmul + add_rms_norm's"
+            // A Q4_K_M qkv (one mixed launch) and a qkv of the producer's type (plain).
+            let qkv_mix = HostTensor::concat_rows(vec![
+                raw(&mut rng, GgmlType::Q4K, h, h),
+                raw(&mut rng, GgmlType::Q4K, kv, h),
+                raw(&mut rng, GgmlType::Q6K, kv, h),
+            ])
+            .unwrap();
+            let qkv = raw(&mut rng, t, h + 2 * kv, h);
+            let ws = [wo, gate_up, qkv_mix, qkv];
+            let bw = ws.clone().map(|w| b.upload_weight(w).unwrap());
+            let rw = ws.map(|w| reference.upload_weight(w).unwrap());
+            let norm = b.quantize(&random(&mut rng, h, 1.0));
+            let (bn, rn) = (
+                weight(&mut b, vec![h], &norm),
+                weight(&mut reference, vec![h], &norm),
             );
-            assert_rows_only(&format!("{what}: out"), &out, &out2[..h], 4e-3);
-            // The reference: the CPU's matmul, add_rms_norm and consumer.
-            let rx = tensor(&mut reference, 1, k, &x);
-            let mut rres = tensor(&mut reference, 1, h, &r0);
-            let mut rd = reference.alloc(1, h).unwrap();
-            let mut rout = reference.alloc(1, h).unwrap();
-            reference
-                .matmul_add_rms_norm(&rx, &rw[0], 1, &mut rd, &mut rres, &rn, eps, &mut rout)
-                .unwrap();
-            let want_out = reference.to_host(&rout, 1).unwrap();
-            check_rows(&b, &format!("{what}: out (cpu)"), 1, &out, &want_out);
-            if consumer == 3 {
-                continue;
+            // Consumers: the gate/up SiLU, the mixed qkv, the plain qkv; then none (a download
+            // settles the norm) and another op (a bf16 RMSNorm of the residual).
+            for consumer in 0..5 {
+                let what = format!("{t} {h}x{k} consumer {consumer}");
+                let x = b.quantize(&random(&mut rng, k, 1.0));
+                let r0 = b.quantize(&random(&mut rng, h, 1.0));
+                let bx = tensor(&mut b, 1, k, &x);
+                let [mut bres, mut bres2] = [0, 1].map(|_| tensor(&mut b, 1, h, &r0));
+                let [mut bd, mut bd2] = [0, 1].map(|_| poisoned(&mut b, 1, h));
+                let [mut bout, mut bout2] = [0, 1].map(|_| poisoned(&mut b, 2, h));
+                let cols = [f, h + 2 * kv, h + 2 * kv, h, h][consumer];
+                let mut by = poisoned(&mut b, 2, cols);
+                let mut bgu = poisoned(&mut b, 1, 2 * f);
+                // (The last round's two ops ran in its timed step: their timings go first.)
+                b.take_kernel_timings().unwrap();
+                b.fuse_across_ops(true).unwrap();
+                let fused = timed_ops(&mut b, |b| {
+                    b.matmul_add_rms_norm(&bx, &bw[0], 1, &mut bd, &mut bres, &bn, eps, &mut bout)
+                        .unwrap();
+                });
+                let next = timed_ops(&mut b, |b| match consumer {
+                    0 => b
+                        .matmul_glu(Activation::Silu, &bout, &bw[1], 1, &mut bgu, &mut by)
+                        .unwrap(),
+                    1 | 2 => b
+                        .matmul(&bout, &bw[consumer + 1], None, 1, &mut by)
+                        .unwrap(),
+                    3 => {}
+                    _ => b.rms_norm(&bres, &bn, eps, 1, &mut by).unwrap(),
+                });
+                b.fuse_across_ops(false).unwrap();
+                // (x is a written tensor: `quantize_x` makes its 8-bit rows.)
+                let want: &[&str] = if on {
+                    &["quantize_x", "matmul_add_rms_norm"]
+                } else {
+                    &["quantize_x", "matmul", "add_rms_norm"]
+                };
+                assert_launches(&fused, want, &format!("{what}: producer"));
+                let want_next: &[&str] = match consumer {
+                    0 => &["matmul_silu_mul"],
+                    1 | 2 => &["matmul"],
+                    3 => &[],
+                    // The settling rms_norm, then the op's own.
+                    _ => &["rms_norm"],
+                };
+                assert_launches(&next, want_next, &format!("{what}: consumer"));
+                let (res, out) = (b.to_host(&bres, 1).unwrap(), b.to_host(&bout, 2).unwrap());
+                // The backend's own two ops (nothing left pending outside a step).
+                b.matmul(&bx, &bw[0], None, 1, &mut bd2).unwrap();
+                b.add_rms_norm(&bd2, &mut bres2, &bn, eps, 1, &mut bout2)
+                    .unwrap();
+                let (res2, out2) = (b.to_host(&bres2, 1).unwrap(), b.to_host(&bout2, 2).unwrap());
+                assert!(
+                    res.iter()
+                        .zip(&res2)
+                        .all(|(a, c)| a.to_bits() == c.to_bits()),
+                    "{what}: the residual differs from matmul + add_rms_norm's"
+                );
+                assert_rows_only(&format!("{what}: out"), &out, &out2[..h], 4e-3);
+                // The reference: the CPU's matmul, add_rms_norm and consumer.
+                let rx = tensor(&mut reference, 1, k, &x);
+                let mut rres = tensor(&mut reference, 1, h, &r0);
+                let mut rd = reference.alloc(1, h).unwrap();
+                let mut rout = reference.alloc(1, h).unwrap();
+                reference
+                    .matmul_add_rms_norm(&rx, &rw[0], 1, &mut rd, &mut rres, &rn, eps, &mut rout)
+                    .unwrap();
+                let want_out = reference.to_host(&rout, 1).unwrap();
+                check_rows(&b, &format!("{what}: out (cpu)"), 1, &out, &want_out);
+                if consumer == 3 {
+                    continue;
+                }
+                let mut ry = reference.alloc(1, cols).unwrap();
+                let mut rgu = reference.alloc(1, 2 * f).unwrap();
+                match consumer {
+                    0 => reference
+                        .matmul_glu(Activation::Silu, &rout, &rw[1], 1, &mut rgu, &mut ry)
+                        .unwrap(),
+                    1 | 2 => reference
+                        .matmul(&rout, &rw[consumer + 1], None, 1, &mut ry)
+                        .unwrap(),
+                    _ => reference.rms_norm(&rres, &rn, eps, 1, &mut ry).unwrap(),
+                }
+                let got = b.to_host(&by, 2).unwrap();
+                let want = reference.to_host(&ry, 1).unwrap();
+                check_rows(&b, &format!("{what}: consumer output"), 1, &got, &want);
             }
-            let mut ry = reference.alloc(1, cols).unwrap();
-            let mut rgu = reference.alloc(1, 2 * f).unwrap();
-            match consumer {
-                0 => reference
-                    .matmul_glu(Activation::Silu, &rout, &rw[1], 1, &mut rgu, &mut ry)
-                    .unwrap(),
-                1 | 2 => reference
-                    .matmul(&rout, &rw[consumer + 1], None, 1, &mut ry)
-                    .unwrap(),
-                _ => reference.rms_norm(&rres, &rn, eps, 1, &mut ry).unwrap(),
-            }
-            let got = b.to_host(&by, 2).unwrap();
-            let want = reference.to_host(&ry, 1).unwrap();
-            check_rows(&b, &format!("{what}: consumer output"), 1, &got, &want);
         }
     }
 }
@@ -1235,77 +1261,86 @@ fn timed_ops(
 #[test]
 fn attention_merge_quantizes_the_output_rows() {
     use kiln::backend::AttnShape;
-    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
-        return;
-    };
-    let mut rng = rng("attention_merge_quantizes");
-    let shape = AttnShape::new(32, 8, 128);
-    let (qd, n_out, ctx) = (shape.q_dim(), 1024, 700u32);
-    let w = b
-        .upload_weight(raw(&mut rng, GgmlType::Q4K, n_out, qd))
-        .unwrap();
-    for batch in [1usize, 3] {
-        let bps = (ctx + 1).div_ceil(16);
-        let kvs = kiln::backend::KvShape {
-            num_layers: 1,
-            num_blocks: batch * bps as usize,
-            block_size: 16,
-            n_kv_heads: 8,
-            head_dim: 128,
+    // Both settings of the switch, each on a backend of its own.
+    for on in [true, false] {
+        let tuning = kiln::backend::GpuTuning {
+            attn_fuse: on,
+            ..env_tuning()
         };
-        let mut kv = b.alloc_kv(&kvs).unwrap();
-        let tables: Vec<Vec<u32>> = (0..batch as u32)
-            .map(|i| (i * bps..(i + 1) * bps).collect())
-            .collect();
-        // The context's k and v (a prefill's), then one decode row per sequence.
-        let seqs = |q: u32, c: u32| tables.iter().map(|t| (q, c, t.clone())).collect::<Vec<_>>();
-        let (pre, dec) = (
-            plan(&seqs(ctx, ctx), 16, |_| 0),
-            plan(&seqs(1, ctx + 1), 16, |_| 0),
-        );
-        let n_pre = batch * ctx as usize;
-        let ctx_qkv = random(&mut rng, n_pre * shape.qkv_dim(), 1.0);
-        let ctx_qkv = tensor(&mut b, n_pre, shape.qkv_dim(), &ctx_qkv);
-        let pb = b.prepare(&pre).unwrap();
-        b.write_kv(&mut kv, 0, &ctx_qkv, &pb, &shape).unwrap();
-        let q = random(&mut rng, batch * shape.qkv_dim(), 1.0);
-        let q = tensor(&mut b, batch, shape.qkv_dim(), &q);
-        // Every launch of the decode step timed (the ops show which kernels ran).
-        b.set_timing_period(Some(1));
-        let db = b.prepare(&dec).unwrap();
-        b.write_kv(&mut kv, 0, &q, &db, &shape).unwrap();
-        let mut out = poisoned(&mut b, batch, qd);
-        let [mut y1, mut y2] = [0, 0].map(|_| poisoned(&mut b, batch, n_out));
-        b.attention(&q, &kv, 0, &db, &shape, &mut out).unwrap();
-        b.matmul(&out, &w, None, batch, &mut y1).unwrap();
-        let fused: Vec<_> = b.take_kernel_timings().unwrap();
-        b.write(&mut y2, &vec![f32::NAN; batch * n_out]);
-        b.matmul(&out, &w, None, batch, &mut y2).unwrap();
-        let plain: Vec<_> = b.take_kernel_timings().unwrap();
-        b.set_timing_period(None);
-        let ops =
-            |t: &[kiln::backend::gpu::KernelTiming]| t.iter().map(|k| k.kernel).collect::<Vec<_>>();
-        let (fused, plain) = (ops(&fused), ops(&plain));
-        // The merge runs inside the decode attention (no attn_combine launch) unless
-        // KILN_ATTN_FUSE=0.
-        let folded = std::env::var("KILN_ATTN_FUSE").as_deref() != Ok("0");
-        assert_eq!(
-            fused.contains(&"attn_combine"),
-            !folded,
-            "batch {batch}: rows split: {fused:?}"
-        );
-        assert!(!fused.contains(&"quantize_x"), "batch {batch}: {fused:?}");
-        assert!(plain.contains(&"quantize_x"), "batch {batch}: {plain:?}");
-        let (g1, g2) = (
-            b.to_host(&y1, batch).unwrap(),
-            b.to_host(&y2, batch).unwrap(),
-        );
-        assert_close(
-            &format!("batch {batch}: the merge's 8-bit rows against quantize_x's"),
-            &g1,
-            &g2,
-            1e-5,
-        );
+        let Some(mut b) = cuda_tuned(kiln::backend::DType::Bf16, tuning) else {
+            return;
+        };
+        let mut rng = rng("attention_merge_quantizes");
+        let shape = AttnShape::new(32, 8, 128);
+        let (qd, n_out, ctx) = (shape.q_dim(), 1024, 700u32);
+        let w = b
+            .upload_weight(raw(&mut rng, GgmlType::Q4K, n_out, qd))
+            .unwrap();
+        for batch in [1usize, 3] {
+            let bps = (ctx + 1).div_ceil(16);
+            let kvs = kiln::backend::KvShape {
+                num_layers: 1,
+                num_blocks: batch * bps as usize,
+                block_size: 16,
+                n_kv_heads: 8,
+                head_dim: 128,
+            };
+            let mut kv = b.alloc_kv(&kvs).unwrap();
+            let tables: Vec<Vec<u32>> = (0..batch as u32)
+                .map(|i| (i * bps..(i + 1) * bps).collect())
+                .collect();
+            // The context's k and v (a prefill's), then one decode row per sequence.
+            let seqs =
+                |q: u32, c: u32| tables.iter().map(|t| (q, c, t.clone())).collect::<Vec<_>>();
+            let (pre, dec) = (
+                plan(&seqs(ctx, ctx), 16, |_| 0),
+                plan(&seqs(1, ctx + 1), 16, |_| 0),
+            );
+            let n_pre = batch * ctx as usize;
+            let ctx_qkv = random(&mut rng, n_pre * shape.qkv_dim(), 1.0);
+            let ctx_qkv = tensor(&mut b, n_pre, shape.qkv_dim(), &ctx_qkv);
+            let pb = b.prepare(&pre).unwrap();
+            b.write_kv(&mut kv, 0, &ctx_qkv, &pb, &shape).unwrap();
+            let q = random(&mut rng, batch * shape.qkv_dim(), 1.0);
+            let q = tensor(&mut b, batch, shape.qkv_dim(), &q);
+            // Every launch of the decode step timed (the ops show which kernels ran).
+            b.set_timing_period(Some(1));
+            let db = b.prepare(&dec).unwrap();
+            b.write_kv(&mut kv, 0, &q, &db, &shape).unwrap();
+            let mut out = poisoned(&mut b, batch, qd);
+            let [mut y1, mut y2] = [0, 0].map(|_| poisoned(&mut b, batch, n_out));
+            b.attention(&q, &kv, 0, &db, &shape, &mut out).unwrap();
+            b.matmul(&out, &w, None, batch, &mut y1).unwrap();
+            let fused: Vec<_> = b.take_kernel_timings().unwrap();
+            b.write(&mut y2, &vec![f32::NAN; batch * n_out]);
+            b.matmul(&out, &w, None, batch, &mut y2).unwrap();
+            let plain: Vec<_> = b.take_kernel_timings().unwrap();
+            b.set_timing_period(None);
+            let ops = |t: &[kiln::backend::gpu::KernelTiming]| {
+                t.iter().map(|k| k.kernel).collect::<Vec<_>>()
+            };
+            let (fused, plain) = (ops(&fused), ops(&plain));
+            // The merge runs inside the decode attention (no attn_combine launch) unless
+            // `attn_fuse` is off.
+            let folded = on;
+            assert_eq!(
+                fused.contains(&"attn_combine"),
+                !folded,
+                "batch {batch}: rows split: {fused:?}"
+            );
+            assert!(!fused.contains(&"quantize_x"), "batch {batch}: {fused:?}");
+            assert!(plain.contains(&"quantize_x"), "batch {batch}: {plain:?}");
+            let (g1, g2) = (
+                b.to_host(&y1, batch).unwrap(),
+                b.to_host(&y2, batch).unwrap(),
+            );
+            assert_close(
+                &format!("batch {batch}: the merge's 8-bit rows against quantize_x's"),
+                &g1,
+                &g2,
+                1e-5,
+            );
+        }
     }
 }
 
@@ -1390,7 +1425,7 @@ fn quant_batches_before_their_tiled_kernels_compiled() {
         moe: false,
         weight_types: Some(vec![GgmlType::Q4K, GgmlType::Q6K]),
         head_dims: Some(vec![128]),
-        ..CudaOptions::default()
+        ..gpu_options()
     }) else {
         return;
     };

@@ -52,7 +52,7 @@ fn options(dtype: DType) -> CudaOptions {
     CudaOptions {
         dtype,
         kernel_cache: kiln::engine::default_kernel_cache_dir(),
-        ..CudaOptions::default()
+        ..crate::harness::gpu_options()
     }
 }
 
