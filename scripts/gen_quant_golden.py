@@ -4,11 +4,21 @@
 Outputs in tests/data/quant/:
   <type>.raw       random raw blocks (finite f16 scale fields), 8 blocks per type
   <type>.f32       gguf-py's dequantization of <type>.raw, little-endian f32
+  mxfp4.raw        MXFP4 blocks: every E8M0 exponent byte 0..=255 once (the extremes 0, 1,
+                   254, 255 included; 253..255 overflow f32 for the larger codes, as in
+                   ggml) with random nibbles (all 16 E2M1 codes, -0 included)
+  mxfp4.f32        gguf-py's dequantization of mxfp4.raw (infinities where ggml has them)
+  mxfp4_dot_w.raw  an [8, 512] MXFP4 weight quantized by gguf-py from random values
+                   (scales 2^-20..2^20 across rows), plus the exponent bytes 0 and 255
+                   in two blocks of row 7
+  mxfp4_dot_x.f32  [3, 512] random f32 activations
+  mxfp4_dot_y.f32  [3, 8] their dot products with gguf-py's dequantized weight (float64 sums)
   fixtures.json    for every non-F32 tensor of the quantized/F16 fixture models: type,
                    element count, FNV-1a 64 of the dequantized f32 bytes, first values, sum
 
 Usage: python3 scripts/gen_quant_golden.py [--models ../shared/models]
-Requires: pip install gguf numpy (tested with gguf 0.19.0).
+Requires: pip install gguf numpy (tested with gguf 0.19.0, whose gguf.quants has MXFP4; or
+PYTHONPATH=llama.cpp/gguf-py with the tree ../shared/peers/get_llama_cpp.sh fetches).
 """
 
 import argparse
@@ -18,7 +28,7 @@ import pathlib
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "quant"
@@ -85,6 +95,40 @@ def write_blocks(rng: np.random.Generator) -> None:
         print(f"{stem}: {blocks.size} bytes -> {values.size} values")
 
 
+def write_mxfp4(rng: np.random.Generator) -> None:
+    qs = rng.integers(0, 256, (256, 16), dtype=np.uint16).astype(np.uint8)
+    e = rng.permutation(256).astype(np.uint8).reshape(256, 1)
+    blocks = np.concatenate([e, qs], axis=1)
+    with np.errstate(over="ignore"):
+        values = dequantize(blocks, T.MXFP4).astype("<f4").reshape(-1)
+    assert np.all(np.isfinite(values[np.repeat(e[:, 0] < 253, 32)])), "finite below 253"
+    (OUT / "mxfp4.raw").write_bytes(blocks.tobytes())
+    (OUT / "mxfp4.f32").write_bytes(values.tobytes())
+    print(f"mxfp4: {blocks.size} bytes -> {values.size} values")
+
+    rows, k, n = 8, 512, 3
+    scale = 2.0 ** np.linspace(-20, 20, rows).reshape(rows, 1)
+    w = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
+    wq = quantize(w, T.MXFP4).reshape(rows, -1, 17)
+    # Extreme exponents in the last row, with tiny codes so that the values stay finite:
+    # block 0 at e = 0 (subnormal 2^-128 unit), block 1 at e = 255 (2^127) holding only 0/±1.
+    wq[7, 0, 0] = 0
+    wq[7, 1, 0] = 255
+    wq[7, 1, 1:] &= np.uint8(0x99)  # codes 0, 1, 8, 9: 0, 1, -0, -1
+    wq = wq.reshape(rows, -1)
+    wd = dequantize(wq, T.MXFP4).astype(np.float32).reshape(rows, k)
+    assert np.all(np.isfinite(wd))
+    x = rng.uniform(-1.0, 1.0, (n, k)).astype(np.float32)
+    # Row 7's 2^127 block swamps everything: give its activations there a tiny size.
+    x[:, 32:64] *= np.float32(2.0**-120)
+    y = (x.astype(np.float64) @ wd.astype(np.float64).T).astype("<f4")
+    assert np.all(np.isfinite(y))
+    (OUT / "mxfp4_dot_w.raw").write_bytes(wq.tobytes())
+    (OUT / "mxfp4_dot_x.f32").write_bytes(x.astype("<f4").tobytes())
+    (OUT / "mxfp4_dot_y.f32").write_bytes(y.tobytes())
+    print(f"mxfp4 dots: [{n}, {k}] x [{rows}, {k}]^T")
+
+
 def fnv1a64(data: bytes) -> int:
     h = 0xCBF29CE484222325
     for b in data:
@@ -118,7 +162,9 @@ def main() -> None:
     ap.add_argument("--models", type=pathlib.Path, default=ROOT.parent / "shared" / "models")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    write_blocks(np.random.default_rng(SEED))
+    rng = np.random.default_rng(SEED)
+    write_blocks(rng)
+    write_mxfp4(rng)  # after the others: their random draws stay the same
     summaries = fixture_summaries(args.models)
     (OUT / "fixtures.json").write_text(json.dumps(summaries, indent=1, sort_keys=True) + "\n")
 

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use kiln::backend::cpu::qmatmul::{self, QScratch};
-use kiln::backend::cpu::{CpuBackend, Kernels, ops};
+use kiln::backend::cpu::{CpuBackend, Kernels, ops, qdot};
 use kiln::backend::quant::{self, GgmlType};
 use kiln::backend::{Backend, HostTensor};
 use kiln::generate::{GenerateOptions, SingleGenerator};
@@ -67,6 +67,13 @@ fn random_weight(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u
                 out.extend(rng.half(0.0002, 0.001));
             }
         }
+        GgmlType::Mxfp4 => {
+            // Units 2^-10..2^-3: values up to 12 * 2^-3.
+            for _ in 0..n / 32 {
+                out.push(118 + rng.byte() % 8);
+                bytes(rng, &mut out, 16);
+            }
+        }
         other => panic!("no generator for {other}"),
     }
     out
@@ -112,7 +119,7 @@ fn limit(ty: GgmlType) -> f32 {
     }
 }
 
-const TYPES: [GgmlType; 7] = [
+const TYPES: [GgmlType; 8] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4K,
@@ -120,6 +127,7 @@ const TYPES: [GgmlType; 7] = [
     GgmlType::Q6K,
     GgmlType::F16,
     GgmlType::BF16,
+    GgmlType::Mxfp4,
 ];
 
 /// Every type at `(rows n, out m, in k)`: quantized against f32, and every kernel table this
@@ -341,6 +349,294 @@ fn q5_k_dequantizes_like_gguf_py() {
     assert_eq!(mismatch, None, "first mismatch");
 }
 
+fn quant_golden(name: &str) -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/quant");
+    std::fs::read(dir.join(name)).unwrap()
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[test]
+fn mxfp4_type_and_scales_are_ggml_s() {
+    let ty = GgmlType::from_id(39);
+    assert_eq!(ty, GgmlType::Mxfp4);
+    assert_eq!(
+        (ty.id(), ty.name(), ty.to_string()),
+        (39, "MXFP4", "MXFP4".into())
+    );
+    assert_eq!((ty.block_size(), ty.block_bytes()), (Some(32), Some(17)));
+    assert!(ty.is_supported());
+    assert_eq!(ty.byte_size(2880 * 64), Ok(2880 * 2 * 17));
+    // 2^(e - 128) for every exponent byte, 255 included (ggml: no NaN).
+    for e in 0..=255u8 {
+        let want = (2.0f64).powi(i32::from(e) - 128) as f32;
+        assert_eq!(
+            quant::e8m0_to_f32_half(e).to_bits(),
+            want.to_bits(),
+            "e = {e}"
+        );
+    }
+    assert_eq!(
+        quant::MXFP4_VALUES.map(|v| f32::from(v) * 0.5),
+        [
+            0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0
+        ],
+        "the E2M1 values"
+    );
+    // A block by hand: e = 127 (unit 1/2), nibbles 0x7F in byte 0 (element 0: -12 -> -6,
+    // element 16: 12 -> 6), 0x19 in byte 1 (element 1: -1 -> -0.5, element 17: 1 -> 0.5).
+    let mut b = vec![0u8; 17];
+    b[0] = 127;
+    b[1] = 0x7F;
+    b[2] = 0x19;
+    b[3] = 0x88; // -0 both: +0.0
+    let y = quant::dequantize_to_vec(GgmlType::Mxfp4, &b, 32).unwrap();
+    assert_eq!((y[0], y[16], y[1], y[17]), (-6.0, 6.0, -0.5, 0.5));
+    assert_eq!((y[2].to_bits(), y[18].to_bits()), (0, 0));
+    let t = HostTensor::raw(vec![2, 32], GgmlType::Mxfp4, [b.clone(), b].concat()).unwrap();
+    assert_eq!(t.weight_type(), GgmlType::Mxfp4);
+    assert!(
+        CpuBackend::new().upload_weight(t).is_ok(),
+        "the CPU keeps MXFP4 weights"
+    );
+}
+
+#[test]
+fn mxfp4_dequantizes_like_gguf_py() {
+    // Every exponent byte once (infinities of 253..255 included), random nibbles; gguf-py's
+    // dequantization (scripts/gen_quant_golden.py), bit for bit.
+    let raw = quant_golden("mxfp4.raw");
+    let want = f32s(&quant_golden("mxfp4.f32"));
+    assert_eq!((raw.len(), want.len()), (256 * 17, 256 * 32));
+    let exps: std::collections::BTreeSet<u8> = raw.chunks_exact(17).map(|b| b[0]).collect();
+    assert_eq!(exps.len(), 256, "every exponent byte");
+    assert!(want.iter().any(|v| v.is_infinite()) && want.iter().any(|v| v.to_bits() == 0));
+    let got = quant::dequantize_to_vec(GgmlType::Mxfp4, &raw, want.len() as u64).unwrap();
+    let mismatch = got
+        .iter()
+        .zip(&want)
+        .position(|(a, b)| a.to_bits() != b.to_bits());
+    assert_eq!(mismatch, None, "first mismatch");
+    // Past the parallel threshold: the same values.
+    let big = quant::dequantize_to_vec(GgmlType::Mxfp4, &raw.repeat(16), 16 * 8192).unwrap();
+    assert!(
+        big.iter()
+            .zip(want.repeat(16))
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    );
+}
+
+#[test]
+fn mxfp4_dots_match_gguf_py() {
+    // An [8, 512] weight gguf-py quantized (rows scaled 2^-20..2^20, exponents 0 and 255 in
+    // row 7), [3, 512] activations, and gguf-py's float64 dots: every kernel table, on the
+    // kernel path (one row, four rows) and the dequantized-tile GEMM path.
+    let (m, k, n) = (8, 512, 3);
+    let w = HostTensor::raw(vec![m, k], GgmlType::Mxfp4, quant_golden("mxfp4_dot_w.raw")).unwrap();
+    let x = f32s(&quant_golden("mxfp4_dot_x.f32"));
+    let want = f32s(&quant_golden("mxfp4_dot_y.f32"));
+    assert_eq!((x.len(), want.len()), (n * k, n * m));
+    // Per dot: the bound of the activations' 8-bit rounding (each value within half its
+    // block's step amax / 127) from the dequantized weight (bit-exact to gguf-py, checked
+    // above), and the magnitude sum |w x| (for the f32 summation error).
+    let wf = w.clone().into_f32().unwrap();
+    let wf = wf.values().unwrap();
+    let bounds: Vec<(f32, f32)> = (0..n * m)
+        .map(|o| {
+            let (r, j) = (o / m, o % m);
+            let (xr, wr) = (&x[r * k..][..k], &wf[j * k..][..k]);
+            let (mut b, mut mag) = (0.0f64, 0.0f64);
+            for (xb, wb) in xr.chunks_exact(32).zip(wr.chunks_exact(32)) {
+                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let wsum: f64 = wb.iter().map(|v| f64::from(v.abs())).sum();
+                b += f64::from(amax) / 254.0 * wsum;
+                mag += xb
+                    .iter()
+                    .zip(wb)
+                    .map(|(a, b)| f64::from((a * b).abs()))
+                    .sum::<f64>();
+            }
+            (b as f32, mag as f32)
+        })
+        .collect();
+    // The worst error as a fraction of its limit: the rounding bound plus 1e-5 of the
+    // magnitude, or (`exact`: the GEMM of the dequantized weight, f32 activations) 1e-5 of
+    // the magnitude alone.
+    let worst = |got: &[f32], exact: bool| -> f32 {
+        got.iter()
+            .zip(&want)
+            .zip(&bounds)
+            .map(|((g, w), &(b, mag))| {
+                let lim = if exact {
+                    1e-5 * mag
+                } else {
+                    1.001 * b + 1e-5 * mag
+                };
+                (g - w).abs() / lim
+            })
+            .fold(0.0, f32::max)
+    };
+    assert!(
+        worst(&reference(&x, &w, n), true) <= 1.0,
+        "f32 matmul of the dequantized weight"
+    );
+    let tables = Kernels::available();
+    for kern in &tables {
+        for gemm_min_rows in [usize::MAX, 1] {
+            let kern = Kernels {
+                gemm_min_rows,
+                ..*kern
+            };
+            let e = worst(&quantized(&kern, &x, &w, n), gemm_min_rows == 1);
+            eprintln!(
+                "mxfp4 golden dots, {} gemm_min_rows {gemm_min_rows}: {e:.3} of the limit",
+                kern.name
+            );
+            assert!(
+                e <= 1.0,
+                "{} (gemm from {gemm_min_rows} rows): {e} of the limit",
+                kern.name
+            );
+        }
+        // The kernels themselves, one row and four (the fourth activation row repeats the first).
+        let mut a = vec![qdot::BlockQ8_0::ZERO; n * k / 32];
+        qdot::quantize_q8_0(&x, &mut a);
+        let act = |r: usize| &a[r * k / 32..(r + 1) * k / 32];
+        let bytes = quant_golden("mxfp4_dot_w.raw");
+        for (j, row) in bytes.chunks_exact(17 * k / 32).enumerate() {
+            let four = (kern.mxfp4_x4)(row, [act(0), act(1), act(2), act(0)]);
+            for r in 0..n {
+                let one = (kern.mxfp4)(row, act(r));
+                let p = (Kernels::PORTABLE.mxfp4)(row, act(r));
+                let tol = 1e-5 * mxfp4_magnitude(row, act(r));
+                assert!(
+                    (one - p).abs() <= tol,
+                    "{} row {j} act {r}: {one} vs {p}",
+                    kern.name
+                );
+                assert!(
+                    (four[r] - p).abs() <= tol,
+                    "{} x4 row {j} act {r}",
+                    kern.name
+                );
+            }
+            assert_eq!(
+                four[3].to_bits(),
+                four[0].to_bits(),
+                "{} x4 rows",
+                kern.name
+            );
+        }
+    }
+}
+
+/// Random MXFP4 rows of `blocks` blocks and matching Q8_0 activation rows, row `i` with
+/// every block at exponent `exps(i)` and activation scales that keep `2^(e-128) * d` normal
+/// (so every exponent byte, 0, 254 and 255 included, gives finite dots).
+fn mxfp4_rows(
+    rng: &mut Rng,
+    rows: usize,
+    blocks: usize,
+    exps: impl Fn(usize, usize) -> u8,
+) -> (Vec<Vec<u8>>, Vec<Vec<qdot::BlockQ8_0>>) {
+    let mut ws = vec![];
+    let mut acts = vec![];
+    for i in 0..rows {
+        let mut w = vec![];
+        let mut a = vec![];
+        for b in 0..blocks {
+            let e = exps(i, b);
+            w.push(e);
+            w.extend((0..16).map(|_| rng.byte()));
+            let d = (0.5 + 0.5 * rng.unit().abs())
+                * (2.0f32).powi((128 - i32::from(e)).clamp(-126, 127));
+            let mut qs = [0i8; 32];
+            qs.iter_mut()
+                .for_each(|q| *q = (i16::from(rng.byte() % 255) - 127) as i8);
+            a.push(qdot::BlockQ8_0 { d, qs });
+        }
+        ws.push(w);
+        acts.push(a);
+    }
+    (ws, acts)
+}
+
+/// The size of a dot without cancellation: the portable dot of the weights' and the
+/// activations' absolute values (E2M1 sign bits cleared, |qs|).
+fn mxfp4_magnitude(w: &[u8], a: &[qdot::BlockQ8_0]) -> f32 {
+    let w: Vec<u8> = w
+        .chunks_exact(17)
+        .flat_map(|b| std::iter::once(b[0]).chain(b[1..].iter().map(|q| q & 0x77)))
+        .collect();
+    let a: Vec<qdot::BlockQ8_0> = a
+        .iter()
+        .map(|b| qdot::BlockQ8_0 {
+            d: b.d.abs(),
+            qs: b.qs.map(|q| q.saturating_abs()),
+        })
+        .collect();
+    (Kernels::PORTABLE.mxfp4)(&w, &a)
+}
+
+#[test]
+fn mxfp4_kernel_tables_agree_with_portable_at_every_exponent() {
+    let tables = Kernels::available();
+    let mut rng = Rng(0x39);
+    // Rows 0..256: one exponent byte each (all 16 blocks); then mixed exponents 96..160 in
+    // rows of 1, 3 (the AVX-512 pair kernels' tail) and 16 blocks.
+    let (mut ws, mut acts) = mxfp4_rows(&mut rng, 256, 16, |i, _| i as u8);
+    for blocks in [1, 3, 16] {
+        let (w, a) = mxfp4_rows(&mut rng, 64, blocks, |i, b| {
+            96 + ((i * 7 + b * 13) % 64) as u8
+        });
+        ws.extend(w);
+        acts.extend(a);
+    }
+    let mut nonzero = 0;
+    for (i, (w, a)) in ws.iter().zip(&acts).enumerate() {
+        // Four activation rows: this row's and two neighbours' of its group of 4 (the
+        // groups of rows are multiples of 4 long: same length, exponents within 3).
+        let pick = |d: usize| &acts[i ^ d][..];
+        let four_acts = [&a[..], pick(1), pick(2), &a[..]];
+        let want: Vec<(f32, f32)> = four_acts
+            .iter()
+            .map(|x| ((Kernels::PORTABLE.mxfp4)(w, x), mxfp4_magnitude(w, x)))
+            .collect();
+        assert!(
+            want.iter().all(|(p, m)| p.is_finite() && m.is_finite()),
+            "row {i}"
+        );
+        nonzero += usize::from(want[0].0 != 0.0);
+        for kern in &tables[1..] {
+            let one = (kern.mxfp4)(w, a);
+            let (p, mag) = want[0];
+            assert!(
+                (one - p).abs() <= 1e-5 * mag,
+                "{} row {i}: {one} vs {p}",
+                kern.name
+            );
+            let four = (kern.mxfp4_x4)(w, four_acts);
+            for (r, (&got, &(p, mag))) in four.iter().zip(&want).enumerate() {
+                assert!(
+                    (got - p).abs() <= 1e-5 * mag,
+                    "{} x4 row {i} act {r}: {got} vs {p}",
+                    kern.name
+                );
+            }
+        }
+    }
+    assert!(
+        nonzero > ws.len() * 9 / 10,
+        "the rows' dots are not all zero"
+    );
+    let names: Vec<&str> = tables.iter().map(|k| k.name).collect();
+    eprintln!("mxfp4 kernel tables {names:?} agree on {} rows", ws.len());
+}
+
 /// Micro-benchmark (ignored; run with `cargo test --release --test cpu_quant -- --ignored
 /// --nocapture bench`): the machine's memory bandwidth (a two-thread read loop and a copy
 /// loop over 512 MiB) and one decode row (`n = 1`) through 8192x2048 weights of each type
@@ -448,6 +744,7 @@ fn bench_dot_kernels_in_cache() {
                         GgmlType::Q4K => (kern.q4_k)(row, &a256),
                         GgmlType::Q5K => (kern.q5_k)(row, &a256),
                         GgmlType::Q6K => (kern.q6_k)(row, &a256),
+                        GgmlType::Mxfp4 => (kern.mxfp4)(row, &a32),
                         GgmlType::F16 => (kern.f16)(row, &x),
                         _ => (kern.bf16)(row, &x),
                     };
