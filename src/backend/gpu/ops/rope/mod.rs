@@ -2,7 +2,8 @@
 //! the k/v write alone, or both in one launch; the rope frequency tables, uploaded once per
 //! rope spec.
 
-use super::matmul::{QkvRope, QmmaTail, matmul_operands};
+use super::matmul::route::{QkvPath, RopeFacts};
+use super::matmul::{QkvRope, QmmaTail, matmul_operands, operands};
 use crate::backend::gpu::args::{RopeArgs, RopeKvArgs, RopeKvNormArgs, WriteKvArgs};
 use crate::backend::gpu::kernels::Kernel;
 use crate::backend::gpu::runtime::{Grid, Runtime};
@@ -252,12 +253,10 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch_rope_write_kv(qkv, kv, layer, b, shape, rope, None)
     }
 
-    /// Whether the qkv matmul may rope and cache its own output, on which kernels, and with
-    /// what: the 8-bit decode kernels (`QkvRope` in kernels/qgemv.cu) where the rope rotates
-    /// adjacent pairs (a warp's two weight rows) and every part starts at an even column, or
-    /// the tiled kernels' split-k reduce (`qmma_reduce_rope` in kernels/qmma.cu, either rope
-    /// layout); and the step is the batch's (its positions and slots). The matmul's shapes are
-    /// checked by the caller. `KILN_QKV_ROPE=0` turns it off (A/B measurements).
+    /// Whether the qkv matmul may rope and cache its own output, on which kernels
+    /// ([`Route::qkv_rope`](super::matmul::route::Route::qkv_rope)), and with what: the
+    /// step must be the batch's (its positions and slots). The matmul's shapes are checked
+    /// by the caller.
     #[allow(clippy::too_many_arguments)]
     fn qkv_rope(
         &mut self,
@@ -270,29 +269,16 @@ impl<R: Runtime> GpuBackend<R> {
         shape: &AttnShape,
         rope: &RopeSpec,
     ) -> Result<Option<(QkvPath, QkvRope)>, BackendError> {
-        static OFF: std::sync::LazyLock<bool> =
-            std::sync::LazyLock::new(|| std::env::var("KILN_QKV_ROPE").is_ok_and(|v| v == "0"));
         let hd = shape.head_dim;
-        let fits = !*OFF
-            && w.dense().is_none()
-            && w.rows > 0
-            && w.rows == shape.qkv_dim()
-            && hd.is_multiple_of(2)
-            && rope.dim.is_multiple_of(2)
-            && rope.dim <= hd;
         let interleaved = rope.layout == RopeLayout::Interleaved;
-        let decode = interleaved
-            && w.parts
-                .iter()
-                .all(|p| p.row0.is_multiple_of(2) && p.rows.is_multiple_of(2));
-        let path = match fits.then(|| self.qdot_rows(n, x, w)) {
-            None => return Ok(None),
-            Some(Some(rows)) if decode => QkvPath::Decode(rows),
-            Some(Some(_)) => return Ok(None),
-            Some(None) => match (self.qgemv_rows(n, x, w), self.qmma_rows(n, x, w)) {
-                (None, Some(rows)) => QkvPath::Tiles(rows),
-                _ => return Ok(None),
-            },
+        let facts = RopeFacts {
+            qkv_dim: shape.qkv_dim(),
+            head_dim: hd,
+            rot_dim: rope.dim,
+            interleaved,
+        };
+        let Some(path) = self.route().qkv_rope(&operands(x, w, n), &facts) else {
+            return Ok(None);
         };
         let l = self.layout(b)?;
         if l.n_tokens != n {
@@ -314,12 +300,4 @@ impl<R: Runtime> GpuBackend<R> {
         };
         Ok(Some((path, epi)))
     }
-}
-
-/// Which kernels rope the qkv matmul's output ([`GpuBackend::qkv_rope`]), at what row bucket.
-enum QkvPath {
-    /// The 8-bit decode kernels (`qdot_*`, 1-8 rows).
-    Decode(u32),
-    /// The tiled kernels (`qmma_*`), in the reduce of a split k.
-    Tiles(u32),
 }
