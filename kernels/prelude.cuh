@@ -307,183 +307,28 @@ struct Chunk<float> {
     M(bf16, bf16)
 #endif
 
-// Compile units (`Part` in src/backend/gpu/kernels.rs): the large sources are compiled once
-// per weight type (q80 ... q6k) or head size (h64 ... hany), plus `common` for the rest (and
-// i8q40 ... i8q6k: qmma.cu's 8-bit tiles of the types that do not take them by default;
+// Compile units (`Part` in src/backend/gpu/registry/units.rs): the large sources are compiled
+// once per weight type (q80 ... q6k) or head size (h64 ... hany), plus `common` for the rest
+// (and i8q40 ... i8q6k: qmma.cu's 8-bit tiles of the types that do not take them by default;
 // sq80 ... sq6k: qgemv.cu's streaming matmuls on float activations, bf16's fallback;
 // q4km2 ...: qgemv.cu's 8-bit decode kernels of 2, 4 and 8 rows of a type, whose 1-row ones
 // are in the type's part; h128q4 ...: attention_decode.cu's kernel of one head size and
 // pass size; qkn: rope.cu's rope with the q/k head norms, for the models that have them),
-// so
-// a start-up waits only for the parts its model runs. The host defines KILN_PARTS and the
-// one KILN_PART_<tag> it wants as 1; without KILN_PARTS (hipcc, hipRTC, a whole-file
-// compile) every part is in. KILN_IN_PART(tag, ...) keeps its text only in that part.
-#if defined(KILN_PARTS)
-#define KILN_PART_DEFAULT 0
+// so a start-up waits only for the parts its model runs. The host defines every part tag
+// of a unit (`Unit::text` in src/backend/gpu/registry/texts.rs): KILN_PARTS, then
+// KILN_PART_<tag> as 1 for the unit's own part and as 0 for each other part of its source;
+// a tag it does not define is a compile error in KILN_IN_PART. A whole-source compile
+// (hipcc in CI, tests/hiprtc.rs) defines KILN_ALL_PARTS instead: every part is in.
+// KILN_IN_PART(tag, ...) keeps its text only in that part; KILN_HAS_PART(tag) is 1 there
+// (for `#if` around longer text).
+#if defined(KILN_ALL_PARTS)
+#define KILN_IN_PART(tag, ...) __VA_ARGS__
+#define KILN_HAS_PART(tag) 1
 #else
-#define KILN_PART_DEFAULT 1
-#endif
-#ifndef KILN_PART_common
-#define KILN_PART_common KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_qkn
-#define KILN_PART_qkn KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q80
-#define KILN_PART_q80 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q40
-#define KILN_PART_q40 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q4k
-#define KILN_PART_q4k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q5k
-#define KILN_PART_q5k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q6k
-#define KILN_PART_q6k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h64
-#define KILN_PART_h64 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h80
-#define KILN_PART_h80 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h96
-#define KILN_PART_h96 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h128
-#define KILN_PART_h128 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h256
-#define KILN_PART_h256 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_hany
-#define KILN_PART_hany KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_i8q40
-#define KILN_PART_i8q40 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_i8q4k
-#define KILN_PART_i8q4k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_i8q5k
-#define KILN_PART_i8q5k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_i8q6k
-#define KILN_PART_i8q6k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_sq80
-#define KILN_PART_sq80 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_sq40
-#define KILN_PART_sq40 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_sq4k
-#define KILN_PART_sq4k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_sq5k
-#define KILN_PART_sq5k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_sq6k
-#define KILN_PART_sq6k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_nq80
-#define KILN_PART_nq80 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_nq40
-#define KILN_PART_nq40 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_nq4k
-#define KILN_PART_nq4k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_nq5k
-#define KILN_PART_nq5k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_nq6k
-#define KILN_PART_nq6k KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q80m2
-#define KILN_PART_q80m2 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q80m4
-#define KILN_PART_q80m4 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q80m8
-#define KILN_PART_q80m8 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q40m2
-#define KILN_PART_q40m2 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q40m4
-#define KILN_PART_q40m4 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q40m8
-#define KILN_PART_q40m8 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q4km2
-#define KILN_PART_q4km2 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q4km4
-#define KILN_PART_q4km4 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q4km8
-#define KILN_PART_q4km8 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q5km2
-#define KILN_PART_q5km2 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q5km4
-#define KILN_PART_q5km4 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q5km8
-#define KILN_PART_q5km8 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q6km2
-#define KILN_PART_q6km2 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q6km4
-#define KILN_PART_q6km4 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_q6km8
-#define KILN_PART_q6km8 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h64q1
-#define KILN_PART_h64q1 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h64q2
-#define KILN_PART_h64q2 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h64q4
-#define KILN_PART_h64q4 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h64q8
-#define KILN_PART_h64q8 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h128q1
-#define KILN_PART_h128q1 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h128q2
-#define KILN_PART_h128q2 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h128q4
-#define KILN_PART_h128q4 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h128q8
-#define KILN_PART_h128q8 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h256q1
-#define KILN_PART_h256q1 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h256q2
-#define KILN_PART_h256q2 KILN_PART_DEFAULT
-#endif
-#ifndef KILN_PART_h256q4
-#define KILN_PART_h256q4 KILN_PART_DEFAULT
-#endif
 #define KILN_PART_IF_0(...)
 #define KILN_PART_IF_1(...) __VA_ARGS__
 #define KILN_PART_IF_(flag, ...) KILN_PART_IF_##flag(__VA_ARGS__)
 #define KILN_PART_IF(flag, ...) KILN_PART_IF_(flag, __VA_ARGS__)
 #define KILN_IN_PART(tag, ...) KILN_PART_IF(KILN_PART_##tag, __VA_ARGS__)
+#define KILN_HAS_PART(tag) KILN_PART_##tag
+#endif

@@ -211,7 +211,7 @@ KILN_FOR_DTYPES(KILN_QGEMV)
 constexpr int QX_THREADS = 256;
 
 // Grid ceil(rows * k / 32 / QX_THREADS); each thread quantizes one block of 32 values.
-#if KILN_PART_common
+#if KILN_HAS_PART(common)
 extern "C" __global__ void __launch_bounds__(QX_THREADS)
     quantize_x_bf16(const bf16* __restrict__ x, u8* __restrict__ xq, int k, int rows) {
     KILN_PDL_TRIGGER();

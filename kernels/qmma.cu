@@ -254,7 +254,7 @@ KILN_IN_PART(i8q5k, KILN_QMMA8MIX(q5k, Q5_K))
 // did not run, 15.82 ms, and the tail of the last blocks cost the rest).
 // Grid (ceil(n / 256), rows), 256 threads: sums the `splits` f32 partials of each output
 // (ws[z][r][j], n columns) in split order, adds the bias, stores bf16 at y[r * ldy + j].
-#if KILN_PART_common
+#if KILN_HAS_PART(common)
 extern "C" __global__ void __launch_bounds__(256)
     qmma_reduce_bf16(const float* __restrict__ ws, const bf16* __restrict__ bias, bf16* __restrict__ y, int n,
                      int rows, int ldy, int splits) {
@@ -405,5 +405,5 @@ extern "C" __global__ void __launch_bounds__(256)
     dst[0] = from_f<bf16>(v0);
     dst[c1 - c0] = from_f<bf16>(v1);
 }
-#endif  // KILN_PART_common
+#endif  // KILN_HAS_PART(common)
 #endif

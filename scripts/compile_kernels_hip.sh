@@ -2,10 +2,12 @@
 # Ahead-of-time compile of every Kiln GPU kernel for AMD with hipcc, warnings as errors.
 #
 # The kernel list is derived from kernels/*.cu (tests/kernels_hip.rs checks that every source
-# of the typed kernel enum is one of them). Each source is compiled exactly as the runtime
-# compiles it: prelude.cuh, then the source's shared headers (attention_*.cu: attention.cuh;
-# qgemv.cu: quant.cuh; qmma.cu: quant.cuh then qmma.cuh; moe.cu: quant.cuh then moe.cuh;
-# moe_quant.cu: quant.cuh, qmma.cuh, moe.cuh)
+# of the typed kernel enum is one of them). Each source is compiled whole, as the backend's
+# whole-source text (`kernels::sources`: tests/kernels_hip.rs checks the bytes are the same):
+# `#define KILN_ALL_PARTS 1` (every part of a split source in; the runtime's own units
+# define each part tag instead), prelude.cuh, then the source's shared headers
+# (attention_*.cu: attention.cuh; qgemv.cu: quant.cuh; qmma.cu: quant.cuh then qmma.cuh;
+# moe.cu: quant.cuh then moe.cuh; moe_quant.cu: quant.cuh, qmma.cuh, moe.cuh)
 # and the untouched kernel text, each after a #line marker, with -DKILN_WARP_SIZE set for
 # the target and both storage types (f32, bf16) instantiated.
 # `-include hip/hip_runtime.h` supplies what hipRTC pre-includes implicitly.
@@ -28,7 +30,7 @@ TARGETS=("gfx90a:64" "gfx1030:32")
 mapfile -t SOURCES < <(find "$KERNEL_DIR" -maxdepth 1 -name '*.cu' -printf '%f\n' | LC_ALL=C sort)
 
 # The shared headers prepended to a source (mirrors `Source::headers` in
-# src/backend/gpu/kernels.rs).
+# src/backend/gpu/registry/units.rs).
 headers_of() {
     case "$1" in
         attention_*.cu) echo attention.cuh ;;
@@ -44,6 +46,7 @@ write_units() {
     local src hdr
     for src in "${SOURCES[@]}"; do
         {
+            printf '#define KILN_ALL_PARTS 1\n'
             cat "$PRELUDE"
             for hdr in $(headers_of "$src"); do
                 printf '\n#line 1 "%s"\n' "$hdr"

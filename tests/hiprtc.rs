@@ -142,7 +142,8 @@ mod rocm {
             warp_size: warp,
             driver_version: 0,
         };
-        let mut opts = kernels::compile_options::<Hip>(&info, dt);
+        let mut opts =
+            kernels::compile_options::<Hip>(&info, dt, &kiln::backend::GpuTuning::default());
         assert!(opts.contains(&format!("--offload-arch={arch}")), "{opts:?}");
         // The backend's options, then -O0 (the last -O wins): what this checks (hipRTC's
         // front end with its implicit includes, each unit's defines, the target's code object

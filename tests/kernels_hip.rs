@@ -10,10 +10,11 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The `.cu` files named by the kernel enum (`Source::file` and its `include_str!`s).
+/// The `.cu` files named by the compile registry's source enum (`Source::file` and its
+/// `include_str!`s).
 fn enum_sources() -> BTreeSet<String> {
-    let text = std::fs::read_to_string(root().join("src/backend/gpu/kernels.rs"))
-        .expect("src/backend/gpu/kernels.rs");
+    let text = std::fs::read_to_string(root().join("src/backend/gpu/registry/units.rs"))
+        .expect("src/backend/gpu/registry/units.rs");
     // Every `<name>.cu"` literal: `Source::file`'s names and the `include_str!` paths.
     let mut out = BTreeSet::new();
     let b = text.as_bytes();
@@ -69,8 +70,9 @@ fn every_enum_kernel_source_is_compiled_for_amd() {
     }
 }
 
-/// The script compiles exactly the text the backend compiles: for every source, the same
-/// prelude, shared headers and kernel text, with the same `#line` markers.
+/// The script compiles exactly the text the backend compiles whole: for every source, the
+/// same every-part define, prelude, shared headers and kernel text, with the same `#line`
+/// markers.
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 #[test]
 fn script_compile_units_are_the_backends() {

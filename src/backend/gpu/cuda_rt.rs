@@ -275,19 +275,20 @@ impl Runtime for Cuda {
         start.elapsed_ms(end).map_err(failed)
     }
 
-    fn compile_options(info: &DeviceInfo) -> Vec<String> {
+    fn compile_options(info: &DeviceInfo, tuning: &crate::backend::GpuTuning) -> Vec<String> {
+        use crate::backend::tuning::NvrtcSplit;
         let mut opts = vec![
             format!("--gpu-architecture={}", info.arch),
             format!("-DKILN_WARP_SIZE={}", info.warp_size),
             "--std=c++17".to_string(),
         ];
         // NVRTC optimizes the kernels of one source on several threads (0: one per CPU), so
-        // the largest source no longer bounds a cold start alone. `KILN_NVRTC_SPLIT=off`
-        // compiles each source on one thread, `=N` on at most N.
-        match std::env::var("KILN_NVRTC_SPLIT").as_deref() {
-            Ok("off") => {}
-            Ok(n) if n.parse::<u32>().is_ok() => opts.push(format!("--split-compile={n}")),
-            _ => opts.push("--split-compile=0".to_string()),
+        // the largest source no longer bounds a cold start alone. `nvrtc_split = off`
+        // (`KILN_NVRTC_SPLIT=off`) compiles each source on one thread, `N` on at most N.
+        match tuning.nvrtc_split {
+            NvrtcSplit::Off => {}
+            NvrtcSplit::Threads(n) => opts.push(format!("--split-compile={n}")),
+            NvrtcSplit::Auto => opts.push("--split-compile=0".to_string()),
         }
         opts
     }

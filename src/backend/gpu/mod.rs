@@ -34,6 +34,7 @@ mod norm;
 mod ops;
 mod qtype;
 mod qweight;
+mod registry;
 pub mod runtime;
 mod sample;
 mod timing;
@@ -205,7 +206,7 @@ impl<R: Runtime> GpuBackend<R> {
                 gqa_group: model.gqa_group,
                 portable_attention: !(caps_of(i).mma && opts.attn_decode),
             };
-            Kernels::load(i, opts.dtype, opts.kernel_cache.as_deref(), needs)
+            Kernels::load(i, opts.dtype, opts.kernel_cache.as_deref(), needs, &opts.tuning)
         };
         let early = R::probe(ordinal).map(|i| start_kernels(&i).map(|k| (i, k)));
         let mut dev = Device::<R>::open(ordinal, opts.sync_check, opts.timing_period)?;

@@ -178,9 +178,9 @@ pub trait Runtime: Sized + 'static {
     /// Milliseconds between two recorded events (waits for `end`).
     fn elapsed_ms(&self, start: &Self::Event, end: &Self::Event) -> RtResult<f32>;
 
-    /// Compiler options for `info`'s device (target, warp size); the backend adds the
-    /// storage type define.
-    fn compile_options(info: &DeviceInfo) -> Vec<String>;
+    /// Compiler options for `info`'s device (target, warp size) under `tuning` (NVRTC's
+    /// threads per unit); the backend adds the storage type define.
+    fn compile_options(info: &DeviceInfo, tuning: &crate::backend::GpuTuning) -> Vec<String>;
     /// Compiler identity for the kernel cache key.
     fn compiler_version() -> String;
     /// Compiles one translation unit to a loadable code object. Thread-safe.

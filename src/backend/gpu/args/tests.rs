@@ -138,7 +138,7 @@ fn every_kernel_struct_matches_the_kernel_signature() {
                 continue;
             }
             let want = params(k).unwrap_or_else(|| panic!("{k:?} has no argument struct"));
-            let text = k.source().full_text();
+            let text = k.source().full_text(None);
             let entry = k.entry(dt);
             let found: Vec<Entry> = entries(&text)
                 .into_iter()

@@ -468,7 +468,7 @@ impl Runtime for Hip {
     /// compiles start together). So unlike Debian's `hipcc` (the CI AOT compile, which adds
     /// `-mllvm -amdgpu-early-inline-all=true`), device functions are inlined only as the
     /// kernel source asks.
-    fn compile_options(info: &DeviceInfo) -> Vec<String> {
+    fn compile_options(info: &DeviceInfo, _tuning: &crate::backend::GpuTuning) -> Vec<String> {
         vec![
             format!("--offload-arch={}", info.arch),
             format!("-DKILN_WARP_SIZE={}", info.warp_size),

@@ -24,6 +24,7 @@
 //! (prefill) and f32 dequantize the weight into the backend's one scratch of the compute
 //! type, then the BLAS GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 
+pub(in crate::backend::gpu) mod kernels;
 mod gemv;
 mod qdot;
 mod qmma;

@@ -10,6 +10,8 @@
 //! (Qwen2-MoE) adds three: its gate/up and down matmuls (the dense FFN's launchers, so a
 //! quantized shared expert runs too) and the sigmoid-gated add.
 
+pub(in crate::backend::gpu) mod kernels;
+
 use super::matmul::{QX_THREADS, QxRows, qx_bytes};
 use crate::backend::gpu::args::{
     MoeAlignArgs, MoeCombineArgs, MoeCombineNormArgs, MoeDownArgs, MoeGateUpArgs, MoeMmaDownArgs,

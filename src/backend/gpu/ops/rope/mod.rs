@@ -2,6 +2,8 @@
 //! the k/v write alone, or both in one launch; the rope frequency tables, uploaded once per
 //! rope spec.
 
+pub(in crate::backend::gpu) mod kernels;
+
 use super::matmul::route::{QkvPath, RopeFacts};
 use super::matmul::{QkvRope, QmmaTail, matmul_operands, operands};
 use crate::backend::gpu::args::{RopeArgs, RopeKvArgs, RopeKvNormArgs, WriteKvArgs};
