@@ -1,13 +1,11 @@
 //! A step's metadata on the device: the plan validated, packed (`meta.rs`) and uploaded in
-//! one copy, and the two row copies it steers (embedding rows by token id, the gather of
-//! the rows that produce logits).
+//! one copy; the two row copies it steers (embedding rows by token id, the gather of the
+//! rows that produce logits) are `ops/embed`.
 
-use super::args::{EmbedArgs, GatherRowsArgs};
 use super::device::DevBuf;
-use super::kernels::Kernel;
 use super::meta::{self, GraphKey};
-use super::runtime::{Grid, Runtime};
-use super::{GpuBackend, GpuBatch, GpuTensor, GpuWeight, check_cols, check_rows, ensure, invalid};
+use super::runtime::Runtime;
+use super::{GpuBackend, GpuBatch, ensure, invalid};
 use crate::backend::{BackendError, BatchPlan, KvShape};
 
 /// The step metadata of one backend.
@@ -96,79 +94,5 @@ impl<R: Runtime> GpuBackend<R> {
             .buf
             .as_ref()
             .map_or(0, |m| m.ptr() + 4 * off as u64)
-    }
-
-    pub(super) fn launch_embed(
-        &mut self,
-        table: &GpuWeight,
-        first: usize,
-        vocab: usize,
-        b: &GpuBatch,
-        out: &mut GpuTensor,
-    ) -> Result<(), BackendError> {
-        let l = self.layout(b)?;
-        check_cols("embed", out.cols, table.cols)?;
-        check_rows("embed", l.n_tokens, out.rows)?;
-        if l.n_tokens > 0 && l.max_token as usize >= vocab {
-            return Err(invalid(format!(
-                "token id {} >= vocab {vocab}",
-                l.max_token
-            )));
-        }
-        if first + table.rows > vocab || vocab > i32::MAX as usize {
-            return Err(invalid(format!(
-                "embed: rows {first}..{} of a vocabulary of {vocab}",
-                first + table.rows
-            )));
-        }
-        let Some(dense) = table.dense() else {
-            let [part] = table.parts.as_slice() else {
-                return Err(invalid("embed: a stacked table".into()));
-            };
-            let ids = self.meta_ptr(l.tokens);
-            return self.launch_dequant(
-                part,
-                table.cols,
-                Some((ids, first)),
-                l.n_tokens,
-                out.buf.ptr(),
-                out.cols,
-            );
-        };
-        let grid = Grid {
-            blocks: (l.n_tokens as u32, 1, 1),
-            threads: 256,
-        };
-        let args = EmbedArgs {
-            table: dense.ptr(),
-            ids: self.meta_ptr(l.tokens),
-            out: out.buf.ptr(),
-            cols: table.cols as i32,
-            first: first as i32,
-            rows: table.rows as i32,
-        };
-        self.launch_with(Kernel::Embed, grid, &args)
-    }
-
-    pub(super) fn launch_gather_rows(
-        &mut self,
-        x: &GpuTensor,
-        b: &GpuBatch,
-        out: &mut GpuTensor,
-    ) -> Result<(), BackendError> {
-        let l = self.layout(b)?;
-        check_cols("gather_rows", out.cols, x.cols)?;
-        check_rows("gather_rows", l.n_logits, out.rows)?;
-        let grid = Grid {
-            blocks: (l.n_logits as u32, 1, 1),
-            threads: 256,
-        };
-        let args = GatherRowsArgs {
-            x: x.buf.ptr(),
-            rows: self.meta_ptr(l.logits_rows),
-            out: out.buf.ptr(),
-            cols: x.cols as i32,
-        };
-        self.launch_with(Kernel::GatherRows, grid, &args)
     }
 }

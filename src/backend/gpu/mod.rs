@@ -14,9 +14,7 @@
 //! SwiGLU), `norm`, `rope` (rope and the paged-cache writes), `attention`, `sample`,
 //! `graphs` (decode graph capture and replay); `args` types every kernel's arguments.
 
-mod arch_ops;
 mod args;
-mod attention;
 mod batch;
 mod caps;
 #[cfg(feature = "cuda")]
@@ -30,13 +28,11 @@ pub mod kernels;
 mod meta;
 #[cfg(feature = "cuda")]
 mod nccl;
-mod norm;
 mod ops;
 mod qtype;
 mod qweight;
 mod registry;
 pub mod runtime;
-mod sample;
 mod timing;
 mod types;
 
@@ -86,7 +82,7 @@ pub struct GpuBackend<R: Runtime> {
     /// the kernel leaves them zero).
     sample_parts: Option<DevBuf>,
     sample_counts: Option<DevBuf>,
-    sample_pack: sample::SamplePack,
+    sample_pack: ops::sample::SamplePack,
     /// The tensor-parallel group this backend is a shard of (`group.rs`; none: whole model).
     group: Option<group::GpuGroup<R>>,
     /// Per kernel, the dynamic shared memory its launches are already allowed (`launch`).
@@ -249,7 +245,7 @@ impl<R: Runtime> GpuBackend<R> {
             sample_out: None,
             sample_parts: None,
             sample_counts: None,
-            sample_pack: sample::SamplePack::default(),
+            sample_pack: ops::sample::SamplePack::default(),
             group: None,
             smem_allowed: HashMap::new(),
             qmma_resident: HashMap::new(),

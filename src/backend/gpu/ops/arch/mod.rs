@@ -1,10 +1,12 @@
 //! Launchers of the model-family ops (`kernels/arch.cu`): per-head q/k RMSNorm (Qwen3,
 //! Gemma 3), GeGLU, the embedding scale and logit soft-capping (Gemma).
 
-use super::args::{GeluTanhMulArgs, HeadRmsNormArgs, ScaleRowsArgs, SoftcapArgs};
-use super::kernels::Kernel;
-use super::runtime::{Grid, Runtime};
-use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows};
+pub(in crate::backend::gpu) mod kernels;
+
+use crate::backend::gpu::args::{GeluTanhMulArgs, HeadRmsNormArgs, ScaleRowsArgs, SoftcapArgs};
+use crate::backend::gpu::kernels::Kernel;
+use crate::backend::gpu::runtime::{Grid, Runtime};
+use crate::backend::gpu::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows};
 use crate::backend::{AttnShape, BackendError};
 
 /// A grid-stride launch over `total` elements.
@@ -16,7 +18,7 @@ fn flat_grid(total: usize) -> Grid {
 }
 
 impl<R: Runtime> GpuBackend<R> {
-    pub(super) fn launch_head_rms_norm(
+    pub(in crate::backend::gpu) fn launch_head_rms_norm(
         &mut self,
         qkv: &mut GpuTensor,
         q_w: &GpuWeight,
@@ -52,7 +54,7 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch_with(Kernel::HeadRmsNorm, grid, &args)
     }
 
-    pub(super) fn launch_gelu_tanh_mul(
+    pub(in crate::backend::gpu) fn launch_gelu_tanh_mul(
         &mut self,
         gate_up: &GpuTensor,
         n: usize,
@@ -71,7 +73,7 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch_with(Kernel::GeluTanhMul, flat_grid(total), &args)
     }
 
-    pub(super) fn launch_scale_rows(
+    pub(in crate::backend::gpu) fn launch_scale_rows(
         &mut self,
         x: &mut GpuTensor,
         s: f32,
@@ -87,7 +89,7 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch_with(Kernel::ScaleRows, flat_grid(total), &args)
     }
 
-    pub(super) fn launch_softcap(
+    pub(in crate::backend::gpu) fn launch_softcap(
         &mut self,
         x: &mut GpuTensor,
         cap: f32,

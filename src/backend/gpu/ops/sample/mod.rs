@@ -2,14 +2,16 @@
 //! entries and the token masks of constrained rows into one upload, launches the sampling kernels, and downloads only the chosen
 //! ids, their logprobs and the requested top alternatives.
 
-use super::args::{
+pub(in crate::backend::gpu) mod kernels;
+
+use crate::backend::BackendError;
+use crate::backend::gpu::args::{
     SampleGreedyArgs, SampleMaskArgs, SamplePenaltyArgs, SamplePickArgs, SamplePrepArgs,
     SampleTopNArgs,
 };
-use super::kernels::Kernel;
-use super::runtime::{Grid, Runtime};
-use super::{GpuBackend, GpuTensor, check_rows, ensure};
-use crate::backend::BackendError;
+use crate::backend::gpu::kernels::Kernel;
+use crate::backend::gpu::runtime::{Grid, Runtime};
+use crate::backend::gpu::{GpuBackend, GpuTensor, check_rows, ensure};
 use crate::sampling::{SampleRow, Sampled};
 
 /// Words of one row's parameters (see `kernels/sample.cu`).
@@ -198,7 +200,7 @@ fn greedy_parts(rows: usize, v: usize, sms: usize) -> usize {
 }
 
 impl<R: Runtime> GpuBackend<R> {
-    pub(super) fn sample_on_device(
+    pub(in crate::backend::gpu) fn sample_on_device(
         &mut self,
         logits: &GpuTensor,
         rows: &[SampleRow<'_>],

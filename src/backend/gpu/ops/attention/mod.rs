@@ -3,11 +3,13 @@
 //! partials when the step has any: inside the decode kernel (the last part block of each
 //! split row and KV head merges them), else by an `attn_combine` launch.
 
-use super::args::{AttnArgs, AttnCombineArgs, AttnDecArgs};
-use super::kernels::{AttnHead, Kernel};
-use super::ops::matmul::QxRows;
-use super::runtime::{Grid, Runtime};
-use super::{GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
+pub(in crate::backend::gpu) mod kernels;
+
+use crate::backend::gpu::args::{AttnArgs, AttnCombineArgs, AttnDecArgs};
+use crate::backend::gpu::kernels::{AttnHead, Kernel};
+use crate::backend::gpu::ops::matmul::QxRows;
+use crate::backend::gpu::runtime::{Grid, Runtime};
+use crate::backend::gpu::{GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
 use crate::backend::{AttnShape, BackendError};
 
 /// Warps per attention block (`ATTN_WARPS` in `kernels/attention.cuh`).
@@ -22,17 +24,17 @@ const MERGE_MAX_PARTS: usize = 64;
 /// Dynamic shared memory of the tensor-core variant at head size `hd` (`tc_smem_bytes` in
 /// `kernels/attention_tc.cu`): a pass's 128 query vectors, then two stages of 64-position K
 /// and V tiles, rows of `hd + 8` bf16.
-pub(super) fn tc_smem_bytes(hd: usize) -> u32 {
+pub(in crate::backend::gpu) fn tc_smem_bytes(hd: usize) -> u32 {
     ((128 + 4 * 64) * (hd + 8) * 2) as u32
 }
 
 impl<R: Runtime> GpuBackend<R> {
-    pub(super) fn launch_attention(
+    pub(in crate::backend::gpu) fn launch_attention(
         &mut self,
         qkv: &GpuTensor,
         kv: &GpuKv,
         layer: usize,
-        b: &super::GpuBatch,
+        b: &crate::backend::gpu::GpuBatch,
         shape: &AttnShape,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {

@@ -3,17 +3,19 @@
 //! with quantized weights, the vector kernels also leave the output as 8-bit blocks of 32 in
 //! the dequant scratch for the quantized matmul after them ([`QxRows`]).
 
-use super::args::{AddRmsNormArgs, AddRmsNormVecArgs, RmsNormArgs, RmsNormVecArgs};
-use super::kernels::Kernel;
-use super::ops::matmul::QxRows;
-use super::runtime::{Grid, Runtime};
-use super::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows};
+pub(in crate::backend::gpu) mod kernels;
+
 use crate::backend::BackendError;
+use crate::backend::gpu::args::{AddRmsNormArgs, AddRmsNormVecArgs, RmsNormArgs, RmsNormVecArgs};
+use crate::backend::gpu::kernels::Kernel;
+use crate::backend::gpu::ops::matmul::QxRows;
+use crate::backend::gpu::runtime::{Grid, Runtime};
+use crate::backend::gpu::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows};
 
 impl<R: Runtime> GpuBackend<R> {
     /// `out = rms_norm(x (+ residual, stored back))` over `n` rows; `resid` is the
     /// residual's device address for the fused add.
-    pub(super) fn launch_norm(
+    pub(in crate::backend::gpu) fn launch_norm(
         &mut self,
         x: &GpuTensor,
         resid: Option<u64>,
@@ -33,7 +35,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// [`GpuBackend::launch_norm`] on device addresses (`n` rows of `h` columns each,
     /// checked by the caller).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_norm_raw(
+    pub(in crate::backend::gpu) fn launch_norm_raw(
         &mut self,
         x: u64,
         resid: Option<u64>,
