@@ -233,6 +233,12 @@ impl ModelSpec {
             return Err((F::HeadDim, format!("{} is odd", self.head_dim)));
         }
         range(F::Context, self.max_position, 2, limits::CONTEXT)?;
+        self.check_values()
+    }
+
+    /// The bounds on the rope, the epsilon and the family's values (after the shapes).
+    fn check_values(&self) -> Result<(), (SpecField, String)> {
+        use SpecField as F;
         let rope_dim = self.rope.dim;
         if rope_dim == 0 || rope_dim > self.head_dim || !rope_dim.is_multiple_of(2) {
             return Err((

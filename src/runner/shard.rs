@@ -145,48 +145,7 @@ pub fn shard_weights(
                     w_down: down,
                 }
             }
-            Ffn::Moe {
-                router,
-                gate,
-                up,
-                down,
-                shared,
-            } => {
-                let m = spec.variant.moe.ok_or_else(|| {
-                    ModelError::Spec("expert weights without a mixture-of-experts spec".into())
-                })?;
-                let part = s.even(m.expert_ff);
-                let per_expert: Vec<Range<usize>> = (0..m.n_expert)
-                    .map(|e| e * m.expert_ff + part.start..e * m.expert_ff + part.end)
-                    .collect();
-                Ffn::Moe {
-                    router: router.clone(),
-                    // Each expert's part of the rows, joined into one matrix of the
-                    // file's type (one host copy), as the unsharded experts are.
-                    gate: take_rows(gate, &per_expert)?.joined(),
-                    up: take_rows(up, &per_expert)?.joined(),
-                    down: cols(down, part, &name("ffn_down_exps.weight"))?,
-                    // The shared expert splits like a dense FFN; its sigmoid gate row is
-                    // replicated, so each shard scales its partial sum by the same factor.
-                    shared: match shared {
-                        Some(sh) => {
-                            let (gate_up, down) = split_glu(
-                                &sh.gate_up,
-                                &sh.down,
-                                m.shared_ff,
-                                s,
-                                &name("ffn_down_shexp.weight"),
-                            )?;
-                            Some(SharedFfn {
-                                gate_up,
-                                down,
-                                gate: sh.gate.clone(),
-                            })
-                        }
-                        None => None,
-                    },
-                }
-            }
+            moe @ Ffn::Moe { .. } => shard_moe(moe, spec, s, i)?,
         };
         layers.push(LayerWeights {
             attn_norm: l.attn_norm.clone(),
@@ -212,6 +171,60 @@ pub fn shard_weights(
         // Tied: the output head is the embedding's part, the same rows.
         output: match &w.output {
             Some(o) => Some(rows(o, s.vocab(spec.vocab_size))?),
+            None => None,
+        },
+    })
+}
+
+/// Shard `s`'s part of layer `layer`'s mixture of experts `ffn` (loaded for `spec`).
+fn shard_moe(
+    ffn: &Ffn<HostTensor>,
+    spec: &ModelSpec,
+    s: Shard,
+    layer: usize,
+) -> Result<Ffn<HostTensor>, ModelError> {
+    let Ffn::Moe {
+        router,
+        gate,
+        up,
+        down,
+        shared,
+    } = ffn
+    else {
+        unreachable!("shard_moe takes a mixture of experts");
+    };
+    let name = |leaf: &str| format!("blk.{layer}.{leaf}");
+    let m = spec.variant.moe.ok_or_else(|| {
+        ModelError::Spec("expert weights without a mixture-of-experts spec".into())
+    })?;
+    let part = s.even(m.expert_ff);
+    let per_expert: Vec<Range<usize>> = (0..m.n_expert)
+        .map(|e| e * m.expert_ff + part.start..e * m.expert_ff + part.end)
+        .collect();
+    Ok(Ffn::Moe {
+        router: router.clone(),
+        // Each expert's part of the rows, joined into one matrix of the file's type (one
+        // host copy), as the unsharded experts are.
+        gate: take_rows(gate, &per_expert)?.joined(),
+        up: take_rows(up, &per_expert)?.joined(),
+        down: cols(down, part, &name("ffn_down_exps.weight"))?,
+        // The shared expert splits like a dense FFN; its sigmoid gate row is replicated, so
+        // each shard scales its partial sum by the same factor.
+        shared: match shared {
+            Some(sh) => {
+                let (gate_up, down) = split_glu(
+                    &sh.gate_up,
+                    &sh.down,
+                    m.shared_ff,
+                    s,
+                    &name("ffn_down_shexp.weight"),
+                )?;
+                Some(SharedFfn {
+                    gate_up,
+                    down,
+                    gate: sh.gate.clone(),
+                })
+            }
             None => None,
         },
     })

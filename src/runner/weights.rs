@@ -4,7 +4,7 @@
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::HostTensor;
-use crate::model::{ModelError, ModelFiles, TensorSource};
+use crate::model::{ModelError, ModelFiles, ModelSpec, TensorSource};
 
 /// One decoder layer's weights. Matrices are `[out, in]`.
 #[derive(Debug, Clone)]
@@ -198,127 +198,23 @@ where
             .progress_chars("=> "),
     );
     bar.set_message(files.name.clone());
-    let src = &*files.source;
-    // In the file's own type, straight from its mapping: the backend decides what to convert.
-    let get = |name: &str, shape: Vec<usize>| -> Result<HostTensor, ModelError> {
-        src.fetch_host(name, &shape)?
-            .ok_or_else(|| ModelError::Missing(name.to_string()))
+    let r = Reader {
+        s,
+        src: &*files.source,
     };
-    let (h, q, kv, ff) = (s.hidden, s.q_dim(), s.kv_dim(), s.intermediate);
-    let v = &s.variant;
-    // Norm weights as f32, with the family's offset added (Hugging Face Gemma's `1 + w`).
-    let get_norm = |name: &str, len: usize| -> Result<HostTensor, ModelError> {
-        let t = get(name, vec![len])?.into_f32()?;
-        if v.norm_offset == 0.0 {
-            return Ok(t);
-        }
-        let vals: Vec<f32> = t
-            .values()
-            .unwrap_or_default()
-            .iter()
-            .map(|w| w + v.norm_offset)
-            .collect();
-        Ok(HostTensor::new(vec![len], vals))
-    };
-    let embed = upload(get("token_embd.weight", vec![s.vocab_size, h])?)?;
+    let h = s.hidden;
+    let embed = upload(r.get("token_embd.weight", vec![s.vocab_size, h])?)?;
     bar.inc(1);
     let mut layers = Vec::with_capacity(s.n_layers);
     for i in 0..s.n_layers {
-        let n = |leaf: &str| format!("blk.{i}.{leaf}");
-        let wqkv = if v.fused_tensors {
-            get(&n("attn_qkv.weight"), vec![q + 2 * kv, h])?
-        } else {
-            HostTensor::concat_rows(vec![
-                get(&n("attn_q.weight"), vec![q, h])?,
-                get(&n("attn_k.weight"), vec![kv, h])?,
-                get(&n("attn_v.weight"), vec![kv, h])?,
-            ])
-            .map_err(ModelError::from)?
-        };
-        let bqkv = if s.qkv_bias {
-            let mut b = Vec::with_capacity(q + 2 * kv);
-            for (leaf, len) in [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)] {
-                let part = get(&n(leaf), vec![len])?
-                    .into_f32()
-                    .map_err(ModelError::from)?;
-                b.extend_from_slice(part.values().unwrap_or_default());
-            }
-            Some(upload(HostTensor::new(vec![b.len()], b))?)
-        } else {
-            None
-        };
-        let ffn = match &v.moe {
-            Some(m) => Ffn::Moe {
-                router: upload(get(&n("ffn_gate_inp.weight"), vec![m.n_expert, h])?)?,
-                gate: upload(experts(src, i, "gate", m.n_expert, m.expert_ff, h)?)?,
-                up: upload(experts(src, i, "up", m.n_expert, m.expert_ff, h)?)?,
-                down: upload(experts(src, i, "down", m.n_expert, h, m.expert_ff)?)?,
-                shared: match m.shared_ff {
-                    0 => None,
-                    sf => Some(SharedFfn {
-                        gate_up: upload(
-                            HostTensor::concat_rows(vec![
-                                get(&n("ffn_gate_shexp.weight"), vec![sf, h])?,
-                                get(&n("ffn_up_shexp.weight"), vec![sf, h])?,
-                            ])
-                            .map_err(ModelError::from)?,
-                        )?,
-                        down: upload(get(&n("ffn_down_shexp.weight"), vec![h, sf])?)?,
-                        gate: upload(shared_gate(src, i, h)?)?,
-                    }),
-                },
-            },
-            None if v.fused_tensors => Ffn::Dense {
-                w_gate_up: upload(get(&n("ffn_up.weight"), vec![2 * ff, h])?)?,
-                w_down: upload(get(&n("ffn_down.weight"), vec![h, ff])?)?,
-            },
-            None => Ffn::Dense {
-                w_gate_up: upload(
-                    HostTensor::concat_rows(vec![
-                        get(&n("ffn_gate.weight"), vec![ff, h])?,
-                        get(&n("ffn_up.weight"), vec![ff, h])?,
-                    ])
-                    .map_err(ModelError::from)?,
-                )?,
-                w_down: upload(get(&n("ffn_down.weight"), vec![h, ff])?)?,
-            },
-        };
-        let hd = s.head_dim;
-        let (q_norm, k_norm) = if v.qk_norm {
-            (
-                Some(upload(get_norm(&n("attn_q_norm.weight"), hd)?)?),
-                Some(upload(get_norm(&n("attn_k_norm.weight"), hd)?)?),
-            )
-        } else {
-            (None, None)
-        };
-        let (post_attn_norm, post_ffn_norm) = if v.post_norms {
-            (
-                Some(upload(get_norm(&n("post_attention_norm.weight"), h)?)?),
-                Some(upload(get_norm(&n("post_ffw_norm.weight"), h)?)?),
-            )
-        } else {
-            (None, None)
-        };
-        layers.push(LayerWeights {
-            attn_norm: upload(get_norm(&n("attn_norm.weight"), h)?)?,
-            wqkv: upload(wqkv)?,
-            bqkv,
-            wo: upload(get(&n("attn_output.weight"), vec![h, q])?)?,
-            ffn_norm: upload(get_norm(&n("ffn_norm.weight"), h)?)?,
-            ffn,
-            q_norm,
-            k_norm,
-            post_attn_norm,
-            post_ffn_norm,
-        });
+        layers.push(r.layer(i, &mut upload)?);
         bar.inc(1);
     }
-    let norm = upload(get_norm("output_norm.weight", h)?)?;
+    let norm = upload(r.get_norm("output_norm.weight", h)?)?;
     let output = if s.tied_embeddings {
         None
     } else {
-        Some(upload(get("output.weight", vec![s.vocab_size, h])?)?)
+        Some(upload(r.get("output.weight", vec![s.vocab_size, h])?)?)
     };
     bar.inc(1);
     bar.finish_and_clear();
@@ -328,6 +224,152 @@ where
         norm,
         output,
     })
+}
+
+/// What [`load_weights`] reads from: the spec and the tensor source.
+struct Reader<'a> {
+    s: &'a ModelSpec,
+    src: &'a dyn TensorSource,
+}
+
+impl Reader<'_> {
+    /// Tensor `name` in the file's own type, straight from its mapping: the backend decides
+    /// what to convert.
+    fn get(&self, name: &str, shape: Vec<usize>) -> Result<HostTensor, ModelError> {
+        self.src
+            .fetch_host(name, &shape)?
+            .ok_or_else(|| ModelError::Missing(name.to_string()))
+    }
+
+    /// Norm weights as f32, with the family's offset added (Hugging Face Gemma's `1 + w`).
+    fn get_norm(&self, name: &str, len: usize) -> Result<HostTensor, ModelError> {
+        let offset = self.s.variant.norm_offset;
+        let t = self.get(name, vec![len])?.into_f32()?;
+        if offset == 0.0 {
+            return Ok(t);
+        }
+        let vals: Vec<f32> = t
+            .values()
+            .unwrap_or_default()
+            .iter()
+            .map(|w| w + offset)
+            .collect();
+        Ok(HostTensor::new(vec![len], vals))
+    }
+
+    /// Layer `i`'s weights, uploaded in a fixed order (biases, FFN, head norms, post-norms,
+    /// then the norms and attention matrices).
+    fn layer<W, E: From<ModelError>>(
+        &self,
+        i: usize,
+        upload: &mut impl FnMut(HostTensor) -> Result<W, E>,
+    ) -> Result<LayerWeights<W>, E> {
+        let (s, v) = (self.s, &self.s.variant);
+        let (h, q, kv) = (s.hidden, s.q_dim(), s.kv_dim());
+        let n = |leaf: &str| format!("blk.{i}.{leaf}");
+        let wqkv = if v.fused_tensors {
+            self.get(&n("attn_qkv.weight"), vec![q + 2 * kv, h])?
+        } else {
+            HostTensor::concat_rows(vec![
+                self.get(&n("attn_q.weight"), vec![q, h])?,
+                self.get(&n("attn_k.weight"), vec![kv, h])?,
+                self.get(&n("attn_v.weight"), vec![kv, h])?,
+            ])
+            .map_err(ModelError::from)?
+        };
+        let bqkv = if s.qkv_bias {
+            let mut b = Vec::with_capacity(q + 2 * kv);
+            for (leaf, len) in [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)] {
+                let part = self
+                    .get(&n(leaf), vec![len])?
+                    .into_f32()
+                    .map_err(ModelError::from)?;
+                b.extend_from_slice(part.values().unwrap_or_default());
+            }
+            Some(upload(HostTensor::new(vec![b.len()], b))?)
+        } else {
+            None
+        };
+        let ffn = self.ffn(i, upload)?;
+        let mut pair = |on: bool, a: &str, b: &str, len: usize| -> Result<_, E> {
+            Ok(match on {
+                true => (
+                    Some(upload(self.get_norm(&n(a), len)?)?),
+                    Some(upload(self.get_norm(&n(b), len)?)?),
+                ),
+                false => (None, None),
+            })
+        };
+        let (q_norm, k_norm) = pair(
+            v.qk_norm,
+            "attn_q_norm.weight",
+            "attn_k_norm.weight",
+            s.head_dim,
+        )?;
+        let (post_attn_norm, post_ffn_norm) = pair(
+            v.post_norms,
+            "post_attention_norm.weight",
+            "post_ffw_norm.weight",
+            h,
+        )?;
+        Ok(LayerWeights {
+            attn_norm: upload(self.get_norm(&n("attn_norm.weight"), h)?)?,
+            wqkv: upload(wqkv)?,
+            bqkv,
+            wo: upload(self.get(&n("attn_output.weight"), vec![h, q])?)?,
+            ffn_norm: upload(self.get_norm(&n("ffn_norm.weight"), h)?)?,
+            ffn,
+            q_norm,
+            k_norm,
+            post_attn_norm,
+            post_ffn_norm,
+        })
+    }
+
+    /// Layer `i`'s FFN: a mixture of experts (with its shared expert) or one dense FFN.
+    fn ffn<W, E: From<ModelError>>(
+        &self,
+        i: usize,
+        upload: &mut impl FnMut(HostTensor) -> Result<W, E>,
+    ) -> Result<Ffn<W>, E> {
+        let (s, src) = (self.s, self.src);
+        let (h, ff) = (s.hidden, s.intermediate);
+        let n = |leaf: &str| format!("blk.{i}.{leaf}");
+        let get = |leaf: &str, shape: Vec<usize>| self.get(&n(leaf), shape);
+        let glu = |gate: HostTensor, up: HostTensor| {
+            HostTensor::concat_rows(vec![gate, up]).map_err(ModelError::from)
+        };
+        Ok(match &s.variant.moe {
+            Some(m) => Ffn::Moe {
+                router: upload(get("ffn_gate_inp.weight", vec![m.n_expert, h])?)?,
+                gate: upload(experts(src, i, "gate", m.n_expert, m.expert_ff, h)?)?,
+                up: upload(experts(src, i, "up", m.n_expert, m.expert_ff, h)?)?,
+                down: upload(experts(src, i, "down", m.n_expert, h, m.expert_ff)?)?,
+                shared: match m.shared_ff {
+                    0 => None,
+                    sf => Some(SharedFfn {
+                        gate_up: upload(glu(
+                            get("ffn_gate_shexp.weight", vec![sf, h])?,
+                            get("ffn_up_shexp.weight", vec![sf, h])?,
+                        )?)?,
+                        down: upload(get("ffn_down_shexp.weight", vec![h, sf])?)?,
+                        gate: upload(shared_gate(src, i, h)?)?,
+                    }),
+                },
+            },
+            None if s.variant.fused_tensors => Ffn::Dense {
+                w_gate_up: upload(get("ffn_up.weight", vec![2 * ff, h])?)?,
+                w_down: upload(get("ffn_down.weight", vec![h, ff])?)?,
+            },
+            None => Ffn::Dense {
+                w_gate_up: upload(glu(
+                    get("ffn_gate.weight", vec![ff, h])?,
+                    get("ffn_up.weight", vec![ff, h])?,
+                )?)?,
+                w_down: upload(get("ffn_down.weight", vec![h, ff])?)?,
+            },
+        })
+    }
 }
 
 /// Layer `layer`'s shared-expert gate row as an f32 `[hidden]` vector (`[1, hidden]` in
