@@ -603,10 +603,13 @@ fn attention_before_its_larger_decode_passes_compiled() {
     use kiln::backend::cuda::{CudaOptions, DType};
     let Some(mut b) = cuda_opened(CudaOptions {
         dtype: DType::Bf16,
-        moe: false,
-        weight_types: Some(vec![kiln::backend::quant::GgmlType::F32]),
-        head_dims: Some(vec![128, 64]),
-        gqa_group: Some(4),
+        needs: kiln::backend::ModelNeeds {
+            moe: false,
+            weight_types: Some(vec![kiln::backend::quant::GgmlType::F32]),
+            head_dims: Some(vec![128, 64]),
+            gqa_group: Some(4),
+            ..Default::default()
+        },
         ..gpu_options()
     }) else {
         return;

@@ -1422,9 +1422,12 @@ fn quant_batches_before_their_tiled_kernels_compiled() {
     use kiln::backend::cuda::{CudaOptions, DType};
     let Some(mut b) = cuda_opened(CudaOptions {
         dtype: DType::Bf16,
-        moe: false,
-        weight_types: Some(vec![GgmlType::Q4K, GgmlType::Q6K]),
-        head_dims: Some(vec![128]),
+        needs: kiln::backend::ModelNeeds {
+            moe: false,
+            weight_types: Some(vec![GgmlType::Q4K, GgmlType::Q6K]),
+            head_dims: Some(vec![128]),
+            ..Default::default()
+        },
         ..gpu_options()
     }) else {
         return;
