@@ -94,8 +94,6 @@ pub fn fingerprint(client: &EngineClient) -> String {
     format!("fp_{:010x}", hash >> 24)
 }
 
-/// Seconds since the Unix epoch.
-
 impl AppState {
     /// State with no engine yet: every model route answers 503 until [`AppState::set_engine`].
     /// `server.max_in_flight` is lowered, with a warning, to stay below the connection bound.

@@ -128,7 +128,7 @@ pub enum TargetSpec {
         api_key: Option<String>,
         timeout: Duration,
     },
-    Offline(OfflineConfig),
+    Offline(Box<OfflineConfig>),
 }
 
 /// Validated settings of a run.
@@ -243,12 +243,12 @@ fn target(a: &BenchArgs) -> Result<TargetSpec, BenchError> {
             Some(m) => resolve(m)?,
             None => crate::config::default_model_path(),
         };
-        TargetSpec::Offline(OfflineConfig {
+        TargetSpec::Offline(Box::new(OfflineConfig {
             model,
             load_format: a.load_format,
             devices,
             engine,
-        })
+        }))
     } else {
         if !(a.base_url.starts_with("http://") || a.base_url.starts_with("https://")) {
             return Err(invalid(
