@@ -35,15 +35,16 @@ impl<R: Runtime> GpuBackend<R> {
         plan.validate(&shape)?;
         let mut words = std::mem::take(&mut self.step.words);
         let layout = match key {
-            Some(k) => meta::pack_graph(plan, k, self.tuning.attn_min_split, &mut words),
+            Some(k) => meta::pack_graph(plan, k, self.ctx.tuning.attn_min_split, &mut words),
             None => {
                 // The items the tensor-core attention takes (`attention_kernel`) may be longer;
                 // while it still compiles after start-up, items of one row take the decode
                 // variant instead.
                 let head = super::kernels::AttnHead::for_head_dim(shape.head_dim);
-                let rows = if !(self.caps.mma && head.has_tc()) {
+                let rows = if !(self.ctx.caps.mma && head.has_tc()) {
                     meta::ItemRows::Portable
                 } else if self
+                    .ctx
                     .kernels
                     .pending(super::kernels::Kernel::AttentionTc { head }.unit())
                 {
@@ -51,7 +52,7 @@ impl<R: Runtime> GpuBackend<R> {
                 } else {
                     meta::ItemRows::TensorCore
                 };
-                let (sms, min_split) = (self.caps.sms, self.tuning.attn_min_split);
+                let (sms, min_split) = (self.ctx.caps.sms, self.ctx.tuning.attn_min_split);
                 meta::pack(plan, &shape, sms, min_split, rows, &mut words)
             }
         };
@@ -60,17 +61,17 @@ impl<R: Runtime> GpuBackend<R> {
         // Room to spare: block tables grow with the contexts, and a new buffer means new
         // graphs.
         ensure(
-            &self.dev,
+            &self.ctx.dev,
             &mut self.step.buf,
             bytes.len().max(64 << 10),
             "batch metadata",
-            &mut self.generation,
+            &mut self.ctx.generation,
         )?;
         if let Some(m) = &self.step.buf {
-            self.dev.upload(m, 0, &bytes)?;
+            self.ctx.dev.upload(m, 0, &bytes)?;
         }
         self.step.epoch += 1;
-        self.dev.timer.begin_step(self.step.epoch);
+        self.ctx.dev.timer.begin_step(self.step.epoch);
         Ok(GpuBatch {
             epoch: self.step.epoch,
             layout,

@@ -60,7 +60,7 @@ impl<R: Runtime> GpuBackend<R> {
         if !self.graphs.on {
             return None;
         }
-        GraphKey::for_plan(plan, &kv, self.caps.sms, row_cap)
+        GraphKey::for_plan(plan, &kv, self.ctx.caps.sms, row_cap)
             .filter(|k| self.graphs.failed.get(k).is_none_or(|&n| n < GRAPH_TRIES))
     }
 
@@ -75,13 +75,13 @@ impl<R: Runtime> GpuBackend<R> {
         let Some(key) = b.graph else {
             return ops(self);
         };
-        if self.graphs.generation != self.generation {
+        if self.graphs.generation != self.ctx.generation {
             self.graphs.recorded.clear();
             self.graphs.seen.clear();
-            self.graphs.generation = self.generation;
+            self.graphs.generation = self.ctx.generation;
         }
         if let Some(g) = self.graphs.recorded.get(&key) {
-            let dev = &mut self.dev;
+            let dev = &mut self.ctx.dev;
             dev.timed("decode_graph", |rt| {
                 rt.replay(g).map_err(runtime::dev_err("decode_graph"))
             })?;
@@ -93,19 +93,20 @@ impl<R: Runtime> GpuBackend<R> {
         if self.graphs.seen.insert(key) {
             return ops(self);
         }
-        let generation = self.generation;
-        self.dev
+        let generation = self.ctx.generation;
+        self.ctx
+            .dev
             .rt
             .begin_capture()
             .map_err(runtime::dev_err("graph capture"))?;
-        self.dev.capturing = true;
-        self.dev.capture_rows = key.rows;
+        self.ctx.dev.capturing = true;
+        self.ctx.dev.capture_rows = key.rows;
         let recorded = ops(self);
-        self.dev.capturing = false;
-        let graph = self.dev.rt.end_capture();
+        self.ctx.dev.capturing = false;
+        let graph = self.ctx.dev.rt.end_capture();
         match (recorded, graph) {
-            (Ok(()), Ok(g)) if generation == self.generation => {
-                self.dev.timed("decode_graph", |rt| {
+            (Ok(()), Ok(g)) if generation == self.ctx.generation => {
+                self.ctx.dev.timed("decode_graph", |rt| {
                     rt.replay(&g).map_err(runtime::dev_err("decode_graph"))
                 })?;
                 self.graphs.recorded.insert(key, g);

@@ -44,6 +44,10 @@ impl<R: Runtime> GpuBackend<R> {
     /// Joins `member`'s group: rank 0 makes the communicator id, the host group hands it
     /// to the others, and every rank joins on its own thread with its device current.
     pub(super) fn join(&mut self, member: GroupMember) -> Result<(), BackendError> {
+        // Every kernel module is loaded before the communicator exists: loading one on a GPU
+        // while a peer's collective waits there can deadlock (NCCL's rule on concurrent
+        // implicitly synchronizing calls), and no step can start before all ranks joined.
+        self.ctx.kernels.wait_model(&self.ctx.dev.rt)?;
         let id = match member.rank {
             0 => R::comm_id().map_err(|e| {
                 member.abort();
@@ -58,6 +62,7 @@ impl<R: Runtime> GpuBackend<R> {
         let deadline = Instant::now() + JOIN_TIMEOUT;
         let give_up = || member.is_broken() || Instant::now() > deadline;
         let comm = self
+            .ctx
             .dev
             .rt
             .comm_join_or_give_up(&id, member.rank, member.size, &give_up)
@@ -69,7 +74,7 @@ impl<R: Runtime> GpuBackend<R> {
             backend = R::NAME,
             rank = member.rank,
             size = member.size,
-            ordinal = self.dev.ordinal,
+            ordinal = self.ctx.dev.ordinal,
             "joined the tensor-parallel group"
         );
         self.group = Some(GpuGroup {
@@ -87,15 +92,16 @@ impl<R: Runtime> GpuBackend<R> {
         x: &mut GpuTensor,
         n: usize,
     ) -> Result<(), BackendError> {
+        self.settle_qx()?;
         check_rows("all_reduce_sum", n, x.rows)?;
         let Some(g) = self.group.as_ref() else {
             return Ok(());
         };
-        let (dt, ptr, count) = (self.dt, x.buf.ptr(), n * x.cols);
+        let (dt, ptr, count) = (self.ctx.dt, x.buf.ptr(), n * x.cols);
         if count == 0 || g.member.size == 1 {
             return Ok(());
         }
-        self.dev.timed("all_reduce", |rt| {
+        self.ctx.dev.timed("all_reduce", |rt| {
             // SAFETY: `x` holds at least `n` rows of `cols` elements of the storage type.
             unsafe { rt.all_reduce_sum(&g.comm, dt, ptr, count) }
                 .map_err(runtime::dev_err("all_reduce"))
@@ -109,6 +115,7 @@ impl<R: Runtime> GpuBackend<R> {
         n: usize,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
+        self.settle_qx()?;
         check_rows("all_gather", n, part.rows)?;
         check_rows("all_gather", n, out.rows)?;
         let Some(g) = self.group.as_mut() else {
@@ -127,27 +134,27 @@ impl<R: Runtime> GpuBackend<R> {
         if n == 0 {
             return Ok(());
         }
-        let es = self.dt.size();
-        let (dt, row) = (self.dt, width * es);
+        let es = self.ctx.dt.size();
+        let (dt, row) = (self.ctx.dt, width * es);
         let recv = ensure(
-            &self.dev,
+            &self.ctx.dev,
             &mut g.recv,
             size * n * row,
             "all_gather",
-            &mut self.generation,
+            &mut self.ctx.generation,
         )?;
         let send = match part.cols == width {
             true => part.buf.ptr(),
             false => ensure(
-                &self.dev,
+                &self.ctx.dev,
                 &mut g.send,
                 n * row,
                 "all_gather",
-                &mut self.generation,
+                &mut self.ctx.generation,
             )?,
         };
         let src = (part.buf.ptr(), part.cols * es);
-        self.dev.timed("all_gather", |rt| {
+        self.ctx.dev.timed("all_gather", |rt| {
             let err = runtime::dev_err("all_gather");
             // SAFETY: `send` holds `n` rows of `width` elements (the part itself, or the
             // padding buffer sized above, filled from the part's `n` rows); `recv` holds

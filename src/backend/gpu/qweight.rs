@@ -37,11 +37,11 @@ impl<R: Runtime> GpuBackend<R> {
         };
         let plain = |p: &HostTensor| QType::of(p.weight_type()).is_none();
         if parts.iter().all(plain) || parts.iter().any(|p| p.shape.len() < 2) {
-            let buf = self.dev.alloc(rows * cols * self.dt.size(), "weight")?;
+            let buf = self.ctx.dev.alloc(rows * cols * self.ctx.dt.size(), "weight")?;
             let mut row0 = 0;
             for p in parts {
                 let n = p.rows();
-                self.upload_plain(&buf, row0 * cols * self.dt.size(), p)?;
+                self.upload_plain(&buf, row0 * cols * self.ctx.dt.size(), p)?;
                 row0 += n;
             }
             return Ok(vec![WeightPart {
@@ -87,13 +87,13 @@ impl<R: Runtime> GpuBackend<R> {
         k: usize,
     ) -> Result<DevBuf, BackendError> {
         let (planes, total) = q.planes(rows, k);
-        let buf = self.dev.alloc(total, "weight")?;
+        let buf = self.ctx.dev.alloc(total, "weight")?;
         for (i, &(start, row_bytes)) in planes.iter().enumerate() {
             if row_bytes == 0 {
                 continue;
             }
             let fill = |at: usize, out: &mut [u8]| q.repack_rows(bytes, k, i, at / row_bytes, out);
-            self.dev
+            self.ctx.dev
                 .upload_with(&buf, start, rows * row_bytes, row_bytes, &fill)?;
         }
         Ok(buf)
@@ -111,32 +111,32 @@ impl<R: Runtime> GpuBackend<R> {
             (HostData::Raw { .. }, GgmlType::F16) => false,
             (HostData::Raw { .. }, GgmlType::BF16) => true,
             (HostData::F32(v), _) => {
-                let bytes = self.dt.encode(v);
-                return self.dev.upload(buf, offset, &bytes);
+                let bytes = self.ctx.dt.encode(v);
+                return self.ctx.dev.upload(buf, offset, &bytes);
             }
             _ => {
                 // Quantized vectors (never seen in practice) are tiny: values on the host.
                 let v = p.into_f32()?;
-                let bytes = self.dt.encode(v.values().unwrap_or_default());
-                return self.dev.upload(buf, offset, &bytes);
+                let bytes = self.ctx.dt.encode(v.values().unwrap_or_default());
+                return self.ctx.dev.upload(buf, offset, &bytes);
             }
         };
         let HostData::Raw { bytes, .. } = &p.data else {
             return Err(unsupported(R::NAME, ty.to_string()));
         };
         let copy = |at: usize, out: &mut [u8]| out.copy_from_slice(&bytes[at..at + out.len()]);
-        if bf16 && self.dt == crate::backend::DType::Bf16 {
-            return self.dev.upload_with(buf, offset, bytes.len(), 1, &copy);
+        if bf16 && self.ctx.dt == crate::backend::DType::Bf16 {
+            return self.ctx.dev.upload_with(buf, offset, bytes.len(), 1, &copy);
         }
-        let stage = self
+        let stage = self.ctx
             .dev
             .alloc(bytes.len().min(STAGE_BYTES), "weight staging")?;
-        let size = self.dt.size() as u64;
+        let size = self.ctx.dt.size() as u64;
         for (i, chunk) in bytes.chunks(STAGE_BYTES).enumerate() {
             let at = i * STAGE_BYTES;
             let fill = |a: usize, out: &mut [u8]| copy(at + a, out);
             // Stream order keeps the next chunk's copy behind this chunk's conversion.
-            self.dev.upload_with(&stage, 0, chunk.len(), 1, &fill)?;
+            self.ctx.dev.upload_with(&stage, 0, chunk.len(), 1, &fill)?;
             let total = (chunk.len() / 2) as u64;
             let first = (i * STAGE_BYTES / 2) as u64;
             let args = ConvertArgs {
@@ -151,7 +151,7 @@ impl<R: Runtime> GpuBackend<R> {
             self.launch_with(super::Kernel::Convert { bf16 }, grid, &args)?;
         }
         // The staging buffer is reused by the next chunk and freed here: wait for the work.
-        self.dev.sync("convert")
+        self.ctx.dev.sync("convert")
     }
 
     /// Dequantizes rows `ids[i]` (or all rows, `ids` 0) of quantized part `p` (`k` columns)

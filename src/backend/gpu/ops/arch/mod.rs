@@ -1,13 +1,11 @@
 //! Launchers of the model-family ops (`kernels/arch.cu`): per-head q/k RMSNorm (Qwen3,
 //! Gemma 3), GeGLU, the embedding scale and logit soft-capping (Gemma).
 
-pub(in crate::backend::gpu) mod kernels;
-
 use crate::backend::gpu::args::{GeluTanhMulArgs, HeadRmsNormArgs, ScaleRowsArgs, SoftcapArgs};
 use crate::backend::gpu::kernels::Kernel;
 use crate::backend::gpu::runtime::{Grid, Runtime};
 use crate::backend::gpu::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows};
-use crate::backend::{AttnShape, BackendError};
+use crate::backend::{Activation, AttnShape, BackendError};
 
 /// A grid-stride launch over `total` elements.
 fn flat_grid(total: usize) -> Grid {
@@ -18,6 +16,40 @@ fn flat_grid(total: usize) -> Grid {
 }
 
 impl<R: Runtime> GpuBackend<R> {
+    /// `out = act(gate) * up` of `n` rows of `gate_up` (the gate half, then the up half).
+    pub(in crate::backend::gpu) fn launch_glu(
+        &mut self,
+        act: Activation,
+        gate_up: &GpuTensor,
+        n: usize,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        match act {
+            Activation::Silu => self.launch_silu_mul(gate_up, n, out),
+            Activation::GeluTanh => self.launch_gelu_tanh_mul(gate_up, n, out),
+        }
+    }
+
+    /// `gate_up = x @ w_gate_up^T`, then [`GpuBackend::launch_glu`]: SiLU takes the fused
+    /// streaming kernels for small batches (plain and quantized weights).
+    pub(in crate::backend::gpu) fn launch_matmul_glu(
+        &mut self,
+        act: Activation,
+        x: &GpuTensor,
+        w_gate_up: &GpuWeight,
+        n: usize,
+        gate_up: &mut GpuTensor,
+        out: &mut GpuTensor,
+    ) -> Result<(), BackendError> {
+        match act {
+            Activation::Silu => self.launch_matmul_silu_mul(x, w_gate_up, n, gate_up, out),
+            Activation::GeluTanh => {
+                self.launch_matmul(x, w_gate_up, None, n, gate_up)?;
+                self.launch_gelu_tanh_mul(gate_up, n, out)
+            }
+        }
+    }
+
     pub(in crate::backend::gpu) fn launch_head_rms_norm(
         &mut self,
         qkv: &mut GpuTensor,
@@ -36,7 +68,7 @@ impl<R: Runtime> GpuBackend<R> {
             return Ok(());
         }
         // Whole warps: block_sum reduces warp by warp.
-        let warp = self.caps.warp;
+        let warp = self.ctx.caps.warp;
         let threads = hd.next_multiple_of(warp).clamp(warp, 256);
         let grid = Grid {
             blocks: (n as u32, (shape.n_heads + shape.n_kv_heads) as u32, 1),

@@ -3,8 +3,6 @@
 //! partials when the step has any: inside the decode kernel (the last part block of each
 //! split row and KV head merges them), else by an `attn_combine` launch.
 
-pub(in crate::backend::gpu) mod kernels;
-
 use crate::backend::gpu::args::{AttnArgs, AttnCombineArgs, AttnDecArgs};
 use crate::backend::gpu::kernels::{AttnHead, Kernel};
 use crate::backend::gpu::ops::matmul::QxRows;
@@ -58,7 +56,7 @@ impl<R: Runtime> GpuBackend<R> {
             && l.n_splits > 0
             // The decode kernel merges its split-K parts itself (no `attn_combine` launch)
             // unless `attn_fuse` is off.
-            && self.tuning.attn_fuse
+            && self.ctx.tuning.attn_fuse
             && n_heads / n_kv <= MERGE_MAX_GROUP
             && l.n_counters >= l.n_splits * n_kv
             && l.max_parts as usize <= MERGE_MAX_PARTS;
@@ -66,17 +64,17 @@ impl<R: Runtime> GpuBackend<R> {
         if l.n_parts > 0 {
             let acc_bytes = l.n_parts * n_heads * hd * 4;
             part_acc = ensure(
-                &self.dev,
-                &mut self.scratch.attn_ws,
+                &self.ctx.dev,
+                &mut self.ctx.scratch.attn_ws,
                 acc_bytes + l.n_parts * n_heads * 8,
                 "attention partials",
-                &mut self.generation,
+                &mut self.ctx.generation,
             )?;
             part_ml = part_acc + acc_bytes as u64;
         }
         // The step's metadata holds the counters, zeroed by its upload.
         let counters = if fold { self.meta_ptr(l.counters) } else { 0 };
-        let size = self.dt.size() as u64;
+        let size = self.ctx.dt.size() as u64;
         let layer_elems = (kv.shape.num_slots() * kv.shape.slot_width()) as u64;
         let k = kv.buf.ptr() + 2 * layer as u64 * layer_elems * size;
         let blocks = if dec {
@@ -86,7 +84,7 @@ impl<R: Runtime> GpuBackend<R> {
         };
         let grid = Grid {
             blocks,
-            threads: (ATTN_WARPS * self.caps.warp) as u32,
+            threads: (ATTN_WARPS * self.ctx.caps.warp) as u32,
         };
         // Every row merged (none written by the attention kernel itself), head blocks of
         // whole warps: the merge also leaves the 8-bit rows of its output for the decode
@@ -169,7 +167,7 @@ impl<R: Runtime> GpuBackend<R> {
             self.launch_with(Kernel::AttnCombine, grid, &args)?;
         }
         if l.n_splits > 0 {
-            self.scratch.qx = xq.map(|at| QxRows {
+            self.ctx.scratch.qx = xq.map(|at| QxRows {
                 x: out.buf.ptr(),
                 rows: l.n_tokens,
                 cols: q_dim,
@@ -196,19 +194,20 @@ impl<R: Runtime> GpuBackend<R> {
         let decode = head.has_decode()
             && vectors <= dec[dec.len() - 1] as usize
             && n_items <= 65535
-            && self.switches.attn_decode;
+            && self.ctx.switches.attn_decode;
         // The pass sizes a start compiles follow the same rule (`KernelNeeds::class`); one
         // still compiling after start-up (items of more than one row) leaves its items to the
         // other variants meanwhile.
         let pass = head.decode_pass(vectors).unwrap_or(1);
         let compiling = decode
             && self
+                .ctx
                 .kernels
                 .pending(Kernel::AttentionDecode { head, qv: pass }.unit());
         if decode && !compiling {
             Kernel::AttentionDecode { head, qv: pass }
         } else if (vectors > sizes[sizes.len() - 1] as usize || compiling)
-            && self.caps.mma
+            && self.ctx.caps.mma
             && head.has_tc()
         {
             Kernel::AttentionTc { head }

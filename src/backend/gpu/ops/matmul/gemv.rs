@@ -74,7 +74,7 @@ impl<R: Runtime> GpuBackend<R> {
     pub(super) fn gemv_grid(&self, blocks: usize) -> Grid {
         Grid {
             blocks: (blocks as u32, 1, 1),
-            threads: (GEMV_WARPS * self.dev.info.warp_size) as u32,
+            threads: (GEMV_WARPS * self.ctx.dev.info.warp_size) as u32,
         }
     }
 
@@ -95,10 +95,10 @@ impl<R: Runtime> GpuBackend<R> {
             return Err(invalid(format!("GEMM {n}x{k}x{m} too large")));
         }
         self.settle_qx()?;
-        let (blas, dt) = (&self.blas, self.dt);
+        let (blas, dt) = (&self.ctx.blas, self.ctx.dt);
         // SAFETY: the callers pass x of n*k, w of m*k and out of n*m elements of `dt` (shapes
         // checked by them); all three buffers are live.
-        self.dev.timed("matmul", |rt| unsafe {
+        self.ctx.dev.timed("matmul", |rt| unsafe {
             rt.gemm(blas, dt, x, w, out, n, k, m)
                 .map_err(runtime::dev_err("matmul"))
         })
@@ -133,8 +133,8 @@ impl<R: Runtime> GpuBackend<R> {
     /// returns its device address.
     pub(super) fn dequantize_into_scratch(&mut self, w: &GpuWeight) -> Result<u64, BackendError> {
         let (m, k) = (w.rows, w.cols);
-        let size = self.dt.size();
-        let scratch = match &self.scratch.dequant {
+        let size = self.ctx.dt.size();
+        let scratch = match &self.ctx.scratch.dequant {
             Some(b) if b.bytes() >= m * k * size => b.ptr(),
             _ => return Err(invalid(format!("no dequant scratch for a {m}x{k} weight"))),
         };
@@ -155,7 +155,7 @@ impl<R: Runtime> GpuBackend<R> {
         check_cols("silu_mul", gate_up.cols, 2 * f)?;
         check_rows("silu_mul", n, gate_up.rows.min(out.rows))?;
         if n > 0 && self.whole_chunks(f, &[gate_up.buf.ptr(), out.buf.ptr()]) {
-            let chunk = 16 / self.dt.size();
+            let chunk = 16 / self.ctx.dt.size();
             let grid = Grid {
                 blocks: ((f / chunk).div_ceil(256) as u32, n.min(65535) as u32, 1),
                 threads: 256,

@@ -202,19 +202,19 @@ impl<R: Runtime> GpuBackend<R> {
     /// scratch and compile state.
     pub(in crate::backend::gpu) fn route(&self) -> Route<'_, impl Fn(Unit) -> bool + '_> {
         Route {
-            dt: self.dt,
-            caps: &self.caps,
-            tuning: &self.tuning,
-            gemv: self.switches.gemv,
-            room: self.scratch.dequant.as_ref().map_or(0, |b| b.bytes()),
-            pending: move |u| self.kernels.pending(u),
+            dt: self.ctx.dt,
+            caps: &self.ctx.caps,
+            tuning: &self.ctx.tuning,
+            gemv: self.ctx.switches.gemv,
+            room: self.ctx.scratch.dequant.as_ref().map_or(0, |b| b.bytes()),
+            pending: move |u| self.ctx.kernels.pending(u),
         }
     }
 
     /// Where part `p`'s columns start in the bias and in `out`: (bias, y) device addresses
     /// (bias 0 without one).
     fn part_out(&self, p: &WeightPart, bias: Option<u64>, out: &GpuTensor) -> (u64, u64) {
-        let at = p.row0 as u64 * self.dt.size() as u64;
+        let at = p.row0 as u64 * self.ctx.dt.size() as u64;
         (bias.map_or(0, |b| b + at), out.buf.ptr() + at)
     }
 
@@ -324,7 +324,7 @@ impl<R: Runtime> GpuBackend<R> {
         let nf = NormFacts {
             h,
             w_dense: norm_w.dense().is_some(),
-            across_ops: self.scratch.fuse_across_ops,
+            across_ops: self.ctx.scratch.fuse_across_ops,
         };
         let an = AddNorm {
             residual: residual.buf.ptr(),

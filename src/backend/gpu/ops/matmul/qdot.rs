@@ -59,8 +59,8 @@ impl<R: Runtime> GpuBackend<R> {
     /// for the decode matmul after it (bf16, up to 8 rows, whole blocks of 32): the dequant
     /// scratch, where `quantize_x` would put them.
     pub(in crate::backend::gpu) fn qx_slot(&self, n: usize, cols: usize) -> Option<u64> {
-        let buf = self.scratch.dequant.as_ref()?;
-        let fits = self.dt == crate::backend::DType::Bf16
+        let buf = self.ctx.scratch.dequant.as_ref()?;
+        let fits = self.ctx.dt == crate::backend::DType::Bf16
             && (1..=QGEMV_ROWS[QGEMV_ROWS.len() - 1] as usize).contains(&n)
             && cols.is_multiple_of(32)
             && cols <= i32::MAX as usize
@@ -79,9 +79,9 @@ impl<R: Runtime> GpuBackend<R> {
         takes_norm: bool,
     ) -> Result<(u64, Option<NormIn>), BackendError> {
         let want = (x.buf.ptr(), n, x.cols);
-        match self.scratch.qx {
+        match self.ctx.scratch.qx {
             Some(q) if (q.x, q.rows, q.cols) == want && (takes_norm || q.norm.is_none()) => {
-                self.scratch.qx = None;
+                self.ctx.scratch.qx = None;
                 Ok((q.at, q.norm))
             }
             _ => Ok((self.quantize_x(x, n)?, None)),
@@ -93,7 +93,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// clears the record otherwise. Every launch, write, download and allocation calls it
     /// before touching the device.
     pub(in crate::backend::gpu) fn settle_qx(&mut self) -> Result<(), BackendError> {
-        let Some(q) = self.scratch.qx.take() else {
+        let Some(q) = self.ctx.scratch.qx.take() else {
             return Ok(());
         };
         let Some(ni) = q.norm else {
@@ -106,7 +106,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// Quantizes `n` rows of `x` to 8-bit blocks of 32 in the dequant scratch (free during
     /// decode steps: the batch paths alone use it); returns its device address.
     pub(super) fn quantize_x(&mut self, x: &GpuTensor, n: usize) -> Result<u64, BackendError> {
-        let xq = self.scratch.dequant.as_ref().map_or(0, |b| b.ptr());
+        let xq = self.ctx.scratch.dequant.as_ref().map_or(0, |b| b.ptr());
         let chunks = n * x.cols / 32;
         let args = QuantizeXArgs {
             x: x.buf.ptr(),
@@ -216,7 +216,7 @@ impl<R: Runtime> GpuBackend<R> {
         h: usize,
         q: QType,
     ) -> Result<(), BackendError> {
-        let scratch = self.scratch.dequant.as_ref().map_or(0, |b| b.ptr());
+        let scratch = self.ctx.scratch.dequant.as_ref().map_or(0, |b| b.ptr());
         let (off, ss_off) = qdot_norm_offsets(n, x.cols, h);
         let (oxq, oss) = (scratch + off as u64, scratch + ss_off as u64);
         // This launch finishes no norm: one left pending is settled first.
@@ -232,13 +232,13 @@ impl<R: Runtime> GpuBackend<R> {
             oxq,
             oss,
         };
-        let warp = self.dev.info.warp_size as u32;
+        let warp = self.ctx.dev.info.warp_size as u32;
         let grid = Grid {
             blocks: ((h / 32) as u32, 1, 1),
             threads: QDOT_NORM_WARPS * warp,
         };
         self.launch_with(Kernel::QdotNorm { q }, grid, &args)?;
-        self.scratch.qx = Some(QxRows {
+        self.ctx.scratch.qx = Some(QxRows {
             x: an.out,
             rows: n,
             cols: h,

@@ -43,7 +43,7 @@ impl<R: Runtime> GpuBackend<R> {
         used: usize,
         resident: Option<usize>,
     ) -> usize {
-        let room = self
+        let room = self.ctx
             .scratch
             .dequant
             .as_ref()
@@ -58,8 +58,8 @@ impl<R: Runtime> GpuBackend<R> {
         };
         let waves = (waves * QMMA_THREADS as usize).div_ceil(threads as usize);
         let want = match resident {
-            Some(r) if tile == 64 => (r * self.dev.info.sm_count / blocks.max(1)).max(1),
-            _ => (waves * self.dev.info.sm_count).div_ceil(blocks.max(1)),
+            Some(r) if tile == 64 => (r * self.ctx.dev.info.sm_count / blocks.max(1)).max(1),
+            _ => (waves * self.ctx.dev.info.sm_count).div_ceil(blocks.max(1)),
         };
         let most = (k / QMMA_BK / QMMA_MIN_SPLIT_TILES)
             .min(QMMA_MAX_SPLITS)
@@ -74,7 +74,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// [`QMMA_RESIDENT_MAX`] (NVIDIA tensor cores only; None elsewhere or when the driver
     /// does not say). Asked of the driver once per kernel and block size.
     fn qmma_resident(&mut self, k: Kernel, threads: u32) -> Result<Option<usize>, BackendError> {
-        if !self.caps.int8_mma {
+        if !self.ctx.caps.int8_mma {
             return Ok(None);
         }
         if let Some(&fit) = self.qmma_resident.get(&(k, threads)) {
@@ -86,13 +86,13 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     fn qmma_resident_of(&self, k: Kernel, threads: u32) -> Result<Option<usize>, BackendError> {
-        let f = self.kernels.get(&self.dev.rt, k)?;
-        let (regs, _, _) = self.dev.rt.resources(f);
+        let f = self.ctx.kernels.get(&self.ctx.dev.rt, k)?;
+        let (regs, _, _) = self.ctx.dev.rt.resources(f);
         let Ok(regs) = usize::try_from(regs) else {
             return Ok(None);
         };
-        let warps = (threads as usize).div_ceil(self.dev.info.warp_size);
-        let per_warp = (regs * self.dev.info.warp_size).next_multiple_of(WARP_REG_UNIT);
+        let warps = (threads as usize).div_ceil(self.ctx.dev.info.warp_size);
+        let per_warp = (regs * self.ctx.dev.info.warp_size).next_multiple_of(WARP_REG_UNIT);
         let fit = SM_REGS / (per_warp * warps).max(1);
         Ok((fit > 0).then_some(fit.min(QMMA_RESIDENT_MAX)))
     }
@@ -123,7 +123,7 @@ impl<R: Runtime> GpuBackend<R> {
             None => None,
         };
         let used = qx8.unwrap_or(0);
-        let scratch = self.scratch.dequant.as_ref().map_or(0, |b| b.ptr());
+        let scratch = self.ctx.scratch.dequant.as_ref().map_or(0, |b| b.ptr());
         for run in part_runs(&w.parts) {
             let PartRun { q, mix, ref slots } = run;
             let (bias, y) = self.part_out(slots[0].1, bias, out);
@@ -270,14 +270,14 @@ impl<R: Runtime> GpuBackend<R> {
         };
         // A 4-column chunk a thread (up to four past 1024 threads: QMMA_NORM_MAX_COLS).
         let threads = (cols / 4)
-            .next_multiple_of(self.dev.info.warp_size)
+            .next_multiple_of(self.ctx.dev.info.warp_size)
             .clamp(64, 1024);
         let grid = Grid {
             blocks: (n as u32, 1, 1),
             threads: threads as u32,
         };
         self.launch_with(Kernel::QmmaReduceAddNorm, grid, &reduce)?;
-        self.scratch.qx = None;
+        self.ctx.scratch.qx = None;
         Ok(())
     }
 
@@ -314,7 +314,7 @@ impl<R: Runtime> GpuBackend<R> {
             wu: u.buf.ptr(),
             x: x.buf.ptr(),
             y: act.buf.ptr(),
-            ws: self.scratch.dequant.as_ref().map_or(0, |b| b.ptr()),
+            ws: self.ctx.scratch.dequant.as_ref().map_or(0, |b| b.ptr()),
             k: k as i32,
             f: f as i32,
             rows: n as i32,

@@ -292,31 +292,31 @@ impl<R: Runtime> GpuBackend<R> {
         }
         // Sized once for the activation capacity (the first, eager step), so a recorded
         // step never reallocates.
-        let lay = Layout::new(x.rows, s, h, self.dt.size());
-        if self
+        let lay = Layout::new(x.rows, s, h, self.ctx.dt.size());
+        if self.ctx
             .scratch
             .moe
             .as_ref()
             .is_none_or(|b| b.bytes() < lay.bytes)
         {
-            self.generation += 1;
-            self.scratch.moe = Some(self.dev.alloc(lay.bytes, "moe workspace")?);
+            self.ctx.generation += 1;
+            self.ctx.scratch.moe = Some(self.ctx.dev.alloc(lay.bytes, "moe workspace")?);
         }
-        let base = self.scratch.moe.as_ref().map_or(0, |b| b.ptr());
+        let base = self.ctx.scratch.moe.as_ref().map_or(0, |b| b.ptr());
         let at = |off: usize| base + off as u64;
         let total = n * k;
         let tiles = max_tiles(total, ne);
         let used = used_tiles(total, ne);
         // bf16 with quantized experts: dp4a on 8-bit activations (whole blocks of 32).
         let q8 = |q: Option<QType>, cols: usize| {
-            q.filter(|_| self.dt == crate::backend::DType::Bf16 && cols.is_multiple_of(32))
+            q.filter(|_| self.ctx.dt == crate::backend::DType::Bf16 && cols.is_multiple_of(32))
         };
         let (gu_q8, down_q8) = (q8(gu_q, h), q8(down_q, f));
         // Many rows per expert (prefill): tensor cores over 64 slots of one expert.
         let many = total >= MMA_MIN_ROWS * ne;
         let mma = |q: Option<QType>, cols: usize| {
             q.filter(|_| {
-                many && self.dt == crate::backend::DType::Bf16 && cols.is_multiple_of(MMA_BK)
+                many && self.ctx.dt == crate::backend::DType::Bf16 && cols.is_multiple_of(MMA_BK)
             })
         };
         let (gu_mma, down_mma) = (mma(gu_q, h), mma(down_q, f));
@@ -347,7 +347,7 @@ impl<R: Runtime> GpuBackend<R> {
             };
             // Up to a warp of assignments one warp routes and aligns in registers and the
             // block's other warps quantize x (a block of 32 each); else the whole block.
-            let warp = self.dev.info.warp_size;
+            let warp = self.ctx.dev.info.warp_size;
             let threads = if total <= warp {
                 let blocks = if gu_xq { n * h / 32 } else { 0 };
                 warp * (1 + blocks.div_ceil(warp).min(ALIGN_THREADS as usize / warp - 1))
@@ -561,9 +561,9 @@ impl<R: Runtime> GpuBackend<R> {
                     xq: xq.unwrap_or(0),
                     eps,
                 };
-                let threads = (h / CN_E).next_multiple_of(self.dev.info.warp_size);
+                let threads = (h / CN_E).next_multiple_of(self.ctx.dev.info.warp_size);
                 self.launch_with(Kernel::MoeCombineNorm, grid((n, 1), threads as u32), &args)?;
-                self.scratch.qx = xq.map(|at| QxRows {
+                self.ctx.scratch.qx = xq.map(|at| QxRows {
                     x: x.buf.ptr(),
                     rows: n,
                     cols: h,
@@ -631,10 +631,10 @@ impl<R: Runtime> GpuBackend<R> {
             )));
         }
         // Sized once for the activation capacity (the first, eager step).
-        let mut sc = match self.scratch.moe_shared.take() {
+        let mut sc = match self.ctx.scratch.moe_shared.take() {
             Some(sc) if sc.act.rows >= x.rows && sc.act.cols == sf && sc.y.cols == h => sc,
             _ => {
-                self.generation += 1;
+                self.ctx.generation += 1;
                 SharedScratch {
                     gu: self.alloc(x.rows, 2 * sf)?,
                     act: self.alloc(x.rows, sf)?,
@@ -660,7 +660,7 @@ impl<R: Runtime> GpuBackend<R> {
             self.launch_with(Kernel::MoeSharedAdd, grid, &args)
         };
         let r = run();
-        self.scratch.moe_shared = Some(sc);
+        self.ctx.scratch.moe_shared = Some(sc);
         r
     }
 }

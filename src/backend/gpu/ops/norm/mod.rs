@@ -3,8 +3,6 @@
 //! with quantized weights, the vector kernels also leave the output as 8-bit blocks of 32 in
 //! the dequant scratch for the quantized matmul after them ([`QxRows`]).
 
-pub(in crate::backend::gpu) mod kernels;
-
 use crate::backend::BackendError;
 use crate::backend::gpu::args::{AddRmsNormArgs, AddRmsNormVecArgs, RmsNormArgs, RmsNormVecArgs};
 use crate::backend::gpu::kernels::Kernel;
@@ -46,10 +44,10 @@ impl<R: Runtime> GpuBackend<R> {
         out: u64,
     ) -> Result<(), BackendError> {
         // Whole warps: block_sum reduces warp by warp (64 lanes on CDNA).
-        let warp = self.caps.warp;
+        let warp = self.ctx.caps.warp;
         let ptrs = [x, wb, out, resid.unwrap_or(0)];
         let (vec, threads) = if self.whole_chunks(h, &ptrs) {
-            let chunk = 16 / self.dt.size();
+            let chunk = 16 / self.ctx.dt.size();
             // Two 16-byte chunks per thread stay in registers between the two passes.
             let threads = (h / chunk)
                 .div_ceil(2)
@@ -108,7 +106,7 @@ impl<R: Runtime> GpuBackend<R> {
                 self.launch_with(Kernel::AddRmsNormVec, grid, &args)?;
             }
         }
-        self.scratch.qx = xq.map(|at| QxRows {
+        self.ctx.scratch.qx = xq.map(|at| QxRows {
             x: out,
             rows: n,
             cols: h as usize,

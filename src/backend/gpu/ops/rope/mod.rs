@@ -72,7 +72,7 @@ impl<R: Runtime> GpuBackend<R> {
         if layer >= kv.shape.num_layers {
             return Err(invalid(format!("layer {layer} of {}", kv.shape.num_layers)));
         }
-        let layer_bytes = (kv.shape.num_slots() * w * self.dt.size()) as u64;
+        let layer_bytes = (kv.shape.num_slots() * w * self.ctx.dt.size()) as u64;
         let k = kv.buf.ptr() + 2 * layer as u64 * layer_bytes;
         Ok((k, k + layer_bytes))
     }
@@ -80,21 +80,21 @@ impl<R: Runtime> GpuBackend<R> {
     /// The device table of `rope`'s inverse frequencies, uploaded the first time the spec is
     /// seen (each distinct spec keeps its table).
     fn inv_freqs(&mut self, rope: &RopeSpec) -> Result<u64, BackendError> {
-        if let Some((_, buf)) = self.scratch.rope.iter().find(|(r, _)| r == rope) {
+        if let Some((_, buf)) = self.ctx.scratch.rope.iter().find(|(r, _)| r == rope) {
             return Ok(buf.ptr());
         }
         let f = rope.inv_freqs();
-        if self.dev.capturing {
+        if self.ctx.dev.capturing {
             return Err(invalid(
                 "rope frequencies first uploaded while recording".into(),
             ));
         }
-        self.generation += 1;
-        let buf = self.dev.alloc(f.len() * 4, "rope frequencies")?;
+        self.ctx.generation += 1;
+        let buf = self.ctx.dev.alloc(f.len() * 4, "rope frequencies")?;
         let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.dev.upload(&buf, 0, &bytes)?;
+        self.ctx.dev.upload(&buf, 0, &bytes)?;
         let ptr = buf.ptr();
-        self.scratch.rope.push((rope.clone(), buf));
+        self.ctx.scratch.rope.push((rope.clone(), buf));
         Ok(ptr)
     }
 
@@ -193,7 +193,7 @@ impl<R: Runtime> GpuBackend<R> {
             )));
         }
         // A thread per rotated pair (whole warps, at least the rope's 64).
-        let warp = self.dev.info.warp_size;
+        let warp = self.ctx.dev.info.warp_size;
         let threads = (rope.dim / 2).next_multiple_of(warp).max(64);
         if threads > 1024 {
             return Err(invalid(format!("head norms of head size {hd}")));

@@ -2,13 +2,12 @@
 //! entries and the token masks of constrained rows into one upload, launches the sampling kernels, and downloads only the chosen
 //! ids, their logprobs and the requested top alternatives.
 
-pub(in crate::backend::gpu) mod kernels;
-
 use crate::backend::BackendError;
 use crate::backend::gpu::args::{
     SampleGreedyArgs, SampleMaskArgs, SamplePenaltyArgs, SamplePickArgs, SamplePrepArgs,
     SampleTopNArgs,
 };
+use crate::backend::gpu::device::DevBuf;
 use crate::backend::gpu::kernels::Kernel;
 use crate::backend::gpu::runtime::{Grid, Runtime};
 use crate::backend::gpu::{GpuBackend, GpuTensor, check_rows, ensure};
@@ -199,6 +198,19 @@ fn greedy_parts(rows: usize, v: usize, sms: usize) -> usize {
     v.div_ceil(v.div_ceil(parts))
 }
 
+/// The sampling workspaces of one backend, allocated on first use and kept across steps.
+#[derive(Default)]
+pub(in crate::backend::gpu) struct SampleState {
+    input: Option<DevBuf>,
+    work: Option<DevBuf>,
+    out: Option<DevBuf>,
+    /// The greedy pass's per-slice results, and its per-row counters (zeroed when allocated;
+    /// the kernel leaves them zero).
+    parts: Option<DevBuf>,
+    counts: Option<DevBuf>,
+    pack: SamplePack,
+}
+
 impl<R: Runtime> GpuBackend<R> {
     pub(in crate::backend::gpu) fn sample_on_device(
         &mut self,
@@ -209,11 +221,11 @@ impl<R: Runtime> GpuBackend<R> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pk = std::mem::take(&mut self.sample_pack);
+        let mut pk = std::mem::take(&mut self.sample.pack);
         let out = pack(rows, logits.cols, &mut pk)
             .and_then(|()| self.run_sample(logits, &pk))
             .map(|w| unpack(&pk, &w));
-        self.sample_pack = pk;
+        self.sample.pack = pk;
         out
     }
 
@@ -231,33 +243,38 @@ impl<R: Runtime> GpuBackend<R> {
             threads: SAMPLE_THREADS,
         };
         let out = ensure(
-            &self.dev,
-            &mut self.sample_out,
+            &self.ctx.dev,
+            &mut self.sample.out,
             pk.out_words() * 4,
             "sampling output",
-            &mut self.generation,
+            &mut self.ctx.generation,
         )?;
         if pk.plain_greedy {
-            let parts = greedy_parts(s, v, self.caps.sms);
+            let parts = greedy_parts(s, v, self.ctx.caps.sms);
             let (part, counts) = if parts > 1 {
                 let part = ensure(
-                    &self.dev,
-                    &mut self.sample_parts,
+                    &self.ctx.dev,
+                    &mut self.sample.parts,
                     s * parts * 16,
                     "greedy sampling slices",
-                    &mut self.generation,
+                    &mut self.ctx.generation,
                 )?;
-                let g = self.generation;
+                let g = self.ctx.generation;
                 let counts = ensure(
-                    &self.dev,
-                    &mut self.sample_counts,
+                    &self.ctx.dev,
+                    &mut self.sample.counts,
                     s * 4,
                     "greedy sampling counters",
-                    &mut self.generation,
+                    &mut self.ctx.generation,
                 )?;
-                if let Some(buf) = self.sample_counts.as_ref().filter(|_| self.generation != g) {
+                if let Some(buf) = self
+                    .sample
+                    .counts
+                    .as_ref()
+                    .filter(|_| self.ctx.generation != g)
+                {
                     // A new buffer: the counters start at zero (the kernel leaves them so).
-                    self.dev.upload(buf, 0, &vec![0u8; buf.bytes()])?;
+                    self.ctx.dev.upload(buf, 0, &vec![0u8; buf.bytes()])?;
                 }
                 (part, counts)
             } else {
@@ -279,22 +296,22 @@ impl<R: Runtime> GpuBackend<R> {
         }
         let bytes: Vec<u8> = pk.words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let input = ensure(
-            &self.dev,
-            &mut self.sample_in,
+            &self.ctx.dev,
+            &mut self.sample.input,
             bytes.len(),
             "sampling parameters",
-            &mut self.generation,
+            &mut self.ctx.generation,
         )?;
         let work = ensure(
-            &self.dev,
-            &mut self.sample_work,
+            &self.ctx.dev,
+            &mut self.sample.work,
             (s * v + s) * 4,
             "sampling workspace",
-            &mut self.generation,
+            &mut self.ctx.generation,
         )?;
         let lse = work + (s * v * 4) as u64;
-        if let Some(buf) = &self.sample_in {
-            self.dev.upload(buf, 0, &bytes)?;
+        if let Some(buf) = &self.sample.input {
+            self.ctx.dev.upload(buf, 0, &bytes)?;
         }
         let entries = input + (s * PARAM_WORDS * 4) as u64;
         let vi = v as i32;
@@ -359,8 +376,8 @@ impl<R: Runtime> GpuBackend<R> {
     /// The output words of the sampling kernels.
     fn download_sampled(&mut self, pk: &SamplePack) -> Result<Vec<u32>, BackendError> {
         let mut raw = vec![0u8; pk.out_words() * 4];
-        if let Some(buf) = &self.sample_out {
-            self.dev.download(buf, 0, &mut raw)?;
+        if let Some(buf) = &self.sample.out {
+            self.ctx.dev.download(buf, 0, &mut raw)?;
         }
         Ok(raw
             .chunks_exact(4)
