@@ -24,8 +24,8 @@
 //! (prefill) and f32 dequantize the weight into the backend's one scratch of the compute
 //! type, then the BLAS GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 
-pub(in crate::backend::gpu) mod kernels;
 mod gemv;
+pub(in crate::backend::gpu) mod kernels;
 mod qdot;
 mod qmma;
 pub(in crate::backend::gpu) mod route;
@@ -34,7 +34,7 @@ use route::{GluPath, MatmulPath, NormFacts, NormPath, Operands, PartRun, Route};
 
 use crate::backend::BackendError;
 use crate::backend::gpu::qweight::WeightPart;
-use crate::backend::gpu::kernels::Unit;
+use crate::backend::gpu::registry::Unit;
 use crate::backend::gpu::runtime::Runtime;
 use crate::backend::gpu::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows};
 
@@ -282,7 +282,7 @@ impl<R: Runtime> GpuBackend<R> {
                     takes_norm,
                 },
                 Some(gu),
-            ) => self.launch_qdot_silu(x, gu, q, n, rows, takes_norm, act),
+            ) => self.launch_qdot_silu(x, gu, n, (q, rows, takes_norm), act),
             (GluPath::QgemvSilu { q, rows }, Some(gu)) => {
                 self.launch_qgemv_silu(x, gu, q, n, rows, act)
             }

@@ -198,7 +198,7 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// `residual += x @ w^T` for one decode row on `qdot_norm_*` of type `q` (a one-part
-    /// weight of `h` rows, 32 output columns a block; [`NormPath::QdotNorm`]), which also
+    /// weight of `h` rows, 32 output columns a block; `NormPath::QdotNorm`), which also
     /// leaves the RMSNorm (weight `norm`) to the next quantized matmul: per 32 columns
     /// `residual * norm` as 8-bit rows in the dequant scratch after the launch's own input
     /// (which it reads meanwhile), and the sum of `residual^2` after those ([`NormIn`];
@@ -282,17 +282,14 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// A quantized gate/up pair `[g, u]` of type `q` and SiLU-mul in one launch of
-    /// `qdot_silu_*` (8-bit activations; [`GluPath::QdotSilu`]): `takes_norm` as the route
-    /// says, the rows then finishing a norm the launch before left (`qdot_silu_in_*`).
-    #[allow(clippy::too_many_arguments)]
+    /// `qdot_silu_*` (8-bit activations) at `GluPath::QdotSilu`'s type, row bucket and
+    /// `takes_norm`: the rows then finish a norm the launch before left (`qdot_silu_in_*`).
     pub(super) fn launch_qdot_silu(
         &mut self,
         x: &GpuTensor,
         [g, u]: [&WeightPart; 2],
-        q: QType,
         n: usize,
-        rows: u32,
-        takes_norm: bool,
+        (q, rows, takes_norm): (QType, u32, bool),
         act: &GpuTensor,
     ) -> Result<(), BackendError> {
         let f = act.cols;
@@ -332,7 +329,7 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// A quantized gate/up pair and SiLU-mul in one launch of `qgemv_silu_*` (compute-type
-    /// activations; [`GluPath::QgemvSilu`]).
+    /// activations; `GluPath::QgemvSilu`).
     pub(super) fn launch_qgemv_silu(
         &mut self,
         x: &GpuTensor,

@@ -43,7 +43,8 @@ impl<R: Runtime> GpuBackend<R> {
         used: usize,
         resident: Option<usize>,
     ) -> usize {
-        let room = self.ctx
+        let room = self
+            .ctx
             .scratch
             .dequant
             .as_ref()

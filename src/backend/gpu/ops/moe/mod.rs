@@ -11,18 +11,17 @@
 //! quantized shared expert runs too) and the sigmoid-gated add.
 
 pub(in crate::backend::gpu) mod kernels;
+mod launch;
+pub(in crate::backend::gpu) mod route;
 
-use super::matmul::{QX_THREADS, QxRows, qx_bytes};
-use crate::backend::gpu::args::{
-    MoeAlignArgs, MoeCombineArgs, MoeCombineNormArgs, MoeDownArgs, MoeGateUpArgs, MoeMmaDownArgs,
-    MoeMmaGateUpArgs, MoePrepArgs, MoeQ8DownArgs, MoeQ8DownSelfArgs, MoeQ8GateUpArgs, MoeQDownArgs,
-    MoeQGateUpArgs, MoeRouteArgs, MoeSharedAddArgs, QuantizeXArgs,
-};
+use super::matmul::{QX_THREADS, qx_bytes};
+use crate::backend::gpu::args::{MoeSharedAddArgs, QuantizeXArgs};
 use crate::backend::gpu::kernels::{Kernel, MOE8_SLOTS};
 use crate::backend::gpu::qtype::QType;
 use crate::backend::gpu::runtime::{Grid, Runtime};
 use crate::backend::gpu::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
 use crate::backend::{Backend, BackendError, MoeExperts, MoeShape, SharedExpert};
+use launch::MoeStep;
 
 /// The shared expert's activations, sized for the activation capacity.
 pub(in crate::backend::gpu) struct SharedScratch {
@@ -228,7 +227,9 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch_moe_ffn(h, logits, w, s, n, out)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// `Backend::moe_ffn` (into [`MoeOut::Delta`]) or its fused norm ([`MoeOut::Norm`]):
+    /// the operands checked, then the route's launches ([`route::moe_path`]): assignment,
+    /// gate/up, down, the weighted sum, and a shared expert's FFN.
     pub(in crate::backend::gpu) fn launch_moe_ffn(
         &mut self,
         x: &GpuTensor,
@@ -238,62 +239,16 @@ impl<R: Runtime> GpuBackend<R> {
         n: usize,
         out: MoeOut<'_>,
     ) -> Result<(), BackendError> {
-        s.check().map_err(invalid)?;
-        let (h, ne, f, k) = (x.cols, s.n_expert, s.expert_ff, s.top_k);
-        check_cols("moe router logits", logits.cols, ne)?;
-        let out_rows = match &out {
-            MoeOut::Delta(o) => {
-                check_cols("moe output", o.cols, h)?;
-                o.rows
-            }
-            MoeOut::Norm { residual, w, .. } => {
-                check_cols("moe residual", residual.cols, h)?;
-                check_cols("moe norm weight", w.rows * w.cols, h)?;
-                residual.rows
-            }
-        };
-        check_rows("moe_ffn", n, x.rows.min(logits.rows).min(out_rows))?;
-        for (what, t, rows, cols) in [
-            ("moe gate experts", w.gate, ne * f, h),
-            ("moe up experts", w.up, ne * f, h),
-            ("moe down experts", w.down, ne * h, f),
-        ] {
-            if (t.rows, t.cols) != (rows, cols) {
-                return Err(invalid(format!(
-                    "{what}: [{}, {}], expected [{rows}, {cols}]",
-                    t.rows, t.cols
-                )));
-            }
-        }
-        // Compute-type experts, or each kind one quantized part (gate and up of one type).
-        let (gu_q, wg, wu) = match (experts_of(w.gate)?, experts_of(w.up)?) {
-            ((g, qg), (u, qu)) if qg == qu => (qg, g, u),
-            _ => {
-                return Err(invalid(
-                    "moe_ffn: gate and up experts must share one type".into(),
-                ));
-            }
-        };
-        let (down_q, wd) = {
-            let (d, q) = experts_of(w.down)?;
-            (q, d)
-        };
-        for (q, cols) in [(gu_q, h), (down_q, f)] {
-            if let Some(q) = q
-                && cols % q.block().0 != 0
-            {
-                return Err(invalid(format!(
-                    "moe_ffn: {cols} columns of {q:?} experts are not whole blocks"
-                )));
-            }
-        }
+        let (gu_q, down_q, [wg, wu, wd]) = moe_operands(x, logits, &w, s, n, &out)?;
         if n == 0 {
             return Ok(());
         }
+        let (h, ne, f, k) = (x.cols, s.n_expert, s.expert_ff, s.top_k);
         // Sized once for the activation capacity (the first, eager step), so a recorded
         // step never reallocates.
         let lay = Layout::new(x.rows, s, h, self.ctx.dt.size());
-        if self.ctx
+        if self
+            .ctx
             .scratch
             .moe
             .as_ref()
@@ -302,288 +257,32 @@ impl<R: Runtime> GpuBackend<R> {
             self.ctx.generation += 1;
             self.ctx.scratch.moe = Some(self.ctx.dev.alloc(lay.bytes, "moe workspace")?);
         }
-        let base = self.ctx.scratch.moe.as_ref().map_or(0, |b| b.ptr());
-        let at = |off: usize| base + off as u64;
         let total = n * k;
-        let tiles = max_tiles(total, ne);
-        let used = used_tiles(total, ne);
-        // bf16 with quantized experts: dp4a on 8-bit activations (whole blocks of 32).
-        let q8 = |q: Option<QType>, cols: usize| {
-            q.filter(|_| self.ctx.dt == crate::backend::DType::Bf16 && cols.is_multiple_of(32))
+        let st = MoeStep {
+            base: self.ctx.scratch.moe.as_ref().map_or(0, |b| b.ptr()),
+            lay,
+            n,
+            h,
+            f,
+            k,
+            ne,
+            tiles: max_tiles(total, ne),
+            used: used_tiles(total, ne),
+            wg,
+            wu,
+            wd,
         };
-        let (gu_q8, down_q8) = (q8(gu_q, h), q8(down_q, f));
-        // Many rows per expert (prefill): tensor cores over 64 slots of one expert.
-        let many = total >= MMA_MIN_ROWS * ne;
-        let mma = |q: Option<QType>, cols: usize| {
-            q.filter(|_| {
-                many && self.ctx.dt == crate::backend::DType::Bf16 && cols.is_multiple_of(MMA_BK)
-            })
-        };
-        let (gu_mma, down_mma) = (mma(gu_q, h), mma(down_q, f));
-        // The dp4a gate/up tiles read 8-bit rows of x.
-        let gu_xq = gu_q8.is_some() && gu_mma.is_none();
-        let grid = |blocks: (usize, usize), threads: u32| Grid {
-            blocks: (blocks.0 as u32, blocks.1 as u32, 1),
-            threads,
-        };
-        // Decode sizes: route, align and x's 8-bit rows in one launch.
-        let prep = total <= PREP_MAX && n <= PREP_ROWS;
-        if prep {
-            let args = MoePrepArgs {
-                logits: logits.buf.ptr(),
-                x: x.buf.ptr(),
-                n: n as i32,
-                ne: ne as i32,
-                k: k as i32,
-                norm: s.norm_topk as i32,
-                h: h as i32,
-                wts: at(lay.wts),
-                sorted: at(lay.sorted),
-                tile_expert: at(lay.tile_expert),
-                inv: at(lay.inv),
-                max_tiles: tiles as i32,
-                estart: at(lay.estart),
-                xq: if gu_xq { at(lay.xq) } else { 0 },
-            };
-            // Up to a warp of assignments one warp routes and aligns in registers and the
-            // block's other warps quantize x (a block of 32 each); else the whole block.
-            let warp = self.ctx.dev.info.warp_size;
-            let threads = if total <= warp {
-                let blocks = if gu_xq { n * h / 32 } else { 0 };
-                warp * (1 + blocks.div_ceil(warp).min(ALIGN_THREADS as usize / warp - 1))
-            } else {
-                ALIGN_THREADS as usize
-            };
-            self.launch_with(Kernel::MoePrep, grid((1, 1), threads as u32), &args)?;
-        } else {
-            let route = MoeRouteArgs {
-                logits: logits.buf.ptr(),
-                n: n as i32,
-                ne: ne as i32,
-                k: k as i32,
-                norm: s.norm_topk as i32,
-                ids: at(lay.ids),
-                wts: at(lay.wts),
-            };
-            let per_block = ROUTE_THREADS / 32;
-            let blocks = n.div_ceil(per_block).min(65535);
-            self.launch_with(
-                Kernel::MoeRoute,
-                grid((blocks, 1), ROUTE_THREADS as u32),
-                &route,
-            )?;
-            let align = MoeAlignArgs {
-                ids: at(lay.ids),
-                total: total as i32,
-                ne: ne as i32,
-                sorted: at(lay.sorted),
-                tile_expert: at(lay.tile_expert),
-                inv: at(lay.inv),
-                max_tiles: tiles as i32,
-                estart: at(lay.estart),
-            };
-            self.launch_with(Kernel::MoeAlign, grid((1, 1), ALIGN_THREADS), &align)?;
-        }
-        let g = grid((used, f.div_ceil(COLS)), 256);
-        match gu_q {
-            Some(q) if gu_mma.is_some() => {
-                let gate_up = MoeMmaGateUpArgs {
-                    x: x.buf.ptr(),
-                    wg,
-                    wu,
-                    sorted: at(lay.sorted),
-                    tile_expert: at(lay.tile_expert),
-                    estart: at(lay.estart),
-                    k: k as i32,
-                    h: h as i32,
-                    f: f as i32,
-                    n_rows: (ne * f) as i32,
-                    act: at(lay.act),
-                };
-                let g = grid((used, f.div_ceil(MMA_BN)), MMA_THREADS);
-                self.launch_with(Kernel::MoeMmaGateUp { q }, g, &gate_up)?;
-            }
-            Some(q) if gu_q8.is_some() => {
-                if !prep {
-                    self.quantize_rows(x.buf.ptr(), at(lay.xq), h, n)?;
-                }
-                let lanes = q8_lanes(q, h);
-                let gate_up = MoeQ8GateUpArgs {
-                    xq: at(lay.xq),
-                    xrows: n as i32,
-                    wg,
-                    wu,
-                    sorted: at(lay.sorted),
-                    tile_expert: at(lay.tile_expert),
-                    k: k as i32,
-                    h: h as i32,
-                    f: f as i32,
-                    n_rows: (ne * f) as i32,
-                    lanes: lanes as i32,
-                    act: at(lay.act),
-                };
-                let per_block = Q8_THREADS / lanes * Q8_GU_COLS;
-                let g = grid((used, f.div_ceil(per_block)), Q8_THREADS as u32);
-                let slots = moe8_slots(n);
-                self.launch_with(Kernel::MoeQ8GateUp { q, slots }, g, &gate_up)?;
-            }
-            None => {
-                let gate_up = MoeGateUpArgs {
-                    x: x.buf.ptr(),
-                    wg,
-                    wu,
-                    sorted: at(lay.sorted),
-                    tile_expert: at(lay.tile_expert),
-                    k: k as i32,
-                    h: h as i32,
-                    f: f as i32,
-                    cols: COLS as i32,
-                    act: at(lay.act),
-                };
-                self.launch_with(Kernel::MoeGateUp, g, &gate_up)?;
-            }
-            Some(q) => {
-                let gate_up = MoeQGateUpArgs {
-                    x: x.buf.ptr(),
-                    wg,
-                    wu,
-                    sorted: at(lay.sorted),
-                    tile_expert: at(lay.tile_expert),
-                    k: k as i32,
-                    h: h as i32,
-                    f: f as i32,
-                    n_rows: (ne * f) as i32,
-                    cols: COLS as i32,
-                    act: at(lay.act),
-                };
-                self.launch_with(Kernel::MoeQGateUp { q }, g, &gate_up)?;
-            }
-        }
-        let g = grid((used, h.div_ceil(COLS)), 256);
-        match down_q {
-            Some(q) if down_mma.is_some() => {
-                let down = MoeMmaDownArgs {
-                    act: at(lay.act),
-                    wd,
-                    sorted: at(lay.sorted),
-                    tile_expert: at(lay.tile_expert),
-                    estart: at(lay.estart),
-                    f: f as i32,
-                    h: h as i32,
-                    n_rows: (ne * h) as i32,
-                    y: at(lay.y),
-                };
-                let g = grid((used, h.div_ceil(MMA_BN)), MMA_THREADS);
-                self.launch_with(Kernel::MoeMmaDown { q }, g, &down)?;
-            }
-            Some(q) if down_q8.is_some() && moe8_slots(n) == 1 && f <= SELF_MAX => {
-                // One slot a tile: each block quantizes its slot's activations itself.
-                let lanes = q8_lanes(q, f);
-                let down = MoeQ8DownSelfArgs {
-                    act: at(lay.act),
-                    wd,
-                    sorted: at(lay.sorted),
-                    tile_expert: at(lay.tile_expert),
-                    f: f as i32,
-                    h: h as i32,
-                    n_rows: (ne * h) as i32,
-                    lanes: lanes as i32,
-                    y: at(lay.y),
-                };
-                let per_block = Q8_THREADS / lanes * Q8_DOWN_COLS;
-                let g = grid((used, h.div_ceil(per_block)), Q8_THREADS as u32);
-                self.launch_with(Kernel::MoeQ8DownSelf { q }, g, &down)?;
-            }
-            Some(q) if down_q8.is_some() => {
-                let slots = used * TILE;
-                self.quantize_rows(at(lay.act), at(lay.actq), f, slots)?;
-                let lanes = q8_lanes(q, f);
-                let down = MoeQ8DownArgs {
-                    xq: at(lay.actq),
-                    xrows: slots as i32,
-                    wd,
-                    sorted: at(lay.sorted),
-                    tile_expert: at(lay.tile_expert),
-                    f: f as i32,
-                    h: h as i32,
-                    n_rows: (ne * h) as i32,
-                    lanes: lanes as i32,
-                    y: at(lay.y),
-                };
-                let per_block = Q8_THREADS / lanes * Q8_DOWN_COLS;
-                let g = grid((used, h.div_ceil(per_block)), Q8_THREADS as u32);
-                let slots = moe8_slots(n);
-                self.launch_with(Kernel::MoeQ8Down { q, slots }, g, &down)?;
-            }
-            None => {
-                let down = MoeDownArgs {
-                    act: at(lay.act),
-                    wd,
-                    sorted: at(lay.sorted),
-                    tile_expert: at(lay.tile_expert),
-                    f: f as i32,
-                    h: h as i32,
-                    cols: COLS as i32,
-                    y: at(lay.y),
-                };
-                self.launch_with(Kernel::MoeDown, g, &down)?;
-            }
-            Some(q) => {
-                let down = MoeQDownArgs {
-                    act: at(lay.act),
-                    wd,
-                    sorted: at(lay.sorted),
-                    tile_expert: at(lay.tile_expert),
-                    f: f as i32,
-                    h: h as i32,
-                    n_rows: (ne * h) as i32,
-                    cols: COLS as i32,
-                    y: at(lay.y),
-                };
-                self.launch_with(Kernel::MoeQDown { q }, g, &down)?;
-            }
-        }
+        let path = route::moe_path(self.ctx.dt, n, s, h, gu_q, down_q);
+        self.moe_assign(&st, &path, x, logits, s)?;
+        self.moe_gate_up(&st, path.gate_up, path.prep, x)?;
+        self.moe_down(&st, path.down)?;
         let out = match out {
             MoeOut::Delta(out) => out,
             MoeOut::Norm { residual, w, eps } => {
-                // One block per row, CN_E values a thread; in bf16 at decode sizes also the
-                // 8-bit rows the quantized matmul after reads (as the vector norms leave).
-                let xq = self.qx_slot(n, h);
-                let args = MoeCombineNormArgs {
-                    y: at(lay.y),
-                    inv: at(lay.inv),
-                    wts: at(lay.wts),
-                    k: k as i32,
-                    h: h as i32,
-                    residual: residual.buf.ptr(),
-                    w: w.dense_for("moe_combine_norm")?.ptr(),
-                    out: x.buf.ptr(),
-                    xq: xq.unwrap_or(0),
-                    eps,
-                };
-                let threads = (h / CN_E).next_multiple_of(self.ctx.dev.info.warp_size);
-                self.launch_with(Kernel::MoeCombineNorm, grid((n, 1), threads as u32), &args)?;
-                self.ctx.scratch.qx = xq.map(|at| QxRows {
-                    x: x.buf.ptr(),
-                    rows: n,
-                    cols: h,
-                    at,
-                    norm: None,
-                });
-                return Ok(());
+                return self.moe_combine_norm(&st, x, residual, w, eps);
             }
         };
-        let combine = MoeCombineArgs {
-            y: at(lay.y),
-            inv: at(lay.inv),
-            wts: at(lay.wts),
-            k: k as i32,
-            h: h as i32,
-            total: (n * h) as u64,
-            out: out.buf.ptr(),
-        };
-        let blocks = (n * h).div_ceil(256).clamp(1, 65535);
-        self.launch_with(Kernel::MoeCombine, grid((blocks, 1), 256), &combine)?;
+        self.moe_combine(&st, out)?;
         match w.shared {
             Some(sh) => self.launch_moe_shared(x, sh, s.shared_ff, n, out),
             None => Ok(()),
@@ -663,4 +362,64 @@ impl<R: Runtime> GpuBackend<R> {
         self.ctx.scratch.moe_shared = Some(sc);
         r
     }
+}
+
+/// Checks the MoE FFN's operands; the experts' types (gate/up, down; `None`: the compute
+/// type) and device addresses (gate, up, down).
+#[allow(clippy::type_complexity)]
+fn moe_operands(
+    x: &GpuTensor,
+    logits: &GpuTensor,
+    w: &MoeExperts<'_, GpuWeight>,
+    s: &MoeShape,
+    n: usize,
+    out: &MoeOut<'_>,
+) -> Result<(Option<QType>, Option<QType>, [u64; 3]), BackendError> {
+    s.check().map_err(invalid)?;
+    let (h, ne, f) = (x.cols, s.n_expert, s.expert_ff);
+    check_cols("moe router logits", logits.cols, ne)?;
+    let out_rows = match out {
+        MoeOut::Delta(o) => {
+            check_cols("moe output", o.cols, h)?;
+            o.rows
+        }
+        MoeOut::Norm { residual, w, .. } => {
+            check_cols("moe residual", residual.cols, h)?;
+            check_cols("moe norm weight", w.rows * w.cols, h)?;
+            residual.rows
+        }
+    };
+    check_rows("moe_ffn", n, x.rows.min(logits.rows).min(out_rows))?;
+    for (what, t, rows, cols) in [
+        ("moe gate experts", w.gate, ne * f, h),
+        ("moe up experts", w.up, ne * f, h),
+        ("moe down experts", w.down, ne * h, f),
+    ] {
+        if (t.rows, t.cols) != (rows, cols) {
+            return Err(invalid(format!(
+                "{what}: [{}, {}], expected [{rows}, {cols}]",
+                t.rows, t.cols
+            )));
+        }
+    }
+    // Compute-type experts, or each kind one quantized part (gate and up of one type).
+    let (gu_q, wg, wu) = match (experts_of(w.gate)?, experts_of(w.up)?) {
+        ((g, qg), (u, qu)) if qg == qu => (qg, g, u),
+        _ => {
+            return Err(invalid(
+                "moe_ffn: gate and up experts must share one type".into(),
+            ));
+        }
+    };
+    let (wd, down_q) = experts_of(w.down)?;
+    for (q, cols) in [(gu_q, h), (down_q, f)] {
+        if let Some(q) = q
+            && cols % q.block().0 != 0
+        {
+            return Err(invalid(format!(
+                "moe_ffn: {cols} columns of {q:?} experts are not whole blocks"
+            )));
+        }
+    }
+    Ok((gu_q, down_q, [wg, wu, wd]))
 }
