@@ -1,6 +1,8 @@
 //! Launchers of the model-family ops (`kernels/arch.cu`): per-head q/k RMSNorm (Qwen3,
 //! Gemma 3), GeGLU, the embedding scale and logit soft-capping (Gemma).
 
+pub(in crate::backend::gpu) mod kernels;
+
 use crate::backend::gpu::args::{GeluTanhMulArgs, HeadRmsNormArgs, ScaleRowsArgs, SoftcapArgs};
 use crate::backend::gpu::kernels::Kernel;
 use crate::backend::gpu::runtime::{Grid, Runtime};

@@ -3,6 +3,8 @@
 //! partials when the step has any: inside the decode kernel (the last part block of each
 //! split row and KV head merges them), else by an `attn_combine` launch.
 
+pub(in crate::backend::gpu) mod kernels;
+
 use crate::backend::gpu::args::{AttnArgs, AttnCombineArgs, AttnDecArgs};
 use crate::backend::gpu::kernels::{AttnHead, Kernel};
 use crate::backend::gpu::ops::matmul::QxRows;

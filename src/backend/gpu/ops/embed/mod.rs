@@ -1,6 +1,8 @@
 //! Row copies steered by a step's metadata: embedding rows by token id (a quantized table
 //! dequantizes its rows), and the gather of the rows that produce logits.
 
+pub(in crate::backend::gpu) mod kernels;
+
 use crate::backend::BackendError;
 use crate::backend::gpu::args::{EmbedArgs, GatherRowsArgs};
 use crate::backend::gpu::kernels::Kernel;

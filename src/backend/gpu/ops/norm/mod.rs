@@ -3,6 +3,8 @@
 //! with quantized weights, the vector kernels also leave the output as 8-bit blocks of 32 in
 //! the dequant scratch for the quantized matmul after them ([`QxRows`]).
 
+pub(in crate::backend::gpu) mod kernels;
+
 use crate::backend::BackendError;
 use crate::backend::gpu::args::{AddRmsNormArgs, AddRmsNormVecArgs, RmsNormArgs, RmsNormVecArgs};
 use crate::backend::gpu::kernels::Kernel;

@@ -2,6 +2,8 @@
 //! entries and the token masks of constrained rows into one upload, launches the sampling kernels, and downloads only the chosen
 //! ids, their logprobs and the requested top alternatives.
 
+pub(in crate::backend::gpu) mod kernels;
+
 use crate::backend::BackendError;
 use crate::backend::gpu::args::{
     SampleGreedyArgs, SampleMaskArgs, SamplePenaltyArgs, SamplePickArgs, SamplePrepArgs,
