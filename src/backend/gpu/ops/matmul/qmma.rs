@@ -32,11 +32,9 @@ impl<R: Runtime> GpuBackend<R> {
     /// alone after it). On an H100, Llama-3-8B Q4_K_M at batch 64: 13.39 -> 13.16 ms per
     /// step (qkv 3 -> 4 splits, o_proj and down 5 -> 6; the wide gate/up stay whole), Q8_0
     /// 14.27 -> 14.02 ms.
-    #[allow(clippy::too_many_arguments)]
     fn qmma_splits(
         &self,
-        blocks: usize,
-        threads: u32,
+        (blocks, threads): (usize, u32),
         k: usize,
         outputs: usize,
         tile: u32,
@@ -163,8 +161,7 @@ impl<R: Runtime> GpuBackend<R> {
                 None
             };
             let splits = self.qmma_splits(
-                tiles.0 * tiles.1,
-                threads,
+                (tiles.0 * tiles.1, threads),
                 k,
                 n * cols,
                 rows,
@@ -309,7 +306,14 @@ impl<R: Runtime> GpuBackend<R> {
         } else {
             None
         };
-        let splits = self.qmma_splits(tiles.0 * tiles.1, threads, k, n * 2 * f, rows, 0, resident);
+        let splits = self.qmma_splits(
+            (tiles.0 * tiles.1, threads),
+            k,
+            n * 2 * f,
+            rows,
+            0,
+            resident,
+        );
         let args = QmmaGluArgs {
             wg: g.buf.ptr(),
             wu: u.buf.ptr(),

@@ -241,7 +241,7 @@ impl<R: Runtime> GpuBackend<R> {
         rope: &RopeSpec,
     ) -> Result<(), BackendError> {
         let bias_ptr = matmul_operands(x, w, bias, n, qkv)?;
-        match self.qkv_rope(x, w, n, kv, layer, b, shape, rope)? {
+        match self.qkv_rope(x, w, n, (kv, layer), b, (shape, rope))? {
             Some((QkvPath::Decode(rows), epi)) => {
                 return self.launch_qdot(x, w, bias_ptr, n, rows, qkv, Some(&epi));
             }
@@ -259,17 +259,14 @@ impl<R: Runtime> GpuBackend<R> {
     /// ([`Route::qkv_rope`](super::matmul::route::Route::qkv_rope)), and with what: the
     /// step must be the batch's (its positions and slots). The matmul's shapes are checked
     /// by the caller.
-    #[allow(clippy::too_many_arguments)]
     fn qkv_rope(
         &mut self,
         x: &GpuTensor,
         w: &GpuWeight,
         n: usize,
-        kv: &GpuKv,
-        layer: usize,
+        (kv, layer): (&GpuKv, usize),
         b: &GpuBatch,
-        shape: &AttnShape,
-        rope: &RopeSpec,
+        (shape, rope): (&AttnShape, &RopeSpec),
     ) -> Result<Option<(QkvPath, QkvRope)>, BackendError> {
         let hd = shape.head_dim;
         let interleaved = rope.layout == RopeLayout::Interleaved;
