@@ -17,7 +17,8 @@ fn gemv_rows_per_warp(n: usize) -> usize {
 }
 
 impl<R: Runtime> GpuBackend<R> {
-    /// `out = x @ w^T (+ bias)` of a dense weight on `gemv_*_m{rows}` ([`MatmulPath::Gemv`](super::route::MatmulPath)).
+    /// `out = x @ w^T (+ bias)` of a dense weight on `gemv_*_m{rows}`
+    /// ([`MatmulPath::Gemv`](super::route::MatmulPath)).
     pub(super) fn launch_gemv(
         &mut self,
         x: &GpuTensor,

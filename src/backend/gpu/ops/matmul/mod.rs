@@ -19,8 +19,8 @@
 //! cores: into as many ranges as one wave of the blocks an SM holds), the f32 partials summed
 //! in the dequant scratch by `qmma_reduce_bf16`; at 64 rows on NVIDIA sm_80+ launches of
 //! many columns take blocks of 128 columns ([`QMMA_WIDE`]); on NVIDIA sm_80+ the types of
-//! [`QMMA8_TYPES`] take `qmma8_*` instead: x quantized to 8 bits per 32 by `quantize_x`,
-//! int8 tensor-core products, `KILN_QMMA8` overrides); more rows
+//! `QMMA8_TYPES` (route.rs) take `qmma8_*` instead: x quantized to 8 bits per 32 by `quantize_x`,
+//! int8 tensor-core products, `GpuTuning::qmma8` overrides); more rows
 //! (prefill) and f32 dequantize the weight into the backend's one scratch of the compute
 //! type, then the BLAS GEMM (the scratch is a fixed buffer, so recorded graphs replay it).
 

@@ -13,6 +13,7 @@ use crate::backend::gpu::args::{
 };
 use crate::backend::gpu::kernels::Kernel;
 use crate::backend::gpu::ops::matmul::QxRows;
+use crate::backend::gpu::qtype::QType;
 use crate::backend::gpu::runtime::{Grid, Runtime};
 use crate::backend::gpu::{GpuBackend, GpuTensor, GpuWeight};
 use crate::backend::{BackendError, MoeShape};
@@ -130,7 +131,7 @@ impl<R: Runtime> GpuBackend<R> {
         x: &GpuTensor,
     ) -> Result<(), BackendError> {
         let (lay, at) = (&st.lay, |off| st.at(off));
-        let (n, ne, k, h, f, used) = (st.n, st.ne, st.k, st.h, st.f, st.used);
+        let (ne, k, h, f, used) = (st.ne, st.k, st.h, st.f, st.used);
         let (wg, wu) = (st.wg, st.wu);
         let g = grid((used, f.div_ceil(COLS)), 256);
         match stage {
@@ -151,29 +152,7 @@ impl<R: Runtime> GpuBackend<R> {
                 let g = grid((used, f.div_ceil(MMA_BN)), MMA_THREADS);
                 self.launch_with(Kernel::MoeMmaGateUp { q }, g, &gate_up)
             }
-            MoeStage::Q8 { q, slots } => {
-                if !prep {
-                    self.quantize_rows(x.buf.ptr(), at(lay.xq), h, n)?;
-                }
-                let lanes = q8_lanes(q, h);
-                let gate_up = MoeQ8GateUpArgs {
-                    xq: at(lay.xq),
-                    xrows: n as i32,
-                    wg,
-                    wu,
-                    sorted: at(lay.sorted),
-                    tile_expert: at(lay.tile_expert),
-                    k: k as i32,
-                    h: h as i32,
-                    f: f as i32,
-                    n_rows: (ne * f) as i32,
-                    lanes: lanes as i32,
-                    act: at(lay.act),
-                };
-                let per_block = Q8_THREADS / lanes * Q8_GU_COLS;
-                let g = grid((used, f.div_ceil(per_block)), Q8_THREADS as u32);
-                self.launch_with(Kernel::MoeQ8GateUp { q, slots }, g, &gate_up)
-            }
+            MoeStage::Q8 { q, slots } => self.moe_gate_up8(st, (q, slots), prep, x),
             MoeStage::Dense => {
                 let gate_up = MoeGateUpArgs {
                     x: x.buf.ptr(),
@@ -206,6 +185,41 @@ impl<R: Runtime> GpuBackend<R> {
                 self.launch_with(Kernel::MoeQGateUp { q }, g, &gate_up)
             }
         }
+    }
+
+    /// The gate/up matmul on the dp4a tiles (`moe8_gate_up_*`, slot bucket `slots`) over x's
+    /// 8-bit rows, quantized here unless `moe_prep` wrote them.
+    fn moe_gate_up8(
+        &mut self,
+        st: &MoeStep,
+        (q, slots): (QType, u32),
+        prep: bool,
+        x: &GpuTensor,
+    ) -> Result<(), BackendError> {
+        let (lay, at) = (&st.lay, |off| st.at(off));
+        let (n, ne, k, h, f, used) = (st.n, st.ne, st.k, st.h, st.f, st.used);
+        let (wg, wu) = (st.wg, st.wu);
+        if !prep {
+            self.quantize_rows(x.buf.ptr(), at(lay.xq), h, n)?;
+        }
+        let lanes = q8_lanes(q, h);
+        let gate_up = MoeQ8GateUpArgs {
+            xq: at(lay.xq),
+            xrows: n as i32,
+            wg,
+            wu,
+            sorted: at(lay.sorted),
+            tile_expert: at(lay.tile_expert),
+            k: k as i32,
+            h: h as i32,
+            f: f as i32,
+            n_rows: (ne * f) as i32,
+            lanes: lanes as i32,
+            act: at(lay.act),
+        };
+        let per_block = Q8_THREADS / lanes * Q8_GU_COLS;
+        let g = grid((used, f.div_ceil(per_block)), Q8_THREADS as u32);
+        self.launch_with(Kernel::MoeQ8GateUp { q, slots }, g, &gate_up)
     }
 
     /// The grouped down matmul into each assignment's output row, on `stage`'s kernels.
