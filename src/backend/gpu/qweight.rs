@@ -37,7 +37,10 @@ impl<R: Runtime> GpuBackend<R> {
         };
         let plain = |p: &HostTensor| QType::of(p.weight_type()).is_none();
         if parts.iter().all(plain) || parts.iter().any(|p| p.shape.len() < 2) {
-            let buf = self.ctx.dev.alloc(rows * cols * self.ctx.dt.size(), "weight")?;
+            let buf = self
+                .ctx
+                .dev
+                .alloc(rows * cols * self.ctx.dt.size(), "weight")?;
             let mut row0 = 0;
             for p in parts {
                 let n = p.rows();
@@ -93,7 +96,8 @@ impl<R: Runtime> GpuBackend<R> {
                 continue;
             }
             let fill = |at: usize, out: &mut [u8]| q.repack_rows(bytes, k, i, at / row_bytes, out);
-            self.ctx.dev
+            self.ctx
+                .dev
                 .upload_with(&buf, start, rows * row_bytes, row_bytes, &fill)?;
         }
         Ok(buf)
@@ -128,7 +132,8 @@ impl<R: Runtime> GpuBackend<R> {
         if bf16 && self.ctx.dt == crate::backend::DType::Bf16 {
             return self.ctx.dev.upload_with(buf, offset, bytes.len(), 1, &copy);
         }
-        let stage = self.ctx
+        let stage = self
+            .ctx
             .dev
             .alloc(bytes.len().min(STAGE_BYTES), "weight staging")?;
         let size = self.ctx.dt.size() as u64;
