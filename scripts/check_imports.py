@@ -35,6 +35,9 @@ def module_files(src: pathlib.Path) -> dict[tuple[str, ...], pathlib.Path]:
 
 
 def strip_comments(text: str) -> str:
+    """Comments and string contents removed, and `pub(in path)` visibilities (they name a
+    module, they use nothing of it)."""
+    text = re.sub(r"\bpub\(in\s+[\w:]+\)", "pub", text)
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
     return re.sub(r"//[^\n]*", "", text)
@@ -190,6 +193,23 @@ def cycles(edges):
     return out
 
 
+# Cycles known and being untied, each exactly as it stands (a cycle that grows, shrinks into
+# another or appears elsewhere fails): the GPU backend's aggregate (`GpuBackend`, built in
+# ctx.rs) holds the families' state types while those files also `impl GpuBackend`; it goes
+# once the families take `GpuCtx` and their state types live in leaf files (issue 36 item 3).
+ALLOWED_CYCLES = [
+    {
+        "src/backend/gpu/mod.rs",
+        "src/backend/gpu/batch.rs",
+        "src/backend/gpu/ctx.rs",
+        "src/backend/gpu/graphs.rs",
+        "src/backend/gpu/ops/sample/mod.rs",
+        "src/backend/gpu/qweight.rs",
+        "src/backend/gpu/types.rs",
+    },
+]
+
+
 def main() -> int:
     src = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "src"
     g = Graph(src)
@@ -197,6 +217,9 @@ def main() -> int:
     name = lambda m: str(g.files[m].relative_to(src.parent))
     failed = False
     for comp in cycles(edges):
+        if {name(m) for m in comp} in ALLOWED_CYCLES:
+            print("known import cycle (ALLOWED_CYCLES): " + ", ".join(name(m) for m in comp))
+            continue
         failed = True
         print("import cycle among: " + ", ".join(name(m) for m in comp))
         for a in comp:
@@ -210,7 +233,8 @@ def main() -> int:
                     print(f"{name(mod)} imports {name(target)}: the backend must not use crate::model")
     if not failed:
         n_edges = sum(len(v) for v in edges.values())
-        print(f"imports ok: {len(edges)} files, {n_edges} edges, no cycle, backend free of model")
+        known = " but the known ones" if any({name(m) for m in c} in ALLOWED_CYCLES for c in cycles(edges)) else ""
+        print(f"imports ok: {len(edges)} files, {n_edges} edges, no cycle{known}, backend free of model")
     return 1 if failed else 0
 
 

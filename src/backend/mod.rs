@@ -14,6 +14,7 @@ pub mod kernel_cache;
 pub mod moe;
 pub mod needs;
 mod open;
+mod options;
 pub mod quant;
 #[cfg(feature = "rocm")]
 pub mod rocm;

@@ -30,6 +30,11 @@ mod qdot;
 mod qmma;
 pub(in crate::backend::gpu) mod route;
 
+pub(in crate::backend::gpu) mod geometry;
+
+pub(in crate::backend::gpu) use geometry::{
+    QDOT_PARTS, QMMA_BK, QMMA_BN, QMMA_THREADS, QMMA_WIDE, qx_bytes,
+};
 use route::{GluPath, MatmulPath, NormFacts, NormPath, Operands, PartRun, Route};
 
 use crate::backend::BackendError;
@@ -90,28 +95,11 @@ pub(in crate::backend::gpu) fn matmul_operands(
 /// Warps per block of the streaming matmul kernels (`GEMV_WARPS` in `kernels/gemv.cu`).
 const GEMV_WARPS: usize = 4;
 
-/// Most rows of a step on the tiled quantized matmul; more dequantize for the BLAS GEMM.
-pub const QMMA_MAX_ROWS: usize = 256;
-/// Weight rows (output columns) and threads per block of `qmma_*` and `qmma8_*` (`QMMA_BN`,
-/// `QMMA_THREADS` in `kernels/qmma.cuh`); the wide 64-row blocks (`qmma_*_m64w`, NVIDIA
-/// sm_80+: `QmmaShape` in `kernels/qmma.cu`) take [`QMMA_WIDE`] instead.
-const QMMA_BN: usize = 64;
-const QMMA_THREADS: u32 = 128;
-const QMMA_WIDE: (usize, u32) = (128, 256);
-/// `QMMA_BK`, the k-tile every k must be a multiple of.
-const QMMA_BK: usize = 128;
 /// Blocks per SM a `qmma_*` launch aims for by splitting k (memory latency hides behind them).
 const QMMA_WAVES: usize = 4;
 /// Fewest k-tiles per split, and most splits, of a `qmma_*` launch.
 const QMMA_MIN_SPLIT_TILES: usize = 2;
 const QMMA_MAX_SPLITS: usize = 16;
-/// Fewest rows whose add + RMSNorm after a split tiled matmul runs in its reduce (one block
-/// per row there): H100, 8B Q4_K_M decode, against the reduce then `add_rms_norm`: batch 32
-/// 9.07-9.09 -> 8.99-9.01 ms, 64 12.82-12.85 -> 12.74-12.79, but 16 6.35 -> 6.40 (16 blocks).
-const QMMA_NORM_MIN_ROWS: usize = 32;
-/// Most columns of that reduce: four chunks of 4 columns for each of 1024 threads, all in
-/// registers between its two passes.
-const QMMA_NORM_MAX_COLS: usize = 4 * 4 * 1024;
 /// Most blocks per SM a 64-row `qmma_*` launch on tensor cores counts on when it splits k
 /// (fewer where the kernel's registers allow fewer; `qmma_splits`).
 const QMMA_RESIDENT_MAX: usize = 3;
@@ -119,8 +107,6 @@ const QMMA_RESIDENT_MAX: usize = 3;
 const SM_REGS: usize = 65_536;
 const WARP_REG_UNIT: usize = 256;
 
-/// Most parts of a stacked weight in one `qdot_*` launch (`qdot_impl` in `kernels/qgemv.cu`).
-const QDOT_PARTS: usize = 3;
 /// Warps of a `qdot_norm_*` block (`QDOT_NORM_WARPS` in `kernels/qgemv.cu`): two output
 /// columns each, one group of 32 8-bit activations a block.
 const QDOT_NORM_WARPS: u32 = 16;
@@ -153,12 +139,6 @@ pub(in crate::backend::gpu) struct QxRows {
 pub(in crate::backend::gpu) struct NormIn {
     pub ss: u64,
     pub add: AddNorm,
-}
-
-/// Scratch bytes of `n` activation rows of `k` columns quantized to 8 bits: the values,
-/// then at the next 256-byte boundary one (scale, sum) pair of f32 per 32.
-pub(in crate::backend::gpu) fn qx_bytes(n: usize, k: usize) -> usize {
-    (n * k).next_multiple_of(256) + n * (k / 32) * 8
 }
 
 /// What a tiled launch's split-k reduce does besides the sum ([`GpuBackend::launch_qmma`]).

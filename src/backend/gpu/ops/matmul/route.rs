@@ -15,7 +15,7 @@ use crate::backend::gpu::qweight::WeightPart;
 use crate::backend::gpu::registry::Unit;
 use crate::backend::tuning::GpuTuning;
 
-use super::{
+use super::geometry::{
     QDOT_PARTS, QMMA_BK, QMMA_MAX_ROWS, QMMA_NORM_MAX_COLS, QMMA_NORM_MIN_ROWS, QMMA_WIDE, qx_bytes,
 };
 

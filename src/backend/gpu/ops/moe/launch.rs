@@ -1,11 +1,11 @@
 //! The launches of one MoE FFN step on the route's kernels ([`MoePath`]): routing and
 //! alignment, the grouped gate/up and down matmuls, and the weighted sum.
 
-use super::route::{MoePath, MoeStage};
-use super::{
+use super::geometry::{
     ALIGN_THREADS, CN_E, COLS, Layout, MMA_BN, MMA_THREADS, Q8_DOWN_COLS, Q8_GU_COLS, Q8_THREADS,
     ROUTE_THREADS, TILE, q8_lanes,
 };
+use super::route::{MoePath, MoeStage};
 use crate::backend::gpu::args::{
     MoeAlignArgs, MoeCombineArgs, MoeCombineNormArgs, MoeDownArgs, MoeGateUpArgs, MoeMmaDownArgs,
     MoeMmaGateUpArgs, MoePrepArgs, MoeQ8DownArgs, MoeQ8DownSelfArgs, MoeQ8GateUpArgs, MoeQDownArgs,

@@ -1,7 +1,7 @@
 //! Which kernels a mixture-of-experts FFN takes, as a value ([`MoePath`]): a pure function
 //! of the storage type, the step's rows, the experts' shape and their types.
 
-use super::{MMA_BK, MMA_MIN_ROWS, PREP_MAX, PREP_ROWS, SELF_MAX, moe8_slots};
+use super::geometry::{MMA_BK, MMA_MIN_ROWS, PREP_MAX, PREP_ROWS, SELF_MAX, moe8_slots};
 use crate::backend::gpu::qtype::QType;
 use crate::backend::{DType, MoeShape};
 
