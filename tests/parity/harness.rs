@@ -66,6 +66,7 @@ impl<R: kiln::backend::gpu::runtime::Runtime> TestBackend for kiln::backend::gpu
 
 /// The GPU switches of the tests' backends: the defaults with the process's `KILN_*`
 /// environment applied (the A/B scripts set it; the backend itself never reads it).
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 pub fn env_tuning() -> kiln::backend::GpuTuning {
     kiln::backend::GpuTuning::default()
         .with_env(|k| std::env::var(k).ok())
@@ -73,6 +74,7 @@ pub fn env_tuning() -> kiln::backend::GpuTuning {
 }
 
 /// The tests' default GPU options: the defaults with [`env_tuning`].
+#[cfg(any(feature = "cuda", feature = "rocm"))]
 pub fn gpu_options() -> kiln::backend::GpuOptions {
     kiln::backend::GpuOptions {
         tuning: env_tuning(),
