@@ -28,14 +28,22 @@ const STAGE_BYTES: usize = 32 << 20;
 
 impl<R: Runtime> GpuBackend<R> {
     /// Uploads `w`'s parts: one dense buffer when every part is plain (F32/F16/BF16), else one
-    /// part per file tensor, each quantized type in its device layout. A vector is plain.
+    /// part per file tensor, each quantized type in its device layout (a type without one is
+    /// refused). A vector is plain.
     pub(super) fn upload_parts(&mut self, w: HostTensor) -> Result<Vec<WeightPart>, BackendError> {
         let (rows, cols) = (w.rows(), w.cols());
         let parts = match w.data {
             HostData::Stacked(parts) => parts,
             _ => vec![w],
         };
-        let plain = |p: &HostTensor| QType::of(p.weight_type()).is_none();
+        // Float parts go dense; a quantized matrix keeps its type on the device or is refused
+        // (MXFP4 has no GPU kernels yet: never dequantized here behind the caller's back).
+        let plain = |p: &HostTensor| {
+            matches!(
+                p.weight_type(),
+                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16
+            )
+        };
         if parts.iter().all(plain) || parts.iter().any(|p| p.shape.len() < 2) {
             let buf = self
                 .ctx
