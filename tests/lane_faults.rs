@@ -112,6 +112,7 @@ impl Backend for Faulty {
         l: usize,
         b: &CpuBatch,
         s: &AttnShape,
+        sinks: Option<&HostTensor>,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
         if self.panic.load(Ordering::SeqCst) {
@@ -126,7 +127,7 @@ impl Backend for Faulty {
                 message: "injected fault".into(),
             });
         }
-        self.inner.attention(qkv, kv, l, b, s, out)
+        self.inner.attention(qkv, kv, l, b, s, sinks, out)
     }
     fn glu(
         &mut self,

@@ -364,9 +364,9 @@ fn rope_kv<B: TestBackend>(b: &mut B) {
         );
         let mut out = poisoned(b, t, s.q_dim());
         let mut cout = cpu.alloc(t, s.q_dim()).unwrap();
-        b.attention(&bx, &bkv, 1, &bb, &s.attn_shape(), &mut out)
+        b.attention(&bx, &bkv, 1, &bb, &s.attn_shape(), None, &mut out)
             .unwrap();
-        cpu.attention(&cx, &ckv, 1, &cb, &s.attn_shape(), &mut cout)
+        cpu.attention(&cx, &ckv, 1, &cb, &s.attn_shape(), None, &mut cout)
             .unwrap();
         assert_close(
             &format!("{what}: attention over the written cache"),
@@ -507,8 +507,9 @@ fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha
         scale: c.scores.scale,
         ..s.attn_shape()
     };
-    b.attention(&bq, &bkv, 1, &bb, &ashape, &mut out).unwrap();
-    cpu.attention(&cq, &ckv, 1, &cb, &ashape, &mut cout)
+    b.attention(&bq, &bkv, 1, &bb, &ashape, None, &mut out)
+        .unwrap();
+    cpu.attention(&cq, &ckv, 1, &cb, &ashape, None, &mut cout)
         .unwrap();
     let what = format!(
         "{} attention heads {:?} hd {} bs {} seqs {:?} {:?}",

@@ -25,7 +25,7 @@ pub mod tuning;
 pub use batch::{BatchPlan, KvShape, SeqSlice};
 pub use collective::{GroupMember, HostGroup};
 pub use dtype::DType;
-pub use moe::{MoeExperts, MoeShape, SharedExpert};
+pub use moe::{MoeAct, MoeBias, MoeExperts, MoeShape, SharedExpert};
 pub use needs::ModelNeeds;
 pub use open::{
     DeviceId, GpuOptions, Maker, WithBackend, WithBackends, open, open_group, total_memory,
@@ -79,7 +79,7 @@ pub enum Activation {
 }
 
 /// The error of an op a backend does not implement (the default of the family ops).
-fn missing(op: &'static str) -> BackendError {
+pub(crate) fn missing(op: &'static str) -> BackendError {
     BackendError::Unsupported {
         backend: "this backend",
         op,
@@ -267,6 +267,10 @@ pub trait Backend {
     }
     /// Causal attention of every token's query (q part of `qkv`) over its sequence's paged
     /// context, prefill chunks and decode tokens in one call. `out` is `[n, q_dim]`.
+    /// `sinks` (gpt-oss): `[n_heads]` f32 logits, one per query head, that join each row's
+    /// softmax denominator and weight no value: `p_j = exp(s_j) / (exp(sink_h) + sum_i
+    /// exp(s_i))`. `None`: plain softmax.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &mut self,
         qkv: &Self::Tensor,
@@ -274,6 +278,7 @@ pub trait Backend {
         layer: usize,
         b: &Self::Batch,
         shape: &AttnShape,
+        sinks: Option<&Self::Weight>,
         out: &mut Self::Tensor,
     ) -> Result<(), BackendError>;
     /// `out[n, f] = act(gu[:, :f]) * gu[:, f:]` for a fused gate/up tensor of width `2f`.

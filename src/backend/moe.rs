@@ -5,7 +5,7 @@
 //! scaled by `sigmoid(x · w_gate)`.
 
 /// One MoE layer's geometry and routing options.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeShape {
     /// Experts per layer.
     pub n_expert: usize,
@@ -17,6 +17,33 @@ pub struct MoeShape {
     pub norm_topk: bool,
     /// Width of the shared expert's FFN (Qwen2-MoE); 0: none.
     pub shared_ff: usize,
+    /// The experts' gate activation.
+    pub act: MoeAct,
+}
+
+/// How an expert combines its gate row `g` and up row `u` (after their biases, if any).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum MoeAct {
+    /// SwiGLU: `silu(g) * u` (Qwen-MoE, Mixtral).
+    #[default]
+    Silu,
+    /// gpt-oss's clamped SwiGLU: `g = min(g, limit)`, `u = clamp(u, -limit, limit)`, then
+    /// `g * sigmoid(alpha * g) * (u + 1)` (alpha 1.702, limit 7.0 in the released models).
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+impl MoeAct {
+    /// The activation of one gate/up pair, the reference every backend follows.
+    pub fn apply(self, g: f32, u: f32) -> f32 {
+        match self {
+            MoeAct::Silu => g / (1.0 + (-g).exp()) * u,
+            MoeAct::ClampedSwiglu { alpha, limit } => {
+                let g = g.min(limit);
+                let u = u.clamp(-limit, limit);
+                g / (1.0 + (-alpha * g).exp()) * (u + 1.0)
+            }
+        }
+    }
 }
 
 /// Upper bound on experts per layer (the GPU routing kernels keep per-expert counts in
@@ -44,6 +71,13 @@ impl MoeShape {
         if self.expert_ff == 0 {
             return Err("expert feed-forward length 0".into());
         }
+        if let MoeAct::ClampedSwiglu { alpha, limit } = self.act
+            && !(alpha.is_finite() && limit.is_finite() && limit > 0.0)
+        {
+            return Err(format!(
+                "clamped SwiGLU alpha {alpha} / limit {limit}: expected finite numbers, limit > 0"
+            ));
+        }
         Ok(())
     }
 
@@ -66,6 +100,20 @@ pub struct MoeExperts<'a, W> {
     pub down: &'a W,
     /// The shared expert (`MoeShape::shared_ff > 0`).
     pub shared: Option<SharedExpert<'a, W>>,
+    /// Per-expert biases (gpt-oss), added to each expert's gate, up and down outputs.
+    pub bias: Option<MoeBias<'a, W>>,
+}
+
+/// The experts' biases (gpt-oss), f32: expert `e`'s gate bias is row `e` of `gate`, and
+/// likewise for up and down.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeBias<'a, W> {
+    /// `[n_expert, expert_ff]`
+    pub gate: &'a W,
+    /// `[n_expert, expert_ff]`
+    pub up: &'a W,
+    /// `[n_expert, hidden]`
+    pub down: &'a W,
 }
 
 /// A shared expert (Qwen2-MoE): every row adds

@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::ModelError;
 use super::family::{Experts, Family, spec_err};
 use super::gguf::GgufFile;
-use crate::backend::MoeShape;
+use crate::backend::{MoeAct, MoeShape};
 
 /// The MoE shape of a GGUF file of architecture `arch`, of family `fam` (`None`: a dense
 /// model). `ff` is the file's `feed_forward_length` (Mixtral's expert width).
@@ -79,6 +79,7 @@ pub fn gguf_moe(
         expert_ff,
         norm_topk,
         shared_ff,
+        act: MoeAct::Silu,
     }))
 }
 
@@ -173,6 +174,7 @@ pub fn hf_moe(c: &Value, arch: &str, fam: &Family) -> Result<Option<MoeShape>, M
                 expert_ff: need(c, "moe_intermediate_size")?,
                 norm_topk: get_bool(c, "norm_topk_prob")?.unwrap_or(false),
                 shared_ff: shared,
+                act: MoeAct::Silu,
             }))
         }
         Experts::Mixtral => Ok(Some(MoeShape {
@@ -182,6 +184,7 @@ pub fn hf_moe(c: &Value, arch: &str, fam: &Family) -> Result<Option<MoeShape>, M
             // Softmax over the top-k logits: the renormalised top-k probabilities.
             norm_topk: true,
             shared_ff: 0,
+            act: MoeAct::Silu,
         })),
         Experts::None | Experts::LlamaGguf => {
             for k in ["num_experts", "num_local_experts"] {

@@ -225,7 +225,7 @@ impl<B: Backend> Llama<B> {
                         &s.h, wqkv, bqkv, n, &mut s.qkv, kv, l, &b, shape, rope,
                     )?;
                 }
-                backend.attention(&s.qkv, kv, l, &b, shape, &mut s.attn)?;
+                backend.attention(&s.qkv, kv, l, &b, shape, None, &mut s.attn)?;
                 if tp || lw.post_attn_norm.is_some() {
                     backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
                     reduce(backend, tp, &mut s.delta, n)?;
@@ -359,6 +359,7 @@ fn ffn<B: Backend>(
                 up,
                 down,
                 shared,
+                bias: None,
             };
             match next {
                 Some((nw, eps)) => {

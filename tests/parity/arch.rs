@@ -155,9 +155,12 @@ fn norm_rope_kv<B: TestBackend>(b: &mut B) {
         let mut out = poisoned(b, t, q_dim);
         let mut sout = poisoned(b, t, q_dim);
         let mut cout = cpu.alloc(t, q_dim).unwrap();
-        b.attention(&bx, &bkv, 1, &bb, &shape, &mut out).unwrap();
-        b.attention(&sx, &skv, 1, &bb, &shape, &mut sout).unwrap();
-        cpu.attention(&cx, &ckv, 1, &cb, &shape, &mut cout).unwrap();
+        b.attention(&bx, &bkv, 1, &bb, &shape, None, &mut out)
+            .unwrap();
+        b.attention(&sx, &skv, 1, &bb, &shape, None, &mut sout)
+            .unwrap();
+        cpu.attention(&cx, &ckv, 1, &cb, &shape, None, &mut cout)
+            .unwrap();
         let out = b.to_host(&out, t).unwrap();
         assert_close(
             &format!("{what}: attention over the written cache"),

@@ -219,7 +219,7 @@ fn bench_window_decode_attention() {
             b.set_timing_period(Some(1));
             let bb = b.prepare(&p).expect("prepare");
             for _ in 0..reps {
-                b.attention(&q, &kv, 0, &bb, &shape, &mut out)
+                b.attention(&q, &kv, 0, &bb, &shape, None, &mut out)
                     .expect("attention");
             }
             b.to_host(&out, 1).expect("sync");

@@ -4,7 +4,7 @@
 //! both weightings (renormalised top-k and raw softmax probabilities), Qwen2-MoE's shared
 //! expert under its sigmoid gate, and experts in every quantized type Kiln reads.
 
-use kiln::backend::{Backend, MoeExperts, MoeShape, SharedExpert};
+use kiln::backend::{Backend, MoeAct, MoeExperts, MoeShape, SharedExpert};
 use rand_chacha::ChaCha8Rng;
 
 use crate::harness::*;
@@ -171,6 +171,7 @@ fn case<B: TestBackend>(
             down,
             gate,
         }),
+        bias: None,
     };
     b.moe_ffn(&bx, &bl, experts(), &s, n, &mut out)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -206,6 +207,7 @@ fn moe<B: TestBackend>(b: &mut B) {
         expert_ff,
         norm_topk,
         shared_ff: 0,
+        act: MoeAct::Silu,
     };
     // Every expert chosen: row t prefers experts t and t + 1 (mod 8) by a wide margin.
     let (n, ne) = (19, 8);
@@ -270,6 +272,7 @@ fn moe<B: TestBackend>(b: &mut B) {
     // Qwen2-MoE: top 4 of 8 unnormalised plus a shared expert, a batch and one row.
     let shared = MoeShape {
         shared_ff: 40,
+        act: MoeAct::Silu,
         ..shape(8, 4, 24, false)
     };
     for n in [13, 1] {
@@ -324,6 +327,7 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
             up: &w[1],
             down: &w[2],
             shared: None,
+            bias: None,
         }
     }
     let types = [
@@ -347,6 +351,7 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
             expert_ff: f,
             norm_topk: true,
             shared_ff: 0,
+            act: MoeAct::Silu,
         };
         let mut mk = |ty, rows, cols| {
             HostTensor::raw(

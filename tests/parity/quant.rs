@@ -872,10 +872,13 @@ fn quant_qkv_rope<B: TestBackend>(b: &mut B) {
                 check_rows(b, &what, n, &got, &cpu.to_host(&cq, n).unwrap());
                 let mut outs = [0, 0].map(|_| poisoned(b, n, q_dim));
                 let [out, sep_out] = &mut outs;
-                b.attention(&fused, fused_kv, 1, &bb, &shape, out).unwrap();
-                b.attention(&sep, sep_kv, 1, &bb, &shape, sep_out).unwrap();
+                b.attention(&fused, fused_kv, 1, &bb, &shape, None, out)
+                    .unwrap();
+                b.attention(&sep, sep_kv, 1, &bb, &shape, None, sep_out)
+                    .unwrap();
                 let mut cout = cpu.alloc(n, q_dim).unwrap();
-                cpu.attention(&cq, &ckv, 1, &cb, &shape, &mut cout).unwrap();
+                cpu.attention(&cq, &ckv, 1, &cb, &shape, None, &mut cout)
+                    .unwrap();
                 let got = b.to_host(out, n).unwrap();
                 assert_close(
                     &format!("{what}: attention against the separate ops' cache"),
@@ -1309,7 +1312,8 @@ fn attention_merge_quantizes_the_output_rows() {
             b.write_kv(&mut kv, 0, &q, &db, &shape).unwrap();
             let mut out = poisoned(&mut b, batch, qd);
             let [mut y1, mut y2] = [0, 0].map(|_| poisoned(&mut b, batch, n_out));
-            b.attention(&q, &kv, 0, &db, &shape, &mut out).unwrap();
+            b.attention(&q, &kv, 0, &db, &shape, None, &mut out)
+                .unwrap();
             b.matmul(&out, &w, None, batch, &mut y1).unwrap();
             let fused: Vec<_> = b.take_kernel_timings().unwrap();
             b.write(&mut y2, &vec![f32::NAN; batch * n_out]);

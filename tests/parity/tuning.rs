@@ -83,7 +83,8 @@ fn two_backends_with_different_switches_in_one_process() {
         let db = b.prepare(&dec).unwrap();
         b.write_kv(kv, 0, &qt, &db, &shape).unwrap();
         let mut out = poisoned(b, batch, qd);
-        b.attention(&qt, kv, 0, &db, &shape, &mut out).unwrap();
+        b.attention(&qt, kv, 0, &db, &shape, None, &mut out)
+            .unwrap();
         attn_ops.push(ops_of(b));
         b.set_timing_period(None);
         attn_out.push(b.to_host(&out, batch).unwrap());

@@ -369,8 +369,12 @@ impl Backend for CpuBackend {
         layer: usize,
         b: &CpuBatch,
         shape: &AttnShape,
+        sinks: Option<&HostTensor>,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
+        if sinks.is_some() {
+            return Err(super::missing("attention with sinks"));
+        }
         check_cols("attention output", out.cols, shape.q_dim())?;
         shape.check().map_err(BackendError::InvalidBatch)?;
         let g = AttnGeom::new(shape, qkv.cols, kv.shape);
@@ -440,6 +444,11 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
+        if experts.bias.is_some() || shape.act != super::MoeAct::Silu {
+            return Err(super::missing(
+                "moe_ffn with expert biases or a clamped SwiGLU",
+            ));
+        }
         let kern = self.kernels;
         moe::moe_ffn(
             &kern,

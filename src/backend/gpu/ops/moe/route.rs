@@ -92,6 +92,7 @@ mod tests {
             expert_ff: 768,
             norm_topk: true,
             shared_ff: 0,
+            act: crate::backend::MoeAct::Silu,
         };
         let h = 2048;
         let (q4k, q6k) = (Some(QType::Q4K), Some(QType::Q6K));
