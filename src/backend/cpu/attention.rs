@@ -10,6 +10,10 @@
 //! slot(p) = block_table[p / block_size] * block_size + p % block_size
 //! lo = pos + 1 - window (0 without a window), cap(s) = c * tanh(s / c) (identity without)
 //! ```
+//! With attention sinks (gpt-oss), query head `h`'s logit `sink[h]` joins the softmax's
+//! denominator (as it is: neither scaled nor capped) and weights no value:
+//! `softmax_p = exp(s_p - m) / (exp(sink[h] - m) + sum_i exp(s_i - m))`, `m` the maximum of
+//! the row's logits and the sink.
 
 use rayon::prelude::*;
 
@@ -20,7 +24,7 @@ use crate::backend::{AttnShape, BatchPlan, KvShape};
 const PAR_MIN_WORK: usize = 1 << 14;
 
 /// Geometry shared by every token of a call.
-pub struct AttnGeom {
+pub struct AttnGeom<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -33,11 +37,14 @@ pub struct AttnGeom {
     pub softcap: Option<f32>,
     /// Factor applied to `q . k`.
     pub scale: f32,
+    /// `[n_heads]` per-head sink logits (gpt-oss); `None`: plain softmax.
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl AttnGeom {
-    /// The geometry of `shape` over a qkv tensor of row stride `qkv_stride` and cache `kv`.
-    pub fn new(shape: &AttnShape, qkv_stride: usize, kv: KvShape) -> AttnGeom {
+impl<'a> AttnGeom<'a> {
+    /// The geometry of `shape` over a qkv tensor of row stride `qkv_stride` and cache `kv`,
+    /// with no sinks.
+    pub fn new(shape: &AttnShape, qkv_stride: usize, kv: KvShape) -> AttnGeom<'a> {
         AttnGeom {
             n_heads: shape.n_heads,
             n_kv_heads: shape.n_kv_heads,
@@ -47,7 +54,22 @@ impl AttnGeom {
             window: shape.window,
             softcap: shape.softcap,
             scale: shape.score_scale(),
+            sinks: None,
         }
+    }
+    /// Turns one row of query head `head`'s logits into unnormalised softmax weights in
+    /// place and returns the reciprocal of their denominator (the head's sink included).
+    #[inline]
+    fn softmax_weights(&self, head: usize, s: &mut [f32]) -> f32 {
+        let sink = self.sinks.map(|k| k[head]);
+        let max = s
+            .iter()
+            .copied()
+            .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
+        s.iter_mut().for_each(|x| *x -= max);
+        exp_in_place(s);
+        let sink_mass = sink.map_or(0.0, |k| (k - max).exp());
+        1.0 / (s.iter().sum::<f32>() + sink_mass)
     }
     /// The first key position a query at `pos` sees.
     #[inline]
@@ -112,10 +134,7 @@ fn attend_token(
         for j in 0..group {
             let s = &mut scores[j * n..(j + 1) * n];
             g.logits(s);
-            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            s.iter_mut().for_each(|x| *x -= max);
-            exp_in_place(s);
-            inv_sums[j % 64] = 1.0 / s.iter().sum::<f32>();
+            inv_sums[j % 64] = g.softmax_weights(kvh * group + j, s);
         }
         let og = &mut out[kvh * group * hd..(kvh + 1) * group * hd];
         for_each_slot(block_table, bs, lo, end, |p, slot| {
@@ -190,10 +209,7 @@ fn prefill_tile(
             let row = &mut scores[(i * group + j) * ctx..(i * group + j + 1) * ctx];
             let vis = &mut row[seen.clone()];
             g.logits(vis);
-            let max = vis.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            vis.iter_mut().for_each(|x| *x -= max);
-            exp_in_place(vis);
-            let inv = 1.0 / vis.iter().sum::<f32>();
+            let inv = g.softmax_weights(kvh * group + j, vis);
             vis.iter_mut().for_each(|x| *x *= inv);
             row[..seen.start].fill(0.0);
             row[seen.end..].fill(0.0);

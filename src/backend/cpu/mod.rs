@@ -120,6 +120,28 @@ fn values(w: &HostTensor) -> Result<&[f32], BackendError> {
     })
 }
 
+/// The values of an attention sink weight: `n_heads` logits, none NaN or +inf (a row's
+/// softmax would be NaN); -inf is a sink of no weight.
+fn attention_sinks(w: &HostTensor, n_heads: usize) -> Result<&[f32], BackendError> {
+    let v = values(w)?;
+    if w.shape.len() != 1 || v.len() != n_heads {
+        return Err(BackendError::InvalidBatch(format!(
+            "attention sinks: shape {:?}, expected [{n_heads}] (one logit per query head)",
+            w.shape
+        )));
+    }
+    if let Some((h, x)) = v
+        .iter()
+        .enumerate()
+        .find(|(_, x)| x.is_nan() || **x == f32::INFINITY)
+    {
+        return Err(BackendError::InvalidBatch(format!(
+            "attention sinks: head {h} has logit {x}, expected a number below +inf"
+        )));
+    }
+    Ok(v)
+}
+
 fn check_rows(what: &'static str, want: usize, have: usize) -> Result<(), BackendError> {
     if want > have {
         return Err(BackendError::InvalidBatch(format!(
@@ -372,12 +394,15 @@ impl Backend for CpuBackend {
         sinks: Option<&HostTensor>,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        if sinks.is_some() {
-            return Err(super::missing("attention with sinks"));
-        }
         check_cols("attention output", out.cols, shape.q_dim())?;
         shape.check().map_err(BackendError::InvalidBatch)?;
-        let g = AttnGeom::new(shape, qkv.cols, kv.shape);
+        let sinks = sinks
+            .map(|w| attention_sinks(w, shape.n_heads))
+            .transpose()?;
+        let g = AttnGeom {
+            sinks,
+            ..AttnGeom::new(shape, qkv.cols, kv.shape)
+        };
         attention::attention(
             &g,
             &b.plan,
@@ -444,11 +469,6 @@ impl Backend for CpuBackend {
         n: usize,
         out: &mut CpuTensor,
     ) -> Result<(), BackendError> {
-        if experts.bias.is_some() || shape.act != super::MoeAct::Silu {
-            return Err(super::missing(
-                "moe_ffn with expert biases or a clamped SwiGLU",
-            ));
-        }
         let kern = self.kernels;
         moe::moe_ffn(
             &kern,

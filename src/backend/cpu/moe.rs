@@ -1,14 +1,17 @@
 //! The mixture-of-experts FFN on the CPU: route every row (`moe::route_row`), sort the
 //! (token, expert) assignments by expert (counting sort, stable), then per expert with any
 //! token: gather its rows, gate/up matmuls against that expert's slice of the stacked
-//! weights (in the file's type, through `qmatmul`), SiLU, down matmul, and a weighted add
-//! into each token's output row. A shared expert (Qwen2-MoE) runs over every row and adds
-//! its output scaled by the row's sigmoid gate.
+//! weights (in the file's type, through `qmatmul`), the activation (`MoeAct`: SwiGLU or
+//! gpt-oss's clamped SwiGLU), down matmul, and a weighted add into each token's output row.
+//! With expert biases (gpt-oss) expert `e` computes
+//! `y = act(x W_g^T + b_g[e], x W_u^T + b_u[e]) W_d^T + b_d[e]` before its routing weight
+//! scales it. A shared expert (Qwen2-MoE) runs over every row and adds its output scaled by
+//! the row's sigmoid gate.
 
 use super::qmatmul::{self, QScratch};
 use super::{CpuTensor, Kernels, check_cols, ops};
-use crate::backend::moe::{MoeExperts, MoeShape, SharedExpert, route_row};
-use crate::backend::{BackendError, HostData, HostTensor};
+use crate::backend::moe::{MoeBias, MoeExperts, MoeShape, SharedExpert, route_row};
+use crate::backend::{BackendError, HostData, HostTensor, quant};
 
 /// Scratch of the MoE op, grown to the largest step seen (kept between calls).
 #[derive(Debug, Default)]
@@ -26,6 +29,8 @@ pub struct MoeScratch {
     u: Vec<f32>,
     /// `[rows, hidden]` expert outputs.
     y: Vec<f32>,
+    /// One expert's gate, up and down bias rows (`[f]`, `[f]`, `[hidden]`).
+    bias: [Vec<f32>; 3],
 }
 
 /// Rows `e * rows..(e + 1) * rows` of a stacked expert weight, as the matmuls take them.
@@ -73,6 +78,32 @@ fn expert_rows(w: &HostTensor, e: usize, rows: usize) -> Result<ExpertRows<'_>, 
                 HostData::Stacked(_) => Err(bad("nested stack")),
             }
         }
+    }
+}
+
+/// Row `e` of a bias `w` (`[n_expert, len]`, f32 or any type the file gives) into `out`.
+fn bias_row(w: &HostTensor, e: usize, out: &mut Vec<f32>) -> Result<(), BackendError> {
+    out.resize(w.cols(), 0.0);
+    match expert_rows(w, e, 1)? {
+        ExpertRows::F32(v) => out.copy_from_slice(v),
+        ExpertRows::Typed(HostTensor {
+            data: HostData::Raw { ty, bytes },
+            ..
+        }) => quant::dequantize(ty, &bytes, out)?,
+        ExpertRows::Typed(t) => {
+            return Err(BackendError::InvalidBatch(format!(
+                "moe expert bias {:?}: not a row of values",
+                t.shape
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Adds `b` to every `b.len()`-wide row of `rows`.
+fn add_rows(rows: &mut [f32], b: &[f32]) {
+    for r in rows.chunks_exact_mut(b.len()) {
+        r.iter_mut().zip(b).for_each(|(o, b)| *o += b);
     }
 }
 
@@ -157,11 +188,21 @@ fn check(
     let (h, e, f) = (x.cols, shape.n_expert, shape.expert_ff);
     check_cols("moe router logits", logits.cols, e)?;
     check_cols("moe output", out.cols, h)?;
+    let biases = w.bias.iter().flat_map(|b: &MoeBias<'_, HostTensor>| {
+        [
+            ("moe gate expert biases", b.gate, e, f),
+            ("moe up expert biases", b.up, e, f),
+            ("moe down expert biases", b.down, e, h),
+        ]
+    });
     for (what, t, rows, cols) in [
         ("moe gate experts", w.gate, e * f, h),
         ("moe up experts", w.up, e * f, h),
         ("moe down experts", w.down, e * h, f),
-    ] {
+    ]
+    .into_iter()
+    .chain(biases)
+    {
         if t.shape != [rows, cols] {
             return Err(BackendError::InvalidBatch(format!(
                 "{what}: shape {:?}, expected [{rows}, {cols}]",
@@ -249,11 +290,23 @@ pub fn moe_ffn(
         s.y.resize(rows * h, 0.0);
         expert_matmul(kern, qs, &s.xs, w.gate, e, (rows, f, h), &mut s.g)?;
         expert_matmul(kern, qs, &s.xs, w.up, e, (rows, f, h), &mut s.u)?;
-        // silu(g) * u in place, as `ops::silu_mul_row` computes it.
+        if let Some(b) = &w.bias {
+            let [bg, bu, bd] = &mut s.bias;
+            bias_row(b.gate, e, bg)?;
+            bias_row(b.up, e, bu)?;
+            bias_row(b.down, e, bd)?;
+            add_rows(&mut s.g, bg);
+            add_rows(&mut s.u, bu);
+        }
+        // act(g, u) in place (SwiGLU as `ops::silu_mul_row` computes it).
+        let act = shape.act;
         for (g, &u) in s.g.iter_mut().zip(&s.u) {
-            *g = *g / (1.0 + (-*g).exp()) * u;
+            *g = act.apply(*g, u);
         }
         expert_matmul(kern, qs, &s.g, w.down, e, (rows, h, f), &mut s.y)?;
+        if w.bias.is_some() {
+            add_rows(&mut s.y, &s.bias[2]);
+        }
         for (i, &a) in s.order[run].iter().enumerate() {
             let (t, wt) = (a as usize / k, s.route[a as usize].1);
             let y = &s.y[i * h..(i + 1) * h];
