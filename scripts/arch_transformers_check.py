@@ -25,6 +25,9 @@ Measured on the H100 (transformers 5.17.0, torch 2.11.0+cu130), rel / ids, float
 qwen3 2.1e-6, gemma2 5.7e-7, gemma3 5.2e-7, phi3 1.1e-5, qwen3moe 1.2e-6, mixtral 7.6e-6,
 qwen2moe 7.4e-6, qwen2-tied 2.5e-6, llama3-scaled 2.6e-6, mistral-bf16 2.7e-6,
 llama-sharded 1.2e-5; greedy ids 96/96 for every fixture.
+gptoss (sinks, alternating windows, YaRN, biases, clamped SwiGLU; transformers 5.24.0, torch
+2.15.0, CPU): float32 rel 8.1e-6, abs 4.5e-5, ids 96/96 (float64 skipped: the grouped
+expert matmul).
 """
 
 import argparse
@@ -38,7 +41,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 FAMILIES = ["qwen3", "gemma2", "gemma3", "phi3", "phi4mini", "qwen3moe", "mixtral", "qwen2moe",
-            "qwen2-tied", "llama3-scaled", "mistral-bf16", "llama-sharded"]
+            "qwen2-tied", "llama3-scaled", "mistral-bf16", "llama-sharded", "gptoss"]
 LIMITS = {torch.float32: 1e-4, torch.float64: 1e-4}
 
 

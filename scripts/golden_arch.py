@@ -32,6 +32,15 @@ tiny random-weight HF directories, each covering a feature those files lack:
   qwen2moe       model_type qwen2_moe: 8 experts, top 4, norm_topk_prob false, q/k/v
                  biases, and a shared expert (mlp.shared_expert.{gate,up,down}_proj, width
                  48) scaled per token by sigmoid(h . mlp.shared_expert_gate), BF16.
+  gptoss         model_type gpt_oss (the released checkpoints' config keys: rope_scaling,
+                 experts_per_token, initial_context_length, swiglu_limit): 4 layers
+                 alternating sliding (window 8) and full attention, per-head sinks, q/k/v/o
+                 biases, YaRN (factor 4, original context 2048, truncate false: the ramp
+                 spans frequency dims 1.6-3.9 of 8), 8 experts top 4 with router and expert
+                 biases, gate_up interleaved and transposed as HF stores it, the clamped
+                 SwiGLU (limit 2.5, so the clamp is hit), BF16, hidden 32 != 4 heads x 16;
+                 with a tiny byte-level BPE tokenizer.json (for llama.cpp's converter,
+                 scripts/gptoss_gguf.py). Reference: forward_gptoss below.
 
 Written: tests/data/arch/<name>/{config.json, *.safetensors[, index]} (no tokenizer)
 and tests/golden/arch-<name>.json (the schema of tests/golden/*.json).
@@ -263,6 +272,25 @@ MODELS = [
             torch_dtype="bfloat16",
         ),
     ),
+    dict(
+        name="gptoss", seed=1039, dtype="BF16", shards=None, tokenizer=True,
+        config=dict(
+            architectures=["GptOssForCausalLM"], model_type="gpt_oss",
+            hidden_size=32, intermediate_size=16, num_local_experts=8,
+            num_experts_per_tok=4, experts_per_token=4, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            vocab_size=300, max_position_embeddings=8192, initial_context_length=2048,
+            rms_norm_eps=1e-5, rope_theta=150000.0,
+            rope_scaling=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                              truncate=False, original_max_position_embeddings=2048),
+            sliding_window=8, swiglu_limit=2.5, attention_bias=True,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            router_aux_loss_coef=0.9, output_router_logits=False,
+            tie_word_embeddings=False, hidden_act="silu", torch_dtype="bfloat16",
+            attention_dropout=0.0, initializer_range=0.02, use_cache=True,
+            eos_token_id=1, pad_token_id=0,
+        ),
+    ),
 ]
 
 
@@ -297,6 +325,8 @@ def make_weights(cfg, seed):
 
     if mt == "phi3":
         return make_phi3_weights(cfg, mat, norm)
+    if mt == "gpt_oss":
+        return make_gptoss_weights(cfg, mat, norm, vec)
     t = {"model.embed_tokens.weight": mat(V, d)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -443,6 +473,8 @@ def write_model(m):
         json.dump(cfg, f, indent=2, sort_keys=True)
         f.write("\n")
     t = make_weights(cfg, m["seed"])
+    if m.get("tokenizer"):
+        write_tokenizer(d, cfg["vocab_size"])
     if m["shards"] is None:
         write_safetensors(os.path.join(d, "model.safetensors"), t, m["dtype"])
     else:
@@ -489,6 +521,8 @@ def load_dir(d):
     with open(os.path.join(d, "config.json")) as f:
         c = json.load(f)
     mt = c["model_type"]
+    if mt == "gpt_oss":
+        return load_gptoss(d, c)
     assert mt in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3",
                   "qwen3_moe", "mixtral", "qwen2_moe"), mt
     nh = c["num_attention_heads"]
@@ -765,6 +799,8 @@ def softmax(x):
 
 
 def forward_last(cfg, W, ids, rope_layout="half"):
+    if "gptoss" in cfg:
+        return forward_gptoss(cfg, W, ids)
     if "family" in cfg:
         return forward_family(cfg, W, ids)
     T = len(ids)
@@ -934,6 +970,8 @@ def sensitivity(cfg, W, prompt, ref):
     or the fixture would not exercise the feature."""
     def err(lg):
         return float(np.max(np.abs(lg - ref)) / np.max(np.abs(ref)))
+    if "gptoss" in cfg:
+        return gptoss_sensitivity(cfg, W, prompt, err)
     if "family" in cfg:
         return family_sensitivity(cfg, W, prompt, err)
     out = {"rope_adjacent_pairs": err(forward_last(cfg, W, prompt, rope_layout="adjacent"))}
@@ -1005,6 +1043,278 @@ def family_sensitivity(cfg, W, prompt, err):
     return {k: float(f"{v:.3g}") for k, v in out.items()}
 
 
+# ---------------------------------------------------------------------------
+# gpt-oss (model_type gpt_oss): weights, tokenizer, reading back, forward
+# ---------------------------------------------------------------------------
+
+def make_gptoss_weights(cfg, mat, norm, vec):
+    """gpt-oss as Hugging Face stores it: q/k/v/o with biases, per-head sinks, the router
+    with a bias, and the experts fused and transposed: gate_up_proj [E, hidden, 2 ff]
+    (gate at the even columns, up at the odd ones) with gate_up_proj_bias [E, 2 ff],
+    down_proj [E, ff, hidden] with down_proj_bias [E, hidden]."""
+    d, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    E = cfg["num_local_experts"]
+    t = {"model.embed_tokens.weight": mat(V, d)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = norm(d)
+        for name, rows in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+            t[p + f"self_attn.{name}_proj.weight"] = mat(rows, d)
+            t[p + f"self_attn.{name}_proj.bias"] = vec(rows)
+        t[p + "self_attn.o_proj.weight"] = mat(d, nh * hd)
+        t[p + "self_attn.o_proj.bias"] = vec(d)
+        t[p + "self_attn.sinks"] = 2.0 * vec(nh)
+        t[p + "post_attention_layernorm.weight"] = norm(d)
+        t[p + "mlp.router.weight"] = 3.0 * mat(E, d)
+        t[p + "mlp.router.bias"] = vec(E)
+        x = p + "mlp.experts."
+        t[x + "gate_up_proj"] = np.stack([mat(d, 2 * f) for _ in range(E)])
+        t[x + "gate_up_proj_bias"] = np.stack([vec(2 * f) for _ in range(E)])
+        t[x + "down_proj"] = np.stack([mat(f, d) for _ in range(E)])
+        t[x + "down_proj_bias"] = np.stack([vec(d) for _ in range(E)])
+    t["model.norm.weight"] = norm(d)
+    t["lm_head.weight"] = mat(V, d)
+    return t
+
+
+def write_tokenizer(d, vocab_size):
+    """A tiny byte-level BPE tokenizer.json (256 byte symbols, merges learned from a fixed
+    text, two special tokens) and a tokenizer_config.json naming the fast tokenizer class:
+    llama.cpp's converter needs a tokenizer; the fixture's ids are fed directly."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|return|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - 8, special_tokens=specials, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = ["the quick brown fox jumps over the lazy dog and then the dog sleeps " * 4,
+            "once upon a time there was a tiny model that answered every question " * 4]
+    tok.train_from_iterator(text, trainer)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|return|>",
+                   "pad_token": "<|endoftext|>", "model_max_length": 8192}, f, indent=2)
+        f.write("\n")
+
+
+def yarn_inv_freqs(theta, dim, s):
+    """YaRN (transformers' rope_type yarn) from the formulas, float64:
+        f_i = theta^(-2i/d); corr(r) = d ln(orig / (2 pi r)) / (2 ln theta)
+        low, high = corr(beta_fast), corr(beta_slow) (floor / ceil when truncate),
+        clipped to [0, d - 1]; ramp_i = clip((i - low) / (high - low), 0, 1)
+        f'_i = f_i / factor * ramp_i + f_i * (1 - ramp_i)
+    and the attention factor on cos and sin: attention_factor, else 0.1 ln(factor) + 1."""
+    f = theta ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+    def corr(r):
+        return dim * math.log(s["orig"] / (r * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = corr(s["beta_fast"]), corr(s["beta_slow"])
+    if s["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2) - low) / (high - low), 0.0, 1.0)
+    freqs = f / s["factor"] * ramp + f * (1.0 - ramp)
+    mscale = s["attention_factor"] or (0.1 * math.log(s["factor"]) + 1.0)
+    return freqs, mscale, (low, high)
+
+
+def load_gptoss(d, c):
+    """gpt-oss's config (both eras: rope_scaling / rope_parameters, experts_per_token /
+    num_experts_per_tok) and tensors, read back from the written files."""
+    rs = c.get("rope_parameters") or c["rope_scaling"]
+    assert rs["rope_type"] == "yarn", rs
+    nh = c["num_attention_heads"]
+    cfg = dict(
+        model_type="gpt_oss", n_embd=c["hidden_size"], n_ff=c["intermediate_size"],
+        n_head=nh, n_head_kv=c["num_key_value_heads"], head_dim=c["head_dim"],
+        n_layer=c["num_hidden_layers"], n_vocab=c["vocab_size"], eps=float(c["rms_norm_eps"]),
+        theta=float(rs.get("rope_theta") or c["rope_theta"]), llama3_scaling=None,
+        tied=False, qkv_bias=True,
+        gptoss=dict(
+            yarn=dict(factor=float(rs["factor"]), beta_fast=float(rs["beta_fast"]),
+                      beta_slow=float(rs["beta_slow"]), truncate=bool(rs["truncate"]),
+                      orig=float(rs["original_max_position_embeddings"]),
+                      attention_factor=rs.get("attention_factor")),
+            window=c["sliding_window"],
+            sliding=[t == "sliding_attention" for t in c["layer_types"]],
+            n_expert=c["num_local_experts"],
+            top_k=c.get("num_experts_per_tok") or c["experts_per_token"],
+            limit=float(c["swiglu_limit"]), alpha=float(c.get("swiglu_alpha", 1.702)),
+            sinks=True, o_bias=True, router_bias=True, expert_bias=True, interleaved=True),
+    )
+    freqs, mscale, band = yarn_inv_freqs(cfg["theta"], cfg["head_dim"], cfg["gptoss"]["yarn"])
+    cfg["gptoss"].update(inv_freq=[float(x) for x in freqs], mscale=mscale, yarn_band=band)
+    t, types = {}, {}
+    for k, (a, dt) in read_safetensors(os.path.join(d, "model.safetensors")).items():
+        t[k], types[k] = a, dt
+    W = {"tok_embd": t["model.embed_tokens.weight"], "out_norm": t["model.norm.weight"],
+         "output": t["lm_head.weight"], "layers": []}
+    for i in range(cfg["n_layer"]):
+        b = f"model.layers.{i}."
+        a, x = b + "self_attn.", b + "mlp.experts."
+        W["layers"].append(dict(
+            attn_norm=t[b + "input_layernorm.weight"],
+            wq=t[a + "q_proj.weight"], wk=t[a + "k_proj.weight"], wv=t[a + "v_proj.weight"],
+            bq=t[a + "q_proj.bias"], bk=t[a + "k_proj.bias"], bv=t[a + "v_proj.bias"],
+            wo=t[a + "o_proj.weight"], bo=t[a + "o_proj.bias"], sinks=t[a + "sinks"],
+            ffn_norm=t[b + "post_attention_layernorm.weight"],
+            router=t[b + "mlp.router.weight"], router_b=t[b + "mlp.router.bias"],
+            gate_up=t[x + "gate_up_proj"], gate_up_b=t[x + "gate_up_proj_bias"],
+            down=t[x + "down_proj"], down_b=t[x + "down_proj_bias"]))
+    assert 3 + 17 * cfg["n_layer"] == len(t), len(t)      # every tensor is used
+    E, d, f = cfg["gptoss"]["n_expert"], cfg["n_embd"], cfg["n_ff"]
+    for L in W["layers"]:
+        assert L["gate_up"].shape == (E, d, 2 * f) and L["down"].shape == (E, f, d)
+        assert L["sinks"].shape == (cfg["n_head"],) and L["router"].shape == (E, d)
+    return cfg, W, types
+
+
+def gptoss_rope_note(cfg):
+    g = cfg["gptoss"]
+    lo, hi = g["yarn_band"]
+    return (f"HF rotate_half layout; YaRN: inv_freq theta^(-2i/d) blended with it / factor by "
+            f"the ramp over frequency dims {lo:.4g}..{hi:.4g} (truncate "
+            f"{g['yarn']['truncate']}); cos and sin times {g['mscale']:.6g}; inv_freq "
+            f"{[float(f'{x:.6g}') for x in g['inv_freq']]}")
+
+
+def forward_gptoss(cfg, W, ids):
+    """gpt-oss (transformers' modeling_gpt_oss.py, from the math):
+        per layer: h = RMSNorm(x) * input_layernorm
+          q, k, v = h Wq^T + bq, h Wk^T + bk, h Wv^T + bv
+          q, k = RoPE (rotate_half) at the YaRN frequencies, cos and sin times mscale
+          s = q k^T / sqrt(head_dim), causal; sliding layers also mask j <= i - window
+          p_j = exp(s_j) / (exp(sink_h) + sum_i exp(s_i))       (the sink weighs no value)
+          x += (p v) Wo^T + bo
+          h = RMSNorm(x) * post_attention_layernorm
+          r = h Wr^T + br; top = the top_k experts by r; w = softmax(r[top])
+          gu = h gate_up[e] + gate_up_b[e]   ([hidden, 2 ff]); g, u = gu[0::2], gu[1::2]
+          g = min(g, limit); u = clip(u, -limit, limit); a = g sigmoid(alpha g) (u + 1)
+          x += sum_e w_e (a down[e] + down_b[e])                ([ff, hidden])
+        logits = RMSNorm(x) * norm @ lm_head^T
+    `cfg["gptoss"]` may switch parts off (the sensitivity controls)."""
+    g = cfg["gptoss"]
+    T = len(ids)
+    nh, nkv, hd, eps = cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"], cfg["eps"]
+    group = nh // nkv
+    pos = np.arange(T)
+    ii, jj = np.meshgrid(pos, pos, indexing="ij")
+    freqs = np.asarray(g["inv_freq"])
+    x = W["tok_embd"][np.asarray(ids)]
+    for li, L in enumerate(W["layers"]):
+        mask = np.triu(np.full((T, T), -np.inf), k=1)
+        if g["sliding"][li] and g["window"] is not None:
+            mask[jj <= ii - g["window"]] = -np.inf
+        h = rms_norm(x, L["attn_norm"], eps)
+        q = (h @ L["wq"].T + L["bq"]).reshape(T, nh, hd)
+        k = (h @ L["wk"].T + L["bk"]).reshape(T, nkv, hd)
+        v = (h @ L["wv"].T + L["bv"]).reshape(T, nkv, hd)
+        q, k = rope_half(q, pos, freqs) * g["mscale"], rope_half(k, pos, freqs) * g["mscale"]
+        att = np.empty((T, nh, hd))
+        for hh in range(nh):
+            kv = hh // group
+            s = q[:, hh, :] @ k[:, kv, :].T / math.sqrt(hd) + mask
+            m = np.max(s, axis=-1, keepdims=True)
+            sink = L["sinks"][hh] if g["sinks"] else -np.inf
+            m = np.maximum(m, sink)
+            e = np.exp(s - m)
+            p = e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sink - m))
+            att[:, hh, :] = p @ v[:, kv, :]
+        o = att.reshape(T, nh * hd) @ L["wo"].T
+        x = x + (o + L["bo"] if g["o_bias"] else o)
+        h = rms_norm(x, L["ffn_norm"], eps)
+        x = x + gptoss_moe(h, L, g)
+    hl = rms_norm(x[-1:], W["out_norm"], eps)
+    return (hl @ W["output"].T)[0]
+
+
+def gptoss_route(h, L, g):
+    """Router logits [T, E] and, per token, the top_k experts (ties -> lowest index)."""
+    r = h @ L["router"].T + (L["router_b"] if g["router_bias"] else 0.0)
+    return r, [np.argsort(-r[t], kind="stable")[:g["top_k"]] for t in range(h.shape[0])]
+
+
+def gptoss_moe(h, L, g):
+    r, tops = gptoss_route(h, L, g)
+    f = L["down"].shape[1]
+    out = np.zeros_like(h)
+    for t, top in enumerate(tops):
+        w = softmax(r[t, top])
+        for e, wt in zip(top, w):
+            gu = h[t] @ L["gate_up"][e] + (L["gate_up_b"][e] if g["expert_bias"] else 0.0)
+            if g["interleaved"]:
+                gate, up = gu[0::2], gu[1::2]
+            else:                                   # control: halves instead of interleaved
+                gate, up = gu[:f], gu[f:]
+            if g["limit"] is not None:
+                gate = np.minimum(gate, g["limit"])
+                up = np.clip(up, -g["limit"], g["limit"])
+            a = gate / (1.0 + np.exp(-g["alpha"] * gate)) * (up + 1.0)
+            y = a @ L["down"][e] + (L["down_b"][e] if g["expert_bias"] else 0.0)
+            out[t] += wt * y
+    return out
+
+
+def gptoss_usage(cfg, W, ids):
+    """Per layer, the tokens routed to each expert, and the smallest k-th/next router gap."""
+    g = cfg["gptoss"]
+    counts, gaps = [], []
+    orig = globals()["gptoss_moe"]
+
+    def spy(h, L, g):
+        r, tops = gptoss_route(h, L, g)
+        c = [0] * g["n_expert"]
+        for t, top in enumerate(tops):
+            for e in top:
+                c[int(e)] += 1
+            o = np.argsort(-r[t], kind="stable")
+            gaps.append(r[t, o[g["top_k"] - 1]] - r[t, o[g["top_k"]]])
+        counts.append(c)
+        return orig(h, L, g)
+    globals()["gptoss_moe"] = spy
+    try:
+        forward_gptoss(cfg, W, ids)
+    finally:
+        globals()["gptoss_moe"] = orig
+    assert g
+    return counts, float(min(gaps))
+
+
+def gptoss_sensitivity(cfg, W, prompt, err):
+    """What each gpt-oss part is worth on this prompt's logits (each must be far above
+    1e-4: a loader or forward that skipped it would fail the test)."""
+    g = cfg["gptoss"]
+
+    def with_g(**kw):
+        return forward_gptoss(dict(cfg, gptoss=dict(g, **kw)), W, prompt)
+
+    plain = cfg["theta"] ** (-np.arange(0, cfg["head_dim"], 2) / cfg["head_dim"])
+    trunc, _, _ = yarn_inv_freqs(cfg["theta"], cfg["head_dim"], dict(g["yarn"], truncate=True))
+    out = {
+        "sinks_ignored": err(with_g(sinks=False)),
+        "o_bias_ignored": err(with_g(o_bias=False)),
+        "router_bias_ignored": err(with_g(router_bias=False)),
+        "expert_biases_ignored": err(with_g(expert_bias=False)),
+        "gate_up_halves_not_interleaved": err(with_g(interleaved=False)),
+        "swiglu_clamp_ignored": err(with_g(limit=None)),
+        "yarn_ignored": err(with_g(inv_freq=list(plain), mscale=1.0)),
+        "yarn_attention_factor_ignored": err(with_g(mscale=1.0)),
+        "yarn_truncated": err(with_g(inv_freq=list(trunc))),
+        "top_k_minus_one": err(with_g(top_k=g["top_k"] - 1)),
+    }
+    if len(prompt) > g["window"]:
+        out["window_ignored"] = err(with_g(window=None))
+        out["window_on_every_layer"] = err(with_g(sliding=[True] * len(g["sliding"])))
+    for k, v in out.items():
+        assert v > 1e-3, (k, v)
+    return {k: float(f"{v:.3g}") for k, v in out.items()}
+
+
 def logsumexp(v):
     m = np.max(v)
     return float(m + np.log(np.sum(np.exp(v - m))))
@@ -1065,9 +1375,9 @@ def run(m, versions):
         exact = next((i for i, mg in enumerate(margins) if mg < 1e-3), N_NEW)
         assert exact >= MIN_EXACT, f"{m['name']} prompt {pi}: near-tie at step {exact}"
         moe_rec = {}
-        if cfg.get("family", {}).get("moe"):
+        if cfg.get("family", {}).get("moe") or "gptoss" in cfg:
             full = pids + gen[:-1]
-            counts, gap = moe_usage(cfg, W, full)
+            counts, gap = (gptoss_usage if "gptoss" in cfg else moe_usage)(cfg, W, full)
             # Kiln routes in float32: a near-tie of the k-th and next router logits would
             # flip a route.
             assert gap > 2e-3, f"{m['name']} prompt {pi}: router near-tie {gap}"
@@ -1097,19 +1407,24 @@ def run(m, versions):
     for t in types.values():
         type_counts[t] = type_counts.get(t, 0) + 1
     files = sorted(os.listdir(d))
+    weights_note = (
+            "Random weights (numpy default_rng seed %d): matrices normal(0, 0.3), norms "
+            "1 + 0.1*normal, biases normal(0, 0.5), drawn in float32%s; the reference reads "
+            "the written files back and computes in float64." % (
+                m["seed"], ", then stored as BF16 (round to nearest even); the reference "
+                "uses the BF16 values" if m["dtype"] == "BF16" else ""))
+    if "gptoss" in cfg:
+        weights_note += (" gpt-oss: sinks normal(0, 1), router 3 * normal(0, 0.3) with its "
+                         "bias, expert gate_up [E, hidden, 2 ff] (gate at even columns) and "
+                         "down [E, ff, hidden] normal(0, 0.3), all biases normal(0, 0.5).")
     doc = {
         "model": f"tests/data/arch/{m['name']}",
         "format": "hf",
         "sha256": {f: sha256_file(os.path.join(d, f)) for f in files},
         "config": cfg,
         "tensor_types": dict(sorted(type_counts.items())),
-        "weights_note": (
-            "Random weights (numpy default_rng seed %d): matrices normal(0, 0.3), norms "
-            "1 + 0.1*normal, biases normal(0, 0.5), drawn in float32%s; the reference reads "
-            "the written files back and computes in float64." % (
-                m["seed"], ", then stored as BF16 (round to nearest even); the reference "
-                "uses the BF16 values" if m["dtype"] == "BF16" else "")),
-        "rope_note": ("HF rotate_half layout: pairs (x[i], x[i+d/2]); inv_freq theta^(-2i/d)"
+        "weights_note": weights_note,
+        "rope_note": (gptoss_rope_note(cfg) if "gptoss" in cfg else "HF rotate_half layout: pairs (x[i], x[i+d/2]); inv_freq theta^(-2i/d)"
                       + ("; Llama-3 scaling applied. " + notes[0] if notes else "")),
         "method": (f"prompt ids as given (no BOS), {N_NEW} greedy argmax steps (ties -> "
                    "lowest id), no EOS stop, full forward recomputed each step, float64 "
