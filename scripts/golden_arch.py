@@ -38,7 +38,7 @@ tiny random-weight HF directories, each covering a feature those files lack:
                  biases, YaRN (factor 4, original context 2048, truncate false: the ramp
                  spans frequency dims 1.6-3.9 of 8), 8 experts top 4 with router and expert
                  biases, gate_up interleaved and transposed as HF stores it, the clamped
-                 SwiGLU (limit 2.5, so the clamp is hit), BF16, hidden 32 != 4 heads x 16;
+                 SwiGLU (limit 7.0 as llama.cpp fixes it; gate_up 4x wider, so the clamp is hit), BF16, hidden 32 != 4 heads x 16;
                  with a tiny byte-level BPE tokenizer.json (for llama.cpp's converter,
                  scripts/gptoss_gguf.py). Reference: forward_gptoss below.
 
@@ -273,7 +273,7 @@ MODELS = [
         ),
     ),
     dict(
-        name="gptoss", seed=1039, dtype="BF16", shards=None, tokenizer=True,
+        name="gptoss", seed=1040, dtype="BF16", shards=None, tokenizer=True,
         config=dict(
             architectures=["GptOssForCausalLM"], model_type="gpt_oss",
             hidden_size=32, intermediate_size=16, num_local_experts=8,
@@ -283,7 +283,7 @@ MODELS = [
             rms_norm_eps=1e-5, rope_theta=150000.0,
             rope_scaling=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
                               truncate=False, original_max_position_embeddings=2048),
-            sliding_window=8, swiglu_limit=2.5, attention_bias=True,
+            sliding_window=8, swiglu_limit=7.0, attention_bias=True,
             layer_types=["sliding_attention", "full_attention"] * 2,
             router_aux_loss_coef=0.9, output_router_logits=False,
             tie_word_embeddings=False, hidden_act="silu", torch_dtype="bfloat16",
@@ -1069,7 +1069,7 @@ def make_gptoss_weights(cfg, mat, norm, vec):
         t[p + "mlp.router.weight"] = 3.0 * mat(E, d)
         t[p + "mlp.router.bias"] = vec(E)
         x = p + "mlp.experts."
-        t[x + "gate_up_proj"] = np.stack([mat(d, 2 * f) for _ in range(E)])
+        t[x + "gate_up_proj"] = np.stack([4.0 * mat(d, 2 * f) for _ in range(E)])
         t[x + "gate_up_proj_bias"] = np.stack([vec(2 * f) for _ in range(E)])
         t[x + "down_proj"] = np.stack([mat(f, d) for _ in range(E)])
         t[x + "down_proj_bias"] = np.stack([vec(d) for _ in range(E)])
@@ -1415,8 +1415,8 @@ def run(m, versions):
                 "uses the BF16 values" if m["dtype"] == "BF16" else ""))
     if "gptoss" in cfg:
         weights_note += (" gpt-oss: sinks normal(0, 1), router 3 * normal(0, 0.3) with its "
-                         "bias, expert gate_up [E, hidden, 2 ff] (gate at even columns) and "
-                         "down [E, ff, hidden] normal(0, 0.3), all biases normal(0, 0.5).")
+                         "bias, expert gate_up [E, hidden, 2 ff] (gate at even columns) 4 * "
+                         "normal(0, 0.3), down [E, ff, hidden] normal(0, 0.3), all biases normal(0, 0.5).")
     doc = {
         "model": f"tests/data/arch/{m['name']}",
         "format": "hf",
