@@ -100,7 +100,8 @@ __device__ void moeq_tile_impl(const T* __restrict__ in, const u8* __restrict__ 
     KILN_IN_PART(q40, KILN_MOEQ_T(q40, Q4_0, N, T))                                                \
     KILN_IN_PART(q4k, KILN_MOEQ_T(q4k, Q4_K, N, T))                                                \
     KILN_IN_PART(q5k, KILN_MOEQ_T(q5k, Q5_K, N, T))                                                \
-    KILN_IN_PART(q6k, KILN_MOEQ_T(q6k, Q6_K, N, T))
+    KILN_IN_PART(q6k, KILN_MOEQ_T(q6k, Q6_K, N, T))                                                \
+    KILN_IN_PART(mxfp4, KILN_MOEQ_T(mxfp4, MXFP4, N, T))
 KILN_FOR_DTYPES(KILN_MOEQ)
 
 #if !defined(KILN_DTYPE_F32)
@@ -298,6 +299,7 @@ KILN_IN_PART(q40, KILN_MOE8(q40, Q4_0))
 KILN_IN_PART(q4k, KILN_MOE8(q4k, Q4_K))
 KILN_IN_PART(q5k, KILN_MOE8(q5k, Q5_K))
 KILN_IN_PART(q6k, KILN_MOE8(q6k, Q6_K))
+KILN_IN_PART(mxfp4, KILN_MOE8(mxfp4, MXFP4))
 #endif
 
 #if !defined(KILN_DTYPE_F32)
@@ -388,4 +390,5 @@ KILN_IN_PART(q40, KILN_MOEMMA(q40, Q4_0))
 KILN_IN_PART(q4k, KILN_MOEMMA(q4k, Q4_K))
 KILN_IN_PART(q5k, KILN_MOEMMA(q5k, Q5_K))
 KILN_IN_PART(q6k, KILN_MOEMMA(q6k, Q6_K))
+KILN_IN_PART(mxfp4, KILN_MOEMMA(mxfp4, MXFP4))
 #endif

@@ -1,4 +1,4 @@
-// Quantized weights (GGUF Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) kept quantized on the device:
+// Quantized weights (GGUF Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4) kept quantized on the device:
 //   qgemv:       y[m, j] = sum_k x[m, k] * W[j, k] (+ bias[j])   for 1..8 rows of x
 //   qgemv_silu:  y[m, j] = silu(G[j] . x[m]) * (U[j] . x[m])      gate G and up U, f rows each
 //   dequant:     out[i] = W[ids ? ids[i] - first : i] as the compute type (embedding rows,
@@ -183,11 +183,13 @@ __device__ __forceinline__ void convert_impl(const u16* __restrict__ src, T* __r
     KILN_IN_PART(sq4k, KILN_QGEMV_T(q4k, Q4_K, N, T))                                              \
     KILN_IN_PART(sq5k, KILN_QGEMV_T(q5k, Q5_K, N, T))                                              \
     KILN_IN_PART(sq6k, KILN_QGEMV_T(q6k, Q6_K, N, T))                                              \
+    KILN_IN_PART(smxfp4, KILN_QGEMV_T(mxfp4, MXFP4, N, T))                                         \
     KILN_IN_PART(q80, KILN_DEQUANT_T(q80, Q8_0, N, T))                                             \
     KILN_IN_PART(q40, KILN_DEQUANT_T(q40, Q4_0, N, T))                                             \
     KILN_IN_PART(q4k, KILN_DEQUANT_T(q4k, Q4_K, N, T))                                             \
     KILN_IN_PART(q5k, KILN_DEQUANT_T(q5k, Q5_K, N, T))                                             \
     KILN_IN_PART(q6k, KILN_DEQUANT_T(q6k, Q6_K, N, T))                                             \
+    KILN_IN_PART(mxfp4, KILN_DEQUANT_T(mxfp4, MXFP4, N, T))                                        \
     KILN_IN_PART(common,                                                                            \
         extern "C" __global__ void convert_f16_##N(const u16* src, T* dst, u64 total) {             \
             convert_impl<0, T>(src, dst, total);                                                    \
@@ -675,6 +677,9 @@ KILN_QDOT_T(q40, Q4_0, Q4_0, 2, 2, 1, 1, false)
 KILN_QDOT_T(q4k, Q4_KW, Q4_K, 1, 1, 1, 1, false)
 KILN_QDOT_T(q5k, Q5_K, Q5_K, 2, 2, 1, 0, false)
 KILN_QDOT_T(q6k, Q6_K, Q6_K, 1, 1, 1, 1, false)
+// MXFP4 as Q4_0 (a block of 32 a unit), without the five-block bound (its table lookups
+// hold more registers).
+KILN_QDOT_T(mxfp4, MXFP4, MXFP4, 2, 2, 1, 0, false)
 // q and k of type Q (Q4 at 4-8 rows), v of Q6_K in one launch (llama.cpp's Q4_K_M and Q5_K_M
 // give attn_v more bits).
 #define KILN_QDOT_MIX(QN, Q, M, U)                                                                  \

@@ -231,6 +231,7 @@ KILN_IN_PART(q40, KILN_QMMA(q40, Q4_0, 0))
 KILN_IN_PART(q4k, KILN_QMMA(q4k, Q4_K, 0))
 KILN_IN_PART(q5k, KILN_QMMA(q5k, Q5_K, 0))
 KILN_IN_PART(q6k, KILN_QMMA(q6k, Q6_K, 0))
+KILN_IN_PART(mxfp4, KILN_QMMA(mxfp4, MXFP4, 0))
 KILN_IN_PART(q4k, KILN_QMMAMIX(q4k, Q4_K))
 KILN_IN_PART(q5k, KILN_QMMAMIX(q5k, Q5_K))
 // Gate/up with SiLU-mul for the types whose batches take the bf16 tiles (not Q8_0: qmma8).
@@ -238,6 +239,7 @@ KILN_IN_PART(q40, KILN_QMMAGLU(q40, Q4_0))
 KILN_IN_PART(q4k, KILN_QMMAGLU(q4k, Q4_K))
 KILN_IN_PART(q5k, KILN_QMMAGLU(q5k, Q5_K))
 KILN_IN_PART(q6k, KILN_QMMAGLU(q6k, Q6_K))
+KILN_IN_PART(mxfp4, KILN_QMMAGLU(mxfp4, MXFP4))
 // The 8-bit tiles: Q8_0's default path; the other types' only with KILN_QMMA8=all (slower for
 // the k-quants), so they are parts of their own that compile on first use.
 KILN_IN_PART(q80, KILN_QMMA8(q80, Q8_0))
@@ -245,6 +247,7 @@ KILN_IN_PART(i8q40, KILN_QMMA8(q40, Q4_0))
 KILN_IN_PART(i8q4k, KILN_QMMA8(q4k, Q4_K))
 KILN_IN_PART(i8q5k, KILN_QMMA8(q5k, Q5_K))
 KILN_IN_PART(i8q6k, KILN_QMMA8(q6k, Q6_K))
+KILN_IN_PART(i8mxfp4, KILN_QMMA8(mxfp4, MXFP4))
 KILN_IN_PART(i8q4k, KILN_QMMA8MIX(q4k, Q4_K))
 KILN_IN_PART(i8q5k, KILN_QMMA8MIX(q5k, Q5_K))
 

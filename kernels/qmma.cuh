@@ -94,6 +94,10 @@ template <>
 struct QmmaPairs<Q4_0> {
     static constexpr bool V = true;
 };
+template <>
+struct QmmaPairs<MXFP4> {
+    static constexpr bool V = true;
+};
 __device__ __forceinline__ u32 bf16x2_fma(u32 a, u32 b, u32 c) {
     u32 d;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));

@@ -1,4 +1,4 @@
-// Quantized GGUF block types on the device (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K): the repacked
+// Quantized GGUF block types on the device (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4): the repacked
 // plane layout and each type's decoding of one "unit" into runs of 16 exact quants plus
 // (scale, add). Shared by qgemv.cu (streaming GEMV) and qmma.cu (tiled tensor-core GEMM).
 //
@@ -10,6 +10,7 @@
 //   q4_k: qs[n][k/256][128]          | meta[n][k/256][16]            (d, dmin, scales[12])
 //   q5_k: qs[n][k/256][128]          | qh[n][k/256][32] | meta[n][k/256][16]
 //   q6_k: ql[n][k/256][128]          | qh[n][k/256][64] | sc[n][k/256][16] i8 | d[n][k/256] f16
+//   mxfp4: qs[n][k/32][16]           | e[n][k/32] u8                   (ggml nibble order)
 // (src/backend/gpu/qweight.rs writes the same layout.)
 //
 // A "unit" is what one thread decodes at a time: RUNS runs of 16 weights, each run
@@ -529,5 +530,112 @@ struct Q6_K {
                 q[ri][i] = qq | hb;
             }
         }
+    }
+};
+
+// ---- MXFP4 (ggml type 39): unit = one block of 32 (low nibbles: elements 0..16, run 0;
+// high nibbles: elements 16..32, run 1) ------------------------------------------------------
+// Device layout: qs[n][k/32][16] (the file's nibble bytes) | e[n][k/32] u8 (the E8M0 bytes).
+// weight = KV[nibble] * 2^(e - 128), KV the E2M1 values doubled (ggml's kvalues_mxfp4: 0, 1,
+// 2, 3, 4, 6, 8, 12, then the same negated; nibble 8 is -0) and 2^(e - 128) ggml's
+// e8m0_to_fp32_half (e 0 and 1: the f32 subnormals 2^-128, 2^-127). Every weight is exact in
+// f32 and bf16 (two significant bits times a power of two). The nibbles are looked up four at
+// a time by byte permutes over a 16-byte table: signed KV for the dp4a paths (run8, unit8),
+// KV + 12 (bytes 0..24, below 128) for the float and bf16-pair paths (bytes, bias 12).
+
+// Byte i of the result is byte (s >> 4i) & 7 of the 8 bytes (lo, hi); the selector's nibbles
+// must be below 8.
+__device__ __forceinline__ u32 perm8(u32 lo, u32 hi, u32 s) {
+#if defined(KILN_CUDA)
+    return __byte_perm(lo, hi, s);
+#else
+    const unsigned long long t = ((unsigned long long)hi << 32) | lo;
+    u32 r = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r |= (u32)((t >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+#endif
+}
+
+// The 16-entry byte table t (entry i: byte i % 4 of word i / 4) at the four nibbles of s's low
+// 16 bits: byte i of the result is t[nibble i].
+__device__ __forceinline__ u32 fp4_lut(u32 s, u32 t0, u32 t1, u32 t2, u32 t3) {
+    const u32 m = s & 0x7777u;
+    const u32 pos = perm8(t0, t1, m), neg = perm8(t2, t3, m);
+    // Nibble i's bit 3 picks byte i of neg (selector i + 4) over byte i of pos (i).
+    return perm8(pos, neg, 0x3210u | ((s & 0x8888u) >> 1));
+}
+
+// Quant word w (bytes b..b+3 of a block: low nibbles elements b.., high nibbles b+16..)
+// through the table: lo = elements b..b+3 (run 0), hi = b+16..b+19 (run 1), one byte each.
+__device__ __forceinline__ void fp4_word(u32 w, u32 t0, u32 t1, u32 t2, u32 t3, u32& lo, u32& hi) {
+    const u32 a = fp4_lut(w, t0, t1, t2, t3);        // elements b, b+16, b+1, b+17
+    const u32 b = fp4_lut(w >> 16, t0, t1, t2, t3);  // elements b+2, b+18, b+3, b+19
+    lo = perm8(a, b, 0x6420u);
+    hi = perm8(a, b, 0x7531u);
+}
+
+// KV as signed bytes, and KV + 12.
+#define KILN_FP4_SIGNED 0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu
+#define KILN_FP4_BIASED 0x0F0E0D0Cu, 0x18141210u, 0x090A0B0Cu, 0x00040608u
+
+// 2^(e - 128) as a float, exactly.
+__device__ __forceinline__ float e8m0_half(u32 e) {
+    return __uint_as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+}
+
+struct MXFP4 {
+    static constexpr int UNIT = 32, RUNS = 2;
+    static constexpr bool MIN = false, XSUM = false, CENTRED = false;
+    static __device__ __forceinline__ constexpr u32 cw(int) { return 0u; }
+    static __device__ __forceinline__ constexpr bool xsum_run(int) { return false; }
+    struct Row {
+        const u8* qs;
+        const u8* e;
+    };
+    struct Raw {
+        vec4u q;
+        u32 e;
+    };
+    static __device__ __forceinline__ Row row(const u8* w, int n, int k, int j) {
+        const size_t qs = plane_align((size_t)n * (k / 2));
+        return Row{w + (size_t)j * (k / 2), w + qs + (size_t)j * (k / 32)};
+    }
+    static __device__ __forceinline__ Raw load(const Row& r, int u) {
+        return Raw{ld_stream(reinterpret_cast<const vec4u*>(r.qs) + u), r.e[u]};
+    }
+    static __device__ __forceinline__ int xoff(int u, int ri) { return 32 * u + 16 * ri; }
+    // Run ri as 4 words of quant bytes: weight = sc * (byte - bias) + add.
+    static __device__ __forceinline__ void bytes(const Raw& raw, int, int ri, u32* v, float& bias, float& sc,
+                                                 float& add) {
+        sc = e8m0_half(raw.e);
+        add = 0.f;
+        bias = 12.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            u32 lo, hi;
+            fp4_word(word(raw.q, i), KILN_FP4_BIASED, lo, hi);
+            v[i] = ri == 0 ? lo : hi;
+        }
+    }
+    static __device__ __forceinline__ void run(const Raw& raw, int lo, int ri, float* q, float& sc, float& add) {
+        run_of_bytes<MXFP4>(raw, lo, ri, q, sc, add);
+    }
+    static __device__ __forceinline__ void run8(const Raw& raw, int, int ri, u32* q, float& sc, float& mn) {
+        sc = e8m0_half(raw.e);
+        mn = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            u32 lo, hi;
+            fp4_word(word(raw.q, i), KILN_FP4_SIGNED, lo, hi);
+            q[i] = ri == 0 ? lo : hi;
+        }
+    }
+    static __device__ __forceinline__ void unit8(const Raw& raw, int, u32 (&q)[RUNS][4], float (&sc)[RUNS],
+                                                 float (&mn)[RUNS]) {
+        sc[0] = sc[1] = e8m0_half(raw.e);
+        mn[0] = mn[1] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) fp4_word(word(raw.q, i), KILN_FP4_SIGNED, q[0][i], q[1][i]);
     }
 };

@@ -19,6 +19,8 @@ mod harness;
 mod model;
 #[path = "parity/moe.rs"]
 mod moe;
+#[path = "parity/mxfp4.rs"]
+mod mxfp4;
 #[path = "parity/quant.rs"]
 mod quant;
 #[path = "parity/sampling.rs"]

@@ -251,7 +251,13 @@ pub const QDOT_MIX_TYPES: [QType; 2] = [QType::Q4K, QType::Q5K];
 
 /// Types with a [`Kernel::QmmaGlu`]: those whose batches run on the bf16 tiles (Q8_0's take
 /// the 8-bit ones).
-pub const QMMA_GLU_TYPES: [QType; 4] = [QType::Q4_0, QType::Q4K, QType::Q5K, QType::Q6K];
+pub const QMMA_GLU_TYPES: [QType; 5] = [
+    QType::Q4_0,
+    QType::Q4K,
+    QType::Q5K,
+    QType::Q6K,
+    QType::Mxfp4,
+];
 
 /// Most input rows of the streaming matmul kernels (`kernels/gemv.cu`).
 pub const GEMV_MAX_ROWS: usize = 2;

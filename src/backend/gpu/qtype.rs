@@ -1,5 +1,6 @@
 //! The quantized weight types the GPU has kernels for, and their device layout: each file
-//! block split into per-row planes (quants, then scales), every plane 256-byte aligned.
+//! block split into per-row planes (quants, then scales), every plane 256-byte aligned, so
+//! a matrix takes its file's bytes plus less than 256 bytes of padding per plane.
 
 use rayon::prelude::*;
 
@@ -13,6 +14,8 @@ pub enum QType {
     Q4K,
     Q5K,
     Q6K,
+    /// OCP microscaling FP4 (ggml type 39): E2M1 nibbles, one E8M0 exponent per 32.
+    Mxfp4,
 }
 
 /// Bytes of each plane start are aligned to this (`plane_align` in `kernels/qgemv.cu`).
@@ -20,7 +23,14 @@ pub(super) const PLANE_ALIGN: usize = 256;
 
 impl QType {
     /// Every quantized type, in kernel load order.
-    pub const ALL: [QType; 5] = [QType::Q8_0, QType::Q4_0, QType::Q4K, QType::Q5K, QType::Q6K];
+    pub const ALL: [QType; 6] = [
+        QType::Q8_0,
+        QType::Q4_0,
+        QType::Q4K,
+        QType::Q5K,
+        QType::Q6K,
+        QType::Mxfp4,
+    ];
 
     /// The device type of a file type; `None` for plain types (F32, F16, BF16) and types
     /// without kernels.
@@ -31,6 +41,7 @@ impl QType {
             GgmlType::Q4K => Some(QType::Q4K),
             GgmlType::Q5K => Some(QType::Q5K),
             GgmlType::Q6K => Some(QType::Q6K),
+            GgmlType::Mxfp4 => Some(QType::Mxfp4),
             _ => None,
         }
     }
@@ -43,6 +54,7 @@ impl QType {
             QType::Q4K => "q4k",
             QType::Q5K => "q5k",
             QType::Q6K => "q6k",
+            QType::Mxfp4 => "mxfp4",
         }
     }
 
@@ -54,6 +66,7 @@ impl QType {
             QType::Q4K => GgmlType::Q4K,
             QType::Q5K => GgmlType::Q5K,
             QType::Q6K => GgmlType::Q6K,
+            QType::Mxfp4 => GgmlType::Mxfp4,
         }
     }
 
@@ -65,6 +78,7 @@ impl QType {
             QType::Q4K => (256, 144),
             QType::Q5K => (256, 176),
             QType::Q6K => (256, 210),
+            QType::Mxfp4 => (32, 17),
         }
     }
 
@@ -76,6 +90,8 @@ impl QType {
             QType::Q4K => &[(16, 128), (0, 16)],
             QType::Q5K => &[(48, 128), (16, 32), (0, 16)],
             QType::Q6K => &[(0, 128), (128, 64), (192, 16), (208, 2)],
+            // The nibbles (16-byte loads), then the E8M0 exponent bytes.
+            QType::Mxfp4 => &[(1, 16), (0, 1)],
         }
     }
 

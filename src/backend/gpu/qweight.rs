@@ -36,8 +36,9 @@ impl<R: Runtime> GpuBackend<R> {
             HostData::Stacked(parts) => parts,
             _ => vec![w],
         };
-        // Float parts go dense; a quantized matrix keeps its type on the device or is refused
-        // (MXFP4 has no GPU kernels yet: never dequantized here behind the caller's back).
+        // Float parts go dense; a quantized matrix keeps its type on the device (MXFP4
+        // included: its file bytes, in planes) or is refused (never dequantized here behind
+        // the caller's back).
         let plain = |p: &HostTensor| {
             matches!(
                 p.weight_type(),

@@ -32,6 +32,7 @@ fn weights() -> Vec<(&'static str, Vec<P>)> {
         ("q5_k", one(QType::Q5K)),
         ("q6_k", one(QType::Q6K)),
         ("q8_0", one(QType::Q8_0)),
+        ("mxfp4", one(QType::Mxfp4)),
         (
             "q4_k+q6_k",
             vec![
@@ -171,7 +172,59 @@ fn the_matmul_routes_by_rows_type_device_and_compile_state() {
             }
         }
     }
-    assert_eq!(cases, 4 * 3 * 7 * 7);
+    assert_eq!(cases, 4 * 3 * 8 * 7);
+}
+
+/// MXFP4 at gpt-oss's width (2880 columns: whole blocks of 32, not whole k-tiles of 128):
+/// decode rows take the 8-bit kernels, batches dequantize for the BLAS (the tiles need
+/// whole k-tiles); at 4096 columns the bf16 tiles, not the 8-bit ones, unless asked.
+#[test]
+fn mxfp4_routes_by_its_width() {
+    let h100 = caps("sm_90", 132, 32);
+    let tuning = GpuTuning::default();
+    let route = Route {
+        dt: DType::Bf16,
+        caps: &h100,
+        tuning: &tuning,
+        gemv: true,
+        room: ROOM,
+        pending: pending(State::Loaded),
+    };
+    let parts = [P(Some(QType::Mxfp4), 0, 2880)];
+    let at = |n| Operands {
+        n,
+        x_cols: 2880,
+        w_rows: 2880,
+        w_cols: 2880,
+        parts: &parts[..],
+        x_aligned: true,
+        w_aligned: true,
+    };
+    for (n, want) in [
+        (1, MatmulPath::Qdot { rows: 1 }),
+        (5, MatmulPath::Qdot { rows: 8 }),
+        (9, MatmulPath::DequantBlas),
+        (256, MatmulPath::DequantBlas),
+    ] {
+        assert_eq!(route.matmul(&at(n)), want, "mxfp4 2880 rows {n}");
+    }
+    let wide = [P(Some(QType::Mxfp4), 0, K)];
+    assert_eq!(
+        route.matmul(&operands(64, &wide)),
+        MatmulPath::Qmma {
+            tile: 64,
+            x8: false
+        }
+    );
+    assert_eq!(
+        route.qmma_kernel(64, true, QType::Mxfp4, false, K),
+        Kernel::Qmma {
+            q: QType::Mxfp4,
+            rows: 64,
+            wide: false
+        }
+    );
+    assert!(route.qmma_glu_takes(QType::Mxfp4));
 }
 
 #[test]
