@@ -383,3 +383,87 @@ fn fixture_files_are_small_and_sharded_as_described() {
     assert!(!sharded.join("model.safetensors").exists());
     assert!(!dir.join("qwen2-tied/tokenizer.json").exists());
 }
+
+/// gpt-oss (`tests/data/arch/gptoss`, the released checkpoints' config keys): per-head
+/// sinks, sliding (window 8) and full layers alternating, q/k/v/o biases, YaRN (truncate
+/// false), 8 experts top 4 with router and expert biases read from the fused, transposed
+/// `gate_up_proj` (gate the even columns) and `down_proj`, the clamped SwiGLU. The
+/// directory ships a tokenizer (for llama.cpp's converter); ids are fed directly.
+#[test]
+fn gptoss_sinks_windows_yarn_biased_experts_match_reference() {
+    let dir = repo().join("tests/data/arch/gptoss");
+    let files = ModelFiles::open(&dir, LoadFormat::Hf)
+        .unwrap_or_else(|e| panic!("gptoss: loading {}: {e}", dir.display()));
+    let golden = load("arch-gptoss.json");
+    check_gptoss_spec(&files.spec, &golden);
+    check("gptoss", &golden, &files, 16);
+}
+
+/// The gpt-oss spec of the fixture, its YaRN frequencies against the reference's.
+fn check_gptoss_spec(s: &ModelSpec, golden: &Value) {
+    use kiln::backend::MoeAct;
+    let v = &s.variant;
+    assert_eq!(s.arch, "gpt-oss");
+    assert!(s.qkv_bias && v.out_bias && v.sinks && v.moe_bias && !s.tied_embeddings);
+    assert_eq!(
+        (s.hidden, s.n_heads, s.n_kv_heads, s.head_dim),
+        (32, 4, 2, 16)
+    );
+    assert_eq!(v.window, Some(8));
+    assert_eq!(v.sliding, [true, false, true, false]);
+    assert_eq!(s.layer_shape(0).window, Some(8));
+    assert_eq!(s.layer_shape(1).window, None);
+    let m = v.moe.expect("moe parsed");
+    assert_eq!(
+        (m.n_expert, m.top_k, m.expert_ff, m.norm_topk, m.shared_ff),
+        (8, 4, 16, true, 0)
+    );
+    assert_eq!(
+        m.act,
+        MoeAct::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0
+        }
+    );
+    assert_eq!(s.rope.theta, 150000.0);
+    // 0.1 ln(4) + 1 on cos and sin.
+    assert!(
+        (s.rope.attn_factor - 1.138_629_4).abs() < 1e-6,
+        "{}",
+        s.rope.attn_factor
+    );
+    let want = golden["config"]["gptoss"]["inv_freq"].as_array().unwrap();
+    let got = s.rope.inv_freqs();
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let w = w.as_f64().unwrap();
+        assert!(
+            ((*g as f64) - w).abs() <= 1e-6 * w,
+            "YaRN inv_freq {i}: {g} vs {w}"
+        );
+    }
+}
+
+/// The gpt-oss fixture as llama.cpp's own converter writes it (`scripts/gptoss_gguf.py`:
+/// arch `gpt-oss`, `attn_sinks`, `attn_output.bias`, `post_attention_norm`,
+/// `ffn_gate_inp.bias`, split `ffn_{gate,up,down}_exps.{weight,bias}`, `rope.scaling.type`
+/// yarn): the spec equals the `config.json` one and the logits match the same reference.
+/// The tokenizer (`gpt-4o` pre-tokenizer) is built on its own thread and not needed here.
+#[test]
+fn gptoss_gguf_from_llama_cpp_converter_matches_the_same_reference() {
+    let path = repo().join("tests/data/arch-gguf/gptoss.gguf");
+    let (files, _tokenizer) = ModelFiles::open_overlapped(&path, LoadFormat::Gguf)
+        .unwrap_or_else(|e| panic!("gptoss.gguf: loading {}: {e}", path.display()));
+    let hf = ModelFiles::open(&repo().join("tests/data/arch/gptoss"), LoadFormat::Hf)
+        .unwrap()
+        .spec;
+    let golden = load("arch-gptoss.json");
+    check_gptoss_spec(&files.spec, &golden);
+    let g = &files.spec;
+    assert_eq!(g.variant, hf.variant);
+    assert_eq!((g.rope.clone(), g.rms_eps), (hf.rope.clone(), hf.rms_eps));
+    for l in 0..g.n_layers {
+        assert_eq!(g.layer_shape(l), hf.layer_shape(l), "layer {l}");
+    }
+    check("gptoss.gguf", &golden, &files, 16);
+}

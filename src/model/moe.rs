@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::ModelError;
-use super::family::{Experts, Family, spec_err};
+use super::family::{Experts, Family, SWIGLU_ALPHA, SWIGLU_LIMIT, hf_swiglu, spec_err};
 use super::gguf::GgufFile;
 use crate::backend::{MoeAct, MoeShape};
 
@@ -19,7 +19,7 @@ pub fn gguf_moe(
     ff: usize,
 ) -> Result<Option<MoeShape>, ModelError> {
     let key = |k: &str| format!("{arch}.{k}");
-    let qwen = matches!(fam.experts, Experts::Qwen { .. });
+    let qwen = matches!(fam.experts, Experts::Qwen { .. } | Experts::GptOss);
     let Some(n_expert) = g.meta_u64(&key("expert_count")).filter(|&n| n > 0) else {
         if qwen {
             return Err(spec_err(format!(
@@ -62,9 +62,27 @@ pub fn gguf_moe(
         Experts::Qwen { gguf_norm_topk, .. } => gguf_norm_topk,
         _ => true,
     };
+    // gpt-oss: softmax over the top-k logits (llama.cpp's SOFTMAX_WEIGHT), and the clamped
+    // SwiGLU at the constants llama.cpp runs it with (the files carry neither).
+    let (norm_default, act) = match fam.experts {
+        Experts::GptOss => (
+            true,
+            MoeAct::ClampedSwiglu {
+                alpha: SWIGLU_ALPHA,
+                limit: SWIGLU_LIMIT,
+            },
+        ),
+        _ => (norm_default, MoeAct::Silu),
+    };
     let norm_topk = g
         .meta_bool(&key("expert_weights_norm"))
         .unwrap_or(norm_default);
+    if fam.experts == Experts::GptOss && !norm_topk {
+        return Err(spec_err(format!(
+            "{}: false is not supported for {arch}",
+            key("expert_weights_norm")
+        )));
+    }
     if let Some(f) = g.meta_u64(&key("expert_gating_func"))
         && f != 1
     {
@@ -79,7 +97,7 @@ pub fn gguf_moe(
         expert_ff,
         norm_topk,
         shared_ff,
-        act: MoeAct::Silu,
+        act,
     }))
 }
 
@@ -186,6 +204,28 @@ pub fn hf_moe(c: &Value, arch: &str, fam: &Family) -> Result<Option<MoeShape>, M
             shared_ff: 0,
             act: MoeAct::Silu,
         })),
+        Experts::GptOss => {
+            let top_k = match get_u64(c, "num_experts_per_tok")? {
+                Some(k) => k as usize,
+                None => need(c, "experts_per_token")?,
+            };
+            if let Some(k) = get_u64(c, "experts_per_token")?
+                && k as usize != top_k
+            {
+                return Err(spec_err(format!(
+                    "config.json experts_per_token: {k} differs from num_experts_per_tok {top_k}"
+                )));
+            }
+            let (alpha, limit) = hf_swiglu(c)?;
+            Ok(Some(MoeShape {
+                n_expert: need(c, "num_local_experts")?,
+                top_k,
+                expert_ff: need(c, "intermediate_size")?,
+                norm_topk: true,
+                shared_ff: 0,
+                act: MoeAct::ClampedSwiglu { alpha, limit },
+            }))
+        }
         Experts::None | Experts::LlamaGguf => {
             for k in ["num_experts", "num_local_experts"] {
                 if get_u64(c, k)?.unwrap_or(0) > 1 {

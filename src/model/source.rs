@@ -198,6 +198,32 @@ pub fn hf_name_for(arch: &str, gguf: &str) -> String {
 }
 
 impl SafetensorsSource {
+    /// Runs `f` on HF tensor `hf`'s dtype, shape and bytes (inside the mapping); `None` when
+    /// the directory has no such tensor (for a family's derived tensors).
+    pub fn hf_view<T>(
+        &self,
+        hf: &str,
+        f: impl FnOnce(Dtype, &[usize], &[u8]) -> Result<T, ModelError>,
+    ) -> Result<Option<T>, ModelError> {
+        let Some(&i) = self.index.get(hf) else {
+            return Ok(None);
+        };
+        let st = SafeTensors::deserialize(&self.maps[i])
+            .map_err(|e| ModelError::Format(e.to_string()))?;
+        let view = st
+            .tensor(hf)
+            .map_err(|e| ModelError::Format(format!("{hf}: {e}")))?;
+        f(view.dtype(), view.shape(), view.data()).map(Some)
+    }
+
+    /// GGUF tensor `name` made by the family from tensors stored in another layout.
+    fn derived(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, ModelError> {
+        match family::by_arch(&self.arch).and_then(|f| f.hf_tensors.derived) {
+            Some(make) => make(self, name, shape),
+            None => Ok(None),
+        }
+    }
+
     /// Runs `f` on GGUF tensor `name`'s HF name, dtype, bytes (inside the mapping) and
     /// file index, after checking its shape; `None` when the directory has no such tensor.
     fn with_view<T>(
@@ -232,6 +258,9 @@ impl TensorSource for SafetensorsSource {
     }
 
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+        if let Some(t) = self.derived(name, shape)? {
+            return Ok(Some(t.into_f32()?.values().unwrap_or_default().to_vec()));
+        }
         self.with_view(name, shape, |hf, dtype, bytes, _| {
             Ok(match dtype {
                 Dtype::F32 => bytes
@@ -254,6 +283,9 @@ impl TensorSource for SafetensorsSource {
     /// F16 and BF16 tensors as their bytes shared with the file's mapping (no copy); F32 as
     /// values.
     fn fetch_host(&self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>, ModelError> {
+        if let Some(t) = self.derived(name, shape)? {
+            return Ok(Some(t));
+        }
         self.with_view(name, shape, |hf, dtype, bytes, i| {
             let ty = match dtype {
                 Dtype::F32 => GgmlType::F32,

@@ -37,6 +37,13 @@ pub struct Variant {
     pub fused_tensors: bool,
     /// Every layer's FFN is a mixture of experts of this shape (Qwen3-MoE, Mixtral).
     pub moe: Option<MoeShape>,
+    /// The router and every expert's gate, up and down carry biases (gpt-oss).
+    pub moe_bias: bool,
+    /// One learned logit per query head joins each attention softmax's denominator
+    /// (gpt-oss's sinks, `attn_sinks`).
+    pub sinks: bool,
+    /// The attention output projection has a bias (gpt-oss, `attn_output.bias`).
+    pub out_bias: bool,
     /// How an embedding pools the hidden states, as the files state it (`None`: not
     /// stated; embeddings then take the last token's).
     pub pooling: Option<super::Pooling>,
@@ -78,6 +85,9 @@ impl Variant {
         }
         if let Some(m) = &self.moe {
             m.check()?;
+        }
+        if self.moe_bias && self.moe.is_none() {
+            return Err("expert biases without a mixture of experts".into());
         }
         if !self.sliding.is_empty() && self.sliding.len() != n_layers {
             return Err(format!(

@@ -8,12 +8,13 @@ pub mod tp;
 pub mod weights;
 
 use crate::backend::{
-    AttnShape, Backend, BackendError, BatchPlan, HostTensor, MoeExperts, QkNorm, SharedExpert,
+    AttnShape, Backend, BackendError, BatchPlan, HostTensor, MoeBias, MoeExperts, QkNorm,
+    SharedExpert,
 };
 use crate::model::{ModelError, ModelFiles, ModelSpec};
 pub use needs::model_needs;
 pub use shard::Shard;
-pub use weights::{Ffn, LayerWeights, ModelWeights, load_weights};
+pub use weights::{ExpertBias, Ffn, LayerWeights, ModelWeights, load_weights};
 
 /// Why a model could not be loaded onto a backend.
 #[derive(Debug, thiserror::Error)]
@@ -225,9 +226,10 @@ impl<B: Backend> Llama<B> {
                         &s.h, wqkv, bqkv, n, &mut s.qkv, kv, l, &b, shape, rope,
                     )?;
                 }
-                backend.attention(&s.qkv, kv, l, &b, shape, None, &mut s.attn)?;
-                if tp || lw.post_attn_norm.is_some() {
-                    backend.matmul(&s.attn, &lw.wo, None, n, &mut s.delta)?;
+                backend.attention(&s.qkv, kv, l, &b, shape, lw.sinks.as_ref(), &mut s.attn)?;
+                if tp || lw.post_attn_norm.is_some() || lw.bo.is_some() {
+                    // The fused op has no bias: the output projection with its bias alone.
+                    backend.matmul(&s.attn, &lw.wo, lw.bo.as_ref(), n, &mut s.delta)?;
                     reduce(backend, tp, &mut s.delta, n)?;
                     post = post_norm(backend, lw.post_attn_norm.as_ref(), eps, n, s)?;
                     let d = if post { &s.post } else { &s.delta };
@@ -345,10 +347,12 @@ fn ffn<B: Backend>(
                 up,
                 down,
                 shared,
+                router_bias,
+                bias,
             },
             Some(shape),
         ) => {
-            backend.matmul(&s.h, router, None, n, &mut s.router)?;
+            backend.matmul(&s.h, router, router_bias.as_ref(), n, &mut s.router)?;
             let shared = shared.as_ref().map(|sh| SharedExpert {
                 gate_up: &sh.gate_up,
                 down: &sh.down,
@@ -359,7 +363,11 @@ fn ffn<B: Backend>(
                 up,
                 down,
                 shared,
-                bias: None,
+                bias: bias.as_ref().map(|b| MoeBias {
+                    gate: &b.gate,
+                    up: &b.up,
+                    down: &b.down,
+                }),
             };
             match next {
                 Some((nw, eps)) => {

@@ -117,6 +117,13 @@ pub fn shard_weights(
         return Ok(w.clone());
     }
     check(spec, s.size).map_err(ModelError::Spec)?;
+    let v = &spec.variant;
+    if v.sinks || v.out_bias || v.moe_bias {
+        return Err(ModelError::Spec(format!(
+            "tensor parallelism of {} (attention sinks, output and expert biases) is not supported yet",
+            spec.arch
+        )));
+    }
     let hd = heads(spec, s);
     let d = spec.head_dim;
     let (q_dim, kv_dim) = (spec.q_dim(), spec.kv_dim());
@@ -156,6 +163,8 @@ pub fn shard_weights(
                 .map(|b| take_elems(b, &qkv_rows))
                 .transpose()?,
             wo: cols(&l.wo, q_cols.clone(), &name("attn_output.weight"))?,
+            bo: None,
+            sinks: None,
             ffn_norm: l.ffn_norm.clone(),
             ffn,
             q_norm: l.q_norm.clone(),
@@ -189,6 +198,7 @@ fn shard_moe(
         up,
         down,
         shared,
+        ..
     } = ffn
     else {
         unreachable!("shard_moe takes a mixture of experts");
@@ -227,6 +237,9 @@ fn shard_moe(
             }
             None => None,
         },
+        // Refused above (`shard_weights`): no family with expert biases splits yet.
+        router_bias: None,
+        bias: None,
     })
 }
 

@@ -17,6 +17,10 @@ pub struct LayerWeights<W> {
     pub bqkv: Option<W>,
     /// `[hidden, q_dim]`
     pub wo: W,
+    /// `[hidden]` (f32): the output projection's bias (gpt-oss).
+    pub bo: Option<W>,
+    /// `[n_heads]` (f32): each query head's sink logit (gpt-oss).
+    pub sinks: Option<W>,
     /// `[hidden]`
     pub ffn_norm: W,
     /// The feed-forward block: one dense FFN or a mixture of experts.
@@ -51,7 +55,22 @@ pub enum Ffn<W> {
         down: W,
         /// The shared expert every token goes through (Qwen2-MoE).
         shared: Option<SharedFfn<W>>,
+        /// `[E]` (f32): the router's bias (gpt-oss).
+        router_bias: Option<W>,
+        /// The experts' biases (gpt-oss).
+        bias: Option<ExpertBias<W>>,
     },
+}
+
+/// The experts' biases (f32), row `e` expert `e`'s.
+#[derive(Debug, Clone)]
+pub struct ExpertBias<W> {
+    /// `[E, f]`
+    pub gate: W,
+    /// `[E, f]`
+    pub up: W,
+    /// `[E, hidden]`
+    pub down: W,
 }
 
 /// A shared expert's weights (`s` = its width).
@@ -98,6 +117,8 @@ macro_rules! map_weights {
                 wqkv,
                 bqkv,
                 wo,
+                bo,
+                sinks,
                 ffn_norm,
                 ffn,
                 q_norm,
@@ -110,6 +131,8 @@ macro_rules! map_weights {
                 wqkv: $f(wqkv)?,
                 bqkv: $opt(bqkv).map(&mut $f).transpose()?,
                 wo: $f(wo)?,
+                bo: $opt(bo).map(&mut $f).transpose()?,
+                sinks: $opt(sinks).map(&mut $f).transpose()?,
                 ffn_norm: $f(ffn_norm)?,
                 ffn: match ffn {
                     Ffn::Dense { w_gate_up, w_down } => Ffn::Dense {
@@ -122,6 +145,8 @@ macro_rules! map_weights {
                         up,
                         down,
                         shared,
+                        router_bias,
+                        bias,
                     } => Ffn::Moe {
                         router: $f(router)?,
                         gate: $f(gate)?,
@@ -136,6 +161,15 @@ macro_rules! map_weights {
                                 gate_up: $f(gate_up)?,
                                 down: $f(down)?,
                                 gate: $f(gate)?,
+                            }),
+                            None => None,
+                        },
+                        router_bias: $opt(router_bias).map(&mut $f).transpose()?,
+                        bias: match $opt(bias) {
+                            Some(ExpertBias { gate, up, down }) => Some(ExpertBias {
+                                gate: $f(gate)?,
+                                up: $f(up)?,
+                                down: $f(down)?,
                             }),
                             None => None,
                         },
@@ -241,6 +275,25 @@ impl Reader<'_> {
             .ok_or_else(|| ModelError::Missing(name.to_string()))
     }
 
+    /// A bias or sink vector (or matrix of bias rows) as f32.
+    fn get_f32(&self, name: &str, shape: Vec<usize>) -> Result<HostTensor, ModelError> {
+        Ok(self.get(name, shape)?.into_f32()?)
+    }
+
+    /// The norm before the FFN: `ffn_norm`, or `post_attention_norm` where a file of a
+    /// family without post-norms names it so (llama.cpp's gpt-oss files).
+    fn get_ffn_norm(&self, i: usize, len: usize) -> Result<HostTensor, ModelError> {
+        let name = format!("blk.{i}.ffn_norm.weight");
+        let alt = format!("blk.{i}.post_attention_norm.weight");
+        if !self.s.variant.post_norms
+            && self.src.fetch_host(&name, &[len])?.is_none()
+            && self.src.fetch_host(&alt, &[len])?.is_some()
+        {
+            return self.get_norm(&alt, len);
+        }
+        self.get_norm(&name, len)
+    }
+
     /// Norm weights as f32, with the family's offset added (Hugging Face Gemma's `1 + w`).
     fn get_norm(&self, name: &str, len: usize) -> Result<HostTensor, ModelError> {
         let offset = self.s.variant.norm_offset;
@@ -291,6 +344,16 @@ impl Reader<'_> {
             None
         };
         let ffn = self.ffn(i, upload)?;
+        let bo = match v.out_bias {
+            true => Some(upload(self.get_f32(&n("attn_output.bias"), vec![h])?)?),
+            false => None,
+        };
+        let sinks = match v.sinks {
+            true => Some(upload(
+                self.get_f32(&n("attn_sinks.weight"), vec![s.n_heads])?,
+            )?),
+            false => None,
+        };
         let mut pair = |on: bool, a: &str, b: &str, len: usize| -> Result<_, E> {
             Ok(match on {
                 true => (
@@ -317,7 +380,9 @@ impl Reader<'_> {
             wqkv: upload(wqkv)?,
             bqkv,
             wo: upload(self.get(&n("attn_output.weight"), vec![h, q])?)?,
-            ffn_norm: upload(self.get_norm(&n("ffn_norm.weight"), h)?)?,
+            bo,
+            sinks,
+            ffn_norm: upload(self.get_ffn_norm(i, h)?)?,
             ffn,
             q_norm,
             k_norm,
@@ -355,6 +420,23 @@ impl Reader<'_> {
                         down: upload(get("ffn_down_shexp.weight", vec![h, sf])?)?,
                         gate: upload(shared_gate(src, i, h)?)?,
                     }),
+                },
+                router_bias: match s.variant.moe_bias {
+                    true => Some(upload(
+                        self.get_f32(&n("ffn_gate_inp.bias"), vec![m.n_expert])?,
+                    )?),
+                    false => None,
+                },
+                bias: match s.variant.moe_bias {
+                    true => {
+                        let (e, f) = (m.n_expert, m.expert_ff);
+                        Some(ExpertBias {
+                            gate: upload(self.get_f32(&n("ffn_gate_exps.bias"), vec![e, f])?)?,
+                            up: upload(self.get_f32(&n("ffn_up_exps.bias"), vec![e, f])?)?,
+                            down: upload(self.get_f32(&n("ffn_down_exps.bias"), vec![e, h])?)?,
+                        })
+                    }
+                    false => None,
                 },
             },
             None if s.variant.fused_tensors => Ffn::Dense {

@@ -93,6 +93,9 @@ pub enum Experts {
     Qwen { shared: bool, gguf_norm_topk: bool },
     /// Mixtral's `config.json` (`num_local_experts`, experts `intermediate_size` wide).
     Mixtral,
+    /// gpt-oss: every layer sparse, experts `intermediate_size` wide, softmax over the top-k
+    /// router logits, router and expert biases, the clamped SwiGLU.
+    GptOss,
 }
 
 /// Where a family's q/k/v biases come from (GGUF files: from the tensors present).
@@ -117,7 +120,18 @@ pub struct HfTensors {
     pub experts: &'static str,
     /// The names of an expert's gate, up and down matrices.
     pub expert_names: [&'static str; 3],
+    /// Tensors a checkpoint stores in another layout (gpt-oss's fused, transposed experts),
+    /// made from the stored ones when asked for by their GGUF name.
+    pub derived: Option<HfDerived>,
 }
+
+/// Makes GGUF tensor `name` of `shape` from a directory's own tensors (`None`: not one it
+/// makes, read by name as usual).
+pub type HfDerived = fn(
+    &super::super::source::SafetensorsSource,
+    &str,
+    &[usize],
+) -> Result<Option<crate::backend::HostTensor>, ModelError>;
 
 /// Llama's (and Qwen-MoE's) names.
 pub const LLAMA_TENSORS: HfTensors = HfTensors {
@@ -125,6 +139,7 @@ pub const LLAMA_TENSORS: HfTensors = HfTensors {
     router: "mlp.gate.weight",
     experts: "mlp.experts",
     expert_names: ["gate_proj", "up_proj", "down_proj"],
+    derived: None,
 };
 
 /// Llama's Hugging Face names of the GGUF leaves every family shares.

@@ -21,6 +21,7 @@ pub static MIXTRAL: Family = Family {
         router: "block_sparse_moe.gate.weight",
         experts: "block_sparse_moe.experts",
         expert_names: ["w1", "w3", "w2"],
+        derived: None,
     },
     gguf_variant: no_gguf_keys,
     hf_variant: hf_window,

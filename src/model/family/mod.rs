@@ -11,6 +11,7 @@ mod desc;
 mod gemma;
 mod gemma2;
 mod gemma3;
+mod gptoss;
 mod llama;
 mod mistral;
 mod mixtral;
@@ -21,9 +22,10 @@ mod qwen3;
 mod qwen3moe;
 
 pub use desc::{
-    Experts, Family, Flags, GgufBase, GgufHook, HfBase, HfHook, HfTensors, QkvBias, get_f32,
-    get_str, get_usize, spec_err,
+    Experts, Family, Flags, GgufBase, GgufHook, HfBase, HfDerived, HfHook, HfTensors, QkvBias,
+    get_f32, get_str, get_usize, spec_err,
 };
+pub use gptoss::{SWIGLU_ALPHA, SWIGLU_LIMIT, Yarn, hf_swiglu};
 
 /// Every family, in no particular order.
 pub static FAMILIES: &[&Family] = &[
@@ -37,6 +39,7 @@ pub static FAMILIES: &[&Family] = &[
     &gemma2::GEMMA2,
     &gemma3::GEMMA3,
     &phi3::PHI3,
+    &gptoss::GPTOSS,
 ];
 
 /// The family of GGUF `general.architecture` `arch` (`None`: not supported).
