@@ -10,19 +10,22 @@ OUTDIR gets:
                          BPE with merges derived from the ranks, the o200k split regex then
                          ByteLevel, the 1,090 harmony special tokens as added tokens
   tokenizer_config.json  bos `<|startoftext|>`, eos `<|return|>`, pad `<|endoftext|>`
-  o200k-harmony.gguf     a vocabulary-only GGUF of arch `gpt-oss` with the keys llama.cpp's
-                         convert_hf_to_gguf.py writes for gpt-oss (gguf-py from
-                         KILN_GGUF_PY, else from the llama.cpp source tarball under target/peer)
+  o200k-harmony.gguf     a vocabulary-only GGUF of arch `gpt-oss` with the tokenizer keys that
+                         llama.cpp's convert_hf_to_gguf.py --vocab-only writes for gpt-oss from
+                         the tokenizer.json above (checked key for key against it)
 
-Needs the PyPI package bpe-openai; the GGUF part needs numpy and gguf-py.
+Needs the PyPI package bpe-openai; the GGUF part needs numpy and llama.cpp's gguf-py: the folder
+KILN_GGUF_PY names, else the one in target/peer/llama.cpp-src.tgz, else an installed `gguf`.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
 import json
 import os
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -198,13 +201,18 @@ def tokenizer_config() -> dict:
 
 def gguf_module():
     """gguf-py: KILN_GGUF_PY (a folder holding the `gguf` package), else unpacked from the
-    llama.cpp source tarball under target/peer."""
+    llama.cpp source tarball under target/peer, else the installed package."""
     root = os.environ.get("KILN_GGUF_PY")
+    tgz = Path(__file__).resolve().parent.parent / "target/peer/llama.cpp-src.tgz"
+    if not root and not tgz.is_file():
+        try:
+            import gguf
+        except ImportError:
+            sys.exit(f"gguf-py not found: set KILN_GGUF_PY, provide {tgz} or install gguf")
+        return gguf
     if not root:
-        tgz = Path(__file__).resolve().parent.parent / "target/peer/llama.cpp-src.tgz"
-        if not tgz.is_file():
-            sys.exit(f"gguf-py not found: set KILN_GGUF_PY or provide {tgz}")
         dest = Path(tempfile.mkdtemp(prefix="o200k-gguf-py-"))
+        atexit.register(shutil.rmtree, dest, True)
         with tarfile.open(tgz) as tar:
             members = [m for m in tar.getmembers() if "/gguf-py/gguf/" in m.name and m.isfile()]
             tar.extractall(dest, members=members, filter="data")

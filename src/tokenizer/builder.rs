@@ -25,6 +25,10 @@ pub enum PreTokenizer {
     Llama3,
     /// Qwen2's regex (`qwen2`): Llama 3's with single digits.
     Qwen2,
+    /// o200k's regex (`gpt-4o`: GPT-4o, gpt-oss): case-aware words with contractions,
+    /// digits in threes, `/` kept with punctuation; whole-word vocabulary hits before merges,
+    /// as tiktoken does.
+    Gpt4o,
 }
 
 impl PreTokenizer {
@@ -34,6 +38,7 @@ impl PreTokenizer {
             None | Some("default" | "gpt-2" | "gpt2") => Ok(Self::Gpt2),
             Some("llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe") => Ok(Self::Llama3),
             Some("qwen2" | "deepseek-r1-qwen") => Ok(Self::Qwen2),
+            Some("gpt-4o") => Ok(Self::Gpt4o),
             Some(other) => Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
         }
     }
@@ -44,12 +49,13 @@ impl PreTokenizer {
             Self::Gpt2 => None,
             Self::Llama3 => Some(LLAMA3_PATTERN),
             Self::Qwen2 => Some(QWEN2_PATTERN),
+            Self::Gpt4o => Some(O200K_PATTERN),
         }
     }
 
     /// Whether a piece found whole in the vocabulary skips the merges (`ignore_merges`).
     pub fn ignore_merges(self) -> bool {
-        self == Self::Llama3
+        matches!(self, Self::Llama3 | Self::Gpt4o)
     }
 }
 
@@ -58,6 +64,13 @@ pub const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}
 
 /// The Qwen2 split regex: Llama 3's with single digits.
 pub const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The o200k split regex (tiktoken's `o200k_base` `pat_str`, GGUF pre `gpt-4o`).
+pub const O200K_PATTERN: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+);
 
 /// SentencePiece's word-boundary marker.
 const SPM_SPACE: &str = "\u{2581}";

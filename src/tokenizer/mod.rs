@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use bound::{BPE_CACHE_ENTRIES, COUNT_CHUNK_BYTES};
-pub use builder::{LLAMA3_PATTERN, PreTokenizer, QWEN2_PATTERN};
+pub use builder::{LLAMA3_PATTERN, O200K_PATTERN, PreTokenizer, QWEN2_PATTERN};
 pub use gguf_vocab::{GgufMetadata, GgufVocab, TokenType, VocabModel, vocab_from_gguf};
 pub use incremental::IncrementalDecoder;
 
@@ -44,6 +44,21 @@ pub const REPLY_MARKUP: &[&str] = &[
     "</think>",
 ];
 
+/// The harmony format's message markup (gpt-oss, o200k_harmony): kept by decoding like
+/// [`REPLY_MARKUP`] so the harmony parser reads channels and recipients, as llama.cpp renders
+/// them. In a harmony vocabulary `<|end|>` closes a message, not the turn: `<|return|>` and
+/// `<|call|>` end generation instead (see [`Tokenizer::eos_ids`]).
+pub const HARMONY_MARKUP: &[&str] = &[
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|constrain|>",
+    "<|end|>",
+];
+
+/// The special tokens that end a harmony turn; a vocabulary with both is a harmony one.
+const HARMONY_END_OF_TURN: &[&str] = &["<|return|>", "<|call|>"];
+
 /// EOS texts tried when no EOS is declared at all (an HF directory without `tokenizer_config.json`).
 const FALLBACK_EOS: &[&str] = &["</s>", "<eos>"];
 
@@ -71,7 +86,7 @@ pub enum TokenizerError {
     #[error("unsupported tokenizer model `{0}` (supported: llama, gpt2)")]
     UnsupportedModel(String),
     #[error(
-        "unsupported pre-tokenizer `{0}` (supported: default, gpt-2, llama-bpe, llama3, qwen2)"
+        "unsupported pre-tokenizer `{0}` (supported: default, gpt-2, llama-bpe, llama3, qwen2, gpt-4o)"
     )]
     UnsupportedPreTokenizer(String),
     #[error("cannot build tokenizer: {0}")]
@@ -251,11 +266,6 @@ impl Tokenizer {
             .filter(|(_, t)| t.special)
             .map(|(id, _)| *id)
             .collect();
-        let markup: HashSet<u32> = REPLY_MARKUP
-            .iter()
-            .filter_map(|t| hf.token_to_id(t))
-            .collect();
-        let skipped = special.difference(&markup).copied().collect();
         let by_text = |texts: &[&str]| -> Vec<u32> {
             texts
                 .iter()
@@ -263,10 +273,22 @@ impl Tokenizer {
                 .filter(|id| special.contains(id))
                 .collect()
         };
+        let harmony_ends = by_text(HARMONY_END_OF_TURN);
+        let harmony = harmony_ends.len() == HARMONY_END_OF_TURN.len();
+        let mut markup: HashSet<u32> = by_text(REPLY_MARKUP).into_iter().collect();
+        if harmony {
+            markup.extend(by_text(HARMONY_MARKUP));
+        }
+        let skipped = special.difference(&markup).copied().collect();
         if meta.eos_ids.is_empty() {
             meta.eos_ids = by_text(FALLBACK_EOS);
         }
-        for id in by_text(END_OF_GENERATION) {
+        let mut ends = by_text(END_OF_GENERATION);
+        if harmony {
+            ends.retain(|id| !markup.contains(id));
+            ends.extend(harmony_ends);
+        }
+        for id in ends {
             if !meta.eos_ids.contains(&id) {
                 meta.eos_ids.push(id);
             }
@@ -402,7 +424,8 @@ impl Tokenizer {
     }
 
     /// Ids that end generation: the declared EOS first, then end-of-turn tokens
-    /// (`<|eot_id|>`, `<|end_of_text|>`, `<|im_end|>`...) present as special tokens. No duplicates.
+    /// (`<|eot_id|>`, `<|end_of_text|>`, `<|im_end|>`...) present as special tokens; in a
+    /// harmony vocabulary `<|return|>` and `<|call|>`, not `<|end|>`. No duplicates.
     pub fn eos_ids(&self) -> &[u32] {
         &self.inner.eos_ids
     }
