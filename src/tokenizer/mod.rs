@@ -128,7 +128,8 @@ struct Inner {
     chat_template: Option<String>,
     tool_use_template: Option<String>,
     special: HashSet<u32>,
-    /// Special tokens left out by `decode(.., skip_special)`: all but [`REPLY_MARKUP`].
+    /// Special tokens left out by `decode(.., skip_special)`: all but [`REPLY_MARKUP`] (and
+    /// [`HARMONY_MARKUP`] in a harmony vocabulary).
     skipped: HashSet<u32>,
     /// The decoder turns `<0xXX>` pieces into bytes (see `decode::decode`).
     byte_fallback: bool,
@@ -389,8 +390,9 @@ impl Tokenizer {
     }
 
     /// The text of `ids`; special tokens are left out when `skip_special` is set, except
-    /// reply markup ([`REPLY_MARKUP`], e.g. `<tool_call>`) that the reply parsers read. Invalid UTF-8
-    /// (e.g. an incomplete byte sequence) becomes U+FFFD, valid characters around it stay.
+    /// reply markup ([`REPLY_MARKUP`], e.g. `<tool_call>`; [`HARMONY_MARKUP`] for gpt-oss)
+    /// that the reply parsers read. Invalid UTF-8 (e.g. an incomplete byte sequence) becomes
+    /// U+FFFD, valid characters around it stay.
     /// SentencePiece vocabularies drop the one leading space that encoding added, so
     /// `decode(encode(s))` gives back `s`. Ids outside the vocabulary are an error.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
