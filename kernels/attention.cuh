@@ -23,6 +23,11 @@
 // part == NO_PART: the block writes out[row, h*D + d]. Otherwise (split-K, flash-decoding;
 // decode items only) it writes unnormalized partials; attn_combine merges them, or (the
 // decode variant, by default) the last part block of each split row and KV head does.
+//
+// sinks (gpt-oss; null: plain softmax): one logit per query head joining each row's softmax
+// denominator and weighting no value, p_j = exp(s_j) / (exp(sink_h) + sum_i exp(s_i)). It
+// joins once per row where the row is normalized (store_result, or the split-K merge), never
+// in the loops over positions: a model without sinks runs the same loops.
 
 constexpr int ATTN_WARPS = 4;
 constexpr u32 NO_PART = 0xffffffffu;
@@ -68,14 +73,29 @@ __device__ __forceinline__ int attn_window(int kv0, int& kv1, u32 part, int minp
     return map(kv0);
 }
 
-// One element of a query head's result: the normalized output (part == NO_PART) or the
-// split-K partial, with the head's (max in natural log, sum) pair written by d == 0.
+// A finished row's value o / sum (o and sum relative to exp(mx_ln)), with head h's sink
+// (gpt-oss; `sinks` non-null: one logit per query head, in the compute type) joining the
+// denominator: o / (sum + exp(sink - mx_ln)), both exponents taken against max(mx_ln, sink)
+// so neither overflows. Once per output element, outside every loop over positions.
+template <typename T>
+__device__ __forceinline__ float attn_norm(float o, float sum, float mx_ln, const T* __restrict__ sinks, int h) {
+    if (sinks == nullptr) return sum > 0.f ? o / sum : 0.f;
+    const float sk = to_f(sinks[h]);
+    const float top = fmaxf(mx_ln, sk);
+    const float f = mx_ln == -KILN_INF ? 0.f : expf(mx_ln - top);
+    return o * f / (sum * f + expf(sk - top));
+}
+
+// One element of a query head's result: the normalized output (part == NO_PART; the sink,
+// if any, joins here) or the split-K partial, with the head's (max in natural log, sum) pair
+// written by d == 0 (the merge adds the sink once).
 template <typename T>
 __device__ __forceinline__ void store_result(T* __restrict__ out, float* __restrict__ part_acc,
                                              float* __restrict__ part_ml, u32 part, size_t row, int h, int d,
-                                             int n_heads, int hd, float o, float sum, float mx_ln) {
+                                             int n_heads, int hd, float o, float sum, float mx_ln,
+                                             const T* __restrict__ sinks) {
     if (part == NO_PART) {
-        out[row * n_heads * hd + (size_t)h * hd + d] = from_f<T>(sum > 0.f ? o / sum : 0.f);
+        out[row * n_heads * hd + (size_t)h * hd + d] = from_f<T>(attn_norm<T>(o, sum, mx_ln, sinks, h));
     } else {
         part_acc[((size_t)part * n_heads + h) * hd + d] = o;
         if (d == 0) {
@@ -181,7 +201,7 @@ __device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_str
                           float* __restrict__ part_ml, const u32* __restrict__ positions,
                           const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
                           const u32* __restrict__ items, int n_heads, int n_kv, int head_dim, int block_size,
-                          float scale, int window, float softcap) {
+                          float scale, int window, float softcap, const T* __restrict__ sinks) {
     constexpr int DMAX = D > 0 ? D : 256;
     constexpr int DPL = (DMAX + WARP - 1) / WARP;
     constexpr int NW = ATTN_WARPS;
@@ -325,7 +345,7 @@ __device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_str
             for (int w = 0; w < NW; ++w) sum += m_s[w][i] == -KILN_INF ? 0.f : l_s[w][i] * expf(m_s[w][i] - mx);
             const int v = vb + i, h = kvh * G + v % G;
             store_result<T>(out, part_acc, part_ml, part, (size_t)(row0 + v / G), h, d, n_heads, hd, o_s[i][d], sum,
-                             mx);
+                             mx, sinks);
         }
         __syncthreads();
     }
@@ -333,4 +353,4 @@ __device__ __forceinline__ void attn_impl(const T* __restrict__ qkv, int qkv_str
 
 #define KILN_ATTN_PASS_ARGS                                                                             \
     qkv, qkv_stride, k_cache, v_cache, out, part_acc, part_ml, positions, seqinfo, tables, items, n_heads, \
-        n_kv, head_dim, block_size, scale, window, softcap
+        n_kv, head_dim, block_size, scale, window, softcap, sinks

@@ -36,7 +36,7 @@ template <typename T, int D, int SMEM_BYTES>
 __device__ __forceinline__ void attn_dec_merge(unsigned char* smem, const float* part_acc,
                                                const float* part_ml, const u32* __restrict__ sp,
                                                T* __restrict__ out, u8* __restrict__ xq, int rows, int kvh, int G,
-                                               int n_heads) {
+                                               int n_heads, const T* __restrict__ sinks) {
     constexpr int VW = 4;
     constexpr int LPB = 32 / VW;  // lanes per block of 32 dims
     const size_t row = sp[0];
@@ -58,6 +58,10 @@ __device__ __forceinline__ void attn_dec_merge(unsigned char* smem, const float*
             if (m != -KILN_INF) used = k + 1;
         }
         mx = warp_max(mx);
+        // The head's sink joins the denominator once, here: the weights are taken against
+        // max(parts, sink) and the sink adds exp(sink - mx) to the sum.
+        const float sk = sinks != nullptr ? to_f(sinks[h0 + j]) : -KILN_INF;
+        mx = fmaxf(mx, sk);
 #pragma unroll
         for (int o = WARP / 2; o > 0; o >>= 1) used = max(used, shfl_xor(used, o));
         float sum = 0.f;
@@ -68,6 +72,7 @@ __device__ __forceinline__ void attn_dec_merge(unsigned char* smem, const float*
             sum += w * ld_l2(ml + (size_t)k * ml_stride + 1);
         }
         sum = warp_sum(sum);
+        if (sinks != nullptr) sum += expf(sk - mx);
         if (lane == 0) {
             inv_s[j] = sum > 0.f ? 1.f / sum : 0.f;
             used_s[j] = used;
@@ -123,7 +128,7 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
                               const u32* __restrict__ items, int n_heads, int n_kv, int block_size, float scale,
                               int window, float softcap, const u32* __restrict__ splits,
                               const u32* __restrict__ part_split, u32* __restrict__ counters, u8* __restrict__ xq,
-                              int rows) {
+                              int rows, const T* __restrict__ sinks) {
     typedef Chunk<T> C;
     typedef typename C::Raw Raw;
     constexpr int E = C::E;
@@ -454,7 +459,7 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
             }
             const int v = vb + i, h = kvh * G + v % G;
             store_result<T>(out, part_acc, part_ml, part, (size_t)(row0 + v / G), h, d, n_heads, D, o, sum,
-                             mx * 0.6931471805599453f);
+                             mx * 0.6931471805599453f, sinks);
         }
         __syncthreads();
     }
@@ -481,7 +486,7 @@ __device__ __forceinline__ void attn_dec_impl(const T* __restrict__ qkv, int qkv
             __threadfence();
             __syncthreads();  // flag read by every thread before the merge reuses smem
             attn_dec_merge<T, D, SMEM_BYTES>(smem, part_acc, part_ml, splits + 3 * (size_t)sidx, out, xq, rows, kvh, G,
-                                             n_heads);
+                                             n_heads, sinks);
         }
     }
 }
@@ -557,7 +562,7 @@ __device__ __forceinline__ void combine_dims(const float* __restrict__ acc, size
 template <typename T>
 __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                   const u32* __restrict__ splits, T* __restrict__ out, int n_heads, int hd,
-                                  u8* __restrict__ xq, int rows) {
+                                  u8* __restrict__ xq, int rows, const T* __restrict__ sinks) {
     KILN_PDL_TRIGGER();
     __shared__ float w_s[COMBINE_PARTS];
     __shared__ float red_s[MAX_WARPS];
@@ -570,7 +575,9 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
     const float* ml = part_ml + ((size_t)p0 * n_heads + h) * 2;
     float m = -KILN_INF;
     for (int k = threadIdx.x; k < np; k += blockDim.x) m = fmaxf(m, ml[(size_t)k * ml_stride]);
-    const float mx = block_max(m, red_s);
+    // The head's sink (if any) joins once, here: weights against max(parts, sink).
+    const float sk = sinks != nullptr ? to_f(sinks[h]) : -KILN_INF;
+    const float mx = fmaxf(block_max(m, red_s), sk);
     float s = 0.f;
     for (int k = threadIdx.x; k < np; k += blockDim.x) {
         const float w = combine_weight(ml, ml_stride, k, mx);
@@ -578,7 +585,7 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
         s += w * ml[(size_t)k * ml_stride + 1];
     }
     // block_sum's barriers also publish w_s.
-    const float sum = block_sum(s, red_s);
+    const float sum = block_sum(s, red_s) + (sinks != nullptr ? expf(sk - mx) : 0.f);
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     const float* acc = part_acc + ((size_t)p0 * n_heads + h) * hd;
     const size_t acc_stride = (size_t)n_heads * hd;
@@ -616,10 +623,10 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
         const TT *qkv, int qkv_stride, const TT *k_cache, const TT *v_cache, TT *out, float *part_acc,   \
         float *part_ml, const u32 *positions, const u32 *seqinfo, const u32 *tables, const u32 *items,  \
         int n_heads, int n_kv, int head_dim, int block_size, float scale, int window, float softcap,    \
-        const u32 *splits, const u32 *part_split, u32 *counters, u8 *xq, int rows) {                    \
+        const u32 *splits, const u32 *part_split, u32 *counters, u8 *xq, int rows, const TT *sinks) {   \
         attn_dec_impl<TT, D, QV>(qkv, qkv_stride, k_cache, v_cache, out, part_acc, part_ml, positions,    \
                                  seqinfo, tables, items, n_heads, n_kv, block_size, scale, window,        \
-                                 softcap, splits, part_split, counters, xq, rows);                        \
+                                 softcap, splits, part_split, counters, xq, rows, sinks);                        \
     }
 #define KILN_ATTN_DEC_D(N, T, D) \
     KILN_ATTN_DEC(N, T, D, 1) KILN_ATTN_DEC(N, T, D, 2) KILN_ATTN_DEC(N, T, D, 4) KILN_ATTN_DEC(N, T, D, 8)
@@ -632,7 +639,7 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
     KILN_IN_PART(common,                                                                            \
         extern "C" __global__ void attn_combine_##N(const float* part_acc, const float* part_ml,     \
                                                     const u32* splits, T* out, int n_heads, int hd,  \
-                                                    u8* xq, int rows) {                              \
-            attn_combine_impl<T>(part_acc, part_ml, splits, out, n_heads, hd, xq, rows);             \
+                                                    u8* xq, int rows, const T* sinks) {              \
+            attn_combine_impl<T>(part_acc, part_ml, splits, out, n_heads, hd, xq, rows, sinks);      \
         })
 KILN_FOR_DTYPES(KILN_ATTN_DECODE)

@@ -6,7 +6,8 @@
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP) attn_##N##_d##DN##_q##QV(        \
         const TT *qkv, int qkv_stride, const TT *k_cache, const TT *v_cache, TT *out, float *part_acc,   \
         float *part_ml, const u32 *positions, const u32 *seqinfo, const u32 *tables, const u32 *items,  \
-        int n_heads, int n_kv, int head_dim, int block_size, float scale, int window, float softcap) {  \
+        int n_heads, int n_kv, int head_dim, int block_size, float scale, int window, float softcap,   \
+        const TT *sinks) {                                                                              \
         typedef TT T;                                                                                   \
         attn_impl<T, D, QV>(KILN_ATTN_PASS_ARGS);                                                            \
     }

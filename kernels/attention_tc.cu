@@ -67,7 +67,7 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
                              float* __restrict__ part_ml, const u32* __restrict__ positions,
                              const u32* __restrict__ seqinfo, const u32* __restrict__ tables,
                              const u32* __restrict__ items, int n_heads, int n_kv, int block_size, float scale,
-                             int window, float softcap) {
+                             int window, float softcap, const bf16* __restrict__ sinks) {
     static_assert(D % 16 == 0 && D <= 128, "tensor-core attention: head size");
     static_assert((D / 8) % 2 == 0, "tensor-core attention: O n-tiles in pairs");
     constexpr int NW = ATTN_WARPS;
@@ -368,7 +368,8 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
                         const int v = vb + i, hq = kvh * G + v % G;
                         const size_t row = (size_t)(row0 + v / G);
                         if (part == NO_PART) {
-                            const float inv = l[mt][h] > 0.f ? 1.f / l[mt][h] : 0.f;
+                            // 1 / l, with the sink (if any) in the denominator.
+                            const float inv = attn_norm<bf16>(1.f, l[mt][h], m[mt][h] * 0.6931471805599453f, sinks, hq);
                             u32* dst = reinterpret_cast<u32*>(out + row * n_heads * D + (size_t)hq * D + 2 * c);
 #pragma unroll
                             for (int j = 0; j < ND; ++j)
@@ -426,7 +427,7 @@ __device__ __forceinline__ void attn_tc_impl(const bf16* __restrict__ qkv, int q
                 }
                 const int v = vb + i, h = kvh * G + v % G;
                 store_result<bf16>(out, part_acc, part_ml, part, (size_t)(row0 + v / G), h, d, n_heads, D, acc, sum,
-                                 mxs * 0.6931471805599453f);
+                                 mxs * 0.6931471805599453f, sinks);
             }
         }
     }
@@ -440,7 +441,7 @@ __device__ __forceinline__ void attn_tc_body(const float* qkv, int qkv_stride, c
                                              const float* v_cache, float* out, float* part_acc, float* part_ml,
                                              const u32* positions, const u32* seqinfo, const u32* tables,
                                              const u32* items, int n_heads, int n_kv, int head_dim, int block_size,
-                                             float scale, int window, float softcap) {
+                                             float scale, int window, float softcap, const float* sinks) {
     attn_impl<float, D, 8>(KILN_ATTN_PASS_ARGS);
 }
 template <int D>
@@ -448,10 +449,10 @@ __device__ __forceinline__ void attn_tc_body(const bf16* qkv, int qkv_stride, co
                                              const bf16* v_cache, bf16* out, float* part_acc, float* part_ml,
                                              const u32* positions, const u32* seqinfo, const u32* tables,
                                              const u32* items, int n_heads, int n_kv, int head_dim, int block_size,
-                                             float scale, int window, float softcap) {
+                                             float scale, int window, float softcap, const bf16* sinks) {
 #if defined(KILN_MMA)
     attn_tc_impl<D>(qkv, qkv_stride, k_cache, v_cache, out, part_acc, part_ml, positions, seqinfo, tables, items,
-                    n_heads, n_kv, block_size, scale, window, softcap);
+                    n_heads, n_kv, block_size, scale, window, softcap, sinks);
 #else
     attn_impl<bf16, D, 8>(KILN_ATTN_PASS_ARGS);
 #endif
@@ -461,7 +462,8 @@ __device__ __forceinline__ void attn_tc_body(const bf16* qkv, int qkv_stride, co
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP) attn_##N##_d##D##_tc(              \
         const TT *qkv, int qkv_stride, const TT *k_cache, const TT *v_cache, TT *out, float *part_acc,   \
         float *part_ml, const u32 *positions, const u32 *seqinfo, const u32 *tables, const u32 *items,  \
-        int n_heads, int n_kv, int head_dim, int block_size, float scale, int window, float softcap) {  \
+        int n_heads, int n_kv, int head_dim, int block_size, float scale, int window, float softcap,   \
+        const TT *sinks) {                                                                              \
         attn_tc_body<D>(KILN_ATTN_PASS_ARGS);                                                           \
     }
 #define KILN_ATTN_TC_ALL(N, T)                                                                       \

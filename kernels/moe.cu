@@ -12,9 +12,11 @@
 //                `tile_expert[i]` = expert of tile i or -1, `inv[a]` = a's padded slot,
 //                `estart[e]` = expert e's first slot (estart[ne]: the slots in use)
 //   moe_gate_up: act[p] = silu(Wg_e x_t) * (Wu_e x_t) for the MOE_TILE slots of a tile
-//                (one warp per output column, the expert's weight row read once per tile)
+//                (one warp per output column, the expert's weight row read once per tile);
+//                gpt-oss: biases bg/bu before a clamped SwiGLU (moe_act, moe.cuh)
 //   moe_down:    y[p] = Wd_e act[p]
-//   moe_combine: out[t] = sum_j w[t, j] * y[inv[t * k + j]]   (fixed order: deterministic)
+//   moe_combine: out[t] = sum_j w[t, j] * y[inv[t * k + j]]   (fixed order: deterministic;
+//                gpt-oss: + the slot's expert's down bias bd inside the sum)
 //   moe_combine_norm: moe_combine's sum added to the residual, then the next RMSNorm
 //                (add_rms_norm's arithmetic, and in bf16 the 8-bit rows the vector norms
 //                leave): the MoE output and the next layer's norm in one launch
@@ -269,7 +271,9 @@ __device__ void moe_prep_impl(const T* __restrict__ logits, const T* __restrict_
 template <typename T, bool GATE_UP>
 __device__ void moe_tile_impl(const T* __restrict__ in, const T* __restrict__ w0, const T* __restrict__ w1,
                               const int* __restrict__ sorted, const int* __restrict__ tile_expert, int k,
-                              int in_len, int out_len, int cols_per_block, T* __restrict__ out) {
+                              int in_len, int out_len, int cols_per_block, T* __restrict__ out,
+                              const T* __restrict__ bg = nullptr, const T* __restrict__ bu = nullptr,
+                              float alpha = 0.f, float limit = 0.f) {
     const int tile = blockIdx.x;
     const int e = tile_expert[tile];
     if (e < 0) return;
@@ -305,20 +309,26 @@ __device__ void moe_tile_impl(const T* __restrict__ in, const T* __restrict__ w0
             const float s0 = warp_sum(a0[i]);
             const float s1 = GATE_UP ? warp_sum(a1[i]) : 0.f;
             if (lane == 0 && slot[i] >= 0) {
-                const float v = GATE_UP ? s0 / (1.0f + __expf(-s0)) * s1 : s0;
+                const float v = GATE_UP ? moe_act<T>(s0, s1, bg, bu, (size_t)e * out_len + c, alpha, limit) : s0;
                 out[(size_t)slot[i] * out_len + c] = from_f<T>(v);
             }
         }
     }
 }
 
+// With `bd` (gpt-oss's down biases; non-null), each expert's bias joins its output before
+// the routing weight multiplies it.
 template <typename T>
 __device__ void moe_combine_impl(const T* __restrict__ y, const int* __restrict__ inv, const float* __restrict__ wts,
-                                 int k, int h, size_t total, T* __restrict__ out) {
+                                 int k, int h, size_t total, T* __restrict__ out, const int* __restrict__ tile_expert,
+                                 const T* __restrict__ bd) {
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
         const size_t t = e / h, i = e % h;
         float s = 0.f;
-        for (int j = 0; j < k; ++j) s += wts[t * k + j] * to_f(y[(size_t)inv[t * k + j] * h + i]);
+        for (int j = 0; j < k; ++j) {
+            const int slot = inv[t * k + j];
+            s += wts[t * k + j] * moe_y_bias<T>(to_f(y[(size_t)slot * h + i]), bd, tile_expert, slot, h, (int)i);
+        }
         out[e] = from_f<T>(s);
     }
 }
@@ -351,7 +361,7 @@ template <typename T>
 __device__ void moe_combine_norm_impl(const T* __restrict__ y, const int* __restrict__ inv,
                                       const float* __restrict__ wts, int k, int h, T* __restrict__ residual,
                                       const T* __restrict__ w, T* __restrict__ out, u8* __restrict__ xq,
-                                      float eps) {
+                                      float eps, const int* __restrict__ tile_expert, const T* __restrict__ bd) {
     __shared__ float scratch[MAX_WARPS];
     const int t = blockIdx.x, i0 = threadIdx.x * MOE_CN_E;
     const bool on = i0 < h;
@@ -363,8 +373,15 @@ __device__ void moe_combine_norm_impl(const T* __restrict__ y, const int* __rest
     if (on) {
         for (int j = 0; j < k; ++j) {
             const float wj = wts[(size_t)t * k + j];
+            const int slot = inv[(size_t)t * k + j];
             float yv[MOE_CN_E];
-            moe_ld8<T>(y + (size_t)inv[(size_t)t * k + j] * h + i0, yv);
+            moe_ld8<T>(y + (size_t)slot * h + i0, yv);
+            if (bd != nullptr) {
+                float bv[MOE_CN_E];
+                moe_ld8<T>(bd + (size_t)tile_expert[slot / MOE_TILE] * h + i0, bv);
+#pragma unroll
+                for (int e = 0; e < MOE_CN_E; ++e) yv[e] += bv[e];
+            }
 #pragma unroll
             for (int e = 0; e < MOE_CN_E; ++e) v[e] += wj * yv[e];
         }
@@ -426,21 +443,25 @@ __device__ void moe_shared_add_impl(const T* __restrict__ x, const T* __restrict
     }                                                                                               \
     extern "C" __global__ void moe_gate_up_##N(const T* x, const T* wg, const T* wu,                \
                                                const int* sorted, const int* tile_expert, int k,    \
-                                               int h, int f, int cols, T* act) {                    \
-        moe_tile_impl<T, true>(x, wg, wu, sorted, tile_expert, k, h, f, cols, act);                 \
+                                               int h, int f, int cols, T* act, const T* bg,         \
+                                               const T* bu, float alpha, float limit) {             \
+        moe_tile_impl<T, true>(x, wg, wu, sorted, tile_expert, k, h, f, cols, act, bg, bu, alpha,   \
+                               limit);                                                              \
     }                                                                                               \
     extern "C" __global__ void moe_down_##N(const T* act, const T* wd, const int* sorted,           \
                                             const int* tile_expert, int f, int h, int cols, T* y) { \
         moe_tile_impl<T, false>(act, wd, nullptr, sorted, tile_expert, 1, f, h, cols, y);           \
     }                                                                                               \
     extern "C" __global__ void moe_combine_##N(const T* y, const int* inv, const float* wts, int k, \
-                                               int h, u64 total, T* out) {                          \
-        moe_combine_impl<T>(y, inv, wts, k, h, (size_t)total, out);                                 \
+                                               int h, u64 total, T* out, const int* tile_expert,    \
+                                               const T* bd) {                                       \
+        moe_combine_impl<T>(y, inv, wts, k, h, (size_t)total, out, tile_expert, bd);                \
     }                                                                                               \
     extern "C" __global__ void moe_combine_norm_##N(const T* y, const int* inv, const float* wts,   \
                                                     int k, int h, T* residual, const T* w, T* out,  \
-                                                    u8* xq, float eps) {                            \
-        moe_combine_norm_impl<T>(y, inv, wts, k, h, residual, w, out, xq, eps);                     \
+                                                    u8* xq, float eps, const int* tile_expert,      \
+                                                    const T* bd) {                                  \
+        moe_combine_norm_impl<T>(y, inv, wts, k, h, residual, w, out, xq, eps, tile_expert, bd);    \
     }                                                                                               \
     extern "C" __global__ void moe_shared_add_##N(const T* x, const T* g, const T* ys, int h,       \
                                                   int n, T* out) {                                  \

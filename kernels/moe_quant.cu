@@ -5,7 +5,9 @@
 // [n_expert * rows, cols] matrix in quant.cuh's plane layout: expert e's row c is row
 // e * rows + c. Products accumulate in f32. In bf16 the host takes the dp4a tiles on 8-bit
 // activations (moe8_*) or, with many rows per expert, the tensor-core ones (moemma_*) below.
-//   moe_gate_up_<q>: act[p] = silu(Wg_e x_t) * (Wu_e x_t)   (gate and up of one type)
+//   moe_gate_up_<q>: act[p] = silu(Wg_e x_t) * (Wu_e x_t)   (gate and up of one type; every
+//                    gate/up kernel here ends in moe.cuh's moe_act: gpt-oss's biases and
+//                    clamped SwiGLU where the host passes them)
 //   moe_down_<q>:    y[p] = Wd_e act[p]
 
 // 16 elements of row `xr` at `off`, as floats (16-byte loads: `off` and rows 16-aligned).
@@ -22,7 +24,9 @@ __device__ __forceinline__ void moeq_x16(const T* __restrict__ xr, int off, floa
 template <typename Q, typename T, bool GATE_UP>
 __device__ void moeq_tile_impl(const T* __restrict__ in, const u8* __restrict__ w0, const u8* __restrict__ w1,
                                const int* __restrict__ sorted, const int* __restrict__ tile_expert, int k,
-                               int in_len, int out_len, int n_rows, int cols_per_block, T* __restrict__ out) {
+                               int in_len, int out_len, int n_rows, int cols_per_block, T* __restrict__ out,
+                               const T* __restrict__ bg = nullptr, const T* __restrict__ bu = nullptr,
+                               float alpha = 0.f, float limit = 0.f) {
     const int tile = blockIdx.x;
     const int e = tile_expert[tile];
     if (e < 0) return;
@@ -75,7 +79,7 @@ __device__ void moeq_tile_impl(const T* __restrict__ in, const u8* __restrict__ 
             const float s0 = warp_sum(a0[i]);
             const float s1 = GATE_UP ? warp_sum(a1[i]) : 0.f;
             if (lane == 0 && slot[i] >= 0) {
-                const float v = GATE_UP ? s0 / (1.0f + __expf(-s0)) * s1 : s0;
+                const float v = GATE_UP ? moe_act<T>(s0, s1, bg, bu, (size_t)j, alpha, limit) : s0;
                 out[(size_t)slot[i] * out_len + c] = from_f<T>(v);
             }
         }
@@ -86,8 +90,10 @@ __device__ void moeq_tile_impl(const T* __restrict__ in, const u8* __restrict__ 
     extern "C" __global__ void moe_gate_up_##QN##_##N(const T* x, const u8* wg, const u8* wu,       \
                                                       const int* sorted, const int* tile_expert,    \
                                                       int k, int h, int f, int n_rows, int cols,    \
-                                                      T* act) {                                     \
-        moeq_tile_impl<Q, T, true>(x, wg, wu, sorted, tile_expert, k, h, f, n_rows, cols, act);     \
+                                                      T* act, const T* bg, const T* bu, float alpha, \
+                                                      float limit) {                                \
+        moeq_tile_impl<Q, T, true>(x, wg, wu, sorted, tile_expert, k, h, f, n_rows, cols, act, bg, bu, \
+                                   alpha, limit);                                                   \
     }                                                                                               \
     extern "C" __global__ void moe_down_##QN##_##N(const T* act, const u8* wd, const int* sorted,   \
                                                    const int* tile_expert, int f, int h,            \
@@ -128,7 +134,10 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
                                                const u8* __restrict__ w1, const int* __restrict__ sorted,
                                                const int* __restrict__ tile_expert, int k, int in_len,
                                                int out_len, int n_rows, int lanes, bf16* __restrict__ out,
-                                               const bf16* __restrict__ act = nullptr) {
+                                               const bf16* __restrict__ act = nullptr,
+                                               const bf16* __restrict__ bg = nullptr,
+                                               const bf16* __restrict__ bu = nullptr, float alpha = 0.f,
+                                               float limit = 0.f) {
     static_assert(!SELF || (MS == 1 && !GATE_UP), "in-block quantization: down, one slot a tile");
     const int tile = blockIdx.x;
     const int e = tile_expert[tile];
@@ -252,8 +261,8 @@ __device__ __forceinline__ void moe8_tile_impl(const u8* __restrict__ xq, int xr
                     if (GATE_UP) v += shfl_xor(v, o);
                 }
                 if (sub == 0 && c0 + cc < out_len)
-                    out[(size_t)(p0 + i) * out_len + c0 + cc] =
-                        from_f<bf16>(GATE_UP ? g / (1.0f + __expf(-g)) * v : g);
+                    out[(size_t)(p0 + i) * out_len + c0 + cc] = from_f<bf16>(
+                        GATE_UP ? moe_act<bf16>(g, v, bg, bu, (size_t)e * out_len + c0 + cc, alpha, limit) : g);
             }
         }
     }
@@ -271,9 +280,12 @@ constexpr int MOE8_GU_C = 1, MOE8_GU_U = 2, MOE8_DOWN_C = 4, MOE8_DOWN_U = 1;
                                                               const u8* wu, const int* sorted,      \
                                                               const int* tile_expert, int k, int h, \
                                                               int f, int n_rows, int lanes,         \
-                                                              bf16* act) {                          \
+                                                              bf16* act, const bf16* bg,            \
+                                                              const bf16* bu, float alpha,          \
+                                                              float limit) {                        \
         moe8_tile_impl<Q, true, MOE8_GU_C, MOE8_GU_U, MS>(xq, xrows, wg, wu, sorted, tile_expert, k, h, \
-                                                          f, n_rows, lanes, act);                   \
+                                                          f, n_rows, lanes, act, nullptr, bg, bu,   \
+                                                          alpha, limit);                            \
     }                                                                                               \
     extern "C" __global__ void moe8_down_##QN##_bf16_s##MS(const u8* xq, int xrows, const u8* wd,   \
                                                            const int* sorted, const int* tile_expert, \
@@ -322,7 +334,8 @@ __device__ __forceinline__ void moemma_gate_up_impl(const bf16* __restrict__ x, 
                                                     const u8* __restrict__ wu, const int* __restrict__ sorted,
                                                     const int* __restrict__ tile_expert,
                                                     const int* __restrict__ estart, int k, int h, int f,
-                                                    int n_rows, bf16* __restrict__ act) {
+                                                    int n_rows, bf16* __restrict__ act, const bf16* __restrict__ bg,
+                                                    const bf16* __restrict__ bu, float alpha, float limit) {
     const int e = tile_expert[blockIdx.x];
     if (e < 0) return;
     const int p0 = blockIdx.x * MOE_TILE, first = estart[e], end = estart[e + 1];
@@ -344,7 +357,8 @@ __device__ __forceinline__ void moemma_gate_up_impl(const bf16* __restrict__ x, 
         }
         const float g = gv[i++];
         const int col = j - e * f, p = p0 + s;
-        if (col < f && p < end && sorted[p] >= 0) act[(size_t)p * f + col] = from_f<bf16>(g / (1.0f + __expf(-g)) * v);
+        if (col < f && p < end && sorted[p] >= 0)
+            act[(size_t)p * f + col] = from_f<bf16>(moe_act<bf16>(g, v, bg, bu, (size_t)j, alpha, limit));
     };
     qmma_tile<Q, MOEMMA_BM>(wg, n_rows, h, e * f + c0, x, h, xrow, 0, h / QMMA_BK, store);
     i = 0;
@@ -376,8 +390,10 @@ __device__ __forceinline__ void moemma_down_impl(const bf16* __restrict__ act, c
     extern "C" __global__ void __launch_bounds__(QMMA_THREADS)                                      \
         moemma_gate_up_##QN##_bf16(const bf16* x, const u8* wg, const u8* wu, const int* sorted,    \
                                    const int* tile_expert, const int* estart, int k, int h, int f,  \
-                                   int n_rows, bf16* act) {                                         \
-        moemma_gate_up_impl<Q>(x, wg, wu, sorted, tile_expert, estart, k, h, f, n_rows, act);       \
+                                   int n_rows, bf16* act, const bf16* bg, const bf16* bu,           \
+                                   float alpha, float limit) {                                      \
+        moemma_gate_up_impl<Q>(x, wg, wu, sorted, tile_expert, estart, k, h, f, n_rows, act, bg, bu, \
+                               alpha, limit);                                                       \
     }                                                                                               \
     extern "C" __global__ void __launch_bounds__(QMMA_THREADS)                                      \
         moemma_down_##QN##_bf16(const bf16* act, const u8* wd, const int* sorted,                   \

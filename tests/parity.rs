@@ -25,6 +25,8 @@ mod mxfp4;
 mod quant;
 #[path = "parity/sampling.rs"]
 mod sampling;
+#[path = "parity/sinks.rs"]
+mod sinks;
 #[path = "parity/torch_ref.rs"]
 mod torch_ref;
 #[path = "parity/tp.rs"]

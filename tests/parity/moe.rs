@@ -397,3 +397,191 @@ fn moe_quant<B: TestBackend>(b: &mut B) {
     }
 }
 parity_test!(moe_ffn_quantized_experts, moe_quant);
+
+/// gpt-oss's experts against the CPU backend: per-expert gate/up biases before the clamped
+/// SwiGLU (`g = min(g, limit)`, `u = clamp(u, -limit, limit)`, `g * sigmoid(alpha g) * (u +
+/// 1)`) and down biases before the routing weight, with limits the products pass often (2 on
+/// products of spread ~1.6, and gpt-oss's 7 on gate rows 4x wider), in float experts (the
+/// dense tiles) and quantized ones (Q8_0 at widths that are not whole 128-column tiles, Q4_K
+/// at widths that are): 1 row (`moe_prep`, the self-quantizing down tiles), 16 and 64 rows
+/// (route + align; at 64 rows of 8 experts top 4 the tensor-core tiles where the widths
+/// allow) and a 300-row prefill, each also into the fused `moe_ffn_add_rms_norm`. The
+/// reference's own result without the clamp and without the biases must differ from it, so
+/// a backend that skipped either would fail.
+fn moe_gptoss<B: TestBackend>(b: &mut B) {
+    use kiln::backend::cpu::CpuBackend;
+    use kiln::backend::quant::GgmlType;
+    use kiln::backend::{HostTensor, MoeBias};
+    let mut rng = rng("moe_ffn_gptoss");
+    let mut cpu = CpuBackend::with_f32_weights();
+    let gpu = b.label() != "cpu";
+    let rows: &[usize] = if gpu { &[1, 16, 64, 300] } else { &[1, 16] };
+    // (gate/up and down types, None: float; experts, top k, expert width, hidden, gate
+    // scale, limit)
+    let kinds = [
+        (None, 8, 4, 96, 128, 0.3, 2.0),
+        (None, 8, 4, 128, 128, 1.2, 7.0),
+        (
+            Some((GgmlType::Q8_0, GgmlType::Q8_0)),
+            8,
+            4,
+            192,
+            384,
+            0.3,
+            2.0,
+        ),
+        (
+            Some((GgmlType::Q4K, GgmlType::Q4K)),
+            8,
+            4,
+            256,
+            256,
+            0.3,
+            2.0,
+        ),
+    ];
+    for (types, ne, top_k, f, h, gscale, limit) in kinds {
+        let s = MoeShape {
+            n_expert: ne,
+            top_k,
+            expert_ff: f,
+            norm_topk: true,
+            shared_ff: 0,
+            act: MoeAct::ClampedSwiglu {
+                alpha: 1.702,
+                limit,
+            },
+        };
+        let mut mk = |ty: Option<GgmlType>, r, c, scale| match ty {
+            Some(ty) => HostTensor::raw(vec![r, c], ty, random_blocks(&mut rng, ty, r, c)).unwrap(),
+            None => HostTensor::new(vec![r, c], b.quantize(&random(&mut rng, r * c, scale))),
+        };
+        let (tgu, td) = types.map_or((None, None), |(g, d)| (Some(g), Some(d)));
+        let host = [
+            mk(tgu, ne * f, h, gscale),
+            mk(tgu, ne * f, h, 0.3),
+            mk(td, ne * h, f, 0.3),
+            mk(None, ne, f, 1.0),
+            mk(None, ne, f, 1.0),
+            mk(None, ne, h, 0.5),
+        ];
+        let bw: Vec<_> = host
+            .iter()
+            .map(|w| b.upload_weight(w.clone()).expect("upload"))
+            .collect();
+        let cw: Vec<_> = host
+            .iter()
+            .map(|w| cpu.upload_weight(w.clone()).unwrap())
+            .collect();
+        fn experts<W>(w: &[W], bias: bool) -> MoeExperts<'_, W> {
+            MoeExperts {
+                gate: &w[0],
+                up: &w[1],
+                down: &w[2],
+                shared: None,
+                bias: bias.then(|| MoeBias {
+                    gate: &w[3],
+                    up: &w[4],
+                    down: &w[5],
+                }),
+            }
+        }
+        // As moe_quant: the CPU's own quantized experts multiply 8-bit activations.
+        let tol = match (types.is_some(), gpu) {
+            (true, false) => 7e-2,
+            (true, true) => b.tol().max(1e-4),
+            (false, _) => b.tol(),
+        };
+        for &n in rows {
+            let x = b.quantize(&random(&mut rng, n * h, 1.0));
+            let l = b.quantize(&random(&mut rng, n * ne, 2.0));
+            let what = format!(
+                "{} moe_ffn gpt-oss {types:?} experts {ne}x{f}x{h} limit {limit}, {n} rows",
+                b.label()
+            );
+            let (cx, cl) = (tensor(&mut cpu, n, h, &x), tensor(&mut cpu, n, ne, &l));
+            let mut reference = |s: &MoeShape, bias: bool| {
+                let mut out = cpu.alloc(n, h).unwrap();
+                cpu.moe_ffn(&cx, &cl, experts(&cw, bias), s, n, &mut out)
+                    .unwrap_or_else(|e| panic!("{what} (cpu): {e}"));
+                cpu.to_host(&out, n).unwrap()
+            };
+            let want = reference(&s, true);
+            // The clamp and the biases both matter here.
+            let unclamped = MoeShape {
+                act: MoeAct::ClampedSwiglu {
+                    alpha: 1.702,
+                    limit: 1e30,
+                },
+                ..s
+            };
+            for (other, why) in [
+                (reference(&unclamped, true), "without the clamp"),
+                (reference(&s, false), "without the biases"),
+            ] {
+                let (mut num, mut den) = (0.0f64, 0.0f64);
+                for (o, w) in other.iter().zip(&want) {
+                    num += (*o as f64 - *w as f64).powi(2);
+                    den += (*w as f64).powi(2);
+                }
+                let moved = (num / den.max(1e-30)).sqrt();
+                assert!(
+                    moved > 3.0 * tol,
+                    "{what}: the reference {why} differs by only {moved:.3e}"
+                );
+            }
+            let (mut bx, bl) = (tensor(b, n, h, &x), tensor(b, n, ne, &l));
+            let mut out = poisoned(b, n + 1, h);
+            b.moe_ffn(&bx, &bl, experts(&bw, true), &s, n, &mut out)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_rows_only(&what, &b.to_host(&out, n + 1).unwrap(), &want, tol);
+            let ex = experts(&bw, true);
+            check_add_norm(b, &mut rng, &what, &mut bx, &bl, ex, &s, (n, h), &want, tol);
+        }
+    }
+}
+parity_test!(moe_ffn_gptoss_experts, moe_gptoss);
+
+/// Expert biases of the wrong shape are refused by name.
+fn moe_bias_shape<B: TestBackend>(b: &mut B) {
+    use kiln::backend::MoeBias;
+    let (ne, f, h, n) = (4, 32, 64, 2);
+    let s = MoeShape {
+        n_expert: ne,
+        top_k: 2,
+        expert_ff: f,
+        norm_topk: true,
+        shared_ff: 0,
+        act: MoeAct::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0,
+        },
+    };
+    let mut rng = rng("moe_bias_shape");
+    let mut w = |r: usize, c: usize| weight(b, vec![r, c], &random(&mut rng, r * c, 0.3));
+    let (wg, wu, wd) = (w(ne * f, h), w(ne * f, h), w(ne * h, f));
+    let (bg, bu, bad) = (w(ne, f), w(ne, f), w(ne, f));
+    let x = tensor(b, n, h, &vec![0.5; n * h]);
+    let l = tensor(b, n, ne, &vec![0.1; n * ne]);
+    let mut out = poisoned(b, n, h);
+    let experts = MoeExperts {
+        gate: &wg,
+        up: &wu,
+        down: &wd,
+        shared: None,
+        bias: Some(MoeBias {
+            gate: &bg,
+            up: &bu,
+            down: &bad,
+        }),
+    };
+    let err = b
+        .moe_ffn(&x, &l, experts, &s, n, &mut out)
+        .expect_err("down biases [4, 32] for hidden 64");
+    assert!(
+        err.to_string().contains("bias"),
+        "{}: the error names the biases: {err}",
+        b.label()
+    );
+}
+parity_test!(moe_ffn_bias_of_the_wrong_shape_is_refused, moe_bias_shape);

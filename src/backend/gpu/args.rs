@@ -163,11 +163,13 @@ kernel_args! {
     SiluMulVecArgs (Kernel::SiluMulVec) { gu: ptr, out: ptr, f: i32, n: i32 }
     /// `add_bias_<dt>`: `x[i] += bias[i % cols]` over `total` elements.
     AddBiasArgs (Kernel::AddBias) { x: ptr, bias: ptr, cols: i32, total: u64 }
-    /// The paged attention variants of prefill (`attn_<dt>_d<D>_q<QV>`, `_tc`).
+    /// The paged attention variants of prefill (`attn_<dt>_d<D>_q<QV>`, `_tc`); `sinks`
+    /// (null: none) one compute-type logit per query head in each row's denominator.
     AttnArgs (Kernel::Attention { .. } | Kernel::AttentionTc { .. }) {
         qkv: ptr, qkv_stride: i32, k_cache: ptr, v_cache: ptr, out: ptr, part_acc: ptr,
         part_ml: ptr, positions: ptr, seqinfo: ptr, tables: ptr, items: ptr, n_heads: i32,
         n_kv: i32, head_dim: i32, block_size: i32, scale: f32, window: i32, softcap: f32,
+        sinks: ptr,
     }
     /// The decode variant (`attn_<dt>_d<D>_dec<QV>`): [`AttnArgs`], then with `counters`
     /// (non-null) the split-K merge folded in: `splits`, each part's split row
@@ -177,13 +179,13 @@ kernel_args! {
         qkv: ptr, qkv_stride: i32, k_cache: ptr, v_cache: ptr, out: ptr, part_acc: ptr,
         part_ml: ptr, positions: ptr, seqinfo: ptr, tables: ptr, items: ptr, n_heads: i32,
         n_kv: i32, head_dim: i32, block_size: i32, scale: f32, window: i32, softcap: f32,
-        splits: ptr, part_split: ptr, counters: ptr, xq: ptr, rows: i32,
+        splits: ptr, part_split: ptr, counters: ptr, xq: ptr, rows: i32, sinks: ptr,
     }
     /// `attn_combine_<dt>`: merges split-K partials into the rows listed in `splits`; with `xq`
     /// (non-null) also writes them as 8-bit rows of `rows` rows (`quantize_x`'s layout).
     AttnCombineArgs (Kernel::AttnCombine) {
         part_acc: ptr, part_ml: ptr, splits: ptr, out: ptr, n_heads: i32, hd: i32, xq: ptr,
-        rows: i32,
+        rows: i32, sinks: ptr,
     }
     /// `gemv_<dt>_m<rows>`: `y = x @ w^T (+ bias)`, `k` inputs, `n` outputs.
     GemvArgs (Kernel::Gemv { .. }) { x: ptr, w: ptr, bias: ptr, y: ptr, k: i32, n: i32 }
@@ -321,29 +323,33 @@ kernel_args! {
         logits: ptr, x: ptr, n: i32, ne: i32, k: i32, norm: i32, h: i32, wts: ptr, sorted: ptr,
         tile_expert: ptr, inv: ptr, max_tiles: i32, estart: ptr, xq: ptr,
     }
-    /// `moe_gate_up_<dt>`: `act[slot] = silu(Wg_e x) * (Wu_e x)` per tile of one expert.
+    /// `moe_gate_up_<dt>`: `act[slot] = silu(Wg_e x) * (Wu_e x)` per tile of one expert; with
+    /// `bg`/`bu` (non-null) the experts' biases first, with `limit > 0` gpt-oss's clamped
+    /// SwiGLU (`alpha`, `limit`) instead of SiLU (every gate/up kernel below alike).
     MoeGateUpArgs (Kernel::MoeGateUp) {
         x: ptr, wg: ptr, wu: ptr, sorted: ptr, tile_expert: ptr, k: i32, h: i32, f: i32,
-        cols: i32, act: ptr,
+        cols: i32, act: ptr, bg: ptr, bu: ptr, alpha: f32, limit: f32,
     }
     /// `moe_down_<dt>`: `y[slot] = Wd_e act[slot]` per tile of one expert.
     MoeDownArgs (Kernel::MoeDown) {
         act: ptr, wd: ptr, sorted: ptr, tile_expert: ptr, f: i32, h: i32, cols: i32, y: ptr,
     }
-    /// `moe_combine_<dt>`: `out[t] = sum_j w[t, j] * y[inv[t, j]]` over `total` outputs.
+    /// `moe_combine_<dt>`: `out[t] = sum_j w[t, j] * y[inv[t, j]]` over `total` outputs; with
+    /// `bd` (non-null) each slot's expert's (`tile_expert`) down bias added to its `y` first.
     MoeCombineArgs (Kernel::MoeCombine) {
-        y: ptr, inv: ptr, wts: ptr, k: i32, h: i32, total: u64, out: ptr,
+        y: ptr, inv: ptr, wts: ptr, k: i32, h: i32, total: u64, out: ptr, tile_expert: ptr,
+        bd: ptr,
     }
     /// `moe_combine_norm_<dt>`: [`MoeCombineArgs`]'s sums of each of the grid's rows added to
     /// `residual`, then `out = rms_norm(residual) * w`, and with `xq` (bf16) out's 8-bit rows.
     MoeCombineNormArgs (Kernel::MoeCombineNorm) {
         y: ptr, inv: ptr, wts: ptr, k: i32, h: i32, residual: ptr, w: ptr, out: ptr, xq: ptr,
-        eps: f32,
+        eps: f32, tile_expert: ptr, bd: ptr,
     }
     /// `moe_gate_up_<q>_<dt>`: [`MoeGateUpArgs`] over quantized experts (`n_rows` = E * f).
     MoeQGateUpArgs (Kernel::MoeQGateUp { .. }) {
         x: ptr, wg: ptr, wu: ptr, sorted: ptr, tile_expert: ptr, k: i32, h: i32, f: i32,
-        n_rows: i32, cols: i32, act: ptr,
+        n_rows: i32, cols: i32, act: ptr, bg: ptr, bu: ptr, alpha: f32, limit: f32,
     }
     /// `moe_down_<q>_<dt>`: [`MoeDownArgs`] over quantized experts (`n_rows` = E * h).
     MoeQDownArgs (Kernel::MoeQDown { .. }) {
@@ -354,7 +360,7 @@ kernel_args! {
     /// rows), one column per group of `lanes` lanes.
     MoeQ8GateUpArgs (Kernel::MoeQ8GateUp { .. }) {
         xq: ptr, xrows: i32, wg: ptr, wu: ptr, sorted: ptr, tile_expert: ptr, k: i32, h: i32,
-        f: i32, n_rows: i32, lanes: i32, act: ptr,
+        f: i32, n_rows: i32, lanes: i32, act: ptr, bg: ptr, bu: ptr, alpha: f32, limit: f32,
     }
     /// `moe8_down_<q>_bf16`: [`MoeQDownArgs`] on the 8-bit rows `xq` of the activations
     /// (`xrows` slots).
@@ -372,7 +378,7 @@ kernel_args! {
     /// per block (`estart`: each expert's first slot).
     MoeMmaGateUpArgs (Kernel::MoeMmaGateUp { .. }) {
         x: ptr, wg: ptr, wu: ptr, sorted: ptr, tile_expert: ptr, estart: ptr, k: i32, h: i32,
-        f: i32, n_rows: i32, act: ptr,
+        f: i32, n_rows: i32, act: ptr, bg: ptr, bu: ptr, alpha: f32, limit: f32,
     }
     /// `moemma_down_<q>_bf16`: [`MoeQDownArgs`] on tensor cores.
     MoeMmaDownArgs (Kernel::MoeMmaDown { .. }) {

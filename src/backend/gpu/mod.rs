@@ -267,10 +267,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         sinks: Option<&GpuWeight>,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
-        if sinks.is_some() {
-            return Err(super::missing("attention with sinks"));
-        }
-        self.launch_attention(qkv, kv, layer, b, shape, out)
+        self.launch_attention(qkv, (kv, layer), b, shape, sinks, out)
     }
 
     fn glu(
@@ -333,7 +330,6 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         n: usize,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
-        plain_experts(&experts, shape)?;
         let out = ops::moe::MoeOut::Delta(out);
         self.launch_moe_ffn(x, router_logits, experts, shape, n, out)
     }
@@ -350,7 +346,6 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         w: &GpuWeight,
         eps: f32,
     ) -> Result<(), BackendError> {
-        plain_experts(&experts, shape)?;
         let (e, s) = (experts, shape);
         self.launch_moe_ffn_norm(h, router_logits, e, s, n, delta, residual, w, eps)
     }
@@ -398,18 +393,4 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     fn kv_element_bytes(&self) -> usize {
         self.ctx.dt.size()
     }
-}
-
-/// Refuses what the GPU expert path does not run yet (gpt-oss's expert biases and clamped
-/// SwiGLU).
-fn plain_experts(
-    e: &super::MoeExperts<'_, GpuWeight>,
-    s: &super::MoeShape,
-) -> Result<(), BackendError> {
-    if e.bias.is_some() || s.act != super::MoeAct::Silu {
-        return Err(super::missing(
-            "moe_ffn with expert biases or a clamped SwiGLU",
-        ));
-    }
-    Ok(())
 }

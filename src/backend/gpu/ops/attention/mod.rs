@@ -9,7 +9,9 @@ use crate::backend::gpu::args::{AttnArgs, AttnCombineArgs, AttnDecArgs};
 use crate::backend::gpu::kernels::{AttnHead, Kernel};
 use crate::backend::gpu::ops::matmul::QxRows;
 use crate::backend::gpu::runtime::{Grid, Runtime};
-use crate::backend::gpu::{GpuBackend, GpuKv, GpuTensor, check_cols, check_rows, ensure, invalid};
+use crate::backend::gpu::{
+    GpuBackend, GpuKv, GpuTensor, GpuWeight, check_cols, check_rows, ensure, invalid,
+};
 use crate::backend::{AttnShape, BackendError};
 
 /// Warps per attention block (`ATTN_WARPS` in `kernels/attention.cuh`).
@@ -29,13 +31,16 @@ pub(in crate::backend::gpu) fn tc_smem_bytes(hd: usize) -> u32 {
 }
 
 impl<R: Runtime> GpuBackend<R> {
+    /// `Backend::attention` over layer `layer` of the cache `kv`; `sinks` (gpt-oss):
+    /// `[n_heads]` logits, kept in the compute type as every vector weight is, that join each
+    /// row's denominator where the row is normalized (or its split-K parts merged).
     pub(in crate::backend::gpu) fn launch_attention(
         &mut self,
         qkv: &GpuTensor,
-        kv: &GpuKv,
-        layer: usize,
+        (kv, layer): (&GpuKv, usize),
         b: &crate::backend::gpu::GpuBatch,
         shape: &AttnShape,
+        sinks: Option<&GpuWeight>,
         out: &mut GpuTensor,
     ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
@@ -50,6 +55,16 @@ impl<R: Runtime> GpuBackend<R> {
                 kv.shape
             )));
         }
+        let sinks = match sinks {
+            Some(w) if w.rows * w.cols != n_heads => {
+                return Err(invalid(format!(
+                    "attention sinks: [{}, {}], expected {n_heads} values (one per query head)",
+                    w.rows, w.cols
+                )));
+            }
+            Some(w) => w.dense_for("attention sinks")?.ptr(),
+            None => 0,
+        };
         let head = AttnHead::for_head_dim(hd);
         let vectors = l.max_item_rows as usize * (n_heads / n_kv);
         let kernel = self.attention_kernel(head, vectors, l.n_items);
@@ -118,6 +133,7 @@ impl<R: Runtime> GpuBackend<R> {
             // 0: no window (a window past i32 covers every context the cache holds).
             window: shape.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
             softcap: shape.softcap.unwrap_or(0.0),
+            sinks,
         };
         if dec {
             let args = AttnDecArgs {
@@ -144,6 +160,7 @@ impl<R: Runtime> GpuBackend<R> {
                 counters,
                 xq: if fold { xq.unwrap_or(0) } else { 0 },
                 rows: l.n_tokens as i32,
+                sinks,
             };
             self.launch_with(kernel, grid, &args)?;
         } else if matches!(kernel, Kernel::AttentionTc { .. }) {
@@ -165,6 +182,7 @@ impl<R: Runtime> GpuBackend<R> {
                 hd: hd as i32,
                 xq: xq.unwrap_or(0),
                 rows: l.n_tokens as i32,
+                sinks,
             };
             self.launch_with(Kernel::AttnCombine, grid, &args)?;
         }

@@ -34,6 +34,32 @@ pub(super) struct MoeStep {
     pub wg: u64,
     pub wu: u64,
     pub wd: u64,
+    /// The experts' activation and biases ([`MoeEpilogue::PLAIN`]: SwiGLU, none).
+    pub epi: MoeEpilogue,
+}
+
+/// What the gate/up kernels do after their products and the combines before their weights
+/// (gpt-oss): gate/up biases `bg`, `bu` (`[n_expert, f]`, compute type; 0: none), the clamped
+/// SwiGLU's `alpha` and `limit` (`limit` 0: SwiGLU), down biases `bd` (`[n_expert, h]`; 0:
+/// none).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct MoeEpilogue {
+    pub bg: u64,
+    pub bu: u64,
+    pub bd: u64,
+    pub alpha: f32,
+    pub limit: f32,
+}
+
+impl MoeEpilogue {
+    /// Qwen/Mixtral experts: SwiGLU, no biases.
+    pub const PLAIN: MoeEpilogue = MoeEpilogue {
+        bg: 0,
+        bu: 0,
+        bd: 0,
+        alpha: 0.0,
+        limit: 0.0,
+    };
 }
 
 impl MoeStep {
@@ -148,6 +174,10 @@ impl<R: Runtime> GpuBackend<R> {
                     f: f as i32,
                     n_rows: (ne * f) as i32,
                     act: at(lay.act),
+                    bg: st.epi.bg,
+                    bu: st.epi.bu,
+                    alpha: st.epi.alpha,
+                    limit: st.epi.limit,
                 };
                 let g = grid((used, f.div_ceil(MMA_BN)), MMA_THREADS);
                 self.launch_with(Kernel::MoeMmaGateUp { q }, g, &gate_up)
@@ -165,6 +195,10 @@ impl<R: Runtime> GpuBackend<R> {
                     f: f as i32,
                     cols: COLS as i32,
                     act: at(lay.act),
+                    bg: st.epi.bg,
+                    bu: st.epi.bu,
+                    alpha: st.epi.alpha,
+                    limit: st.epi.limit,
                 };
                 self.launch_with(Kernel::MoeGateUp, g, &gate_up)
             }
@@ -181,6 +215,10 @@ impl<R: Runtime> GpuBackend<R> {
                     n_rows: (ne * f) as i32,
                     cols: COLS as i32,
                     act: at(lay.act),
+                    bg: st.epi.bg,
+                    bu: st.epi.bu,
+                    alpha: st.epi.alpha,
+                    limit: st.epi.limit,
                 };
                 self.launch_with(Kernel::MoeQGateUp { q }, g, &gate_up)
             }
@@ -216,6 +254,10 @@ impl<R: Runtime> GpuBackend<R> {
             n_rows: (ne * f) as i32,
             lanes: lanes as i32,
             act: at(lay.act),
+            bg: st.epi.bg,
+            bu: st.epi.bu,
+            alpha: st.epi.alpha,
+            limit: st.epi.limit,
         };
         let per_block = Q8_THREADS / lanes * Q8_GU_COLS;
         let g = grid((used, f.div_ceil(per_block)), Q8_THREADS as u32);
@@ -336,6 +378,8 @@ impl<R: Runtime> GpuBackend<R> {
             h: h as i32,
             total: (n * h) as u64,
             out: out.buf.ptr(),
+            tile_expert: at(lay.tile_expert),
+            bd: st.epi.bd,
         };
         let blocks = (n * h).div_ceil(256).clamp(1, 65535);
         self.launch_with(Kernel::MoeCombine, grid((blocks, 1), 256), &combine)
@@ -366,6 +410,8 @@ impl<R: Runtime> GpuBackend<R> {
             out: x.buf.ptr(),
             xq: xq.unwrap_or(0),
             eps,
+            tile_expert: at(lay.tile_expert),
+            bd: st.epi.bd,
         };
         let threads = (h / CN_E).next_multiple_of(self.ctx.dev.info.warp_size);
         self.launch_with(Kernel::MoeCombineNorm, grid((n, 1), threads as u32), &args)?;

@@ -24,8 +24,8 @@ use crate::backend::gpu::kernels::Kernel;
 use crate::backend::gpu::qtype::QType;
 use crate::backend::gpu::runtime::{Grid, Runtime};
 use crate::backend::gpu::{GpuBackend, GpuTensor, GpuWeight, check_cols, check_rows, invalid};
-use crate::backend::{Backend, BackendError, MoeExperts, MoeShape, SharedExpert};
-use launch::MoeStep;
+use crate::backend::{Backend, BackendError, MoeAct, MoeExperts, MoeShape, SharedExpert};
+use launch::{MoeEpilogue, MoeStep};
 
 /// The shared expert's activations, sized for the activation capacity.
 pub(in crate::backend::gpu) struct SharedScratch {
@@ -116,6 +116,7 @@ impl<R: Runtime> GpuBackend<R> {
         out: MoeOut<'_>,
     ) -> Result<(), BackendError> {
         let (gu_q, down_q, [wg, wu, wd]) = moe_operands(x, logits, &w, s, n, &out)?;
+        let epi = moe_epilogue(&w, s, x.cols)?;
         if n == 0 {
             return Ok(());
         }
@@ -147,6 +148,7 @@ impl<R: Runtime> GpuBackend<R> {
             wg,
             wu,
             wd,
+            epi,
         };
         let path = route::moe_path(self.ctx.dt, n, s, h, gu_q, down_q);
         self.moe_assign(&st, &path, x, logits, s)?;
@@ -238,6 +240,40 @@ impl<R: Runtime> GpuBackend<R> {
         self.ctx.scratch.moe_shared = Some(sc);
         r
     }
+}
+
+/// The experts' activation and biases as the kernels take them (gpt-oss's clamped SwiGLU and
+/// per-expert biases, checked against the shape; [`MoeEpilogue::PLAIN`] otherwise).
+fn moe_epilogue(
+    w: &MoeExperts<'_, GpuWeight>,
+    s: &MoeShape,
+    h: usize,
+) -> Result<MoeEpilogue, BackendError> {
+    let (alpha, limit) = match s.act {
+        MoeAct::Silu => (0.0, 0.0),
+        MoeAct::ClampedSwiglu { alpha, limit } => (alpha, limit),
+    };
+    let mut epi = MoeEpilogue {
+        alpha,
+        limit,
+        ..MoeEpilogue::PLAIN
+    };
+    if let Some(b) = &w.bias {
+        let (ne, f) = (s.n_expert, s.expert_ff);
+        let ptr = |what, t: &GpuWeight, cols| {
+            if t.rows * t.cols != ne * cols {
+                return Err(invalid(format!(
+                    "{what}: [{}, {}], expected [{ne}, {cols}]",
+                    t.rows, t.cols
+                )));
+            }
+            Ok(t.dense_for(what)?.ptr())
+        };
+        epi.bg = ptr("moe gate biases", b.gate, f)?;
+        epi.bu = ptr("moe up biases", b.up, f)?;
+        epi.bd = ptr("moe down biases", b.down, h)?;
+    }
+    Ok(epi)
 }
 
 /// Checks the MoE FFN's operands; the experts' types (gate/up, down; `None`: the compute
