@@ -80,6 +80,16 @@ fn message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError> {
     };
     let mut out = ChatMessage::new(role, content);
     out.name = m.name.clone();
+    match &m.reasoning_content {
+        Some(_) if role != "assistant" => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].reasoning_content"),
+                "only assistant messages have `reasoning_content`",
+            ));
+        }
+        Some(r) if !r.is_empty() => out.thinking = Some(r.clone()),
+        _ => {}
+    }
     if has_calls && role != "assistant" {
         return Err(ApiError::invalid(
             format!("messages[{i}].tool_calls"),
@@ -177,11 +187,60 @@ pub async fn render_prompt(
     tools: Vec<TemplateTool>,
     add_generation_prompt: bool,
 ) -> Result<(Vec<u32>, bool), ApiError> {
+    render_prompt_effort(ready, msgs, tools, add_generation_prompt, None).await
+}
+
+/// The `reasoning_effort` OpenAI's chat API takes (`minimal` and `none` have no meaning for
+/// the templates that read it).
+const EFFORTS: [&str; 3] = ["low", "medium", "high"];
+
+/// The request's `reasoning_effort`, checked: one of [`EFFORTS`], and only where the chat
+/// template reads `reasoning_effort` (else it could not be honoured: a 400 naming it).
+fn reasoning_effort(
+    req: &ChatCompletionRequest,
+    ready: &Ready,
+    has_tools: bool,
+) -> Result<Option<String>, ApiError> {
+    let Some(e) = &req.reasoning_effort else {
+        return Ok(None);
+    };
+    if !EFFORTS.contains(&e.as_str()) {
+        return Err(ApiError::invalid(
+            "reasoning_effort",
+            format!("unsupported reasoning_effort {e:?} (expected one of {EFFORTS:?})"),
+        ));
+    }
+    if !ready
+        .template_for(has_tools)
+        .source()
+        .contains("reasoning_effort")
+    {
+        return Err(ApiError::invalid(
+            "reasoning_effort",
+            format!(
+                "`reasoning_effort` {e:?} cannot be honoured: this model's chat template has no `reasoning_effort`"
+            ),
+        ));
+    }
+    Ok(Some(e.clone()))
+}
+
+/// [`render_prompt`] with `reasoning_effort` set for the template when given.
+pub async fn render_prompt_effort(
+    ready: &Ready,
+    msgs: Vec<ChatMessage>,
+    tools: Vec<TemplateTool>,
+    add_generation_prompt: bool,
+    effort: Option<String>,
+) -> Result<(Vec<u32>, bool), ApiError> {
     let template = ready.template_for(!tools.is_empty()).clone();
     let tok = ready.tokenizer.clone();
     let context = ready.client.max_model_len();
     blocking(move || {
-        let text = template.render_with_tools(&msgs, &tools, add_generation_prompt)?;
+        let text = match &effort {
+            Some(e) => template.render_effort(&msgs, &tools, add_generation_prompt, e)?,
+            None => template.render_with_tools(&msgs, &tools, add_generation_prompt)?,
+        };
         let thinking = text.trim_end().ends_with("<think>");
         let ids = tok
             .encode_within(&text, false, context)
@@ -244,11 +303,13 @@ pub async fn chat_completions(
     )?;
     let max_tokens = max_reply_tokens(&req)?;
     let tools = ToolRequest::from_request(&req)?;
+    let effort = reasoning_effort(&req, ready, !tools.template_tools().is_empty())?;
     let format = structured::parse(req.structured())?;
     let msgs = messages(&req.messages, limits)?;
     let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
     let template_tools = tools.template_tools().to_vec();
-    let (ids, thinking) = render_prompt(ready, msgs, template_tools, add_generation_prompt).await?;
+    let (ids, thinking) =
+        render_prompt_effort(ready, msgs, template_tools, add_generation_prompt, effort).await?;
     let (parse, tool_constraint) = reply_parsing(&state, ready, &tools, thinking);
     let constraint = prepared_constraint(&ready.client, format, tool_constraint, parse).await?;
     let stream = ready.client.submit(GenerateRequest {
@@ -295,11 +356,13 @@ pub(crate) fn reply_parsing(
     let model = &state.config.model;
     let template = ready.template_for(!tools.template_tools().is_empty());
     let format = ToolFormat::pick(model.tool_call_parser, template.source());
+    let harmony = format == ToolFormat::Harmony;
     let parse = ParseOptions {
         tools: tools.parses_calls().then_some(format),
-        reasoning: model.reasoning_parser.is_some(),
+        reasoning: model.reasoning_parser.is_some() && !harmony,
         starts_thinking,
         single_call: !tools.parallel,
+        harmony,
     };
     (parse, tools.constraint(format, &ready.tokenizer))
 }

@@ -73,6 +73,9 @@ pub struct ChatMessage {
     /// A `tool` turn's answer to this call id.
     pub tool_call_id: Option<String>,
     pub name: Option<String>,
+    /// An assistant turn's reasoning (the template sees `thinking` only when set: gpt-oss's
+    /// renders it before a call).
+    pub thinking: Option<String>,
 }
 
 impl ChatMessage {
@@ -84,6 +87,7 @@ impl ChatMessage {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            thinking: None,
         }
     }
 }
@@ -362,7 +366,8 @@ fn ordered(pairs: Vec<(&str, Value)>) -> Value {
     ))
 }
 
-/// A message as HF templates expect it: `tool_calls`, `tool_call_id` and `name` only when set
+/// A message as HF templates expect it: `tool_calls`, `tool_call_id`, `name` and `thinking`
+/// only when set
 /// (templates test `'tool_calls' in message`).
 fn message_value(m: &ChatMessage) -> Value {
     let mut pairs = vec![
@@ -388,6 +393,9 @@ fn message_value(m: &ChatMessage) -> Value {
     }
     if let Some(name) = &m.name {
         pairs.push(("name", Value::from(name.as_str())));
+    }
+    if let Some(thinking) = &m.thinking {
+        pairs.push(("thinking", Value::from(thinking.as_str())));
     }
     ordered(pairs)
 }

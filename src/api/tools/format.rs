@@ -10,16 +10,19 @@ pub enum ToolFormat {
     Llama3Json,
     Hermes,
     Mistral,
+    /// gpt-oss's harmony messages (parsed by [`super::harmony`], reasoning included).
+    Harmony,
 }
 
 impl ToolFormat {
-    /// The configured parser, or the one the chat template's markers point to (Hermes when
-    /// the template names none: Kiln's default template asks for it).
+    /// The configured parser, or the one the chat template's markers point to (harmony for
+    /// `<|channel|>`; Hermes when the template names none: Kiln's default template asks for it).
     pub fn pick(configured: Option<ToolCallParser>, template: &str) -> Self {
         match configured {
             Some(ToolCallParser::Llama3Json) => ToolFormat::Llama3Json,
             Some(ToolCallParser::Hermes) => ToolFormat::Hermes,
             Some(ToolCallParser::Mistral) => ToolFormat::Mistral,
+            None if template.contains("<|channel|>") => ToolFormat::Harmony,
             None if template.contains("[TOOL_CALLS]") => ToolFormat::Mistral,
             None if template.contains("<tool_call>") => ToolFormat::Hermes,
             None if template.contains("<|python_tag|>") || template.contains("ipython") => {
@@ -34,6 +37,7 @@ impl ToolFormat {
             ToolFormat::Llama3Json => &syntax::LLAMA3_JSON,
             ToolFormat::Hermes => &syntax::HERMES,
             ToolFormat::Mistral => &syntax::MISTRAL,
+            ToolFormat::Harmony => &syntax::NONE,
         }
     }
 

@@ -11,7 +11,7 @@ use crate::tokenizer::chat::TemplateTool;
 fn call_schema(format: ToolFormat, tool: &TemplateTool) -> String {
     let key = match format {
         ToolFormat::Llama3Json => "parameters",
-        ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
+        ToolFormat::Hermes | ToolFormat::Mistral | ToolFormat::Harmony => "arguments",
     };
     let name = serde_json::Value::from(tool.name.as_str());
     let params = rebase_refs(&tool.parameters, &format!("/properties/{key}"));
@@ -87,6 +87,7 @@ pub(super) fn tool_calls(
             format!("{mistral} \"[\" call (\", \" call)* \"]\""),
             "fn".to_string(),
         ),
+        (ToolFormat::Harmony, _) => return harmony_call(tools, mark),
     };
     let mut g = format!("start: {start}\ncall: {call}\nfn: ");
     let names: Vec<String> = (0..tools.len()).map(|i| format!("fn_{i}")).collect();
@@ -94,6 +95,46 @@ pub(super) fn tool_calls(
     g.push('\n');
     for (name, tool) in names.iter().zip(tools) {
         g.push_str(&format!("{name}: %json {}\n", call_schema(format, tool)));
+    }
+    g
+}
+
+/// Harmony's grammar: one call (the model's `<|call|>` ends its turn), as gpt-oss writes it:
+/// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{arguments}`, the
+/// arguments fitting the function's schema, then the end of the reply (`<|call|>` is an
+/// end-of-generation token). An analysis message may come first, its text free up to
+/// `<|end|>`, when `<|end|>` is a special token (ordinary text cannot spell it then).
+fn harmony_call(tools: &[&TemplateTool], mark: &dyn Fn(&str) -> String) -> String {
+    use super::harmony::{CHANNEL, CONSTRAIN, END, MESSAGE, START};
+    let end = mark(END);
+    let (start, analysis) = match end.starts_with("<[") {
+        true => (
+            "start: analysis? call\n",
+            format!(
+                "analysis: {} \"analysis\" {} /(?s:.*)/ {end} {} \"assistant\"\n",
+                mark(CHANNEL),
+                mark(MESSAGE),
+                mark(START)
+            ),
+        ),
+        false => ("start: call\n", String::new()),
+    };
+    let names: Vec<String> = (0..tools.len()).map(|i| format!("fn_{i}")).collect();
+    let mut g = format!("{start}{analysis}call: {}\n", names.join(" | "));
+    for (i, tool) in tools.iter().enumerate() {
+        let head = serde_json::Value::from(format!("commentary to=functions.{} ", tool.name));
+        g.push_str(&format!(
+            "fn_{i}: {} {head} {} \"json\" {} args_{i}\n",
+            mark(CHANNEL),
+            mark(CONSTRAIN),
+            mark(MESSAGE)
+        ));
+        let mut schema = tool.parameters.clone();
+        if let Some(m) = schema.as_object_mut() {
+            m.entry("x-guidance")
+                .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+        }
+        g.push_str(&format!("args_{i}: %json {schema}\n"));
     }
     g
 }
@@ -146,6 +187,44 @@ mod tests {
         assert_eq!(
             out["properties"]["c"]["const"]["$ref"], "#/x",
             "data is left alone"
+        );
+    }
+
+    #[test]
+    fn harmony_grammar() {
+        let (w, mut v) = (weather(), weather());
+        v.name = "v".into();
+        let ids = [
+            ("<|start|>", 1),
+            ("<|channel|>", 2),
+            ("<|message|>", 3),
+            ("<|end|>", 4),
+            ("<|constrain|>", 5),
+        ];
+        let special = |t: &str| marker(t, ids.iter().find(|(m, _)| *m == t).map(|p| p.1));
+        let g = tool_calls(ToolFormat::Harmony, &[&w, &v], true, &special);
+        let want = "start: analysis? call\n\
+             analysis: <[2]> \"analysis\" <[3]> /(?s:.*)/ <[4]> <[1]> \"assistant\"\n\
+             call: fn_0 | fn_1\n\
+             fn_0: <[2]> \"commentary to=functions.get_weather \" <[5]> \"json\" <[3]> args_0\n";
+        assert!(g.starts_with(want), "{g}");
+        assert!(
+            g.contains("fn_1: <[2]> \"commentary to=functions.v \""),
+            "{g}"
+        );
+        let schema = g
+            .lines()
+            .nth(4)
+            .unwrap()
+            .trim_start_matches("args_0: %json ");
+        let schema: serde_json::Value = serde_json::from_str(schema).unwrap();
+        assert_eq!(schema["required"][0], "city");
+        assert_eq!(schema["x-guidance"]["whitespace_flexible"], false);
+        // Without `<|end|>` as a token the analysis cannot be told from text: a call only.
+        let g = tool_calls(ToolFormat::Harmony, &[&w], false, &|t| marker(t, None));
+        assert!(
+            g.starts_with("start: call\ncall: fn_0\nfn_0: \"<|channel|>\""),
+            "{g}"
         );
     }
 

@@ -3,11 +3,12 @@
 //! `<think>` text into `reasoning_content`, whole or as it streams.
 //!
 //! Formats, one file each: [`llama3_json`] (`{"name": ..., "parameters": ...}`),
-//! [`hermes`] (`<tool_call>{...}</tool_call>`, Qwen2.5/Qwen3) and [`mistral`]
-//! (`[TOOL_CALLS][{...}]`).
+//! [`hermes`] (`<tool_call>{...}</tool_call>`, Qwen2.5/Qwen3), [`mistral`]
+//! (`[TOOL_CALLS][{...}]`) and [`harmony`] (gpt-oss's channels: reasoning, answer and calls).
 
 mod format;
 mod grammar;
+pub mod harmony;
 pub mod hermes;
 pub mod llama3_json;
 pub mod mistral;
@@ -36,6 +37,9 @@ pub struct ParseOptions {
     pub starts_thinking: bool,
     /// `parallel_tool_calls: false`: only the first call is kept, later ones are dropped.
     pub single_call: bool,
+    /// The reply is harmony messages (gpt-oss): their channels give reasoning, content and,
+    /// with `tools` set to [`ToolFormat::Harmony`], calls; `reasoning` is not used.
+    pub harmony: bool,
 }
 
 /// One choice's reply parser: reasoning first, then tool calls in the answer. With nothing
@@ -44,24 +48,30 @@ pub struct ParseOptions {
 pub struct ChoiceParser {
     reasoning: Option<ReasoningParser>,
     tools: Option<ToolParser>,
+    harmony: Option<harmony::HarmonyParser>,
     single_call: bool,
 }
 
 impl ChoiceParser {
     /// A parser for `opts`.
     pub fn new(opts: ParseOptions) -> Self {
+        let harmony = opts.harmony || opts.tools == Some(ToolFormat::Harmony);
         Self {
-            reasoning: opts
-                .reasoning
+            reasoning: (opts.reasoning && !harmony)
                 .then(|| ReasoningParser::new(opts.starts_thinking)),
-            tools: opts.tools.map(ToolParser::new),
+            tools: opts.tools.filter(|_| !harmony).map(ToolParser::new),
+            harmony: harmony
+                .then(|| harmony::HarmonyParser::new(opts.tools == Some(ToolFormat::Harmony))),
             single_call: opts.single_call,
         }
     }
 
     /// Calls started so far.
     pub fn calls(&self) -> usize {
-        self.tools.as_ref().map_or(0, ToolParser::calls)
+        match &self.harmony {
+            Some(h) => h.calls(),
+            None => self.tools.as_ref().map_or(0, ToolParser::calls),
+        }
     }
 
     /// Feeds reply text; returns what can be told apart so far.
@@ -84,6 +94,13 @@ impl ChoiceParser {
     fn run(&mut self, text: &str, end: Option<bool>) -> Vec<Piece> {
         let last = end.is_some();
         let mut out = Vec::new();
+        if let Some(h) = &mut self.harmony {
+            h.push(text, &mut out);
+            if let Some(cut) = end {
+                h.finish(cut, &mut out);
+            }
+            return self.keep_calls(out);
+        }
         let answer = match &mut self.reasoning {
             Some(r) => {
                 let (mut thought, mut answer) = (String::new(), String::new());
@@ -108,6 +125,11 @@ impl ChoiceParser {
             None if !answer.is_empty() => out.push(Piece::Content(answer)),
             None => {}
         }
+        self.keep_calls(out)
+    }
+
+    /// `out` without the calls after the first when only one is kept.
+    fn keep_calls(&self, mut out: Vec<Piece>) -> Vec<Piece> {
         if self.single_call {
             out.retain(|p| {
                 !matches!(p, Piece::CallStart { index, .. } | Piece::Args { index, .. } if *index > 0)

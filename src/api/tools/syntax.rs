@@ -47,3 +47,14 @@ pub static MISTRAL: Syntax = Syntax {
     separator: None,
     args_keys: &["arguments", "parameters"],
 };
+
+/// No markup: all text is content. What the shared parser would see of harmony, which
+/// [`super::harmony`] parses instead.
+pub static NONE: Syntax = Syntax {
+    markers: &[],
+    lead: None,
+    list: false,
+    close: None,
+    separator: None,
+    args_keys: &[],
+};

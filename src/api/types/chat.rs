@@ -42,6 +42,10 @@ pub struct ChatMessageIn {
     /// In a `tool` message: the id of the call this answers (required there).
     #[serde(default)]
     pub tool_call_id: Option<String>,
+    /// In an assistant message: its reasoning, as replies give it (templates that render
+    /// earlier reasoning, such as gpt-oss's, read it as `thinking`).
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 /// A function the model may call.
@@ -193,6 +197,10 @@ pub struct ChatCompletionRequest {
     /// Whether the model may make several calls in one reply (default true).
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
+    /// `low`, `medium` or `high`: how long a reasoning model thinks, for chat templates
+    /// that read `reasoning_effort` (gpt-oss); a 400 where the template does not.
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
     /// `response_format` and vLLM's `guided_*` / `structured_outputs`: at most one constraint
     /// on the output.
     #[serde(flatten)]
