@@ -83,8 +83,8 @@ __device__ __forceinline__ QmmaBlock qmma_block(const u8* w0, const u8* w1, cons
         b.w = w1, b.col0 = r0, b.n = r1;
     }
     b.n0 = bx * BN, b.m0 = blockIdx.y * BM, b.ntot = r0 + r1 + r2;
-    const int per = (k / QMMA_BK + (int)gridDim.z - 1) / (int)gridDim.z;
-    b.kt0 = (int)blockIdx.z * per, b.nt = min(k / QMMA_BK, b.kt0 + per);
+    const int per = (qmma_ktiles(k) + (int)gridDim.z - 1) / (int)gridDim.z;
+    b.kt0 = (int)blockIdx.z * per, b.nt = min(qmma_ktiles(k), b.kt0 + per);
     b.bias = bias, b.y = y, b.rows = rows, b.ldy = ldy;
     b.ws = gridDim.z > 1 ? ws + (size_t)blockIdx.z * rows * b.ntot : ws;
     return b;
@@ -140,8 +140,8 @@ __device__ __forceinline__ void qmmaglu_impl(const u8* __restrict__ wg, const u8
     using S = QmmaShape<BM, WIDE>;
     QmmaGluBlock b;
     b.f = f, b.n0 = blockIdx.x * (S::BN / 2), b.m0 = blockIdx.y * BM;
-    const int per = (k / QMMA_BK + (int)gridDim.z - 1) / (int)gridDim.z;
-    b.kt0 = (int)blockIdx.z * per, b.nt = min(k / QMMA_BK, b.kt0 + per);
+    const int per = (qmma_ktiles(k) + (int)gridDim.z - 1) / (int)gridDim.z;
+    b.kt0 = (int)blockIdx.z * per, b.nt = min(qmma_ktiles(k), b.kt0 + per);
     b.rows = rows, b.ldy = ldy, b.y = y;
     b.ws = gridDim.z > 1 ? ws + (size_t)blockIdx.z * rows * 2 * f : ws;
     auto xrow = [&](int s) { return b.xrow(s); };

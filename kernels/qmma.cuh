@@ -13,7 +13,8 @@
 //   grouped kernel passes its tile's expert's matrix), n weight rows = output columns.
 // - x: bf16 rows of at least k values, row r at x + r * ldx (ldx a multiple of 8: 16-byte
 //   loads); xrow(s) is the x row of tile slot s, or -1 for a zero row.
-// - k: a multiple of QMMA_BK (the caller checks); kt0 < nt <= k / QMMA_BK (split-k ranges).
+// - k: a multiple of QMMA_BK (the caller checks), or of 32 for a QmmaKTail type (the last
+//   k-tile partial); kt0 < nt <= qmma_ktiles(k) (split-k ranges).
 // Every thread of the block must call it (it synchronizes); its shared memory is
 // qmma_shared<BN, BM>() (one per shape in a kernel, whichever types it decodes). The order
 // of a thread's store() calls depends only on the shape (MoE's gate/up relies on it).
@@ -37,6 +38,21 @@
 constexpr int QMMA_BN = 64;       // weight rows (output columns) per block (the default)
 constexpr int QMMA_BK = 128;      // columns per k-tile: k must be a multiple (host checks)
 constexpr int QMMA_THREADS = 128;  // threads per block (the default)
+
+// The types whose tiles take a k that is whole blocks of 32 but no whole k-tiles (MXFP4:
+// gpt-oss's 2880 columns): the last k-tile is partial, its units past k decode to zeros (their
+// loads clamped to the row's last unit) and x's chunks past k copy in as zeros. Every other
+// type keeps k a multiple of QMMA_BK (the host checks) and the code without the checks.
+template <typename Q>
+struct QmmaKTail {
+    static constexpr bool V = false;
+};
+template <>
+struct QmmaKTail<MXFP4> {
+    static constexpr bool V = true;
+};
+// The k-tiles of k columns (the last one partial where k is no multiple of QMMA_BK).
+__device__ __forceinline__ int qmma_ktiles(int k) { return (k + QMMA_BK - 1) / QMMA_BK; }
 
 #if defined(KILN_SM80)
 #define KILN_QMMA_TC 1
@@ -197,12 +213,19 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
 #if !defined(KILN_QMMA_TC)
     vec4u xv[XPT];
 #endif
+    constexpr bool TAIL = QmmaKTail<Q>::V;
+    // With TAIL: x chunk s (8 values) of k-tile kt lies within k; unit u of a row does.
+    auto x_live = [&](int kt, int s) { return !TAIL || kt * QMMA_BK + ((t + s * THREADS) % XC) * 8 < k; };
+    auto u_live = [&](int u) { return !TAIL || Q::xoff(u, 0) < k; };
     auto fetch = [&](int kt) {
 #pragma unroll
-        for (int s = 0; s < UPT; ++s) raw[s] = Q::load(wr[s], kt * UPR + lu[s]);
+        for (int s = 0; s < UPT; ++s) {
+            const int u = kt * UPR + lu[s];
+            raw[s] = Q::load(wr[s], TAIL ? min(u, k / Q::UNIT - 1) : u);
+        }
 #if !defined(KILN_QMMA_TC)
 #pragma unroll
-        for (int s = 0; s < XPT; ++s) xv[s] = xp[s][kt * XC];
+        for (int s = 0; s < XPT; ++s) xv[s] = xp[s][x_live(kt, s) ? kt * XC : 0];
 #endif
     };
 
@@ -243,7 +266,9 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
 #pragma unroll
         for (int s = 0; s < XPT; ++s) {
             const int i = t + s * THREADS;
-            cp_async16(smem_u32(xb + qmma_at(i / XC, (i % XC) * 8)), xp[s] + kt * XC, keep[s] & 16u);
+            const bool live = x_live(kt, s);
+            cp_async16(smem_u32(xb + qmma_at(i / XC, (i % XC) * 8)), xp[s] + (live ? kt * XC : 0),
+                       live ? keep[s] & 16u : 0u);
         }
         cp_async_commit();
     };
@@ -278,6 +303,9 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
 #pragma unroll
                     for (int e = 0; e < 8; ++e) pk[e] = qmma_pack(fmaf(sc, q[2 * e], ad), fmaf(sc, q[2 * e + 1], ad));
                 }
+                if (TAIL && !u_live(u))
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) pk[e] = 0u;
                 const int col = Q::xoff(u, run) - kt * QMMA_BK;
                 *reinterpret_cast<vec4u*>(w_s + qmma_at(wrow[s], col)) = vec4u{pk[0], pk[1], pk[2], pk[3]};
                 *reinterpret_cast<vec4u*>(w_s + qmma_at(wrow[s], col + 8)) = vec4u{pk[4], pk[5], pk[6], pk[7]};
@@ -288,8 +316,8 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
         for (int s = 0; s < XPT; ++s) {
             const int i = t + s * THREADS;
             const vec4u v = xv[s];
-            *reinterpret_cast<vec4u*>(x_s + qmma_at(i / XC, (i % XC) * 8)) =
-                vec4u{v.x & keep[s], v.y & keep[s], v.z & keep[s], v.w & keep[s]};
+            const u32 kp = x_live(kt, s) ? keep[s] : 0u;
+            *reinterpret_cast<vec4u*>(x_s + qmma_at(i / XC, (i % XC) * 8)) = vec4u{v.x & kp, v.y & kp, v.z & kp, v.w & kp};
         }
 #endif
         if (kt + 1 < nt) fetch(kt + 1);
@@ -374,7 +402,7 @@ __device__ __forceinline__ void qmma_tile(const u8* __restrict__ w, int n, int k
 #endif
 }
 
-// ---- The 8-bit variant: qmma8_tile -----------------------------------------------------
+// ---- The 8-bit variant: qmma8_tile (k: whole pairs of 32-blocks) --------------------------
 // The same product on x rows quantized to 8 bits (quantize_x's layout, quant.cuh: i8 values
 // xq[r * k + kk], then at plane_align(rows * k) one QxScale (d, s) per 32 of a row), with
 // the weight tile unpacked to centred signed 8-bit quants (each type's run8) in shared
@@ -496,13 +524,26 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
 #if !defined(KILN_QMMA_TC)
     vec4u xv[XPT], sv;
 #endif
+    constexpr bool TAIL = QmmaKTail<Q>::V;
+    // With TAIL: x chunk s (16 values) of k-tile kt lies within k; unit u does; the bytes of
+    // this thread's 16-byte chunk of x scales (two blocks' QxScale) that do: k is whole pairs
+    // of blocks here (each row's scales start 16-byte aligned; the host checks), so a chunk is
+    // whole or past k.
+    auto x_live = [&](int kt, int s) { return !TAIL || kt * QMMA_BK + ((t + s * QMMA_THREADS) % XC) * 16 < k; };
+    auto u_live = [&](int u) { return !TAIL || Q::xoff(u, 0) < k; };
+    auto s_bytes = [&](int kt) { return !TAIL || k / 32 - kt * NB - 2 * (t & 1) > 0 ? 16u : 0u; };
     auto fetch = [&](int kt) {
 #pragma unroll
-        for (int s = 0; s < UPT; ++s) raw[s] = Q::load(wr[s], kt * UPR + lu[s]);
+        for (int s = 0; s < UPT; ++s) {
+            const int u = kt * UPR + lu[s];
+            raw[s] = Q::load(wr[s], TAIL ? min(u, k / Q::UNIT - 1) : u);
+        }
 #if !defined(KILN_QMMA_TC)
 #pragma unroll
-        for (int s = 0; s < XPT; ++s) xv[s] = xp[s][kt * XC];
-        if (t < SC) sv = sp[kt * (NB * 8 / 16)];
+        for (int s = 0; s < XPT; ++s) xv[s] = xp[s][x_live(kt, s) ? kt * XC : 0];
+        if (t < SC) {
+            sv = s_bytes(kt) != 0u ? sp[kt * (NB * 8 / 16)] : vec4u{0u, 0u, 0u, 0u};
+        }
 #endif
     };
 
@@ -530,11 +571,15 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
 #pragma unroll
         for (int s = 0; s < XPT; ++s) {
             const int i = t + s * QMMA_THREADS;
-            cp_async16(smem_u32(xb + (i / XC) * QMMA8_LD + (i % XC) * 16), xp[s] + kt * XC, keep[s] & 16u);
+            const bool live = x_live(kt, s);
+            cp_async16(smem_u32(xb + (i / XC) * QMMA8_LD + (i % XC) * 16), xp[s] + (live ? kt * XC : 0),
+                       live ? keep[s] & 16u : 0u);
         }
-        if (t < SC)
-            cp_async16(smem_u32(reinterpret_cast<u8*>(xd_s + buf * BM * NB) + 16 * t), sp + kt * (NB * 8 / 16),
-                      sr >= 0 ? 16u : 0u);
+        if (t < SC) {
+            const u32 sb = sr >= 0 ? s_bytes(kt) : 0u;
+            cp_async16(smem_u32(reinterpret_cast<u8*>(xd_s + buf * BM * NB) + 16 * t),
+                       sp + (sb > 0 ? kt * (NB * 8 / 16) : 0), sb);
+        }
         cp_async_commit();
     };
     if (kt0 < nt) xcopy(kt0, 0);
@@ -554,6 +599,10 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
                 u32 q[4];
                 float sc, mn;
                 Q::run8(raw[s], u, run, q, sc, mn);
+                if (TAIL && !u_live(u)) {
+                    q[0] = q[1] = q[2] = q[3] = 0u;
+                    sc = mn = 0.f;
+                }
                 const int off = Q::xoff(u, run) - kt * QMMA_BK;
                 *reinterpret_cast<vec4u*>(w_s + wrow[s] * QMMA8_LD + off) = vec4u{q[0], q[1], q[2], q[3]};
                 // A scale of 32 is written by the unit of its first 16 (both halves hold it).
@@ -566,8 +615,8 @@ __device__ __forceinline__ void qmma8_tile(const u8* __restrict__ w, int n, int 
         for (int s = 0; s < XPT; ++s) {
             const int i = t + s * QMMA_THREADS;
             const vec4u v = xv[s];
-            *reinterpret_cast<vec4u*>(x_s + (i / XC) * QMMA8_LD + (i % XC) * 16) =
-                vec4u{v.x & keep[s], v.y & keep[s], v.z & keep[s], v.w & keep[s]};
+            const u32 kp = x_live(kt, s) ? keep[s] : 0u;
+            *reinterpret_cast<vec4u*>(x_s + (i / XC) * QMMA8_LD + (i % XC) * 16) = vec4u{v.x & kp, v.y & kp, v.z & kp, v.w & kp};
         }
         if (t < SC) {
             const u32 m = sr >= 0 ? 0xffffffffu : 0u;

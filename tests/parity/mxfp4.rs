@@ -124,6 +124,9 @@ fn matmuls<B: TestBackend>(b: &mut B) {
     // Odd and partial row blocks: 75 and 200 weight rows.
     check_matmul(b, &mut rng, (75, 2880), &ROWS, true);
     check_matmul(b, &mut rng, (200, 1152), &ROWS, false);
+    // The tiles' last k-tile of 1 and 3 blocks of 32 (2880: of 2).
+    check_matmul(b, &mut rng, (33, 1184), &[9, 17, 64, 100], false);
+    check_matmul(b, &mut rng, (40, 1248), &[9, 17, 64, 100], true);
     if gpu(b) {
         // The gpt-oss expert shape; and a width of many whole decode steps then a partial
         // one (6400 = 200 blocks).
@@ -133,6 +136,40 @@ fn matmuls<B: TestBackend>(b: &mut B) {
     }
 }
 crate::parity_test!(mxfp4_matmul_every_path, matmuls);
+
+/// The 8-bit tiles (`qmma8_*`, int8 tensor cores on NVIDIA sm_80+: `KILN_QMMA8=all`) on MXFP4
+/// batches, whole and partial last k-tiles.
+#[cfg(feature = "cuda")]
+#[test]
+fn mxfp4_matmul_8_bit_tiles() {
+    let Some(mut b) = cuda_opened(kiln::backend::cuda::CudaOptions {
+        dtype: kiln::backend::DType::Bf16,
+        tuning: kiln::backend::GpuTuning {
+            qmma8: kiln::backend::tuning::Choice::All,
+            ..env_tuning()
+        },
+        ..gpu_options()
+    }) else {
+        return;
+    };
+    let mut rng = rng("mxfp4_matmul_8_bit_tiles");
+    b.wait_kernels().expect("every kernel loads");
+    for (m, k) in [
+        (75, 2880),
+        (200, 1152),
+        (33, 1184),
+        (40, 1248),
+        (1024, 4096),
+    ] {
+        check_matmul(
+            &mut b,
+            &mut rng,
+            (m, k),
+            &[9, 16, 17, 33, 64, 100, 256],
+            m == 40,
+        );
+    }
+}
 
 /// The fused gate/up SiLU over two MXFP4 parts, exponents near 2^0 (the SiLU mixes scales).
 fn glu<B: TestBackend>(b: &mut B) {
@@ -332,7 +369,11 @@ fn mxfp4_device_bytes_are_its_file_bytes() {
 #[test]
 #[ignore]
 fn bench_mxfp4_decode() {
-    let Some(mut b) = cuda(kiln::backend::DType::Bf16) else {
+    // No sync after each launch (the parity backends' `sync_check`).
+    let Some(mut b) = cuda_opened(kiln::backend::cuda::CudaOptions {
+        dtype: kiln::backend::DType::Bf16,
+        ..gpu_options()
+    }) else {
         return;
     };
     b.wait_kernels().expect("every kernel loads");
@@ -444,31 +485,59 @@ fn bench_mxfp4_decode() {
         );
     }
     drop(layers);
-    let (m, k) = (4096, 4096);
-    let ws: Vec<_> = (0..4)
-        .map(|_| {
-            b.upload_weight(mxfp4(m, k, blocks(&mut rng, m, k, |_| 124)))
-                .expect("upload")
-        })
-        .collect();
-    for n in [16, 32, 64, 128, 256] {
-        let x = tensor(&mut b, n, k, &random(&mut rng, n * k, 1.0));
-        let mut out = b.alloc(n, m).expect("alloc");
-        let t = time(
-            &mut b,
-            &mut |b| {
-                for w in &ws {
-                    b.matmul(&x, w, None, n, &mut out).expect("matmul");
-                }
-            },
-            10,
-        );
-        let per = t / ws.len() as f64;
-        eprintln!(
-            "BENCH mxfp4 tiles {n}x{k}x{m} (KILN_QMMA8={}): {:.1} us a matrix, {:.0} TFLOP/s",
-            std::env::var("KILN_QMMA8").unwrap_or_default(),
-            per * 1e6,
-            2.0 * (n * m * k) as f64 / per / 1e12
-        );
+    // Batches on the tiles: the bf16 tiles (the default) and the 8-bit ones.
+    let Some(mut b8) = cuda_opened(kiln::backend::cuda::CudaOptions {
+        dtype: kiln::backend::DType::Bf16,
+        tuning: kiln::backend::GpuTuning {
+            qmma8: kiln::backend::tuning::Choice::All,
+            ..env_tuning()
+        },
+        ..gpu_options()
+    }) else {
+        return;
+    };
+    b8.wait_kernels().expect("every kernel loads");
+    let probe8 = b8.alloc(1, 8).expect("alloc");
+    for (m, k) in [(2880, 2880), (4096, 4096)] {
+        let host: Vec<_> = (0..4)
+            .map(|_| mxfp4(m, k, blocks(&mut rng, m, k, |_| 124)))
+            .collect();
+        for (label, be, pr) in [
+            ("bf16 tiles", &mut b, &probe),
+            ("8-bit tiles", &mut b8, &probe8),
+        ] {
+            let ws: Vec<_> = host
+                .iter()
+                .map(|w| be.upload_weight(w.clone()).expect("upload"))
+                .collect();
+            for n in [16, 32, 64, 128, 256] {
+                let x = tensor(be, n, k, &random(&mut rng, n * k, 1.0));
+                let mut out = be.alloc(n, m).expect("alloc");
+                let mut pass = |be: &mut Cuda| {
+                    for w in &ws {
+                        be.matmul(&x, w, None, n, &mut out).expect("matmul");
+                    }
+                };
+                pass(be);
+                be.to_host(pr, 1).expect("download");
+                let mut times: Vec<f64> = (0..5)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        for _ in 0..10 {
+                            pass(be);
+                        }
+                        be.to_host(pr, 1).expect("download");
+                        t.elapsed().as_secs_f64() / 10.0
+                    })
+                    .collect();
+                times.sort_by(f64::total_cmp);
+                let per = times[2] / ws.len() as f64;
+                eprintln!(
+                    "BENCH mxfp4 {label} {n}x{k}x{m}: {:.1} us a matrix, {:.0} TFLOP/s",
+                    per * 1e6,
+                    2.0 * (n * m * k) as f64 / per / 1e12
+                );
+            }
+        }
     }
 }

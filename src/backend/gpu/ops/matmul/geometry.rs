@@ -1,6 +1,8 @@
 //! The matmul family's geometry: tile and bucket sizes the routes and the launchers share
 //! (a leaf both use, so `route.rs` needs nothing of the launchers).
 
+use crate::backend::gpu::qtype::QType;
+
 /// Most rows of a step on the tiled quantized matmul; more dequantize for the BLAS GEMM.
 pub const QMMA_MAX_ROWS: usize = 256;
 
@@ -11,8 +13,13 @@ pub(in crate::backend::gpu) const QMMA_BN: usize = 64;
 pub(in crate::backend::gpu) const QMMA_THREADS: u32 = 128;
 pub(in crate::backend::gpu) const QMMA_WIDE: (usize, u32) = (128, 256);
 
-/// `QMMA_BK`, the k-tile every k must be a multiple of.
+/// `QMMA_BK`, the k-tile every k must be a multiple of, except for the types whose tiles
+/// take a partial last k-tile ([`QMMA_KTAIL_TYPES`]).
 pub(in crate::backend::gpu) const QMMA_BK: usize = 128;
+
+/// The types whose tiles take any k of whole 32-blocks, the last k-tile partial (`QmmaKTail`
+/// in `kernels/qmma.cuh`): MXFP4, whose gpt-oss matrices are 2880 wide.
+pub(in crate::backend::gpu) const QMMA_KTAIL_TYPES: [QType; 1] = [QType::Mxfp4];
 
 /// Fewest rows whose add + RMSNorm after a split tiled matmul runs in its reduce (one block
 /// per row there): H100, 8B Q4_K_M decode, against the reduce then `add_rms_norm`: batch 32

@@ -60,13 +60,15 @@ impl<R: Runtime> GpuBackend<R> {
             Some(r) if tile == 64 => (r * self.ctx.dev.info.sm_count / blocks.max(1)).max(1),
             _ => (waves * self.ctx.dev.info.sm_count).div_ceil(blocks.max(1)),
         };
-        let most = (k / QMMA_BK / QMMA_MIN_SPLIT_TILES)
+        // The last k-tile may be partial (MXFP4: `QmmaKTail` in qmma.cuh).
+        let tiles = k.div_ceil(QMMA_BK);
+        let most = (tiles / QMMA_MIN_SPLIT_TILES)
             .min(QMMA_MAX_SPLITS)
             .min(room);
         let splits = want.min(most).max(1);
         // Equal ranges of whole tiles: no split is left empty.
-        let per = (k / QMMA_BK).div_ceil(splits);
-        (k / QMMA_BK).div_ceil(per.max(1)).max(1)
+        let per = tiles.div_ceil(splits);
+        tiles.div_ceil(per.max(1)).max(1)
     }
 
     /// Blocks of `threads` threads of kernel `k` one SM holds by its registers, at most

@@ -16,7 +16,8 @@ use crate::backend::gpu::registry::Unit;
 use crate::backend::tuning::GpuTuning;
 
 use super::geometry::{
-    QDOT_PARTS, QMMA_BK, QMMA_MAX_ROWS, QMMA_NORM_MAX_COLS, QMMA_NORM_MIN_ROWS, QMMA_WIDE, qx_bytes,
+    QDOT_PARTS, QMMA_BK, QMMA_KTAIL_TYPES, QMMA_MAX_ROWS, QMMA_NORM_MAX_COLS, QMMA_NORM_MIN_ROWS,
+    QMMA_WIDE, qx_bytes,
 };
 
 /// One row range of a weight as routes see it: its type (`None`: compute-type elements),
@@ -213,6 +214,10 @@ pub(in crate::backend::gpu) fn part_runs<P: PartFacts>(parts: &[P]) -> Vec<PartR
 /// operations an output), where the bf16 tiles apply the scales once per weight: that
 /// pays for itself where unpacking is cheap (Q8_0's bytes are its quants) and not where it
 /// is not (the k-quants' 6-bit scales and mins, Q6_K's 16-element scales).
+/// MXFP4 stays on the bf16 tiles (exact weights, as Q4_0): on an H200 (`bench_mxfp4_decode`,
+/// us a matrix for rows 16 / 64 / 256) 2880 x 2880 took 11.1 / 17.0 / 35.1 on the bf16 tiles
+/// against 15.2 / 17.4 / 38.4 on the 8-bit ones, 4096 x 4096 14.7 / 23.4 / 52.7 against
+/// 15.0 / 24.0 / 56.7.
 /// (A type added here also moves its `Kernel::Qmma8` into its own compile unit,
 /// `Kernel::unit` in kernels.rs, so its models compile those kernels at start.)
 const QMMA8_TYPES: [QType; 1] = [QType::Q8_0];
@@ -298,7 +303,8 @@ impl<F: Fn(Unit) -> bool> Route<'_, F> {
     }
 
     /// The row tile of `kernels/qmma.cu`, when the tiled kernel takes the step (bf16
-    /// compute, a warp of 32, whole k-tiles, its compile units loaded: right after start-up
+    /// compute, a warp of 32, whole k-tiles or, for MXFP4, whole 32-blocks
+    /// ([`Route::qmma_k_step`]), its compile units loaded: right after start-up
     /// they may still compile, and batches dequantize for the BLAS meanwhile).
     pub fn qmma_rows<P: PartFacts>(&self, o: &Operands<'_, P>) -> Option<u32> {
         let unit = |part| Unit {
@@ -314,7 +320,7 @@ impl<F: Fn(Unit) -> bool> Route<'_, F> {
             && self.dt == DType::Bf16
             && self.caps.warp == 32
             && o.x_cols == o.w_cols
-            && o.w_cols.is_multiple_of(QMMA_BK)
+            && o.w_cols.is_multiple_of(self.qmma_k_step(o))
             && o.w_rows <= i32::MAX as usize
             && o.quantized()
             && self.whole_chunks(o.w_cols)
@@ -327,6 +333,16 @@ impl<F: Fn(Unit) -> bool> Route<'_, F> {
         Some(tile).filter(|_| fits && o.n > 0 && o.n <= QMMA_MAX_ROWS)
     }
 
+    /// The multiple of k the tiles take for `o`'s parts: whole 32-blocks where every part's
+    /// type takes a partial last k-tile ([`QMMA_KTAIL_TYPES`]), else whole k-tiles.
+    fn qmma_k_step<P: PartFacts>(&self, o: &Operands<'_, P>) -> usize {
+        let tail = o
+            .parts
+            .iter()
+            .all(|p| p.q().is_some_and(|q| QMMA_KTAIL_TYPES.contains(&q)));
+        if tail { 32 } else { QMMA_BK }
+    }
+
     /// Whether a `qmma_*` launch of type `q` (`mix`: with a Q6_K part) takes the 8-bit tiles:
     /// [`QMMA8_TYPES`], or as [`GpuTuning::qmma8`] says.
     pub fn qmma8_takes(&self, q: QType, mix: bool) -> bool {
@@ -335,10 +351,13 @@ impl<F: Fn(Unit) -> bool> Route<'_, F> {
 
     /// The scratch bytes of x's 8-bit rows for the 8-bit tiles (`qmma8_*`), where `n` rows of
     /// `k` columns may take them: on NVIDIA sm_80 or newer (int8 `mma.sync`; elsewhere the
-    /// bf16 tiles stay), with room in the dequant scratch (the split-k partials follow them).
+    /// bf16 tiles stay), k whole pairs of 32-blocks, with room in the dequant scratch (the
+    /// split-k partials follow them).
     pub fn qmma8_bytes(&self, n: usize, k: usize) -> Option<usize> {
         let bytes = qx_bytes(n, k).next_multiple_of(256);
-        (self.caps.int8_mma && k.is_multiple_of(32) && bytes <= self.room).then_some(bytes)
+        // Whole pairs of 32-blocks: a tile copies x's scales 16 bytes (two blocks) at a time
+        // from each row's start (MXFP4's tiles take any k of whole 32-blocks).
+        (self.caps.int8_mma && k.is_multiple_of(64) && bytes <= self.room).then_some(bytes)
     }
 
     /// The scratch bytes of x's 8-bit rows where a tiled launch of `o` quantizes x once for

@@ -176,8 +176,9 @@ fn the_matmul_routes_by_rows_type_device_and_compile_state() {
 }
 
 /// MXFP4 at gpt-oss's width (2880 columns: whole blocks of 32, not whole k-tiles of 128):
-/// decode rows take the 8-bit kernels, batches dequantize for the BLAS (the tiles need
-/// whole k-tiles); at 4096 columns the bf16 tiles, not the 8-bit ones, unless asked.
+/// decode rows take the 8-bit kernels, batches the tiles with a partial last k-tile (another
+/// type at that width dequantizes for the BLAS); the bf16 tiles, not the 8-bit ones, unless
+/// asked.
 #[test]
 fn mxfp4_routes_by_its_width() {
     let h100 = caps("sm_90", 132, 32);
@@ -203,11 +204,30 @@ fn mxfp4_routes_by_its_width() {
     for (n, want) in [
         (1, MatmulPath::Qdot { rows: 1 }),
         (5, MatmulPath::Qdot { rows: 8 }),
-        (9, MatmulPath::DequantBlas),
-        (256, MatmulPath::DequantBlas),
+        (
+            9,
+            MatmulPath::Qmma {
+                tile: 16,
+                x8: false,
+            },
+        ),
+        (
+            256,
+            MatmulPath::Qmma {
+                tile: 64,
+                x8: false,
+            },
+        ),
+        (257, MatmulPath::DequantBlas),
     ] {
         assert_eq!(route.matmul(&at(n)), want, "mxfp4 2880 rows {n}");
     }
+    let q4 = [P(Some(QType::Q4_0), 0, 2880)];
+    let q4_at = Operands {
+        parts: &q4[..],
+        ..at(64)
+    };
+    assert_eq!(route.matmul(&q4_at), MatmulPath::DequantBlas);
     let wide = [P(Some(QType::Mxfp4), 0, K)];
     assert_eq!(
         route.matmul(&operands(64, &wide)),
