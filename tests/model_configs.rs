@@ -147,3 +147,78 @@ fn derived_model_needs_of_fixtures() {
     let kv = (moe.spec.n_kv_heads / 2).max(1);
     assert_eq!(two.gqa_group, Some(moe.spec.n_heads / 2 / kv));
 }
+
+/// The gpt-oss fixture's `config.json` (the released checkpoints' keys).
+fn gptoss_config() -> serde_json::Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/arch/gptoss/config.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// transformers 5 writes `rope_parameters` (with `rope_theta` inside) and no
+/// `experts_per_token` / `initial_context_length`: the same spec as the released keys.
+#[test]
+fn gptoss_both_config_eras_give_one_spec() {
+    let released = gptoss_config();
+    let want = ModelSpec::from_hf_config(&released.to_string()).unwrap();
+    let mut v5 = released.clone();
+    let o = v5.as_object_mut().unwrap();
+    let mut rope = o.remove("rope_scaling").unwrap();
+    rope["rope_theta"] = o.remove("rope_theta").unwrap();
+    o.insert("rope_parameters".into(), rope);
+    o.remove("experts_per_token");
+    o.remove("initial_context_length");
+    let got = ModelSpec::from_hf_config(&v5.to_string()).unwrap();
+    assert_eq!(got, want);
+    // Without any rope keys: transformers' gpt-oss defaults (theta 150000, YaRN factor 32
+    // over 4096 without truncation, attention factor 0.1 ln 32 + 1).
+    let mut bare = released.clone();
+    let o = bare.as_object_mut().unwrap();
+    o.remove("rope_scaling");
+    o.remove("rope_theta");
+    let s = ModelSpec::from_hf_config(&bare.to_string()).unwrap();
+    assert_eq!(s.rope.theta, 150000.0);
+    assert!((s.rope.attn_factor - (0.1 * 32f32.ln() + 1.0)).abs() < 1e-6);
+    let f = s.rope.freq_factors.as_ref().unwrap();
+    assert_eq!((f[0], f[7]), (1.0, 32.0), "{f:?}");
+    // truncate true (transformers' default) floors and ceils the ramp: other divisors.
+    let mut trunc = released.clone();
+    trunc["rope_scaling"]["truncate"] = true.into();
+    let t = ModelSpec::from_hf_config(&trunc.to_string()).unwrap();
+    assert_ne!(t.rope.freq_factors, want.rope.freq_factors);
+}
+
+/// Values of a gpt-oss config Kiln does not implement are refused, naming the key.
+#[test]
+fn gptoss_configs_kiln_does_not_run_are_refused_by_name() {
+    let base = gptoss_config();
+    let cases: [(&str, fn(&mut serde_json::Value)); 10] = [
+        ("rope_scaling", |c| {
+            c["rope_scaling"]["rope_type"] = "linear".into()
+        }),
+        ("mscale", |c| c["rope_scaling"]["mscale"] = 1.0.into()),
+        ("layer_types", |c| {
+            c["layer_types"][1] = "chunked_attention".into()
+        }),
+        ("layer_types", |c| {
+            c["layer_types"] = serde_json::json!(["sliding_attention"])
+        }),
+        ("sliding_window", |c| {
+            c["sliding_window"] = serde_json::Value::Null
+        }),
+        ("attention_bias", |c| c["attention_bias"] = false.into()),
+        ("quantization_config", |c| {
+            c["quantization_config"] = serde_json::json!({"quant_method": "fp8"})
+        }),
+        ("experts_per_token", |c| c["experts_per_token"] = 2.into()),
+        ("swiglu_limit", |c| c["swiglu_limit"] = (-1.0).into()),
+        ("attention_dropout", |c| c["attention_dropout"] = 0.1.into()),
+    ];
+    for (key, edit) in cases {
+        let mut c = base.clone();
+        edit(&mut c);
+        let err = ModelSpec::from_hf_config(&c.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}

@@ -309,10 +309,16 @@ fn hf_rope(c: &Value, b: &HfBase, rope: &mut RopeSpec) -> Result<(), ModelError>
 
 /// The clamped SwiGLU of a `config.json` (`swiglu_limit`, `swiglu_alpha`).
 pub fn hf_swiglu(c: &Value) -> Result<(f32, f32), ModelError> {
-    Ok((
-        get_f32(c, "swiglu_alpha")?.unwrap_or(SWIGLU_ALPHA),
-        get_f32(c, "swiglu_limit")?.unwrap_or(SWIGLU_LIMIT),
-    ))
+    let alpha = get_f32(c, "swiglu_alpha")?.unwrap_or(SWIGLU_ALPHA);
+    let limit = get_f32(c, "swiglu_limit")?.unwrap_or(SWIGLU_LIMIT);
+    for (k, v) in [("swiglu_alpha", alpha), ("swiglu_limit", limit)] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(spec_err(format!(
+                "config.json {k}: {v} is not supported (a finite number > 0)"
+            )));
+        }
+    }
+    Ok((alpha, limit))
 }
 
 /// The experts of a Hugging Face gpt-oss checkpoint in llama.cpp's layout, when `name` is
