@@ -187,11 +187,14 @@ fn gptoss_both_config_eras_give_one_spec() {
     assert_ne!(t.rope.freq_factors, want.rope.freq_factors);
 }
 
+/// A change to a config.
+type Edit = fn(&mut serde_json::Value);
+
 /// Values of a gpt-oss config Kiln does not implement are refused, naming the key.
 #[test]
 fn gptoss_configs_kiln_does_not_run_are_refused_by_name() {
     let base = gptoss_config();
-    let cases: [(&str, fn(&mut serde_json::Value)); 10] = [
+    let cases: [(&str, Edit); 10] = [
         ("rope_scaling", |c| {
             c["rope_scaling"]["rope_type"] = "linear".into()
         }),
