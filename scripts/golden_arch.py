@@ -292,6 +292,17 @@ MODELS = [
         ),
     ),
 ]
+# gpt-oss as released: the experts in MXFP4 (`*_blocks` [E, rows, cols/32, 16] uint8 with two
+# E2M1 codes a byte, element 2j in the low nibble; `*_scales` [E, rows, cols/32] E8M0),
+# quantization_config mxfp4; expert width 32 (MXFP4 blocks of 32 along each row).
+_GPTOSS = next(m for m in MODELS if m["name"] == "gptoss")
+MODELS.append(dict(
+    name="gptoss-mxfp4", seed=1048, dtype="BF16", shards=None, mxfp4=True,
+    config=dict(_GPTOSS["config"], intermediate_size=32, quantization_config=dict(
+        quant_method="mxfp4", modules_to_not_convert=[
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+            "lm_head"])),
+))
 
 
 # ---------------------------------------------------------------------------
@@ -448,6 +459,12 @@ def write_safetensors(path, tensors, dtype):
     """tensors: name -> float32 array. dtype 'F32' or 'BF16' (round to nearest even)."""
     keep, specs = [], {}
     for name in sorted(tensors):
+        if tensors[name].dtype == np.uint8:          # MXFP4 blocks and scales
+            buf = np.ascontiguousarray(tensors[name])
+            keep.append(buf)
+            specs[name] = TensorSpec(dtype="uint8", shape=buf.shape, data_ptr=buf.ctypes.data,
+                                     data_len=buf.nbytes)
+            continue
         a = np.ascontiguousarray(tensors[name], dtype=np.float32)
         if dtype == "BF16":
             buf, dname = f32_to_bf16_bits(a), "bfloat16"
@@ -475,6 +492,8 @@ def write_model(m):
     t = make_weights(cfg, m["seed"])
     if m.get("tokenizer"):
         write_tokenizer(d, cfg["vocab_size"])
+    if m.get("mxfp4"):
+        t = mxfp4_experts(t)
     if m["shards"] is None:
         write_safetensors(os.path.join(d, "model.safetensors"), t, m["dtype"])
     else:
@@ -511,6 +530,9 @@ def read_safetensors(path):
             a = np.frombuffer(data, dtype="<f4")
         elif dt == "BF16":
             a = bf16_bits_to_f32(np.frombuffer(data, dtype="<u2"))
+        elif dt == "U8":
+            out[name] = (np.frombuffer(data, dtype=np.uint8).reshape(shape), dt)
+            continue
         else:
             raise ValueError(f"{name}: dtype {dt}")
         out[name] = (a.reshape(shape).astype(np.float64), dt)
@@ -1152,6 +1174,10 @@ def load_gptoss(d, c):
     t, types = {}, {}
     for k, (a, dt) in read_safetensors(os.path.join(d, "model.safetensors")).items():
         t[k], types[k] = a, dt
+    q = c.get("quantization_config")
+    if q:
+        assert q["quant_method"] == "mxfp4", q
+        t = mxfp4_read(t)
     W = {"tok_embd": t["model.embed_tokens.weight"], "out_norm": t["model.norm.weight"],
          "output": t["lm_head.weight"], "layers": []}
     for i in range(cfg["n_layer"]):
@@ -1172,6 +1198,58 @@ def load_gptoss(d, c):
         assert L["gate_up"].shape == (E, d, 2 * f) and L["down"].shape == (E, f, d)
         assert L["sinks"].shape == (cfg["n_head"],) and L["router"].shape == (E, d)
     return cfg, W, types
+
+
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                 -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4_quantize(w):
+    """w [E, rows, cols] -> (blocks [E, rows, cols/32, 16] uint8, scales [E, rows, cols/32]
+    uint8): per 32 elements an E8M0 scale 2^(s-127) (the smallest with max |w| / scale <= 6)
+    and each element's nearest E2M1 code, two a byte, element 2j in the low nibble."""
+    E, R, C = w.shape
+    b = w.astype(np.float64).reshape(E, R, C // 32, 32)
+    amax = np.max(np.abs(b), axis=-1)
+    e = np.clip(np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)), -127, 127)
+    scale = 2.0 ** e
+    codes = np.argmin(np.abs(b[..., None] / scale[..., None, None] - E2M1), axis=-1)
+    codes = codes.astype(np.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks.astype(np.uint8), (e + 127).astype(np.uint8)
+
+
+def mxfp4_dequantize(blocks, scales):
+    """The inverse layout, from the OpenAI format's definition: [E, rows, cols] float64."""
+    lo, hi = E2M1[blocks & 15], E2M1[blocks >> 4]
+    vals = np.stack([lo, hi], axis=-1).reshape(*blocks.shape[:-1], 32)
+    vals = vals * 2.0 ** (scales.astype(np.float64) - 127)[..., None]
+    return vals.reshape(blocks.shape[0], blocks.shape[1], -1)
+
+
+def mxfp4_experts(t):
+    """The experts' matrices as the released checkpoints store them: [out, in] rows (gate_up
+    rows interleaved gate/up), quantized; the biases stay BF16."""
+    out = {}
+    for k, v in t.items():
+        if k.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            blocks, scales = mxfp4_quantize(np.swapaxes(v, 1, 2))
+            out[k + "_blocks"], out[k + "_scales"] = blocks, scales
+        else:
+            out[k] = v
+    return out
+
+
+def mxfp4_read(t):
+    """The MXFP4 experts back in the transformers layout the forward reads."""
+    out = {}
+    for k, v in t.items():
+        if k.endswith("_blocks"):
+            base = k[:-len("_blocks")]
+            out[base] = np.swapaxes(mxfp4_dequantize(v, t[base + "_scales"]), 1, 2)
+        elif not k.endswith("_scales"):
+            out[k] = v
+    return out
 
 
 def gptoss_rope_note(cfg):

@@ -353,6 +353,8 @@ fn fixture_files_are_small_and_sharded_as_described() {
         "qwen3moe",
         "mixtral",
         "qwen2moe",
+        "gptoss",
+        "gptoss-mxfp4",
     ] {
         for e in std::fs::read_dir(dir.join(name)).unwrap() {
             let e = e.unwrap();
@@ -466,4 +468,26 @@ fn gptoss_gguf_from_llama_cpp_converter_matches_the_same_reference() {
         assert_eq!(g.layer_shape(l), hf.layer_shape(l), "layer {l}");
     }
     check("gptoss.gguf", &golden, &files, 16);
+}
+
+/// gpt-oss as released: the experts in MXFP4 (`*_blocks` / `*_scales`,
+/// `quantization_config` mxfp4), read into ggml's MXFP4 blocks without a dequantized copy;
+/// the CPU's f32 path against the reference, which decodes the OpenAI layout itself.
+#[test]
+fn gptoss_mxfp4_experts_match_reference() {
+    let dir = repo().join("tests/data/arch/gptoss-mxfp4");
+    let files = ModelFiles::open(&dir, LoadFormat::Hf)
+        .unwrap_or_else(|e| panic!("gptoss-mxfp4: loading {}: {e}", dir.display()));
+    let s = &files.spec;
+    let m = s.variant.moe.expect("moe parsed");
+    assert_eq!((m.n_expert, m.expert_ff), (8, 32));
+    let gate = files
+        .source
+        .fetch_host("blk.0.ffn_gate_exps.weight", &[8, 32, 32])
+        .unwrap()
+        .unwrap();
+    assert_eq!(gate.weight_type(), kiln::model::quant::GgmlType::Mxfp4);
+    let types = files.source.weight_types().unwrap();
+    assert!(types.contains(&kiln::model::quant::GgmlType::Mxfp4));
+    check("gptoss-mxfp4", &load("arch-gptoss-mxfp4.json"), &files, 16);
 }

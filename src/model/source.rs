@@ -252,9 +252,14 @@ fn unsupported_dtype(hf: &str, dtype: Dtype) -> ModelError {
 }
 
 impl TensorSource for SafetensorsSource {
-    /// Plain types only (F32, F16, BF16 are all it reads): no quantized kernels.
+    /// The plain types (F32, F16, BF16), and MXFP4 where a checkpoint stores experts so
+    /// (gpt-oss's `*_blocks`).
     fn weight_types(&self) -> Option<Vec<GgmlType>> {
-        Some(vec![GgmlType::F32, GgmlType::F16, GgmlType::BF16])
+        let mut types = vec![GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+        if self.index.keys().any(|k| k.ends_with("_blocks")) {
+            types.push(GgmlType::Mxfp4);
+        }
+        Some(types)
     }
 
     fn fetch(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {

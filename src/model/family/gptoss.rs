@@ -197,9 +197,12 @@ fn hf_gptoss(
             "config.json attention_bias: false is not supported for gpt_oss".into(),
         ));
     }
-    if let Some(q) = c.get("quantization_config").filter(|q| !q.is_null()) {
+    // The released checkpoints' MXFP4 experts are read as they are (`hf_mxfp4`).
+    if let Some(q) = c.get("quantization_config").filter(|q| !q.is_null())
+        && get_str(q, "quant_method") != Some("mxfp4")
+    {
         return Err(spec_err(format!(
-            "config.json quantization_config: {} is not supported for gpt_oss",
+            "config.json quantization_config: {} is not supported for gpt_oss (only mxfp4)",
             get_str(q, "quant_method").unwrap_or("?")
         )));
     }
@@ -345,6 +348,9 @@ fn hf_experts(
         _ => return Ok(None),
     };
     let bias = leaf.ends_with(".bias");
+    if !bias && let Some(t) = hf_mxfp4(src, &hf, kind, shape)? {
+        return Ok(Some(t));
+    }
     src.hf_view(&hf, |dtype, have, bytes| {
         let (ty, size) = match dtype {
             safetensors::Dtype::F32 => (GgmlType::F32, 4),
@@ -394,6 +400,70 @@ fn hf_experts(
             t
         })
     })
+}
+
+/// The released checkpoints' MXFP4 experts (`{hf}_blocks` `[E, rows, cols/32, 16]`, two
+/// E2M1 codes a byte with element `2j` in the low nibble; `{hf}_scales` `[E, rows, cols/32]`,
+/// E8M0), already `[out, in]`: the rows picked (gate/up interleaved) into ggml's MXFP4
+/// blocks (the scale byte, then element `j` in the low nibble and `j + 16` in the high
+/// nibble of byte `j`), as llama.cpp's converter repacks them. `None`: not stored so.
+fn hf_mxfp4(
+    src: &SafetensorsSource,
+    hf: &str,
+    kind: Pick,
+    shape: &[usize],
+) -> Result<Option<HostTensor>, ModelError> {
+    let (blocks, scales) = (format!("{hf}_blocks"), format!("{hf}_scales"));
+    let u8s = |name: &str, dtype: safetensors::Dtype| match dtype {
+        safetensors::Dtype::U8 => Ok(()),
+        other => Err(ModelError::Format(format!(
+            "tensor '{name}': dtype {other:?}, expected U8 (MXFP4)"
+        ))),
+    };
+    let Some((sc_shape, sc)) = src.hf_view(&scales, |dtype, have, bytes| {
+        u8s(&scales, dtype)?;
+        Ok((have.to_vec(), bytes.to_vec()))
+    })?
+    else {
+        return Ok(None);
+    };
+    let made = src.hf_view(&blocks, |dtype, have, bytes| {
+        u8s(&blocks, dtype)?;
+        let &[e, rows, nb, 16] = have else {
+            return Err(shape_mismatch(&blocks, shape, have));
+        };
+        let (step, first) = match kind {
+            Pick::Even => (2, 0),
+            Pick::Odd => (2, 1),
+            Pick::All => (1, 0),
+        };
+        if sc_shape != [e, rows, nb] || !rows.is_multiple_of(step) {
+            return Err(shape_mismatch(&scales, &[e, rows, nb], &sc_shape));
+        }
+        let out_rows = rows / step;
+        if shape != [e, out_rows, nb * 32] {
+            return Err(shape_mismatch(&blocks, shape, have));
+        }
+        let mut out = Vec::with_capacity(e * out_rows * nb * 17);
+        for x in 0..e {
+            for j in 0..out_rows {
+                let r = first + j * step;
+                for k in 0..nb {
+                    let at = (x * rows + r) * nb + k;
+                    let b = &bytes[at * 16..at * 16 + 16];
+                    let code = |m: usize| (b[m / 2] >> (4 * (m % 2))) & 15;
+                    out.push(sc[at]);
+                    out.extend((0..16).map(|i| code(i) | (code(i + 16) << 4)));
+                }
+            }
+        }
+        HostTensor::raw(shape.to_vec(), GgmlType::Mxfp4, out)
+            .map_err(|err| ModelError::Format(format!("tensor '{blocks}': {err}")))
+    })?;
+    match made {
+        Some(t) => Ok(Some(t)),
+        None => Err(ModelError::Missing(blocks)),
+    }
 }
 
 #[derive(Clone, Copy)]
