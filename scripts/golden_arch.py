@@ -41,6 +41,10 @@ tiny random-weight HF directories, each covering a feature those files lack:
                  SwiGLU (limit 7.0 as llama.cpp fixes it; gate_up 4x wider, so the clamp is hit), BF16, hidden 32 != 4 heads x 16;
                  with a tiny byte-level BPE tokenizer.json (for llama.cpp's converter,
                  scripts/gptoss_gguf.py). Reference: forward_gptoss below.
+  gptoss-mxfp4   the same layout as released: experts in MXFP4 (`*_blocks` / `*_scales`,
+                 quantization_config mxfp4), expert width 32; the reference decodes the
+                 OpenAI layout itself (mxfp4_dequantize), equal to transformers'
+                 convert_moe_packed_tensors on every expert tensor (max abs diff 0, 5.24).
 
 Written: tests/data/arch/<name>/{config.json, *.safetensors[, index]} (no tokenizer)
 and tests/golden/arch-<name>.json (the schema of tests/golden/*.json).
