@@ -321,3 +321,6 @@ pub fn moe_ffn(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -57,7 +57,6 @@ fn plan(seqs: &[(u32, u32)], num_blocks: usize) -> BatchPlan {
 /// Attention of one query head over positions of its sequence, the textbook way, with the
 /// head's sink logit (if any) in the softmax denominator. Returns the output and the share
 /// of the softmax mass the sink took.
-#[allow(clippy::too_many_arguments)]
 fn naive(
     g: &AttnGeom,
     s: &SeqSlice,
@@ -65,8 +64,7 @@ fn naive(
     q: &[f32],
     kvh: usize,
     sink: Option<f32>,
-    k: &[f32],
-    v: &[f32],
+    (k, v): (&[f32], &[f32]),
 ) -> (Vec<f32>, f64) {
     let (hd, bs, w) = (g.head_dim, g.kv.block_size, g.kv.slot_width());
     let slot = |p: usize| s.block_table[p / bs] as usize * bs + p % bs;
@@ -176,7 +174,7 @@ impl Case {
             for h in 0..shape.n_heads {
                 let q = &self.qkv[t * shape.qkv_dim() + h * hd..][..hd];
                 let sink = sinks.map(|k| k[h]);
-                let (want, share) = naive(&g, s, pos, q, h / group, sink, &self.k, &self.v);
+                let (want, share) = naive(&g, s, pos, q, h / group, sink, (&self.k, &self.v));
                 least_share = least_share.min(share);
                 let tol = 1e-4 * (1.0 - share).max(1e-4) as f32;
                 let got = &out[t * shape.q_dim() + h * hd..][..hd];
