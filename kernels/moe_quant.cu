@@ -360,10 +360,10 @@ __device__ __forceinline__ void moemma_gate_up_impl(const bf16* __restrict__ x, 
         if (col < f && p < end && sorted[p] >= 0)
             act[(size_t)p * f + col] = from_f<bf16>(moe_act<bf16>(g, v, bg, bu, (size_t)j, alpha, limit));
     };
-    qmma_tile<Q, MOEMMA_BM>(wg, n_rows, h, e * f + c0, x, h, xrow, 0, h / QMMA_BK, store);
+    qmma_tile<Q, MOEMMA_BM>(wg, n_rows, h, e * f + c0, x, h, xrow, 0, qmma_ktiles(h), store);
     i = 0;
     up = true;
-    qmma_tile<Q, MOEMMA_BM>(wu, n_rows, h, e * f + c0, x, h, xrow, 0, h / QMMA_BK, store);
+    qmma_tile<Q, MOEMMA_BM>(wu, n_rows, h, e * f + c0, x, h, xrow, 0, qmma_ktiles(h), store);
 }
 
 template <typename Q>
@@ -379,7 +379,7 @@ __device__ __forceinline__ void moemma_down_impl(const bf16* __restrict__ act, c
         const int p = p0 + s;
         return p < end && sorted[p] >= 0 ? p : -1;
     };
-    qmma_tile<Q, MOEMMA_BM>(wd, n_rows, f, e * h + blockIdx.y * QMMA_BN, act, f, xrow, 0, f / QMMA_BK,
+    qmma_tile<Q, MOEMMA_BM>(wd, n_rows, f, e * h + blockIdx.y * QMMA_BN, act, f, xrow, 0, qmma_ktiles(f),
                             [&](int s, int j, float v) {
                                 const int col = j - e * h, p = p0 + s;
                                 if (col < h && p < end && sorted[p] >= 0) y[(size_t)p * h + col] = from_f<bf16>(v);

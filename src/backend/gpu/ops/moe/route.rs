@@ -57,16 +57,18 @@ pub(in crate::backend::gpu) fn moe_path(
     let q8 = |cols: usize| bf16 && cols.is_multiple_of(32);
     // Many rows per expert (prefill): tensor cores over 64 slots of one expert.
     let many = total >= MMA_MIN_ROWS * ne;
-    let mma = |cols: usize| many && bf16 && cols.is_multiple_of(MMA_BK);
+    // (MXFP4's tiles take a partial last k-tile: whole blocks of 32.)
+    let step = |q: QType| if q == QType::Mxfp4 { 32 } else { MMA_BK };
+    let mma = |q: QType, cols: usize| many && bf16 && cols.is_multiple_of(step(q));
     let slots = moe8_slots(n);
     let gate_up = match gu_q {
-        Some(q) if mma(h) => MoeStage::Mma(q),
+        Some(q) if mma(q, h) => MoeStage::Mma(q),
         Some(q) if q8(h) => MoeStage::Q8 { q, slots },
         None => MoeStage::Dense,
         Some(q) => MoeStage::Quant(q),
     };
     let down = match down_q {
-        Some(q) if mma(f) => MoeStage::Mma(q),
+        Some(q) if mma(q, f) => MoeStage::Mma(q),
         Some(q) if q8(f) && slots == 1 && f <= SELF_MAX => MoeStage::Q8Self(q),
         Some(q) if q8(f) => MoeStage::Q8 { q, slots },
         None => MoeStage::Dense,
