@@ -1,10 +1,10 @@
 //! The model-family fixtures (`tests/data/arch/<name>/` and their GGUF versions in
 //! `tests/data/arch-gguf/`: Qwen3, Gemma 2 and 3, Phi-3, Qwen3-MoE, Mixtral, Qwen2-MoE,
-//! ...) run whole on the GPU against the CPU: f32 gives the CPU's greedy ids with logits
+//! gpt-oss, ...) run whole on the GPU against the CPU: f32 gives the CPU's greedy ids with logits
 //! within 1e-4 (relative L2) at every step, bf16 the prompt's logits within bf16 tolerance.
 //! The CPU itself is checked against the NumPy reference in `tests/golden_arch.rs`; this
 //! adds the GPU's ops (q/k norms, GeGLU, soft caps, sliding windows, local ropes, grouped
-//! and shared experts) end to end.
+//! and shared experts, attention sinks, biased experts with the clamped SwiGLU) end to end.
 #![cfg(feature = "cuda")]
 
 use std::path::PathBuf;
@@ -31,7 +31,7 @@ fn repo() -> PathBuf {
 }
 
 /// The fixtures and where they live: (name, HF directory, GGUF file if any).
-const FAMILIES: [(&str, bool); 12] = [
+const FAMILIES: [(&str, bool); 13] = [
     ("qwen3", true),
     ("gemma2", true),
     ("gemma3", true),
@@ -44,6 +44,7 @@ const FAMILIES: [(&str, bool); 12] = [
     ("mistral-bf16", false),
     ("llama3-scaled", false),
     ("llama-sharded", false),
+    ("gptoss", true),
 ];
 
 /// The prompts of the family's golden file (token ids; the fixtures have no tokenizer).

@@ -30,6 +30,37 @@ pub(in crate::backend::gpu) fn tc_smem_bytes(hd: usize) -> u32 {
     ((128 + 4 * 64) * (hd + 8) * 2) as u32
 }
 
+/// Checks `launch_attention`'s tensors against `shape` and the step's `n_tokens`; returns the
+/// sinks' device pointer (0: none).
+fn check_inputs(
+    qkv: &GpuTensor,
+    (kv, layer): (&GpuKv, usize),
+    n_tokens: usize,
+    shape: &AttnShape,
+    sinks: Option<&GpuWeight>,
+    out: &GpuTensor,
+) -> Result<u64, BackendError> {
+    let (hd, n_heads, n_kv) = (shape.head_dim, shape.n_heads, shape.n_kv_heads);
+    check_cols("attention output", out.cols, shape.q_dim())?;
+    check_cols("attention input", qkv.cols, shape.qkv_dim())?;
+    check_rows("attention", n_tokens, qkv.rows.min(out.rows))?;
+    shape.check().map_err(invalid)?;
+    if kv.shape.head_dim != hd || kv.shape.n_kv_heads != n_kv || layer >= kv.shape.num_layers {
+        return Err(invalid(format!(
+            "attention: cache {:?} does not fit layer {layer} of {shape:?}",
+            kv.shape
+        )));
+    }
+    match sinks {
+        Some(w) if w.rows * w.cols != n_heads => Err(invalid(format!(
+            "attention sinks: [{}, {}], expected {n_heads} values (one per query head)",
+            w.rows, w.cols
+        ))),
+        Some(w) => Ok(w.dense_for("attention sinks")?.ptr()),
+        None => Ok(0),
+    }
+}
+
 impl<R: Runtime> GpuBackend<R> {
     /// `Backend::attention` over layer `layer` of the cache `kv`; `sinks` (gpt-oss):
     /// `[n_heads]` logits, kept in the compute type as every vector weight is, that join each
@@ -45,26 +76,7 @@ impl<R: Runtime> GpuBackend<R> {
     ) -> Result<(), BackendError> {
         let l = self.layout(b)?;
         let (hd, n_heads, n_kv) = (shape.head_dim, shape.n_heads, shape.n_kv_heads);
-        check_cols("attention output", out.cols, shape.q_dim())?;
-        check_cols("attention input", qkv.cols, shape.qkv_dim())?;
-        check_rows("attention", l.n_tokens, qkv.rows.min(out.rows))?;
-        shape.check().map_err(invalid)?;
-        if kv.shape.head_dim != hd || kv.shape.n_kv_heads != n_kv || layer >= kv.shape.num_layers {
-            return Err(invalid(format!(
-                "attention: cache {:?} does not fit layer {layer} of {shape:?}",
-                kv.shape
-            )));
-        }
-        let sinks = match sinks {
-            Some(w) if w.rows * w.cols != n_heads => {
-                return Err(invalid(format!(
-                    "attention sinks: [{}, {}], expected {n_heads} values (one per query head)",
-                    w.rows, w.cols
-                )));
-            }
-            Some(w) => w.dense_for("attention sinks")?.ptr(),
-            None => 0,
-        };
+        let sinks = check_inputs(qkv, (kv, layer), l.n_tokens, shape, sinks, out)?;
         let head = AttnHead::for_head_dim(hd);
         let vectors = l.max_item_rows as usize * (n_heads / n_kv);
         let kernel = self.attention_kernel(head, vectors, l.n_items);
