@@ -705,3 +705,67 @@ async fn openai_python_sdk_harmony() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `/v1/responses` on the same path: a reasoning item before a function call is rendered as
+/// that turn's `thinking` (the analysis before the call).
+#[tokio::test]
+async fn responses_reasoning_items_render_before_the_call() {
+    let input = |reasoning: bool| {
+        let mut items =
+            vec![json!({"type": "message", "role": "user", "content": "Weather in Paris?"})];
+        if reasoning {
+            items.push(json!({"type": "reasoning", "summary": [],
+                "content": [{"type": "reasoning_text", "text": "Need the weather."}]}));
+        }
+        items.push(
+            json!({"type": "function_call", "call_id": "call_1", "name": "get_weather",
+            "arguments": "{\"city\": \"Paris\"}"}),
+        );
+        items.push(json!({"type": "function_call_output", "call_id": "call_1", "output": "Sunny"}));
+        items
+    };
+    let tool = weather_tool();
+    let f = &tool["function"];
+    let tools = [TemplateTool {
+        name: "get_weather".into(),
+        description: Some("The weather in a city".into()),
+        parameters: f["parameters"].clone(),
+    }];
+    let tok = harmony_tokenizer();
+    for reasoning in [false, true] {
+        let mut call = ChatMessage::new("assistant", "");
+        call.thinking = reasoning.then(|| "Need the weather.".to_string());
+        call.tool_calls = vec![TemplateToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: json!({"city": "Paris"}),
+        }];
+        let mut result = ChatMessage::new("tool", "Sunny");
+        result.tool_call_id = Some("call_1".into());
+        let msgs = [ChatMessage::new("user", "Weather in Paris?"), call, result];
+        let text = template().render_with_tools(&msgs, &tools, true).unwrap();
+        assert_eq!(
+            text.contains("<|channel|>analysis<|message|>Need the weather.<|end|>"),
+            reasoning
+        );
+        let body = json!({"model": MODEL, "input": input(reasoning), "store": false,
+            "max_output_tokens": 4, "temperature": 0,
+            "tools": [{"type": "function", "name": "get_weather", "description": f["description"],
+                       "parameters": f["parameters"]}]});
+        let res = client()
+            .post(format!("{}/v1/responses", server().base))
+            .bearer_auth("sk-kiln-test")
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(res.status().as_u16(), 200);
+        let res: Value = res.json().await.unwrap();
+        let ids = tok.encode(&text, false).unwrap();
+        assert_eq!(
+            res["usage"]["input_tokens"],
+            ids.len(),
+            "reasoning {reasoning}: {res}"
+        );
+    }
+}

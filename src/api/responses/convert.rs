@@ -280,10 +280,12 @@ fn joined(parts: &[TextPart]) -> String {
 }
 
 /// The conversation for the template: `instructions` first, then the items in order
-/// (function calls join the assistant turn before them; reasoning is dropped, as chat
-/// templates drop earlier thinking).
+/// (function calls join the assistant turn before them; a reasoning item's text is the next
+/// assistant turn's `thinking`, which templates such as gpt-oss's render before a call and
+/// the others leave out).
 pub fn messages(instructions: Option<&str>, items: &[Item]) -> Vec<ChatMessage> {
     let mut out = Vec::new();
+    let mut thinking: Option<String> = None;
     if let Some(i) = instructions {
         out.push(ChatMessage::new("system", i));
     }
@@ -291,7 +293,11 @@ pub fn messages(instructions: Option<&str>, items: &[Item]) -> Vec<ChatMessage> 
         match it {
             Item::Message { role, content, .. } => {
                 let role = if role == "developer" { "system" } else { role };
-                out.push(ChatMessage::new(role, joined(content)));
+                let mut m = ChatMessage::new(role, joined(content));
+                if role == "assistant" {
+                    m.thinking = thinking.take();
+                }
+                out.push(m);
             }
             Item::FunctionCall {
                 call_id,
@@ -306,10 +312,14 @@ pub fn messages(instructions: Option<&str>, items: &[Item]) -> Vec<ChatMessage> 
                         .unwrap_or_else(|_| Value::String(arguments.clone())),
                 };
                 match out.last_mut() {
-                    Some(m) if m.role == "assistant" => m.tool_calls.push(call),
+                    Some(m) if m.role == "assistant" => {
+                        m.tool_calls.push(call);
+                        m.thinking = m.thinking.take().or_else(|| thinking.take());
+                    }
                     _ => {
                         let mut m = ChatMessage::new("assistant", "");
                         m.tool_calls.push(call);
+                        m.thinking = thinking.take();
                         out.push(m);
                     }
                 }
@@ -321,7 +331,10 @@ pub fn messages(instructions: Option<&str>, items: &[Item]) -> Vec<ChatMessage> 
                 m.tool_call_id = Some(call_id.clone());
                 out.push(m);
             }
-            Item::Reasoning { .. } => {}
+            Item::Reasoning { content, .. } => {
+                let text = joined(content);
+                thinking = (!text.is_empty()).then_some(text);
+            }
         }
     }
     out
