@@ -31,7 +31,7 @@ fn repo() -> PathBuf {
 }
 
 /// The fixtures and where they live: (name, HF directory, GGUF file if any).
-const FAMILIES: [(&str, bool); 13] = [
+const FAMILIES: [(&str, bool); 14] = [
     ("qwen3", true),
     ("gemma2", true),
     ("gemma3", true),
@@ -45,6 +45,7 @@ const FAMILIES: [(&str, bool); 13] = [
     ("llama3-scaled", false),
     ("llama-sharded", false),
     ("gptoss", true),
+    ("gptoss-mxfp4", false),
 ];
 
 /// The prompts of the family's golden file (token ids; the fixtures have no tokenizer).
@@ -134,8 +135,16 @@ fn compare(
 /// moves them by 1.0 to 1.3 (the fixture's sensitivity record). Phi-4-mini's fixture, at a
 /// factor of 1.19 on 12 of 16 dims, gets the same limit: the emulation gives 1.1e-2 to 7.7e-2
 /// there (`scripts/bf16_rounding_emulation.py phi3 phi4mini`), a wrong op 0.35 to 1.3.
+///
+/// The gpt-oss fixtures route each token to 4 of 8 experts whose router logits lie as little
+/// as 2.3e-3 apart (`moe_min_router_logit_gap` in their golden files), under bf16's spacing,
+/// with the clamped SwiGLU's kinks and sinks on top: transformers' own bf16 forward moves
+/// their prompts' logits by 4.1e-2, 1.9e-1 and 8.6e-2 from its float32 one (measured with
+/// transformers 5.24 on the CPU), more than the H200's bf16 run does (1.04e-1 at worst). Their
+/// f32 run holds every op to 1e-4.
 fn bf16_tol(name: &str) -> f64 {
     match name {
+        "gptoss" | "gptoss-mxfp4" => 2.5e-1,
         "phi3" | "phi4mini" => 8e-2,
         _ => 5e-2,
     }
