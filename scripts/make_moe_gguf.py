@@ -158,6 +158,37 @@ def mxfp4(rng, lead, rows, cols):
     return b.reshape(*lead, rows, cols // 32 * 17)
 
 
+def shape_keys(w, s, nl):
+    """The keys every shape writes: context, widths, layers, heads, rope base, eps."""
+    w.add_context_length(s["ctx"])
+    w.add_embedding_length(s["d"])
+    w.add_block_count(nl)
+    w.add_feed_forward_length(s["ff"])
+    w.add_head_count(s["nh"])
+    w.add_head_count_kv(s["nkv"])
+    w.add_key_length(s["hd"])
+    w.add_value_length(s["hd"])
+    w.add_rope_dimension_count(s["hd"])
+    w.add_rope_freq_base(s["theta"])
+    w.add_layer_norm_rms_eps(s["eps"])
+
+
+def adder(w, by_type, active):
+    """`add(name, array, type, kind)`: writes a tensor (type None: F32) and counts its bytes
+    by type and, but for the embedding table, into a decode step's `active[kind]`."""
+    def add(name, arr, ty, kind="dense"):
+        if ty is None:
+            w.add_tensor(name, arr)
+            tname = "F32"
+        else:
+            w.add_tensor(name, arr, raw_dtype=ty)
+            tname = ty.name
+        by_type[tname] = by_type.get(tname, 0) + arr.nbytes
+        if name != "token_embd.weight":
+            active[kind] += arr.nbytes
+    return add
+
+
 def gpt_oss_vocab(path):
     """Tokens, types, merges and special ids of a vocab-only gpt-oss GGUF."""
     r = gguf.GGUFReader(path)
@@ -191,18 +222,8 @@ def gpt_oss(a, s, nl):
     w = gguf.GGUFWriter(a.out, arch)
     w.add_name(f"dummy-{a.shape}-mxfp4")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
-    w.add_context_length(s["ctx"])
-    w.add_embedding_length(d)
-    w.add_block_count(nl)
-    w.add_feed_forward_length(ff)
+    shape_keys(w, s, nl)
     w.add_expert_feed_forward_length(ff)
-    w.add_head_count(nh)
-    w.add_head_count_kv(nkv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
-    w.add_rope_freq_base(s["theta"])
-    w.add_layer_norm_rms_eps(s["eps"])
     w.add_sliding_window(128)
     w.add_expert_count(ne)
     w.add_expert_used_count(k)
@@ -222,17 +243,7 @@ def gpt_oss(a, s, nl):
         w.add_chat_template(f.read())
 
     by_type, active = {}, {"dense": 0, "experts": 0}
-
-    def add(name, arr, ty, kind="dense"):
-        if ty is None:
-            w.add_tensor(name, arr)
-            tname = "F32"
-        else:
-            w.add_tensor(name, arr, raw_dtype=ty)
-            tname = ty.name
-        by_type[tname] = by_type.get(tname, 0) + arr.nbytes
-        if name != "token_embd.weight":
-            active[kind] += arr.nbytes
+    add = adder(w, by_type, active)
 
     def small(*shape):
         return rng.standard_normal(shape, dtype=np.float32) * 0.02
@@ -316,17 +327,7 @@ def main():
     w = gguf.GGUFWriter(a.out, "llama")
     w.add_name(f"dummy-{a.shape}-q4_k_m")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    w.add_context_length(s["ctx"])
-    w.add_embedding_length(d)
-    w.add_block_count(nl)
-    w.add_feed_forward_length(ff)
-    w.add_head_count(nh)
-    w.add_head_count_kv(nkv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
-    w.add_rope_freq_base(s["theta"])
-    w.add_layer_norm_rms_eps(s["eps"])
+    shape_keys(w, s, nl)
     w.add_vocab_size(nv)
     if ne:
         w.add_expert_count(ne)
@@ -344,17 +345,7 @@ def main():
 
     by_type = {}     # bytes in the file by type name
     active = {"dense": 0, "experts": 0}   # per decode step at batch 1 (experts: all of them)
-
-    def add(name, arr, ty, kind="dense"):
-        if ty is None:
-            w.add_tensor(name, arr)
-            tname = "F32"
-        else:
-            w.add_tensor(name, arr, raw_dtype=ty)
-            tname = ty.name
-        by_type[tname] = by_type.get(tname, 0) + arr.nbytes
-        if name != "token_embd.weight":
-            active[kind] += arr.nbytes
+    add = adder(w, by_type, active)
 
     q_dim, kv_dim = nh * hd, nkv * hd
     norm = np.ones(d, dtype=np.float32)
