@@ -76,7 +76,7 @@ SHAPES = {
     "gpt-oss-120b": dict(d=2880, ff=2880, nh=64, nkv=8, hd=64, nv=201088, nl=36,
                          ne=128, k=4, theta=150000.0, eps=1e-5, ctx=131072),
 }
-GPT_OSS_TEMPLATE = os.path.join(ROOT, "..", "shared", "models", "chat-templates",
+GPT_OSS_TEMPLATE = os.environ.get("GPT_OSS_TEMPLATE") or os.path.join(ROOT, "..", "shared", "models", "chat-templates",
                                 "openai-gpt-oss-120b.jinja")
 
 
