@@ -11,6 +11,7 @@
 //! so, where python cannot import them, and fail where `KILN_REQUIRE_HARMONY=1` (CI) is set.
 
 mod api_support;
+mod markup_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -18,9 +19,9 @@ use std::sync::OnceLock;
 
 use api_support::*;
 use kiln::api::tools::{ParseOptions, ParsedReply, ToolFormat};
-use kiln::model::{LoadFormat, ModelFiles};
 use kiln::tokenizer::Tokenizer;
 use kiln::tokenizer::chat::{ChatMessage, ChatTemplate, TemplateTool, TemplateToolCall};
+use markup_support::{fixture, write_patched_tokenizer};
 use serde_json::{Value, json};
 
 /// The harmony tokens and the ids they take over in the patched Llama-2 vocabulary.
@@ -323,61 +324,15 @@ fn replies_parse_as_openai_harmony_parses_them() {
 fn harmony_tokenizer() -> Tokenizer {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
-        let base = fixture().tokenizer.expect("a tokenizer");
-        let mut hf: Value = serde_json::from_str(&base.hf().to_string(false).unwrap()).unwrap();
-        let vocab = hf["model"]["vocab"]
-            .as_object_mut()
-            .expect("a BPE vocabulary");
-        let old: Vec<String> = HARMONY
-            .iter()
-            .map(|(id, text)| {
-                let piece = vocab
-                    .iter()
-                    .find(|(_, v)| v.as_u64() == Some(u64::from(*id)))
-                    .map(|(k, _)| k.clone())
-                    .expect("the id is in the vocabulary");
-                vocab.remove(&piece);
-                vocab.insert(text.to_string(), json!(id));
-                piece
-            })
-            .collect();
-        let merges = hf["model"]["merges"].as_array_mut().expect("merges");
-        merges.retain(|m| {
-            let (a, b) = match m {
-                Value::String(s) => s.split_once(' ').unwrap(),
-                Value::Array(p) => (p[0].as_str().unwrap(), p[1].as_str().unwrap()),
-                _ => unreachable!(),
-            };
-            let joined = format!("{a}{b}");
-            ![a, b, joined.as_str()]
-                .iter()
-                .any(|p| old.iter().any(|o| o == p))
-        });
-        let added = hf["added_tokens"].as_array_mut().expect("added_tokens");
-        for (id, text) in HARMONY {
-            added.push(
-                json!({"id": id, "content": text, "single_word": false, "lstrip": false,
-                              "rstrip": false, "normalized": false, "special": true}),
-            );
-        }
-        let dir = std::env::temp_dir().join(format!("kiln-api-harmony-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("tokenizer.json"), hf.to_string()).unwrap();
         let config = json!({"bos_token": "<s>", "eos_token": "<|return|>",
                             "chat_template": template_source()});
-        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
-        dir
+        write_patched_tokenizer(&HARMONY, "harmony", &config)
     });
     Tokenizer::from_file(
         &dir.join("tokenizer.json"),
         Some(&dir.join("tokenizer_config.json")),
     )
     .expect("patched tokenizer")
-}
-
-fn fixture() -> ModelFiles {
-    let path = kiln::config::project_root().join("../shared/models/llama-2-tiny-random.gguf");
-    ModelFiles::open(&path, LoadFormat::Gguf).expect("llama-2-tiny-random.gguf")
 }
 
 fn server() -> &'static TestServer {

@@ -32,59 +32,65 @@ pub const TOOL_USE_TEMPLATE: &str = "Tools:{% for t in tools %} {{ t.function.na
 pub fn patched_tokenizer() -> Tokenizer {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
-        let base = fixture().tokenizer.expect("a tokenizer");
-        let mut hf: Value = serde_json::from_str(&base.hf().to_string(false).unwrap()).unwrap();
-        // The markup takes over four ids: their pieces leave the vocabulary, with the merges
-        // that make or use them.
-        let vocab = hf["model"]["vocab"]
-            .as_object_mut()
-            .expect("a BPE vocabulary");
-        let old: Vec<String> = MARKUP
-            .iter()
-            .map(|(id, text)| {
-                let piece = vocab
-                    .iter()
-                    .find(|(_, v)| v.as_u64() == Some(u64::from(*id)))
-                    .map(|(k, _)| k.clone())
-                    .expect("the id is in the vocabulary");
-                vocab.remove(&piece);
-                vocab.insert(text.to_string(), json!(id));
-                piece
-            })
-            .collect();
-        let merges = hf["model"]["merges"].as_array_mut().expect("merges");
-        merges.retain(|m| {
-            let (a, b) = match m {
-                Value::String(s) => s.split_once(' ').unwrap(),
-                Value::Array(p) => (p[0].as_str().unwrap(), p[1].as_str().unwrap()),
-                _ => unreachable!(),
-            };
-            let joined = format!("{a}{b}");
-            ![a, b, joined.as_str()]
-                .iter()
-                .any(|p| old.iter().any(|o| o == p))
-        });
-        let added = hf["added_tokens"].as_array_mut().expect("added_tokens");
-        for (id, text) in MARKUP {
-            added.push(
-                json!({"id": id, "content": text, "single_word": false, "lstrip": false,
-                              "rstrip": false, "normalized": false, "special": true}),
-            );
-        }
-        let dir = std::env::temp_dir().join(format!("kiln-api-markup-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("tokenizer.json"), hf.to_string()).unwrap();
         let config = json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": [
             {"name": "default", "template": DEFAULT_TEMPLATE},
             {"name": "tool_use", "template": TOOL_USE_TEMPLATE}]});
-        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
-        dir
+        write_patched_tokenizer(&MARKUP, "markup", &config)
     });
     Tokenizer::from_file(
         &dir.join("tokenizer.json"),
         Some(&dir.join("tokenizer_config.json")),
     )
     .expect("patched tokenizer")
+}
+
+/// Writes the fixture's tokenizer with `tokens` (id, text) as special added tokens into a
+/// fresh `kiln-api-<tag>-<pid>` folder of the temp dir, with `config` as its
+/// `tokenizer_config.json`; returns the folder. The tokens take over their ids: the pieces
+/// there leave the vocabulary, with the merges that make or use them.
+pub fn write_patched_tokenizer(tokens: &[(u32, &str)], tag: &str, config: &Value) -> PathBuf {
+    let base = fixture().tokenizer.expect("a tokenizer");
+    let mut hf: Value = serde_json::from_str(&base.hf().to_string(false).unwrap()).unwrap();
+    let vocab = hf["model"]["vocab"]
+        .as_object_mut()
+        .expect("a BPE vocabulary");
+    let old: Vec<String> = tokens
+        .iter()
+        .map(|(id, text)| {
+            let piece = vocab
+                .iter()
+                .find(|(_, v)| v.as_u64() == Some(u64::from(*id)))
+                .map(|(k, _)| k.clone())
+                .expect("the id is in the vocabulary");
+            vocab.remove(&piece);
+            vocab.insert(text.to_string(), json!(id));
+            piece
+        })
+        .collect();
+    let merges = hf["model"]["merges"].as_array_mut().expect("merges");
+    merges.retain(|m| {
+        let (a, b) = match m {
+            Value::String(s) => s.split_once(' ').unwrap(),
+            Value::Array(p) => (p[0].as_str().unwrap(), p[1].as_str().unwrap()),
+            _ => unreachable!(),
+        };
+        let joined = format!("{a}{b}");
+        ![a, b, joined.as_str()]
+            .iter()
+            .any(|p| old.iter().any(|o| o == p))
+    });
+    let added = hf["added_tokens"].as_array_mut().expect("added_tokens");
+    for (id, text) in tokens {
+        added.push(
+            json!({"id": id, "content": text, "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}),
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("kiln-api-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), hf.to_string()).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    dir
 }
 
 pub fn fixture() -> ModelFiles {
