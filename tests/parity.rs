@@ -458,19 +458,36 @@ struct Scores {
     scale: Option<f32>,
 }
 
-fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha::ChaCha8Rng) {
-    let mut cpu = CpuBackend::new();
-    let s = spec(c.heads.0, c.heads.1, c.hd, rope(c.hd, RopeLayout::Half));
-    let ctx: Vec<u32> = c.seqs.iter().map(|x| x.1).collect();
-    let need: usize = ctx.iter().map(|&x| x.div_ceil(c.block_size) as usize).sum();
+/// An attention case's setup: the spec of `heads` (q, kv) of size `hd`, KV pools of two
+/// layers on `b` and `cpu` whose layer 1 holds every position of each sequence's context
+/// (`seqs`: (query tokens, context)), written through `write_kv` from the same random values,
+/// and the plan of the step over them (prefill chunks and decode tokens); returns (spec, `b`'s
+/// pool, the CPU's pool, the step's plan).
+fn attention_rig<B: TestBackend>(
+    b: &mut B,
+    cpu: &mut CpuBackend,
+    heads: (usize, usize),
+    hd: usize,
+    block_size: u32,
+    seqs: &[(u32, u32)],
+    rng: &mut rand_chacha::ChaCha8Rng,
+) -> (
+    ModelSpec,
+    B::Kv,
+    kiln::backend::cpu::CpuKv,
+    kiln::backend::BatchPlan,
+) {
+    let s = spec(heads.0, heads.1, hd, rope(hd, RopeLayout::Half));
+    let ctx: Vec<u32> = seqs.iter().map(|x| x.1).collect();
+    let need: usize = ctx.iter().map(|&x| x.div_ceil(block_size) as usize).sum();
     let num_blocks = need + need / 2 + 3;
-    let tables = block_tables(rng, &ctx, c.block_size, num_blocks);
+    let tables = block_tables(rng, &ctx, block_size, num_blocks);
     let shape = KvShape {
         num_layers: 2,
         num_blocks,
-        block_size: c.block_size as usize,
+        block_size: block_size as usize,
         n_kv_heads: s.n_kv_heads,
-        head_dim: c.hd,
+        head_dim: hd,
     };
     let mut bkv = b.alloc_kv(&shape).unwrap();
     let mut ckv = cpu.alloc_kv(&shape).unwrap();
@@ -480,24 +497,27 @@ fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha
         .zip(&tables)
         .map(|(&n, t)| (n, n, t.clone()))
         .collect();
-    let fp = plan(&fill, c.block_size, |_| 0);
+    let fp = plan(&fill, block_size, |_| 0);
     let rows = fp.num_tokens();
     let kvdata = b.quantize(&random(rng, rows * s.qkv_dim(), 1.0));
     let (bb, cb) = (b.prepare(&fp).unwrap(), cpu.prepare(&fp).unwrap());
     let bq = tensor(b, rows, s.qkv_dim(), &kvdata);
-    let cq = tensor(&mut cpu, rows, s.qkv_dim(), &kvdata);
+    let cq = tensor(cpu, rows, s.qkv_dim(), &kvdata);
     b.write_kv(&mut bkv, 1, &bq, &bb, &s.attn_shape()).unwrap();
     cpu.write_kv(&mut ckv, 1, &cq, &cb, &s.attn_shape())
         .unwrap();
-    drop((bq, cq));
     // The step: prefill chunks and decode tokens over those contexts.
-    let step: Vec<_> = c
-        .seqs
+    let step: Vec<_> = seqs
         .iter()
         .zip(&tables)
         .map(|(&(q, n), t)| (q, n, t.clone()))
         .collect();
-    let sp = plan(&step, c.block_size, |_| 0);
+    (s, bkv, ckv, plan(&step, block_size, |_| 0))
+}
+
+fn attention_case<B: TestBackend>(b: &mut B, c: &AttnCase, rng: &mut rand_chacha::ChaCha8Rng) {
+    let mut cpu = CpuBackend::new();
+    let (s, bkv, ckv, sp) = attention_rig(b, &mut cpu, c.heads, c.hd, c.block_size, &c.seqs, rng);
     let t = sp.num_tokens();
     let q = b.quantize(&random(rng, t * s.qkv_dim(), 1.0));
     let (bb, cb) = (b.prepare(&sp).unwrap(), cpu.prepare(&sp).unwrap());

@@ -60,48 +60,8 @@ struct SinkCase {
 /// stores them: bf16-rounded in bf16).
 fn sink_case<B: TestBackend>(b: &mut B, c: &SinkCase, rng: &mut ChaCha8Rng) {
     let mut cpu = CpuBackend::new();
-    let s = crate::spec(
-        c.heads.0,
-        c.heads.1,
-        c.hd,
-        crate::rope(c.hd, RopeLayout::Half),
-    );
-    let ctx: Vec<u32> = c.seqs.iter().map(|x| x.1).collect();
-    let need: usize = ctx.iter().map(|&x| x.div_ceil(c.block_size) as usize).sum();
-    let num_blocks = need + need / 2 + 3;
-    let tables = block_tables(rng, &ctx, c.block_size, num_blocks);
-    let shape = KvShape {
-        num_layers: 2,
-        num_blocks,
-        block_size: c.block_size as usize,
-        n_kv_heads: s.n_kv_heads,
-        head_dim: c.hd,
-    };
-    let mut bkv = b.alloc_kv(&shape).unwrap();
-    let mut ckv = cpu.alloc_kv(&shape).unwrap();
-    // Every cached position of layer 1 through write_kv.
-    let fill: Vec<_> = ctx
-        .iter()
-        .zip(&tables)
-        .map(|(&n, t)| (n, n, t.clone()))
-        .collect();
-    let fp = plan(&fill, c.block_size, |_| 0);
-    let rows = fp.num_tokens();
-    let kvdata = b.quantize(&random(rng, rows * s.qkv_dim(), 1.0));
-    let (bb, cb) = (b.prepare(&fp).unwrap(), cpu.prepare(&fp).unwrap());
-    let bq = tensor(b, rows, s.qkv_dim(), &kvdata);
-    let cq = tensor(&mut cpu, rows, s.qkv_dim(), &kvdata);
-    b.write_kv(&mut bkv, 1, &bq, &bb, &s.attn_shape()).unwrap();
-    cpu.write_kv(&mut ckv, 1, &cq, &cb, &s.attn_shape())
-        .unwrap();
-    drop((bq, cq));
-    let step: Vec<_> = c
-        .seqs
-        .iter()
-        .zip(&tables)
-        .map(|(&(q, n), t)| (q, n, t.clone()))
-        .collect();
-    let sp = plan(&step, c.block_size, |_| 0);
+    let (s, bkv, ckv, sp) =
+        crate::attention_rig(b, &mut cpu, c.heads, c.hd, c.block_size, &c.seqs, rng);
     let t = sp.num_tokens();
     // Queries of a few units: scores spread over several natural-log units, so a sink of
     // moderate size weighs about as much as the context.
